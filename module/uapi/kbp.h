@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: GPL-2.0 WITH Linux-syscall-note */
+/*
+ * kbp: kernel busy poll - generic netlink control surface.
+ *
+ * Family "kbp", version 1.  Every command needs CAP_NET_ADMIN
+ * (GENL_ADMIN_PERM).  The family is netns-aware: device names and
+ * ifindexes are resolved in the caller's network namespace unless
+ * KBP_A_NETNS_FD names another one.
+ *
+ * Vocabulary (shared with kbpctl, docs and benchmark output):
+ *   modes:    busy, hybrid            (periodic is reserved)
+ *   knobs:    mode, linger_us, quota, cpu
+ *   poller counters: passes, empty_passes, packets, wakeups, sleeps,
+ *                    sleep_ns, poll_ns, respawns, repairs
+ *   device / napi counters: packets, polls
+ */
+#ifndef _UAPI_LINUX_KBP_H
+#define _UAPI_LINUX_KBP_H
+
+#define KBP_GENL_NAME		"kbp"
+#define KBP_GENL_VERSION	1
+
+enum kbp_mode {
+	KBP_MODE_BUSY = 1,	/* KBP: spin, never sleep */
+	KBP_MODE_HYBRID = 2,	/* EE-KBP: sleep when idle, woken from hardIRQ */
+	KBP_MODE_PERIODIC = 3,	/* NetAP: reserved, refused for now */
+};
+
+enum kbp_napi_state {
+	KBP_NAPI_ATTACHED = 1,	/* served by the poller */
+	KBP_NAPI_STANDBY = 2,	/* device down: stock NAPI until it comes up */
+};
+
+enum kbp_cmd {
+	KBP_CMD_UNSPEC,
+	KBP_CMD_POLLER_GET,	/* doit: KBP_A_CPU; dumpit: every poller */
+	KBP_CMD_POLLER_SET,	/* KBP_A_CPU + any of MODE, LINGER_US, QUOTA */
+	KBP_CMD_DEV_ATTACH,	/* device + CPU and/or QUEUE_MAP (+ poller knobs) */
+	KBP_CMD_DEV_DETACH,	/* device */
+	KBP_CMD_DEV_GET,	/* doit: device; dumpit: every attached device */
+	__KBP_CMD_MAX,
+};
+#define KBP_CMD_MAX (__KBP_CMD_MAX - 1)
+
+enum kbp_attr {
+	KBP_A_UNSPEC,
+	KBP_A_PAD,
+	KBP_A_CPU,		/* u32 */
+	KBP_A_MODE,		/* u32, enum kbp_mode */
+	KBP_A_LINGER_US,	/* u32, hybrid: spin this long after the last packet */
+	KBP_A_QUOTA,		/* u32, packets per NAPI per pass (1..NAPI weight) */
+	KBP_A_PID,		/* u32, poller kthread pid (output) */
+	KBP_A_IFINDEX,		/* u32 */
+	KBP_A_IFNAME,		/* string */
+	KBP_A_NETNS_FD,		/* u32, fd of a netns (input) */
+	KBP_A_NETNS_INUM,	/* u32, inode number of the device's netns (output) */
+	KBP_A_QUEUE_MAP,	/* nest of KBP_A_MAP_ENTRY */
+	KBP_A_MAP_ENTRY,	/* nest: KBP_MAP_A_NAPI_INDEX, KBP_MAP_A_CPU */
+	KBP_A_NAPI,		/* nest of KBP_NAPI_A_* (output, one per NAPI) */
+	KBP_A_NAPIS,		/* u32, number of NAPIs (output) */
+	/* counters, u64 (output) */
+	KBP_A_PASSES,
+	KBP_A_EMPTY_PASSES,
+	KBP_A_PACKETS,
+	KBP_A_WAKEUPS,
+	KBP_A_SLEEPS,
+	KBP_A_SLEEP_NS,
+	KBP_A_POLL_NS,
+	KBP_A_POLLS,
+	KBP_A_RESPAWNS,
+	KBP_A_REPAIRS,
+	__KBP_A_MAX,
+};
+#define KBP_A_MAX (__KBP_A_MAX - 1)
+
+enum kbp_map_attr {
+	KBP_MAP_A_UNSPEC,
+	KBP_MAP_A_NAPI_INDEX,	/* u32, position of the NAPI in the device (0 = first added) */
+	KBP_MAP_A_CPU,		/* u32 */
+	__KBP_MAP_A_MAX,
+};
+#define KBP_MAP_A_MAX (__KBP_MAP_A_MAX - 1)
+
+enum kbp_napi_attr {
+	KBP_NAPI_A_UNSPEC,
+	KBP_NAPI_A_PAD,
+	KBP_NAPI_A_INDEX,	/* u32 */
+	KBP_NAPI_A_ID,		/* u32, napi_id (0 when the kernel gave none) */
+	KBP_NAPI_A_CPU,		/* u32 */
+	KBP_NAPI_A_STATE,	/* u32, enum kbp_napi_state */
+	KBP_NAPI_A_PACKETS,	/* u64 */
+	KBP_NAPI_A_POLLS,	/* u64 */
+	__KBP_NAPI_A_MAX,
+};
+#define KBP_NAPI_A_MAX (__KBP_NAPI_A_MAX - 1)
+
+#endif /* _UAPI_LINUX_KBP_H */

@@ -1,0 +1,45 @@
+"""One vocabulary for the module, kbpctl, docs and benchmark output.
+
+The kernel module's generic netlink attributes (module/uapi/kbp.h) carry the same
+names: KBP_A_<NAME upper-case> for knobs and counters, KBP_MODE_<MODE> for modes.
+"""
+
+from typing import Final
+
+# Poller modes. "periodic" (NetAP) is reserved: the module refuses it for now.
+MODE_BUSY: Final = "busy"
+MODE_HYBRID: Final = "hybrid"
+MODE_PERIODIC: Final = "periodic"
+MODES: Final = (MODE_BUSY, MODE_HYBRID)
+MODE_IDS: Final = {MODE_BUSY: 1, MODE_HYBRID: 2, MODE_PERIODIC: 3}
+MODE_NAMES: Final = {v: k for k, v in MODE_IDS.items()}
+
+# Knobs of a poller / an attachment.
+KNOBS: Final = ("mode", "linger_us", "quota", "cpu")
+DEFAULT_QUOTA: Final = 64
+DEFAULT_LINGER_US: Final = 0
+
+# Per-poller counters (read-only).
+POLLER_COUNTERS: Final = (
+    "passes",        # loop iterations over the poller's NAPIs
+    "empty_passes",  # passes that found no work
+    "packets",       # packets (work units) returned by NAPI poll functions
+    "wakeups",       # times the poller was woken from sleep (hybrid)
+    "sleeps",        # times the poller went to sleep (hybrid)
+    "sleep_ns",      # time spent asleep
+    "poll_ns",       # time spent inside NAPI poll (protocol processing included)
+    "respawns",      # poller threads replaced after a driver deleted a NAPI under it
+    "repairs",       # NAPIs put back on the poller after a driver's napi_disable/enable
+)
+
+# Per-device and per-NAPI counters (read-only).
+DEVICE_COUNTERS: Final = ("packets", "polls")
+
+# Backends of kbpctl.
+BACKEND_KMOD: Final = "kmod"
+BACKEND_STOCK: Final = "stock"
+BACKENDS: Final = ("auto", BACKEND_KMOD, BACKEND_STOCK)
+
+# Benchmark mode names (bench output): stock NAPI, stock threaded NAPI, kbpctl's stock
+# backend, and the module's poller modes.
+BENCH_MODES: Final = ("napi", "threaded", "stock-kbp", MODE_BUSY, MODE_HYBRID)

@@ -1,0 +1,188 @@
+"""Network-namespace testbeds on the running kernel: namespaces joined by veth pairs.
+
+Modelled on the kernel selftests' drivers/net/lib/py: an environment is a context manager,
+and every change it makes registers its own undo with ``defer`` so that leaving the
+``with`` block -- normally, on an exception or on Ctrl-C -- removes everything it built.
+
+Addresses come from 198.18.0.0/15, the range RFC 2544 reserves for benchmarking, and live
+only inside namespaces this module created.
+
+veth uses NAPI (and so can be polled, threaded or attached to kbp) only when GRO is on for
+the receiving device; ``VethLink`` turns it on for both ends by default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import subprocess
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyroute2 import IPRoute, netns
+
+NETNS_DIR = Path("/run/netns")
+DEFAULT_PREFIX = "kbp"
+
+
+def _short_id() -> str:
+    return uuid.uuid4().hex[:6]
+
+
+def ns_cmd(ns: str | None, argv: Sequence[str]) -> list[str]:
+    """The argv that runs ``argv`` inside network namespace ``ns`` (None: this one)."""
+    return ["ip", "netns", "exec", ns, *argv] if ns else list(argv)
+
+
+def run(ns: str | None, argv: Sequence[str], check: bool = True,
+        timeout: float | None = 60) -> subprocess.CompletedProcess[str]:
+    """Run a command in a namespace and return its completed process (text output)."""
+    full = ns_cmd(ns, argv)
+    proc = subprocess.run(full, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise RuntimeError(
+            f"{shlex.join(full)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc
+
+
+def popen(ns: str | None, argv: Sequence[str], **kw: object) -> subprocess.Popen[str]:
+    """Start a command in a namespace; the caller owns the process."""
+    kw.setdefault("stdout", subprocess.PIPE)
+    kw.setdefault("stderr", subprocess.PIPE)
+    kw.setdefault("text", True)
+    return subprocess.Popen(ns_cmd(ns, argv), **kw)  # type: ignore[call-overload]
+
+
+def set_gro(ns: str | None, dev: str, on: bool) -> None:
+    run(ns, ["ethtool", "-K", dev, "gro", "on" if on else "off"])
+
+
+def ifindex(ns: str | None, dev: str) -> int:
+    with IPRoute(netns=ns) if ns else IPRoute() as ipr:
+        found = ipr.link_lookup(ifname=dev)
+    if not found:
+        raise LookupError(f"no device {dev} in netns {ns or '(current)'}")
+    return int(found[0])
+
+
+@dataclass
+class VethLink:
+    """One veth pair: ``dev_a`` in ``ns_a`` with ``ip_a``, ``dev_b`` in ``ns_b`` with ``ip_b``."""
+
+    ns_a: str
+    dev_a: str
+    ip_a: str
+    ns_b: str
+    dev_b: str
+    ip_b: str
+    prefixlen: int = 24
+
+
+@dataclass
+class Testbed:
+    """Two namespaces, ``client`` and ``server``, joined by one or more veth pairs.
+
+    >>> with Testbed() as tb:
+    ...     tb.run(tb.server, ["sockperf", "server", "-i", tb.links[0].ip_b])
+    """
+
+    links_wanted: int = 1
+    gro: bool = True
+    prefix: str = DEFAULT_PREFIX
+    tag: str = field(default_factory=_short_id)
+    client: str = ""
+    server: str = ""
+    links: list[VethLink] = field(default_factory=list)
+    _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    # -- context manager -------------------------------------------------------------
+    def __enter__(self) -> Testbed:
+        try:
+            self.client = self.add_netns("c")
+            self.server = self.add_netns("s")
+            for i in range(self.links_wanted):
+                self.add_link(i)
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def defer(self, fn: Callable[..., object], *args: object) -> None:
+        """Register an undo step; steps run in reverse order when the testbed closes."""
+        self._stack.callback(fn, *args)
+
+    # -- building blocks -------------------------------------------------------------
+    def add_netns(self, role: str) -> str:
+        name = f"{self.prefix}-{self.tag}-{role}"
+        netns.create(name)
+        self.defer(_remove_netns, name)
+        with IPRoute(netns=name) as ipr:
+            ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+        return name
+
+    def add_link(self, i: int) -> VethLink:
+        """Create veth pair number ``i`` between client and server (198.18.<i>.1/.2)."""
+        link = VethLink(
+            ns_a=self.client, dev_a=f"{self.prefix}{i}c{self.tag[:4]}", ip_a=f"198.18.{i}.1",
+            ns_b=self.server, dev_b=f"{self.prefix}{i}s{self.tag[:4]}", ip_b=f"198.18.{i}.2",
+        )
+        with IPRoute() as ipr:
+            ipr.link("add", ifname=link.dev_a, kind="veth",
+                     peer={"ifname": link.dev_b, "net_ns_fd": link.ns_b})
+            ipr.link("set", index=ipr.link_lookup(ifname=link.dev_a)[0], net_ns_fd=link.ns_a)
+        for ns, dev, ip in ((link.ns_a, link.dev_a, link.ip_a), (link.ns_b, link.dev_b, link.ip_b)):
+            with IPRoute(netns=ns) as ipr:
+                idx = ipr.link_lookup(ifname=dev)[0]
+                ipr.addr("add", index=idx, address=ip, prefixlen=link.prefixlen)
+                ipr.link("set", index=idx, state="up")
+            if self.gro:
+                set_gro(ns, dev, True)
+        self.links.append(link)
+        return link
+
+    # -- helpers ---------------------------------------------------------------------
+    def run(self, ns: str | None, argv: Sequence[str], check: bool = True,
+            timeout: float | None = 60) -> subprocess.CompletedProcess[str]:
+        return run(ns, argv, check=check, timeout=timeout)
+
+    def popen(self, ns: str | None, argv: Sequence[str], **kw: object) -> subprocess.Popen[str]:
+        proc = popen(ns, argv, **kw)
+        self.defer(_stop, proc)
+        return proc
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _remove_netns(name: str) -> None:
+    # Deleting the namespace deletes the veth ends inside it (and so their peers).
+    with contextlib.suppress(FileNotFoundError, OSError):
+        netns.remove(name)
+
+
+def stale_namespaces(prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """Namespaces a killed run of ours left behind (named ``<prefix>-<tag>-<role>``)."""
+    if not NETNS_DIR.is_dir():
+        return []
+    return sorted(n for n in os.listdir(NETNS_DIR)
+                  if n.startswith(prefix + "-") and n.count("-") == 2)
+
+
+def remove_stale(prefix: str = DEFAULT_PREFIX) -> list[str]:
+    names = stale_namespaces(prefix)
+    for n in names:
+        _remove_netns(n)
+    return names

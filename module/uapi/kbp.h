@@ -9,7 +9,7 @@
  *
  * Vocabulary (shared with kbpctl, docs and benchmark output):
  *   modes:    busy, hybrid            (periodic is reserved)
- *   knobs:    mode, linger_us, quota, cpu
+ *   knobs:    mode, linger_us, quota, rt_prio, cpu
  *   poller counters: passes, empty_passes, packets, wakeups, sleeps,
  *                    sleep_ns, poll_ns, respawns, repairs
  *   device / napi counters: packets, polls
@@ -34,7 +34,7 @@ enum kbp_napi_state {
 enum kbp_cmd {
 	KBP_CMD_UNSPEC,
 	KBP_CMD_POLLER_GET,	/* doit: KBP_A_CPU; dumpit: every poller */
-	KBP_CMD_POLLER_SET,	/* KBP_A_CPU + any of MODE, LINGER_US, QUOTA */
+	KBP_CMD_POLLER_SET,	/* KBP_A_CPU + any of MODE, LINGER_US, QUOTA, RT_PRIO */
 	KBP_CMD_DEV_ATTACH,	/* device + CPU and/or QUEUE_MAP (+ poller knobs) */
 	KBP_CMD_DEV_DETACH,	/* device */
 	KBP_CMD_DEV_GET,	/* doit: device; dumpit: every attached device */
@@ -69,6 +69,7 @@ enum kbp_attr {
 	KBP_A_POLLS,
 	KBP_A_RESPAWNS,
 	KBP_A_REPAIRS,
+	KBP_A_RT_PRIO,		/* u32, 0 = SCHED_NORMAL, 1..99 = SCHED_FIFO priority */
 	__KBP_A_MAX,
 };
 #define KBP_A_MAX (__KBP_A_MAX - 1)

@@ -15,7 +15,7 @@ MODE_IDS: Final = {MODE_BUSY: 1, MODE_HYBRID: 2, MODE_PERIODIC: 3}
 MODE_NAMES: Final = {v: k for k, v in MODE_IDS.items()}
 
 # Knobs of a poller / an attachment.
-KNOBS: Final = ("mode", "linger_us", "quota", "cpu")
+KNOBS: Final = ("mode", "linger_us", "quota", "rt_prio", "cpu")
 DEFAULT_QUOTA: Final = 64
 DEFAULT_LINGER_US: Final = 0
 

@@ -26,9 +26,12 @@ enum kbp_mode {
 	KBP_MODE_PERIODIC = 3,	/* NetAP: reserved, refused for now */
 };
 
-enum kbp_napi_state {
-	KBP_NAPI_ATTACHED = 1,	/* served by the poller */
-	KBP_NAPI_STANDBY = 2,	/* device down: stock NAPI until it comes up */
+/* state of an attached device */
+enum kbp_state {
+	KBP_STATE_ACTIVE = 1,	/* its NAPIs are served by pollers */
+	KBP_STATE_STANDBY = 2,	/* device down (or its NAPIs cannot be hooked):
+				 * stock NAPI until it comes up
+				 */
 };
 
 enum kbp_cmd {
@@ -40,6 +43,7 @@ enum kbp_cmd {
 	KBP_CMD_DEV_GET,	/* doit: device; dumpit: every attached device */
 	__KBP_CMD_MAX,
 };
+
 #define KBP_CMD_MAX (__KBP_CMD_MAX - 1)
 
 enum kbp_attr {
@@ -70,8 +74,10 @@ enum kbp_attr {
 	KBP_A_RESPAWNS,
 	KBP_A_REPAIRS,
 	KBP_A_RT_PRIO,		/* u32, 0 = SCHED_NORMAL, 1..99 = SCHED_FIFO priority */
+	KBP_A_STATE,		/* u32, enum kbp_state (output, devices) */
 	__KBP_A_MAX,
 };
+
 #define KBP_A_MAX (__KBP_A_MAX - 1)
 
 enum kbp_map_attr {
@@ -80,6 +86,7 @@ enum kbp_map_attr {
 	KBP_MAP_A_CPU,		/* u32 */
 	__KBP_MAP_A_MAX,
 };
+
 #define KBP_MAP_A_MAX (__KBP_MAP_A_MAX - 1)
 
 enum kbp_napi_attr {
@@ -88,11 +95,12 @@ enum kbp_napi_attr {
 	KBP_NAPI_A_INDEX,	/* u32 */
 	KBP_NAPI_A_ID,		/* u32, napi_id (0 when the kernel gave none) */
 	KBP_NAPI_A_CPU,		/* u32 */
-	KBP_NAPI_A_STATE,	/* u32, enum kbp_napi_state */
+	KBP_NAPI_A_PID,		/* u32, pid of the poller serving it */
 	KBP_NAPI_A_PACKETS,	/* u64 */
 	KBP_NAPI_A_POLLS,	/* u64 */
 	__KBP_NAPI_A_MAX,
 };
+
 #define KBP_NAPI_A_MAX (__KBP_NAPI_A_MAX - 1)
 
 #endif /* _UAPI_LINUX_KBP_H */

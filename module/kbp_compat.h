@@ -1,0 +1,112 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Differences between the kernels kbp builds against (Debian 6.1, 6.12,
+ * 6.12-rt).  Everything kernel-dependent lives here; the KBP_HAVE_* macros
+ * come from feature probes of the headers in Kbuild.
+ */
+#ifndef _KBP_COMPAT_H
+#define _KBP_COMPAT_H
+
+#include <linux/filter.h>
+#include <linux/kernel.h>
+#include <linux/netdevice.h>
+#include <linux/netlink.h>
+
+/* 6.11 added the per-task BPF net context that NAPI pollers set up. */
+#ifdef KBP_HAVE_BPF_NET_CTX
+struct kbp_bpf_ctx {
+	struct bpf_net_context ctx;
+	struct bpf_net_context *set;
+};
+
+static inline void kbp_bpf_ctx_set(struct kbp_bpf_ctx *c)
+{
+	c->set = bpf_net_ctx_set(&c->ctx);
+}
+
+static inline void kbp_bpf_ctx_clear(struct kbp_bpf_ctx *c)
+{
+	bpf_net_ctx_clear(c->set);
+}
+#else
+struct kbp_bpf_ctx {
+};
+
+static inline void kbp_bpf_ctx_set(struct kbp_bpf_ctx *c)
+{
+}
+
+static inline void kbp_bpf_ctx_clear(struct kbp_bpf_ctx *c)
+{
+}
+#endif
+
+/* 6.10 added napi->irq (netif_napi_set_irq()). */
+static inline int kbp_napi_irq(const struct napi_struct *n)
+{
+#ifdef KBP_HAVE_NAPI_IRQ
+	return n->irq;
+#else
+	return -1;
+#endif
+}
+
+/*
+ * Since 6.4 a livepatch transition in progress turns cond_resched() into
+ * klp_cond_resched(), which switches the calling task when its stack is
+ * clean.  Before that, a task that never sleeps blocks the transition, so
+ * the busy poller naps while a transition waits for it (kbp_poller.c).
+ */
+#ifdef KBP_HAVE_KLP_COND_RESCHED
+#define KBP_KLP_NEEDS_NAP	0
+#else
+#define KBP_KLP_NEEDS_NAP	IS_ENABLED(CONFIG_LIVEPATCH)
+#endif
+
+/*
+ * Tell a netlink caller what is wrong: the formatted text where the kernel
+ * has formatted extack messages (6.2+), @summary before that.
+ */
+static inline void kbp_tell_msg(struct netlink_ext_ack *extack,
+				const char *summary, const char *msg)
+{
+	if (!extack)
+		return;
+#ifdef NL_SET_ERR_MSG_FMT_MOD
+	/* what NL_SET_ERR_MSG_FMT_MOD() does, truncating without a warning */
+	snprintf(extack->_msg_buf, NETLINK_MAX_FMTMSG_LEN, "kbp: %s", msg);
+	extack->_msg = extack->_msg_buf;
+#else
+	extack->_msg = summary;
+#endif
+}
+
+static inline __printf(3, 4)
+void kbp_tell(struct netlink_ext_ack *extack, const char *summary,
+	      const char *fmt, ...)
+{
+	char msg[128];
+	va_list args;
+
+	va_start(args, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, args);
+	va_end(args);
+	kbp_tell_msg(extack, summary, msg);
+}
+
+/* Refuse a request: kbp_tell() it, and log one line naming the problem. */
+static inline __printf(3, 4)
+void kbp_refuse(struct netlink_ext_ack *extack, const char *summary,
+		const char *fmt, ...)
+{
+	char msg[128];
+	va_list args;
+
+	va_start(args, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, args);
+	va_end(args);
+	pr_info("kbp: refused: %s\n", msg);
+	kbp_tell_msg(extack, summary, msg);
+}
+
+#endif /* _KBP_COMPAT_H */

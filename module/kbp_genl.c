@@ -1,0 +1,509 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * kbp: the generic netlink control surface (family "kbp", uapi/kbp.h).
+ *
+ * Every operation needs CAP_NET_ADMIN.  The family is netns-aware: devices
+ * are named in the caller's network namespace, or in the one whose fd
+ * KBP_A_NETNS_FD carries.  Errors come back as an errno plus an extack
+ * message, and the same problem is logged once to the kernel log.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/file.h>
+#include <linux/rtnetlink.h>
+#include <linux/slab.h>
+#include <net/genetlink.h>
+#include <net/net_namespace.h>
+#include <net/netlink.h>
+#include <net/sock.h>
+
+#include "kbp_priv.h"
+#include "kbp_compat.h"
+
+static struct genl_family kbp_genl_family;
+
+static const struct nla_policy kbp_map_policy[KBP_MAP_A_MAX + 1] = {
+	[KBP_MAP_A_NAPI_INDEX]	= { .type = NLA_U32 },
+	[KBP_MAP_A_CPU]		= { .type = NLA_U32 },
+};
+
+static const struct nla_policy kbp_policy[KBP_A_MAX + 1] = {
+	[KBP_A_CPU]		= { .type = NLA_U32 },
+	[KBP_A_MODE]		= { .type = NLA_U32 },
+	[KBP_A_LINGER_US]	= { .type = NLA_U32 },
+	[KBP_A_QUOTA]		= { .type = NLA_U32 },
+	[KBP_A_RT_PRIO]		= { .type = NLA_U32 },
+	[KBP_A_IFINDEX]		= { .type = NLA_U32 },
+	[KBP_A_IFNAME]		= { .type = NLA_STRING, .len = IFNAMSIZ - 1 },
+	[KBP_A_NETNS_FD]	= { .type = NLA_U32 },
+	[KBP_A_QUEUE_MAP]	= { .type = NLA_NESTED },
+};
+
+/* --- requests ---------------------------------------------------------- */
+
+static void kbp_parse_knobs(struct genl_info *info, struct kbp_knobs *k)
+{
+	struct nlattr **tb = info->attrs;
+
+	memset(k, 0, sizeof(*k));
+	if (tb[KBP_A_MODE]) {
+		k->has_mode = true;
+		k->conf.mode = nla_get_u32(tb[KBP_A_MODE]);
+	}
+	if (tb[KBP_A_LINGER_US]) {
+		k->has_linger = true;
+		k->conf.linger_us = nla_get_u32(tb[KBP_A_LINGER_US]);
+	}
+	if (tb[KBP_A_QUOTA]) {
+		k->has_quota = true;
+		k->conf.quota = nla_get_u32(tb[KBP_A_QUOTA]);
+	}
+	if (tb[KBP_A_RT_PRIO]) {
+		k->has_rt_prio = true;
+		k->conf.rt_prio = nla_get_u32(tb[KBP_A_RT_PRIO]);
+	}
+}
+
+/* The netns the request names (a reference the caller puts). */
+static struct net *kbp_req_net(struct genl_info *info)
+{
+	struct nlattr *fd = info->attrs[KBP_A_NETNS_FD];
+	struct net *net;
+
+	if (!fd)
+		return get_net(genl_info_net(info));
+	net = get_net_ns_by_fd(nla_get_u32(fd));
+	if (IS_ERR(net)) {
+		kbp_refuse(info->extack, "not a network namespace fd",
+			   "fd %u is not a network namespace", nla_get_u32(fd));
+	}
+	return net;
+}
+
+/* The device the request names, in @net.  rtnl held. */
+static struct net_device *kbp_req_dev(struct net *net, struct genl_info *info)
+{
+	struct nlattr **tb = info->attrs;
+	struct net_device *dev = NULL;
+	char name[IFNAMSIZ];
+
+	ASSERT_RTNL();
+	if (tb[KBP_A_IFINDEX]) {
+		u32 ifindex = nla_get_u32(tb[KBP_A_IFINDEX]);
+
+		dev = __dev_get_by_index(net, ifindex);
+		if (!dev) {
+			kbp_refuse(info->extack, "no such device in this netns",
+				   "no device with ifindex %u in this netns", ifindex);
+			return ERR_PTR(-ENODEV);
+		}
+	} else if (tb[KBP_A_IFNAME]) {
+		nla_strscpy(name, tb[KBP_A_IFNAME], sizeof(name));
+		dev = __dev_get_by_name(net, name);
+		if (!dev) {
+			kbp_refuse(info->extack, "no such device in this netns",
+				   "no device %s in this netns", name);
+			return ERR_PTR(-ENODEV);
+		}
+	} else {
+		NL_SET_ERR_MSG_MOD(info->extack, "give KBP_A_IFNAME or KBP_A_IFINDEX");
+		return ERR_PTR(-EINVAL);
+	}
+	return dev;
+}
+
+static int kbp_parse_map(struct genl_info *info, struct kbp_attach_req *req)
+{
+	struct nlattr *mt[KBP_MAP_A_MAX + 1], *entry;
+	struct nlattr *map = info->attrs[KBP_A_QUEUE_MAP];
+	unsigned int i;
+	int rem, err;
+
+	if (!map)
+		return 0;
+	req->map = kcalloc(KBP_MAP_MAX, sizeof(*req->map), GFP_KERNEL);
+	if (!req->map)
+		return -ENOMEM;
+	nla_for_each_nested(entry, map, rem) {
+		if (nla_type(entry) != KBP_A_MAP_ENTRY ||
+		    req->nr_map == KBP_MAP_MAX) {
+			NL_SET_ERR_MSG_ATTR(info->extack, entry,
+					    "bad queue map entry (or more than 256)");
+			return -EINVAL;
+		}
+		err = nla_parse_nested(mt, KBP_MAP_A_MAX, entry, kbp_map_policy,
+				       info->extack);
+		if (err)
+			return err;
+		if (!mt[KBP_MAP_A_NAPI_INDEX] || !mt[KBP_MAP_A_CPU]) {
+			NL_SET_ERR_MSG_ATTR(info->extack, entry,
+					    "queue map entry needs a NAPI index and a CPU");
+			return -EINVAL;
+		}
+		req->map[req->nr_map].index = nla_get_u32(mt[KBP_MAP_A_NAPI_INDEX]);
+		req->map[req->nr_map].cpu = nla_get_u32(mt[KBP_MAP_A_CPU]);
+		for (i = 0; i < req->nr_map; i++) {
+			if (req->map[i].index == req->map[req->nr_map].index) {
+				NL_SET_ERR_MSG_ATTR(info->extack, entry,
+						    "queue map names a NAPI twice");
+				return -EINVAL;
+			}
+		}
+		req->nr_map++;
+	}
+	return 0;
+}
+
+static int kbp_nl_dev_attach(struct sk_buff *skb, struct genl_info *info)
+{
+	struct kbp_attach_req req = { .cpu = -1 };
+	struct net *net;
+	int err;
+
+	kbp_parse_knobs(info, &req.knobs);
+	if (info->attrs[KBP_A_CPU])	/* kbp_check_cpu() refuses it if too big */
+		req.cpu = min_t(u32, nla_get_u32(info->attrs[KBP_A_CPU]), INT_MAX);
+	err = kbp_parse_map(info, &req);
+	if (err)
+		goto out_map;
+	net = kbp_req_net(info);
+	if (IS_ERR(net)) {
+		err = PTR_ERR(net);
+		goto out_map;
+	}
+
+	rtnl_lock();
+	mutex_lock(&kbp_lock);
+	req.dev = kbp_req_dev(net, info);
+	if (IS_ERR(req.dev))
+		err = PTR_ERR(req.dev);
+	else
+		err = kbp_dev_bind(&req, info->extack);
+	mutex_unlock(&kbp_lock);
+	rtnl_unlock();
+	put_net(net);
+out_map:
+	kfree(req.map);		/* NULL once bound */
+	return err;
+}
+
+static int kbp_nl_dev_detach(struct sk_buff *skb, struct genl_info *info)
+{
+	struct net_device *dev;
+	struct net *net;
+	int err;
+
+	net = kbp_req_net(info);
+	if (IS_ERR(net))
+		return PTR_ERR(net);
+	rtnl_lock();
+	mutex_lock(&kbp_lock);
+	dev = kbp_req_dev(net, info);
+	err = IS_ERR(dev) ? PTR_ERR(dev) :
+	      kbp_dev_unbind_by_dev(dev, info->extack);
+	mutex_unlock(&kbp_lock);
+	rtnl_unlock();
+	put_net(net);
+	return err;
+}
+
+static int kbp_nl_poller_set(struct sk_buff *skb, struct genl_info *info)
+{
+	struct kbp_knobs knobs;
+	int err;
+
+	if (GENL_REQ_ATTR_CHECK(info, KBP_A_CPU))
+		return -EINVAL;
+	kbp_parse_knobs(info, &knobs);
+	rtnl_lock();
+	mutex_lock(&kbp_lock);
+	err = kbp_poller_configure(nla_get_u32(info->attrs[KBP_A_CPU]),
+				   &knobs, info->extack);
+	mutex_unlock(&kbp_lock);
+	rtnl_unlock();
+	return err;
+}
+
+/* --- replies ----------------------------------------------------------- */
+
+static int kbp_put_u64(struct sk_buff *skb, int type, u64 v)
+{
+	return nla_put_u64_64bit(skb, type, v, KBP_A_PAD);
+}
+
+static int kbp_fill_poller(struct sk_buff *skb, struct kbp_poller *p)
+{
+	struct kbp_poller_snapshot s;
+	struct kbp_napi *kn;
+	u32 nr = 0;
+
+	kbp_poller_read(p, &s);
+	rcu_read_lock();
+	list_for_each_entry_rcu(kn, &p->napis, poll_node)
+		nr++;
+	rcu_read_unlock();
+
+	if (nla_put_u32(skb, KBP_A_CPU, p->cpu) ||
+	    nla_put_u32(skb, KBP_A_PID, READ_ONCE(p->pid)) ||
+	    nla_put_u32(skb, KBP_A_MODE, READ_ONCE(p->mode)) ||
+	    nla_put_u32(skb, KBP_A_LINGER_US, READ_ONCE(p->linger_us)) ||
+	    nla_put_u32(skb, KBP_A_QUOTA, READ_ONCE(p->quota)) ||
+	    nla_put_u32(skb, KBP_A_RT_PRIO, READ_ONCE(p->rt_prio)) ||
+	    nla_put_u32(skb, KBP_A_NAPIS, nr) ||
+	    kbp_put_u64(skb, KBP_A_PASSES, s.passes) ||
+	    kbp_put_u64(skb, KBP_A_EMPTY_PASSES, s.empty_passes) ||
+	    kbp_put_u64(skb, KBP_A_PACKETS, s.packets) ||
+	    kbp_put_u64(skb, KBP_A_WAKEUPS, s.wakeups) ||
+	    kbp_put_u64(skb, KBP_A_SLEEPS, s.sleeps) ||
+	    kbp_put_u64(skb, KBP_A_SLEEP_NS, s.sleep_ns) ||
+	    kbp_put_u64(skb, KBP_A_POLL_NS, s.poll_ns) ||
+	    kbp_put_u64(skb, KBP_A_RESPAWNS, s.respawns) ||
+	    kbp_put_u64(skb, KBP_A_REPAIRS, s.repairs))
+		return -EMSGSIZE;
+	return 0;
+}
+
+static int kbp_fill_dev(struct sk_buff *skb, struct kbp_dev *kd)
+{
+	u64 packets = kd->packets_gone, polls = kd->polls_gone, pk, pl;
+	struct kbp_napi *kn;
+	struct nlattr *nest;
+	u32 nr = 0;
+
+	if (nla_put_u32(skb, KBP_A_IFINDEX, kd->dev->ifindex) ||
+	    nla_put_string(skb, KBP_A_IFNAME, kd->dev->name) ||
+	    nla_put_u32(skb, KBP_A_NETNS_INUM, dev_net(kd->dev)->ns.inum) ||
+	    nla_put_u32(skb, KBP_A_STATE, kd->active ? KBP_STATE_ACTIVE :
+						       KBP_STATE_STANDBY) ||
+	    (kd->cpu >= 0 && nla_put_u32(skb, KBP_A_CPU, kd->cpu)))
+		return -EMSGSIZE;
+	if (kd->knobs.has_mode &&
+	    nla_put_u32(skb, KBP_A_MODE, kd->knobs.conf.mode))
+		return -EMSGSIZE;
+
+	list_for_each_entry(kn, &kd->napis, dev_node) {
+		kbp_napi_read(kn, &pk, &pl);
+		packets += pk;
+		polls += pl;
+		if (test_bit(KBP_NAPI_DEAD, &kn->flags))
+			continue;
+		nr++;
+		nest = nla_nest_start(skb, KBP_A_NAPI);
+		if (!nest ||
+		    nla_put_u32(skb, KBP_NAPI_A_INDEX, kn->index) ||
+		    nla_put_u32(skb, KBP_NAPI_A_ID, kn->napi_id) ||
+		    nla_put_u32(skb, KBP_NAPI_A_CPU, kn->poller->cpu) ||
+		    nla_put_u32(skb, KBP_NAPI_A_PID, READ_ONCE(kn->poller->pid)) ||
+		    nla_put_u64_64bit(skb, KBP_NAPI_A_PACKETS, pk, KBP_NAPI_A_PAD) ||
+		    nla_put_u64_64bit(skb, KBP_NAPI_A_POLLS, pl, KBP_NAPI_A_PAD))
+			return -EMSGSIZE;
+		nla_nest_end(skb, nest);
+	}
+	if (nla_put_u32(skb, KBP_A_NAPIS, nr) ||
+	    kbp_put_u64(skb, KBP_A_PACKETS, packets) ||
+	    kbp_put_u64(skb, KBP_A_POLLS, polls))
+		return -EMSGSIZE;
+	return 0;
+}
+
+typedef int (*kbp_fill_fn)(struct sk_buff *skb, void *obj);
+
+static int kbp_reply(struct genl_info *info, u8 cmd, kbp_fill_fn fill,
+		     void *obj)
+{
+	struct sk_buff *msg;
+	void *hdr;
+	int err;
+
+	msg = genlmsg_new(NLMSG_GOODSIZE, GFP_KERNEL);
+	if (!msg)
+		return -ENOMEM;
+	hdr = genlmsg_put_reply(msg, info, &kbp_genl_family, 0, cmd);
+	if (!hdr) {
+		nlmsg_free(msg);
+		return -EMSGSIZE;
+	}
+	err = fill(msg, obj);
+	if (err) {
+		nlmsg_free(msg);
+		return err;
+	}
+	genlmsg_end(msg, hdr);
+	return genlmsg_reply(msg, info);
+}
+
+/* Append one object to a dump; -EMSGSIZE when the skb is full. */
+static int kbp_dump_one(struct sk_buff *skb, struct netlink_callback *cb,
+			u8 cmd, kbp_fill_fn fill, void *obj)
+{
+	void *hdr;
+
+	hdr = genlmsg_put(skb, NETLINK_CB(cb->skb).portid, cb->nlh->nlmsg_seq,
+			  &kbp_genl_family, NLM_F_MULTI, cmd);
+	if (!hdr)
+		return -EMSGSIZE;
+	if (fill(skb, obj)) {
+		genlmsg_cancel(skb, hdr);
+		return -EMSGSIZE;
+	}
+	genlmsg_end(skb, hdr);
+	return 0;
+}
+
+static int kbp_fill_poller_any(struct sk_buff *skb, void *obj)
+{
+	return kbp_fill_poller(skb, obj);
+}
+
+static int kbp_fill_dev_any(struct sk_buff *skb, void *obj)
+{
+	return kbp_fill_dev(skb, obj);
+}
+
+static int kbp_nl_poller_get(struct sk_buff *skb, struct genl_info *info)
+{
+	struct kbp_poller *p = NULL;
+	u32 cpu;
+	int err;
+
+	if (GENL_REQ_ATTR_CHECK(info, KBP_A_CPU))
+		return -EINVAL;
+	cpu = nla_get_u32(info->attrs[KBP_A_CPU]);
+	mutex_lock(&kbp_lock);
+	if (cpu < nr_cpu_ids)
+		p = kbp_pollers[cpu];
+	if (!p) {
+		kbp_tell(info->extack, "no poller on that CPU",
+			 "no poller on CPU %u", cpu);
+		err = -ENOENT;
+	} else {
+		err = kbp_reply(info, KBP_CMD_POLLER_GET, kbp_fill_poller_any, p);
+	}
+	mutex_unlock(&kbp_lock);
+	return err;
+}
+
+static int kbp_nl_poller_dump(struct sk_buff *skb, struct netlink_callback *cb)
+{
+	unsigned long cpu;
+
+	mutex_lock(&kbp_lock);
+	for (cpu = cb->args[0]; cpu < nr_cpu_ids; cpu++) {
+		if (!kbp_pollers[cpu])
+			continue;
+		if (kbp_dump_one(skb, cb, KBP_CMD_POLLER_GET,
+				 kbp_fill_poller_any, kbp_pollers[cpu]))
+			break;
+	}
+	mutex_unlock(&kbp_lock);
+	cb->args[0] = cpu;
+	return skb->len;
+}
+
+static int kbp_nl_dev_get(struct sk_buff *skb, struct genl_info *info)
+{
+	struct net_device *dev;
+	struct kbp_dev *kd;
+	struct net *net;
+	int err;
+
+	net = kbp_req_net(info);
+	if (IS_ERR(net))
+		return PTR_ERR(net);
+	rtnl_lock();
+	mutex_lock(&kbp_lock);
+	dev = kbp_req_dev(net, info);
+	if (IS_ERR(dev)) {
+		err = PTR_ERR(dev);
+	} else {
+		kd = kbp_dev_find(dev);
+		if (kd) {
+			err = kbp_reply(info, KBP_CMD_DEV_GET, kbp_fill_dev_any, kd);
+		} else {
+			kbp_tell(info->extack, "device is not attached",
+				 "%s is not attached", dev->name);
+			err = -ENOENT;
+		}
+	}
+	mutex_unlock(&kbp_lock);
+	rtnl_unlock();
+	put_net(net);
+	return err;
+}
+
+/* Devices in the caller's netns; from the initial netns, all of them. */
+static int kbp_nl_dev_dump(struct sk_buff *skb, struct netlink_callback *cb)
+{
+	struct net *net = sock_net(skb->sk);
+	struct kbp_dev *kd;
+	long i = 0;
+
+	rtnl_lock();
+	mutex_lock(&kbp_lock);
+	list_for_each_entry(kd, &kbp_devs, node) {
+		if (!net_eq(net, &init_net) && !net_eq(net, dev_net(kd->dev)))
+			continue;
+		if (i++ < cb->args[0])
+			continue;
+		if (kbp_dump_one(skb, cb, KBP_CMD_DEV_GET, kbp_fill_dev_any, kd)) {
+			i--;
+			break;
+		}
+	}
+	mutex_unlock(&kbp_lock);
+	rtnl_unlock();
+	cb->args[0] = i;
+	return skb->len;
+}
+
+static const struct genl_small_ops kbp_genl_ops[] = {
+	{
+		.cmd	= KBP_CMD_POLLER_GET,
+		.doit	= kbp_nl_poller_get,
+		.dumpit	= kbp_nl_poller_dump,
+		.flags	= GENL_ADMIN_PERM,
+	},
+	{
+		.cmd	= KBP_CMD_POLLER_SET,
+		.doit	= kbp_nl_poller_set,
+		.flags	= GENL_ADMIN_PERM,
+	},
+	{
+		.cmd	= KBP_CMD_DEV_ATTACH,
+		.doit	= kbp_nl_dev_attach,
+		.flags	= GENL_ADMIN_PERM,
+	},
+	{
+		.cmd	= KBP_CMD_DEV_DETACH,
+		.doit	= kbp_nl_dev_detach,
+		.flags	= GENL_ADMIN_PERM,
+	},
+	{
+		.cmd	= KBP_CMD_DEV_GET,
+		.doit	= kbp_nl_dev_get,
+		.dumpit	= kbp_nl_dev_dump,
+		.flags	= GENL_ADMIN_PERM,
+	},
+};
+
+static struct genl_family kbp_genl_family = {
+	.name		= KBP_GENL_NAME,
+	.version	= KBP_GENL_VERSION,
+	.maxattr	= KBP_A_MAX,
+	.policy		= kbp_policy,
+	.netnsok	= true,
+	.module		= THIS_MODULE,
+	.small_ops	= kbp_genl_ops,
+	.n_small_ops	= ARRAY_SIZE(kbp_genl_ops),
+	.resv_start_op	= KBP_CMD_DEV_GET + 1,
+};
+
+int kbp_genl_init(void)
+{
+	return genl_register_family(&kbp_genl_family);
+}
+
+void kbp_genl_exit(void)
+{
+	genl_unregister_family(&kbp_genl_family);
+}

@@ -1,0 +1,776 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * kbp: kernel busy poll.
+ *
+ * Attach network devices to per-CPU poller kthreads that poll their NAPI
+ * instances instead of NET_RX_SOFTIRQ (KBP), optionally sleeping while idle
+ * and being woken from the hardIRQ path (EE-KBP).  No kernel patch: kbp uses
+ * the threaded-NAPI wake path every kernel since 5.12 has.  See
+ * docs/design.md.
+ *
+ * This file: the registries, attach/detach, the netdevice notifier and the
+ * reconcile work.  Locking rules are in kbp_priv.h.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/cpumask.h>
+#include <linux/interrupt.h>
+#include <linux/irq.h>
+#include <linux/module.h>
+#include <linux/rtnetlink.h>
+#include <linux/slab.h>
+#include <linux/workqueue.h>
+
+#include "kbp_priv.h"
+#include "kbp_compat.h"
+
+static char *default_mode = "hybrid";
+module_param(default_mode, charp, 0444);
+MODULE_PARM_DESC(default_mode, "mode of a poller created without one: busy or hybrid (default hybrid)");
+
+static unsigned int reconcile_ms = 200;
+module_param(reconcile_ms, uint, 0644);
+MODULE_PARM_DESC(reconcile_ms, "period of the check that re-hooks NAPIs a driver disabled/enabled or re-added (default 200 ms)");
+
+/* the registries below; see kbp_priv.h for the lock order */
+DEFINE_MUTEX(kbp_lock);
+LIST_HEAD(kbp_devs);
+struct kbp_poller **kbp_pollers;	/* [nr_cpu_ids] */
+struct kbp_conf *kbp_conf;		/* [nr_cpu_ids] */
+static bool kbp_exiting;		/* under kbp_lock */
+static u32 kbp_default_mode;
+
+static void kbp_reconcile_fn(struct work_struct *work);
+static DECLARE_DELAYED_WORK(kbp_reconcile_work, kbp_reconcile_fn);
+
+/* --- validation ------------------------------------------------------- */
+
+int kbp_check_cpu(int cpu, struct netlink_ext_ack *extack)
+{
+	if (cpu < 0 || cpu >= nr_cpu_ids) {
+		kbp_refuse(extack, "CPU out of range",
+			   "CPU %d out of range (0-%u)", cpu, nr_cpu_ids - 1);
+		return -ERANGE;
+	}
+	if (!cpu_online(cpu)) {
+		kbp_refuse(extack, "CPU is offline",
+			   "CPU %d is offline", cpu);
+		return -ENXIO;
+	}
+	return 0;
+}
+
+int kbp_check_knobs(const struct kbp_knobs *req,
+		    struct netlink_ext_ack *extack)
+{
+	const struct kbp_conf *c = &req->conf;
+
+	if (req->has_mode && c->mode == KBP_MODE_PERIODIC) {
+		kbp_refuse(extack, "mode periodic is not implemented yet",
+			   "mode periodic is not implemented yet");
+		return -EOPNOTSUPP;
+	}
+	if (req->has_mode && c->mode != KBP_MODE_BUSY &&
+	    c->mode != KBP_MODE_HYBRID) {
+		kbp_refuse(extack, "unknown mode",
+			   "unknown mode %u (busy=%d, hybrid=%d)", c->mode,
+			   KBP_MODE_BUSY, KBP_MODE_HYBRID);
+		return -EINVAL;
+	}
+	if (req->has_quota && (c->quota < 1 || c->quota > KBP_QUOTA_MAX)) {
+		kbp_refuse(extack, "quota out of range",
+			   "quota %u out of range (1-%d)", c->quota,
+			   KBP_QUOTA_MAX);
+		return -ERANGE;
+	}
+	if (req->has_linger && c->linger_us > KBP_LINGER_US_MAX) {
+		kbp_refuse(extack, "linger_us out of range",
+			   "linger_us %u out of range (0-%u)", c->linger_us,
+			   KBP_LINGER_US_MAX);
+		return -ERANGE;
+	}
+	if (req->has_rt_prio && c->rt_prio > KBP_RT_PRIO_MAX) {
+		kbp_refuse(extack, "rt_prio out of range",
+			   "rt_prio %u out of range (0-%d)", c->rt_prio,
+			   KBP_RT_PRIO_MAX);
+		return -ERANGE;
+	}
+	return 0;
+}
+
+/* The configuration @req asks for on @cpu, on top of what is there. */
+static void kbp_conf_merge(int cpu, const struct kbp_knobs *req,
+			   struct kbp_conf *out)
+{
+	*out = kbp_conf[cpu];
+	if (req->has_mode)
+		out->mode = req->conf.mode;
+	if (req->has_linger)
+		out->linger_us = req->conf.linger_us;
+	if (req->has_quota)
+		out->quota = req->conf.quota;
+	if (req->has_rt_prio)
+		out->rt_prio = req->conf.rt_prio;
+}
+
+/* --- pollers ---------------------------------------------------------- */
+
+/*
+ * The poller of @cpu for a NAPI of @kd: started with @kd's knobs if none
+ * runs, given them if it runs idle; one serving other NAPIs keeps its own
+ * (kbp_dev_bind() refused a conflict already).
+ */
+static struct kbp_poller *kbp_poller_get(int cpu, struct kbp_dev *kd)
+{
+	struct kbp_poller *p = kbp_pollers[cpu];
+
+	lockdep_assert_held(&kbp_lock);
+	if (p && test_bit(KBP_POLLER_FAILED, &p->flags)) {
+		/* a failed poller has no NAPIs and no thread */
+		kbp_pollers[cpu] = NULL;
+		kbp_poller_destroy(p);
+		p = NULL;
+	}
+	if (p) {
+		if (list_empty(&p->napis)) {
+			kbp_conf_merge(cpu, &kd->knobs, &kbp_conf[cpu]);
+			kbp_poller_apply(p, &kbp_conf[cpu]);
+		}
+		return p;
+	}
+	kbp_conf_merge(cpu, &kd->knobs, &kbp_conf[cpu]);
+	p = kbp_poller_create(cpu, &kbp_conf[cpu]);
+	if (IS_ERR(p))
+		return p;
+	kbp_pollers[cpu] = p;
+	pr_info("kbp/%d started (pid %d, mode %s)\n", cpu, p->pid,
+		p->mode == KBP_MODE_BUSY ? "busy" : "hybrid");
+	return p;
+}
+
+/* Is @cpu named by an attachment (its default CPU or its queue map)? */
+static bool kbp_cpu_named(int cpu)
+{
+	struct kbp_dev *kd;
+	unsigned int i;
+
+	list_for_each_entry(kd, &kbp_devs, node) {
+		if (kd->cpu == cpu)
+			return true;
+		for (i = 0; i < kd->nr_map; i++)
+			if (kd->map[i].cpu == cpu)
+				return true;
+	}
+	return false;
+}
+
+/* Stop the pollers nothing needs any more.  rtnl and kbp_lock held. */
+static void kbp_pollers_gc(void)
+{
+	unsigned int cpu;
+
+	ASSERT_RTNL();
+	lockdep_assert_held(&kbp_lock);
+	for (cpu = 0; cpu < nr_cpu_ids; cpu++) {
+		struct kbp_poller *p = kbp_pollers[cpu];
+
+		if (!p || !list_empty(&p->napis))
+			continue;
+		if (!kbp_exiting && !test_bit(KBP_POLLER_FAILED, &p->flags) &&
+		    kbp_cpu_named(cpu))
+			continue;
+		kbp_pollers[cpu] = NULL;
+		kbp_poller_destroy(p);
+		pr_info("kbp/%u stopped\n", cpu);
+	}
+}
+
+/* The running poller (or the stored knobs) on @cpu conflict with @req? */
+static int kbp_check_conflict(int cpu, const struct kbp_knobs *req,
+			      struct netlink_ext_ack *extack)
+{
+	struct kbp_poller *p = kbp_pollers[cpu];
+	struct kbp_conf want;
+
+	if (!p || list_empty(&p->napis))
+		return 0;
+	kbp_conf_merge(cpu, req, &want);
+	if (want.mode == p->mode && want.linger_us == p->linger_us &&
+	    want.quota == p->quota && want.rt_prio == p->rt_prio)
+		return 0;
+	kbp_refuse(extack, "poller serves other devices with other knobs",
+		   "kbp/%d serves other devices with mode=%s linger_us=%u quota=%u rt_prio=%u; change them with poller-set",
+		   cpu, p->mode == KBP_MODE_BUSY ? "busy" : "hybrid",
+		   p->linger_us, p->quota, p->rt_prio);
+	return -EBUSY;
+}
+
+/* POLLER_SET: store knobs for @cpu and apply them to its running poller. */
+int kbp_poller_configure(int cpu, const struct kbp_knobs *req,
+			 struct netlink_ext_ack *extack)
+{
+	struct kbp_poller *p;
+	int err;
+
+	ASSERT_RTNL();
+	lockdep_assert_held(&kbp_lock);
+	if (cpu < 0 || cpu >= nr_cpu_ids)
+		return kbp_check_cpu(cpu, extack);
+	err = kbp_check_knobs(req, extack);
+	if (err)
+		return err;
+	kbp_conf_merge(cpu, req, &kbp_conf[cpu]);
+	p = kbp_pollers[cpu];
+	if (p)
+		kbp_poller_apply(p, &kbp_conf[cpu]);
+	return 0;
+}
+
+/* --- NAPI <-> poller -------------------------------------------------- */
+
+static unsigned int kbp_napi_count(struct net_device *dev)
+{
+	struct napi_struct *n;
+	unsigned int nr = 0;
+
+	list_for_each_entry(n, &dev->napi_list, dev_list)
+		nr++;
+	return nr;
+}
+
+/*
+ * dev->napi_list is newest first (netif_napi_add() uses list_add_rcu());
+ * index 0 is the NAPI the driver added first.
+ */
+static struct napi_struct *kbp_napi_by_index(struct net_device *dev,
+					     unsigned int index)
+{
+	unsigned int nr = kbp_napi_count(dev), pos = 0;
+	struct napi_struct *n;
+
+	list_for_each_entry(n, &dev->napi_list, dev_list) {
+		if (nr - 1 - pos == index)
+			return n;
+		pos++;
+	}
+	return NULL;
+}
+
+static bool kbp_napi_owned(struct kbp_dev *kd, struct napi_struct *n)
+{
+	struct kbp_napi *kn;
+
+	list_for_each_entry(kn, &kd->napis, dev_node)
+		if (!test_bit(KBP_NAPI_DEAD, &kn->flags) && kn->napi == n)
+			return true;
+	return false;
+}
+
+/* The CPU that serves NAPI #@index of @kd: queue map, default, IRQ. */
+static int kbp_napi_cpu(struct kbp_dev *kd, struct napi_struct *n,
+			unsigned int index, struct netlink_ext_ack *extack)
+{
+	unsigned int i;
+	int irq;
+
+	for (i = 0; i < kd->nr_map; i++)
+		if (kd->map[i].index == index)
+			return kd->map[i].cpu;
+	if (kd->cpu >= 0)
+		return kd->cpu;
+	irq = kbp_napi_irq(n);
+	if (irq > 0) {
+		const struct cpumask *m = irq_get_effective_affinity_mask(irq);
+		unsigned int cpu;
+
+		if (!m || cpumask_empty(m))
+			m = irq_get_affinity_mask(irq);
+		cpu = m ? cpumask_first_and(m, cpu_online_mask) : nr_cpu_ids;
+		if (cpu < nr_cpu_ids)
+			return cpu;
+	}
+	kbp_refuse(extack, "no CPU given and the NAPI has no IRQ",
+		   "%s: no CPU for NAPI #%u (no IRQ known): give a cpu or a queue map",
+		   kd->dev->name, index);
+	return -EINVAL;
+}
+
+/* Hook @n (NAPI #@index of @kd) to the poller of @cpu. */
+static int kbp_napi_hook(struct kbp_dev *kd, struct napi_struct *n,
+			 unsigned int index, int cpu)
+{
+	struct kbp_poller *p;
+	struct kbp_napi *kn;
+
+	kn = kzalloc(sizeof(*kn), GFP_KERNEL);
+	if (!kn)
+		return -ENOMEM;
+	p = kbp_poller_get(cpu, kd);
+	if (IS_ERR(p)) {
+		kfree(kn);
+		return PTR_ERR(p);
+	}
+	kn->napi = n;
+	kn->kdev = kd;
+	kn->index = index;
+	kn->napi_id = n->napi_id;
+	u64_stats_init(&kn->syncp);
+	list_add_tail(&kn->dev_node, &kd->napis);
+	kbp_poller_add_napi(p, kn);
+	return 0;
+}
+
+static void kbp_napi_free(struct kbp_dev *kd, struct kbp_napi *kn)
+{
+	u64 packets, polls;
+
+	kbp_napi_read(kn, &packets, &polls);
+	kd->packets_gone += packets;
+	kd->polls_gone += polls;
+	list_del(&kn->dev_node);
+	kfree_rcu(kn, rcu);
+}
+
+/* Hand every NAPI of @kd back to stock NAPI.  rtnl and kbp_lock held. */
+static void kbp_dev_deactivate(struct kbp_dev *kd)
+{
+	struct kbp_napi *kn, *tmp;
+	bool any = false;
+
+	ASSERT_RTNL();
+	lockdep_assert_held(&kbp_lock);
+	list_for_each_entry(kn, &kd->napis, dev_node) {
+		if (test_bit(KBP_NAPI_DEAD, &kn->flags))
+			continue;
+		set_bit(KBP_NAPI_DETACHING, &kn->flags);
+		clear_bit(NAPI_STATE_THREADED, &kn->napi->state);
+		any = true;
+	}
+	if (any)	/* every ____napi_schedule() that saw THREADED is done */
+		synchronize_rcu();
+
+	list_for_each_entry(kn, &kd->napis, dev_node) {
+		unsigned long deadline = jiffies + 10 * HZ;
+		bool warned = false;
+
+		if (test_bit(KBP_NAPI_DEAD, &kn->flags))
+			continue;
+		/* the poller completes the NAPI or hands it to the softirq */
+		while (test_bit(NAPI_STATE_SCHED_THREADED, &kn->napi->state)) {
+			if (kn->poller->task)
+				wake_up_process(kn->poller->task);
+			usleep_range(50, 200);
+			if (!warned && time_after(jiffies, deadline)) {
+				pr_warn("%s: NAPI #%u still owned by kbp/%d after 10 s\n",
+					kd->dev->name, kn->index, kn->poller->cpu);
+				warned = true;
+			}
+		}
+	}
+
+	list_for_each_entry_safe(kn, tmp, &kd->napis, dev_node) {
+		kbp_poller_del_napi(kn->poller, kn);
+		kbp_napi_free(kd, kn);
+	}
+	kd->active = false;
+	kbp_pollers_gc();
+}
+
+/*
+ * Hook every NAPI of a running device.  All or nothing: on error nothing is
+ * left hooked.  rtnl and kbp_lock held.
+ */
+static int kbp_dev_activate(struct kbp_dev *kd, struct netlink_ext_ack *extack)
+{
+	struct net_device *dev = kd->dev;
+	unsigned int nr = kbp_napi_count(dev), i;
+	struct napi_struct *n;
+	int err = 0, cpu;
+
+	ASSERT_RTNL();
+	lockdep_assert_held(&kbp_lock);
+	if (!nr) {
+		kbp_refuse(extack, "device has no NAPI instance",
+			   "%s has no NAPI instance", dev->name);
+		return -EOPNOTSUPP;
+	}
+	for (i = 0; i < kd->nr_map; i++) {
+		if (kd->map[i].index >= nr) {
+			kbp_refuse(extack, "queue map names a NAPI the device does not have",
+				   "queue map names NAPI #%u but %s has %u",
+				   kd->map[i].index, dev->name, nr);
+			return -EINVAL;
+		}
+	}
+	/* validate everything before changing anything */
+	for (i = 0; i < nr; i++) {
+		n = kbp_napi_by_index(dev, i);
+		if (READ_ONCE(n->thread)) {
+			kbp_refuse(extack, "NAPI already has a thread (threaded NAPI?)",
+				   "%s: NAPI #%u already has a thread (threaded NAPI on? write 0 to /sys/class/net/%s/threaded)",
+				   dev->name, i, dev->name);
+			return -EBUSY;
+		}
+		cpu = kbp_napi_cpu(kd, n, i, extack);
+		if (cpu < 0)
+			return cpu;
+		err = kbp_check_cpu(cpu, extack);
+		if (err)
+			return err;
+	}
+	for (i = 0; i < nr; i++) {
+		n = kbp_napi_by_index(dev, i);
+		err = kbp_napi_hook(kd, n, i, kbp_napi_cpu(kd, n, i, NULL));
+		if (err) {
+			NL_SET_ERR_MSG_MOD(extack, "out of memory starting a poller");
+			pr_warn("%s: cannot hook NAPI #%u: %d\n", dev->name, i, err);
+			kbp_dev_deactivate(kd);
+			return err;
+		}
+	}
+	kd->active = true;
+	return 0;
+}
+
+/* --- attachments ------------------------------------------------------ */
+
+struct kbp_dev *kbp_dev_find(const struct net_device *dev)
+{
+	struct kbp_dev *kd;
+
+	lockdep_assert_held(&kbp_lock);
+	list_for_each_entry(kd, &kbp_devs, node)
+		if (kd->dev == dev)
+			return kd;
+	return NULL;
+}
+
+static void kbp_dev_free(struct kbp_dev *kd)
+{
+	list_del(&kd->node);
+	netdev_put(kd->dev, &kd->tracker);
+	kfree(kd->map);
+	kfree(kd);
+}
+
+static void kbp_dev_unbind(struct kbp_dev *kd)
+{
+	if (kd->active || !list_empty(&kd->napis))
+		kbp_dev_deactivate(kd);
+	pr_info("%s: detached\n", kd->dev->name);
+	kbp_dev_free(kd);
+	kbp_pollers_gc();
+}
+
+void kbp_reconcile_soon(void)
+{
+	mod_delayed_work(system_wq, &kbp_reconcile_work, 0);
+}
+
+static void kbp_reconcile_later(void)
+{
+	lockdep_assert_held(&kbp_lock);
+	if (!kbp_exiting && !list_empty(&kbp_devs))
+		queue_delayed_work(system_wq, &kbp_reconcile_work,
+				   msecs_to_jiffies(max(reconcile_ms, 10U)));
+}
+
+/* Every CPU @req would use on its device, for conflict checks. */
+static int kbp_req_check_cpus(struct kbp_attach_req *req, struct kbp_dev *kd,
+			      struct netlink_ext_ack *extack)
+{
+	unsigned int i, nr;
+	int cpu, err;
+
+	if (req->cpu >= 0) {
+		err = kbp_check_cpu(req->cpu, extack);
+		if (err)
+			return err;
+	}
+	for (i = 0; i < req->nr_map; i++) {
+		err = kbp_check_cpu(req->map[i].cpu, extack);
+		if (err)
+			return err;
+	}
+	if (!netif_running(req->dev))
+		return 0;
+	nr = kbp_napi_count(req->dev);
+	for (i = 0; i < nr; i++) {
+		cpu = kbp_napi_cpu(kd, kbp_napi_by_index(req->dev, i), i, extack);
+		if (cpu < 0)
+			return cpu;
+		err = kbp_check_cpu(cpu, extack) ?:
+		      kbp_check_conflict(cpu, &req->knobs, extack);
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+int kbp_dev_bind(struct kbp_attach_req *req, struct netlink_ext_ack *extack)
+{
+	struct net_device *dev = req->dev;
+	struct kbp_conf *saved;
+	struct kbp_dev *kd;
+	int err;
+
+	ASSERT_RTNL();
+	lockdep_assert_held(&kbp_lock);
+	if (kbp_dev_find(dev)) {
+		kbp_refuse(extack, "device is already attached",
+			   "%s is already attached", dev->name);
+		return -EEXIST;
+	}
+	if (dev->threaded) {
+		kbp_refuse(extack, "device runs threaded NAPI",
+			   "%s runs threaded NAPI: write 0 to /sys/class/net/%s/threaded first",
+			   dev->name, dev->name);
+		return -EBUSY;
+	}
+	if (netif_running(dev) && list_empty(&dev->napi_list)) {
+		kbp_refuse(extack, "device has no NAPI instance",
+			   "%s has no NAPI instance", dev->name);
+		return -EOPNOTSUPP;
+	}
+	err = kbp_check_knobs(&req->knobs, extack);
+	if (err)
+		return err;
+
+	kd = kzalloc(sizeof(*kd), GFP_KERNEL);
+	saved = kmemdup(kbp_conf, nr_cpu_ids * sizeof(*kbp_conf), GFP_KERNEL);
+	if (!kd || !saved) {
+		err = -ENOMEM;
+		goto err_free;
+	}
+	kd->dev = dev;
+	kd->cpu = req->cpu;
+	kd->nr_map = req->nr_map;
+	kd->map = req->map;
+	kd->knobs = req->knobs;
+	INIT_LIST_HEAD(&kd->napis);
+
+	err = kbp_req_check_cpus(req, kd, extack);
+	if (err)
+		goto err_free;
+
+	netdev_hold(dev, &kd->tracker, GFP_KERNEL);
+	list_add_tail(&kd->node, &kbp_devs);
+	if (netif_running(dev)) {
+		err = kbp_dev_activate(kd, extack);
+		if (err) {
+			kd->map = NULL;		/* still the request's */
+			kbp_dev_free(kd);
+			memcpy(kbp_conf, saved, nr_cpu_ids * sizeof(*kbp_conf));
+			kbp_pollers_gc();
+			kfree(saved);
+			return err;
+		}
+	}
+	req->map = NULL;			/* now kd's */
+	kfree(saved);
+	pr_info("%s: attached (%s, %u NAPIs)\n", dev->name,
+		kd->active ? "active" : "standby until up",
+		kd->active ? kbp_napi_count(dev) : 0);
+	kbp_reconcile_later();
+	return 0;
+
+err_free:
+	kfree(saved);
+	kfree(kd);
+	return err;
+}
+
+int kbp_dev_unbind_by_dev(struct net_device *dev, struct netlink_ext_ack *extack)
+{
+	struct kbp_dev *kd;
+
+	ASSERT_RTNL();
+	lockdep_assert_held(&kbp_lock);
+	kd = kbp_dev_find(dev);
+	if (!kd) {
+		kbp_refuse(extack, "device is not attached",
+			   "%s is not attached", dev->name);
+		return -ENOENT;
+	}
+	kbp_dev_unbind(kd);
+	return 0;
+}
+
+/* --- keeping attachments true ----------------------------------------- */
+
+/*
+ * napi_disable() clears NAPI_STATE_THREADED and napi_enable() sets it back
+ * only when dev->threaded is set, which kbp leaves alone; drivers that
+ * disable and enable a NAPI on their own (virtio-net's refill work, for
+ * example) therefore drop it back to softirq until we set the bit again.
+ * Setting it is safe at any time: napi_disable() clears it in the same
+ * cmpxchg that takes the NAPI, and a disabled NAPI cannot be scheduled.
+ */
+static void kbp_dev_reconcile(struct kbp_dev *kd)
+{
+	struct net_device *dev = kd->dev;
+	struct kbp_napi *kn, *tmp;
+	struct napi_struct *n;
+	unsigned int nr, i;
+	int cpu;
+
+	list_for_each_entry_safe(kn, tmp, &kd->napis, dev_node) {
+		if (test_bit(KBP_NAPI_DEAD, &kn->flags)) {
+			kbp_napi_free(kd, kn);
+			continue;
+		}
+		if (READ_ONCE(kn->napi->thread) == kn->poller->task &&
+		    !test_bit(NAPI_STATE_THREADED, &kn->napi->state)) {
+			set_bit(NAPI_STATE_THREADED, &kn->napi->state);
+			atomic64_inc(&kn->poller->repairs);
+		}
+	}
+	if (!kd->active)
+		return;
+	/* NAPIs the driver added since (re-created after a delete, new channels) */
+	nr = kbp_napi_count(dev);
+	for (i = 0; i < nr; i++) {
+		n = kbp_napi_by_index(dev, i);
+		if (kbp_napi_owned(kd, n) || READ_ONCE(n->thread))
+			continue;
+		cpu = kbp_napi_cpu(kd, n, i, NULL);
+		if (cpu < 0 || !cpu_online(cpu) || kbp_napi_hook(kd, n, i, cpu))
+			pr_warn_ratelimited("%s: cannot hook new NAPI #%u\n",
+					    dev->name, i);
+		else
+			pr_info("%s: hooked new NAPI #%u to kbp/%d\n", dev->name,
+				i, cpu);
+	}
+}
+
+static void kbp_reconcile_fn(struct work_struct *work)
+{
+	struct kbp_dev *kd;
+
+	rtnl_lock();
+	mutex_lock(&kbp_lock);
+	if (!kbp_exiting) {
+		list_for_each_entry(kd, &kbp_devs, node)
+			kbp_dev_reconcile(kd);
+		kbp_pollers_gc();
+		kbp_reconcile_later();
+	}
+	mutex_unlock(&kbp_lock);
+	rtnl_unlock();
+}
+
+static int kbp_netdev_event(struct notifier_block *nb, unsigned long event,
+			    void *ptr)
+{
+	struct net_device *dev = netdev_notifier_info_to_dev(ptr);
+	struct kbp_dev *kd;
+	int err;
+
+	if (event != NETDEV_GOING_DOWN && event != NETDEV_UP &&
+	    event != NETDEV_UNREGISTER)
+		return NOTIFY_DONE;
+
+	mutex_lock(&kbp_lock);
+	kd = kbp_dev_find(dev);
+	if (!kd)
+		goto out;
+	switch (event) {
+	case NETDEV_GOING_DOWN:
+		/* before ndo_stop(), which may delete the NAPIs */
+		kbp_dev_deactivate(kd);
+		pr_info("%s: down, NAPIs back to softirq until up\n", dev->name);
+		break;
+	case NETDEV_UP:
+		err = kbp_dev_activate(kd, NULL);
+		if (err)
+			pr_warn("%s: up, but cannot attach its NAPIs (%d); stays in standby\n",
+				dev->name, err);
+		else
+			pr_info("%s: up, %u NAPIs attached\n", dev->name,
+				kbp_napi_count(dev));
+		break;
+	case NETDEV_UNREGISTER:
+		kbp_dev_unbind(kd);
+		break;
+	}
+out:
+	mutex_unlock(&kbp_lock);
+	return NOTIFY_DONE;
+}
+
+static struct notifier_block kbp_netdev_nb = {
+	.notifier_call = kbp_netdev_event,
+};
+
+static int __init kbp_init(void)
+{
+	unsigned int cpu;
+	int err;
+
+	if (!strcmp(default_mode, "busy")) {
+		kbp_default_mode = KBP_MODE_BUSY;
+	} else if (!strcmp(default_mode, "hybrid")) {
+		kbp_default_mode = KBP_MODE_HYBRID;
+	} else {
+		pr_err("default_mode=%s: unknown mode (busy or hybrid)\n",
+		       default_mode);
+		return -EINVAL;
+	}
+
+	kbp_pollers = kcalloc(nr_cpu_ids, sizeof(*kbp_pollers), GFP_KERNEL);
+	kbp_conf = kcalloc(nr_cpu_ids, sizeof(*kbp_conf), GFP_KERNEL);
+	if (!kbp_pollers || !kbp_conf) {
+		err = -ENOMEM;
+		goto err_free;
+	}
+	for (cpu = 0; cpu < nr_cpu_ids; cpu++) {
+		kbp_conf[cpu].mode = kbp_default_mode;
+		kbp_conf[cpu].quota = KBP_QUOTA_MAX;
+	}
+
+	err = register_netdevice_notifier(&kbp_netdev_nb);
+	if (err)
+		goto err_free;
+	err = kbp_genl_init();
+	if (err)
+		goto err_notifier;
+	pr_info("loaded (default mode %s)\n", default_mode);
+	return 0;
+
+err_notifier:
+	unregister_netdevice_notifier(&kbp_netdev_nb);
+err_free:
+	kfree(kbp_conf);
+	kfree(kbp_pollers);
+	return err;
+}
+
+static void __exit kbp_exit(void)
+{
+	struct kbp_dev *kd, *tmp;
+
+	kbp_genl_exit();	/* no new requests */
+
+	rtnl_lock();
+	mutex_lock(&kbp_lock);
+	kbp_exiting = true;
+	list_for_each_entry_safe(kd, tmp, &kbp_devs, node)
+		kbp_dev_unbind(kd);
+	kbp_pollers_gc();
+	mutex_unlock(&kbp_lock);
+	rtnl_unlock();
+
+	cancel_delayed_work_sync(&kbp_reconcile_work);
+	unregister_netdevice_notifier(&kbp_netdev_nb);
+	rcu_barrier();		/* kfree_rcu() of our NAPI links */
+	kfree(kbp_conf);
+	kfree(kbp_pollers);
+	pr_info("unloaded\n");
+}
+
+module_init(kbp_init);
+module_exit(kbp_exit);
+MODULE_LICENSE("GPL");
+MODULE_AUTHOR("kbp developers");
+MODULE_DESCRIPTION("Kernel busy poll: per-CPU kthreads poll NAPI instead of NET_RX softirq");
+MODULE_VERSION("0.1.0");

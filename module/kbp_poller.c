@@ -1,0 +1,468 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * kbp poller: one kthread per CPU that polls the NAPI instances attached to
+ * it, instead of NET_RX_SOFTIRQ.
+ *
+ * Handoff.  An attached NAPI has napi->thread pointing at the poller and
+ * NAPI_STATE_THREADED set, so the kernel's own ____napi_schedule() (hardIRQ
+ * path) sets NAPI_STATE_SCHED_THREADED and wakes the poller instead of
+ * queueing the NAPI on the softnet poll list and raising NET_RX_SOFTIRQ.
+ * SCHED_THREADED is the token of ownership: the poller polls a NAPI if and
+ * only if that bit is set, exactly like napi_threaded_poll() in
+ * net/core/dev.c, and napi_complete_done() clears it.
+ *
+ * Modes
+ *   busy    (KBP)    never sleeps; checks its NAPIs on every pass.
+ *   hybrid  (EE-KBP) sleeps when none of its NAPIs is scheduled and
+ *                    linger_us has passed since the last packet; the
+ *                    hardIRQ path wakes it.
+ */
+#include <linux/kthread.h>
+#include <linux/livepatch.h>
+#include <linux/netpoll.h>
+#include <linux/rcupdate.h>
+#include <linux/sched/clock.h>
+#include <linux/sched/rt.h>
+#include <linux/slab.h>
+#include <uapi/linux/sched/types.h>
+#include <trace/events/napi.h>
+
+#include "kbp_priv.h"
+#include "kbp_compat.h"
+
+/*
+ * Sleep state of a hybrid poller.  TASK_FREEZABLE changes nothing for a
+ * kthread (kthreads are PF_NOFREEZE) and /proc still shows "S", but it makes
+ * the state differ from plain TASK_INTERRUPTIBLE: on 6.1 ____napi_schedule()
+ * sets SCHED_THREADED only if the thread's state is not exactly
+ * TASK_INTERRUPTIBLE (napi_thread_wait() treats "I was woken" as ownership
+ * instead).  A poller serving several NAPIs cannot tell from a wakeup which
+ * NAPI it owns, so it must always get the bit.  6.12 always sets it.
+ */
+#define KBP_SLEEP_STATE	(TASK_INTERRUPTIBLE | TASK_FREEZABLE)
+
+static void kbp_stat_add(struct kbp_poller *p, u64_stats_t *c, u64 v)
+{
+	u64_stats_update_begin(&p->syncp);
+	u64_stats_add(c, v);
+	u64_stats_update_end(&p->syncp);
+}
+
+/*
+ * The tail of __napi_poll() (net/core/dev.c) for a poll that used its whole
+ * budget: we still own the NAPI.  Returns true if it should be polled again.
+ */
+static bool kbp_napi_repoll(struct kbp_napi *kn, struct napi_struct *n,
+			    int work)
+{
+	if (unlikely(napi_disable_pending(n))) {
+		napi_complete(n);
+		return false;
+	}
+
+	if (napi_prefer_busy_poll(n)) {
+		if (napi_complete_done(n, work))
+			napi_schedule(n);
+		return false;
+	}
+
+	if (n->gro_bitmask)
+		napi_gro_flush(n, HZ >= 1000);
+
+	/* gro_normal_list(), whose callee is not exported */
+	if (n->rx_count) {
+		netif_receive_skb_list(&n->rx_list);
+		INIT_LIST_HEAD(&n->rx_list);
+		n->rx_count = 0;
+	}
+
+	if (unlikely(!list_empty(&n->poll_list))) {
+		pr_warn_once("kbp: %s: budget exhausted after napi rescheduled\n",
+			     n->dev ? n->dev->name : "?");
+		return false;
+	}
+
+	if (unlikely(test_bit(KBP_NAPI_DETACHING, &kn->flags))) {
+		/*
+		 * Hand the NAPI to the softirq: NAPI_STATE_THREADED is already
+		 * clear, so __napi_schedule() queues it on this CPU's poll list.
+		 * We keep NAPI_STATE_SCHED: ownership moves, it is not dropped.
+		 */
+		clear_bit(NAPI_STATE_SCHED_THREADED, &n->state);
+		__napi_schedule(n);
+		return false;
+	}
+	return true;
+}
+
+/* Poll one NAPI we own, with bh disabled around the poll and the protocol
+ * processing it drives (the papers' conflict control).
+ */
+static int kbp_poll_napi(struct kbp_poller *p, struct kbp_napi *kn,
+			 bool *more)
+{
+	struct napi_struct *n = kn->napi;
+	int budget = min_t(int, READ_ONCE(p->quota), n->weight);
+	struct kbp_bpf_ctx bpf_ctx;
+	int work = 0;
+	u64 t0;
+	void *have;
+
+	if (budget <= 0)
+		budget = 1;
+	t0 = local_clock();
+	local_bh_disable();
+	kbp_bpf_ctx_set(&bpf_ctx);
+	have = netpoll_poll_lock(n);
+
+	if (test_bit(NAPI_STATE_SCHED, &n->state)) {
+		work = n->poll(n, budget);
+		trace_napi_poll(n, work, budget);
+	}
+	if (unlikely(work > budget))
+		netdev_err_once(n->dev, "kbp: NAPI poll %pS returned %d, over its budget %d\n",
+				n->poll, work, budget);
+	if (work >= budget && kbp_napi_repoll(kn, n, work))
+		*more = true;
+
+	netpoll_poll_unlock(have);
+	kbp_bpf_ctx_clear(&bpf_ctx);
+	local_bh_enable();
+
+	u64_stats_update_begin(&kn->syncp);
+	u64_stats_add(&kn->packets, work);
+	u64_stats_inc(&kn->polls);
+	u64_stats_update_end(&kn->syncp);
+	kbp_stat_add(p, &p->poll_ns, local_clock() - t0);
+	return work;
+}
+
+/* One round-robin pass: each owned NAPI gets up to one quota. */
+static int kbp_pass(struct kbp_poller *p, bool *more)
+{
+	struct kbp_napi *kn;
+	int work = 0;
+
+	rcu_read_lock();
+	list_for_each_entry_rcu(kn, &p->napis, poll_node) {
+		if (test_bit(NAPI_STATE_SCHED_THREADED, &kn->napi->state))
+			work += kbp_poll_napi(p, kn, more);
+	}
+	rcu_read_unlock();
+	return work;
+}
+
+static bool kbp_has_work(struct kbp_poller *p)
+{
+	struct kbp_napi *kn;
+	bool ret = false;
+
+	rcu_read_lock();
+	list_for_each_entry_rcu(kn, &p->napis, poll_node) {
+		if (test_bit(NAPI_STATE_SCHED_THREADED, &kn->napi->state)) {
+			ret = true;
+			break;
+		}
+	}
+	rcu_read_unlock();
+	return ret;
+}
+
+/* The sleep predicate of hybrid mode (Algorithm 1 of EE-KBP, plus linger). */
+static bool kbp_may_sleep(struct kbp_poller *p, bool more, u64 now,
+			  u64 last_work)
+{
+	u64 linger = (u64)READ_ONCE(p->linger_us) * NSEC_PER_USEC;
+
+	if (READ_ONCE(p->mode) != KBP_MODE_HYBRID || more)
+		return false;
+	return now - last_work >= linger;
+}
+
+/*
+ * Sleep until woken.  @state is KBP_SLEEP_STATE for an idle hybrid poller;
+ * @timeout bounds a nap (busy poller letting a livepatch transition through).
+ */
+static void kbp_sleep(struct kbp_poller *p, long timeout)
+{
+	u64 t0;
+
+	set_current_state(KBP_SLEEP_STATE);
+	/* pairs with set_bit(SCHED_THREADED) + wake_up_process() in ____napi_schedule() */
+	if (kthread_should_stop() || kbp_has_work(p) ||
+	    (timeout == MAX_SCHEDULE_TIMEOUT &&
+	     READ_ONCE(p->mode) != KBP_MODE_HYBRID)) {
+		__set_current_state(TASK_RUNNING);
+		return;
+	}
+	t0 = local_clock();
+	schedule_timeout(timeout);
+	__set_current_state(TASK_RUNNING);
+
+	u64_stats_update_begin(&p->syncp);
+	u64_stats_inc(&p->sleeps);
+	u64_stats_inc(&p->wakeups);
+	u64_stats_add(&p->sleep_ns, local_clock() - t0);
+	u64_stats_update_end(&p->syncp);
+}
+
+/*
+ * What a poller that does not sleep owes the rest of the system: a
+ * preemption point (and, since 6.4, the livepatch switch inside
+ * cond_resched()) and an RCU-tasks quiescent state.  Plain RCU needs nothing
+ * more: Debian kernels use preemptible RCU, whose tick sees this thread
+ * outside any read-side section between passes.
+ */
+static void kbp_relax(struct kbp_poller *p)
+{
+	cond_resched_tasks_rcu_qs();
+	/* before 6.4 a transition can switch a task only while it sleeps */
+	if (KBP_KLP_NEEDS_NAP && unlikely(klp_patch_pending(current)))
+		kbp_sleep(p, 1);
+}
+
+static void kbp_poller_respawn(struct kbp_poller *p);
+
+static int kbp_poller_fn(void *data)
+{
+	struct kbp_poller *p = data;
+	u64 last_work = local_clock();
+
+	while (!kthread_should_stop()) {
+		bool more = false;
+		int work = kbp_pass(p, &more);
+		u64 now = local_clock();
+
+		u64_stats_update_begin(&p->syncp);
+		u64_stats_inc(&p->passes);
+		if (work)
+			u64_stats_add(&p->packets, work);
+		else
+			u64_stats_inc(&p->empty_passes);
+		u64_stats_update_end(&p->syncp);
+
+		if (work)
+			last_work = now;
+		if (kbp_may_sleep(p, more, now, last_work))
+			kbp_sleep(p, MAX_SCHEDULE_TIMEOUT);
+		else
+			kbp_relax(p);
+	}
+
+	if (!test_bit(KBP_POLLER_STOPPING, &p->flags))
+		kbp_poller_respawn(p);
+	return 0;
+}
+
+static int kbp_apply_prio(struct task_struct *t, u32 rt_prio)
+{
+	struct sched_attr attr = {
+		.size = sizeof(attr),
+		.sched_policy = rt_prio ? SCHED_FIFO : SCHED_NORMAL,
+		.sched_priority = rt_prio,
+	};
+
+	return sched_setattr_nocheck(t, &attr);
+}
+
+static struct task_struct *kbp_poller_spawn(struct kbp_poller *p)
+{
+	struct task_struct *t;
+	int err;
+
+	t = kthread_create_on_cpu(kbp_poller_fn, p, p->cpu, "kbp/%u");
+	if (IS_ERR(t))
+		return t;
+	err = kbp_apply_prio(t, READ_ONCE(p->rt_prio));
+	if (err)
+		pr_warn("kbp: kbp/%d: cannot set rt_prio %u: %d\n", p->cpu,
+			READ_ONCE(p->rt_prio), err);
+	get_task_struct(t);
+	return t;
+}
+
+struct kbp_poller *kbp_poller_create(int cpu, const struct kbp_conf *conf)
+{
+	struct kbp_poller *p;
+	struct task_struct *t;
+
+	p = kzalloc_node(sizeof(*p), GFP_KERNEL, cpu_to_node(cpu));
+	if (!p)
+		return ERR_PTR(-ENOMEM);
+	p->cpu = cpu;
+	spin_lock_init(&p->lock);
+	INIT_LIST_HEAD(&p->napis);
+	u64_stats_init(&p->syncp);
+	p->mode = conf->mode;
+	p->linger_us = conf->linger_us;
+	p->quota = conf->quota;
+	p->rt_prio = conf->rt_prio;
+
+	t = kbp_poller_spawn(p);
+	if (IS_ERR(t)) {
+		kfree(p);
+		return ERR_CAST(t);
+	}
+	p->task = t;
+	WRITE_ONCE(p->pid, t->pid);
+	wake_up_process(t);
+	return p;
+}
+
+/* Caller holds rtnl and kbp_lock; the poller has no NAPIs left. */
+void kbp_poller_destroy(struct kbp_poller *p)
+{
+	WARN_ON_ONCE(!list_empty(&p->napis));
+	if (p->task) {
+		set_bit(KBP_POLLER_STOPPING, &p->flags);
+		kthread_stop(p->task);
+		put_task_struct(p->task);
+	}
+	kfree(p);
+}
+
+/* Caller holds rtnl and kbp_lock. */
+void kbp_poller_apply(struct kbp_poller *p, const struct kbp_conf *conf)
+{
+	WRITE_ONCE(p->linger_us, conf->linger_us);
+	WRITE_ONCE(p->quota, conf->quota);
+	WRITE_ONCE(p->mode, conf->mode);
+	if (p->rt_prio != conf->rt_prio) {
+		WRITE_ONCE(p->rt_prio, conf->rt_prio);
+		if (p->task)
+			kbp_apply_prio(p->task, conf->rt_prio);
+	}
+	if (p->task)
+		wake_up_process(p->task);
+}
+
+/*
+ * Caller holds rtnl and kbp_lock.  Once napi->thread and THREADED are set
+ * the next napi_schedule() of this NAPI wakes the poller; a schedule already
+ * queued on a softnet poll list is finished by the softirq, as with
+ * dev_set_threaded().
+ */
+void kbp_poller_add_napi(struct kbp_poller *p, struct kbp_napi *kn)
+{
+	struct napi_struct *n = kn->napi;
+
+	kn->poller = p;
+	spin_lock(&p->lock);
+	list_add_tail_rcu(&kn->poll_node, &p->napis);
+	spin_unlock(&p->lock);
+
+	WRITE_ONCE(n->thread, p->task);
+	/* napi->thread before THREADED, as in dev_set_threaded() */
+	smp_mb__before_atomic();
+	set_bit(NAPI_STATE_THREADED, &n->state);
+}
+
+/*
+ * Caller holds rtnl and kbp_lock, has cleared THREADED, waited for an RCU
+ * grace period (no hardIRQ path can still be about to wake us for this NAPI)
+ * and for SCHED_THREADED to clear (the poller released it).
+ */
+void kbp_poller_del_napi(struct kbp_poller *p, struct kbp_napi *kn)
+{
+	spin_lock(&p->lock);
+	if (!test_bit(KBP_NAPI_DEAD, &kn->flags)) {
+		list_del_rcu(&kn->poll_node);
+		WRITE_ONCE(kn->napi->thread, NULL);
+	}
+	spin_unlock(&p->lock);
+}
+
+/*
+ * The poller was stopped by someone else: __netif_napi_del() calls
+ * kthread_stop(napi->thread) for a NAPI that a driver deletes while its
+ * device stays up (veth on "ethtool -K gro off" or a channel change, for
+ * example).  The deleter holds rtnl and waits for us to exit, so nothing of
+ * ours can run concurrently.  Drop the NAPIs that lost NAPI_STATE_LISTED,
+ * move the others to a new thread, and exit.
+ */
+static void kbp_poller_respawn(struct kbp_poller *p)
+{
+	struct task_struct *old = current, *t;
+	struct kbp_napi *kn, *tmp;
+
+	spin_lock(&p->lock);
+	list_for_each_entry_safe(kn, tmp, &p->napis, poll_node) {
+		if (!test_bit(NAPI_STATE_LISTED, &kn->napi->state)) {
+			set_bit(KBP_NAPI_DEAD, &kn->flags);
+			list_del_rcu(&kn->poll_node);
+		}
+	}
+	spin_unlock(&p->lock);
+
+	t = kbp_poller_spawn(p);
+	if (IS_ERR(t)) {
+		pr_err("kbp: kbp/%d stopped by a NAPI deletion and cannot respawn (%ld); its NAPIs fall back to softirq\n",
+		       p->cpu, PTR_ERR(t));
+		spin_lock(&p->lock);
+		list_for_each_entry(kn, &p->napis, poll_node)
+			clear_bit(NAPI_STATE_THREADED, &kn->napi->state);
+		spin_unlock(&p->lock);
+		synchronize_rcu();
+		spin_lock(&p->lock);
+		list_for_each_entry_safe(kn, tmp, &p->napis, poll_node) {
+			struct napi_struct *n = kn->napi;
+
+			if (test_and_clear_bit(NAPI_STATE_SCHED_THREADED, &n->state)) {
+				local_bh_disable();
+				__napi_schedule(n);
+				local_bh_enable();
+			}
+			WRITE_ONCE(n->thread, NULL);
+			set_bit(KBP_NAPI_DEAD, &kn->flags);
+			list_del_rcu(&kn->poll_node);
+		}
+		spin_unlock(&p->lock);
+		set_bit(KBP_POLLER_FAILED, &p->flags);
+		p->task = NULL;
+		WRITE_ONCE(p->pid, 0);
+	} else {
+		spin_lock(&p->lock);
+		list_for_each_entry(kn, &p->napis, poll_node)
+			WRITE_ONCE(kn->napi->thread, t);
+		spin_unlock(&p->lock);
+		p->task = t;
+		WRITE_ONCE(p->pid, t->pid);
+		atomic64_inc(&p->respawns);
+		wake_up_process(t);
+		pr_info("kbp: kbp/%d replaced (pid %d -> %d) after a driver deleted one of its NAPIs\n",
+			p->cpu, old->pid, t->pid);
+	}
+	/* no hardIRQ path still holds the old task from napi->thread */
+	synchronize_rcu();
+	kbp_reconcile_soon();
+	put_task_struct(old);
+}
+
+void kbp_poller_read(struct kbp_poller *p, struct kbp_poller_snapshot *s)
+{
+	unsigned int start;
+
+	do {
+		start = u64_stats_fetch_begin(&p->syncp);
+		s->passes = u64_stats_read(&p->passes);
+		s->empty_passes = u64_stats_read(&p->empty_passes);
+		s->packets = u64_stats_read(&p->packets);
+		s->wakeups = u64_stats_read(&p->wakeups);
+		s->sleeps = u64_stats_read(&p->sleeps);
+		s->sleep_ns = u64_stats_read(&p->sleep_ns);
+		s->poll_ns = u64_stats_read(&p->poll_ns);
+	} while (u64_stats_fetch_retry(&p->syncp, start));
+	s->respawns = atomic64_read(&p->respawns);
+	s->repairs = atomic64_read(&p->repairs);
+}
+
+void kbp_napi_read(struct kbp_napi *kn, u64 *packets, u64 *polls)
+{
+	unsigned int start;
+
+	do {
+		start = u64_stats_fetch_begin(&kn->syncp);
+		*packets = u64_stats_read(&kn->packets);
+		*polls = u64_stats_read(&kn->polls);
+	} while (u64_stats_fetch_retry(&kn->syncp, start));
+}

@@ -1,0 +1,186 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * kbp: kernel busy poll.  Internal interfaces of the module.
+ *
+ * Objects
+ *   struct kbp_poller  one per CPU in use: a kthread "kbp/<cpu>" bound to
+ *                      that CPU, and the list of NAPIs it serves.
+ *   struct kbp_dev     one per attached device (the operator's request; it
+ *                      survives the device going down and up).
+ *   struct kbp_napi    one per NAPI instance of an attached device while the
+ *                      device is up: the link between a napi_struct and its
+ *                      poller.
+ *
+ * Locks, outermost first (see docs/design.md, "Locking")
+ *   rtnl_lock          every change of attachment state: genl writes, the
+ *                      netdevice notifier and the reconcile work.  Drivers
+ *                      add, enable, disable and delete NAPIs of a registered
+ *                      device under it, so holding it freezes dev->napi_list
+ *                      and the NAPI_STATE_LISTED bits we depend on.
+ *   kbp_lock (mutex)   the registries: kbp_devs, kbp_pollers[], kbp_conf[],
+ *                      every kbp_dev and its napis list.  Taken after rtnl;
+ *                      never taken by a poller thread.
+ *   poller->lock       (spinlock, process context only) writers of
+ *                      poller->napis.  Taken under kbp_lock, or alone by the
+ *                      poller thread itself when it respawns.  The poller
+ *                      thread reads the list under rcu_read_lock().
+ */
+#ifndef _KBP_PRIV_H
+#define _KBP_PRIV_H
+
+#include <linux/atomic.h>
+#include <linux/list.h>
+#include <linux/mutex.h>
+#include <linux/netdevice.h>
+#include <linux/sched.h>
+#include <linux/spinlock.h>
+#include <linux/u64_stats_sync.h>
+
+#include "uapi/kbp.h"
+
+#define KBP_QUOTA_MAX		NAPI_POLL_WEIGHT
+#define KBP_LINGER_US_MAX	1000000U	/* 1 s */
+#define KBP_RT_PRIO_MAX		(MAX_RT_PRIO - 1)
+#define KBP_MAP_MAX		256
+
+/* Knobs of one CPU's poller; kept even while no poller runs there. */
+struct kbp_conf {
+	u32 mode;
+	u32 linger_us;
+	u32 quota;
+	u32 rt_prio;
+};
+
+/* poller->flags */
+enum {
+	KBP_POLLER_STOPPING,	/* kbp itself is stopping the thread */
+	KBP_POLLER_FAILED,	/* respawn failed: no thread, NAPIs handed back */
+};
+
+struct kbp_poller {
+	int cpu;
+	/*
+	 * The running thread.  Written by kbp_poller_create() and by the
+	 * thread itself when it respawns; both happen with rtnl held (by us,
+	 * or by the driver deleting a NAPI), so rtnl holders may use it.
+	 */
+	struct task_struct *task;
+	pid_t pid;			/* for reporting; READ_ONCE */
+	unsigned long flags;
+
+	spinlock_t lock;		/* writers of @napis */
+	struct list_head napis;		/* struct kbp_napi, RCU */
+
+	/* knobs: written under kbp_lock, read locklessly by the thread */
+	u32 mode;
+	u32 linger_us;
+	u32 quota;
+	u32 rt_prio;
+
+	/* counters written only by the thread */
+	struct u64_stats_sync syncp;
+	u64_stats_t passes;
+	u64_stats_t empty_passes;
+	u64_stats_t packets;
+	u64_stats_t wakeups;
+	u64_stats_t sleeps;
+	u64_stats_t sleep_ns;
+	u64_stats_t poll_ns;
+	/* rare events, written from several contexts */
+	atomic64_t respawns;
+	atomic64_t repairs;
+};
+
+/* kbp_napi->flags */
+enum {
+	KBP_NAPI_DETACHING,	/* being handed back to stock NAPI */
+	KBP_NAPI_DEAD,		/* its napi_struct was deleted; never touch ->napi */
+};
+
+struct kbp_napi {
+	struct list_head poll_node;	/* poller->napis */
+	struct list_head dev_node;	/* kdev->napis */
+	struct napi_struct *napi;
+	struct kbp_poller *poller;
+	struct kbp_dev *kdev;
+	unsigned int index;
+	unsigned int napi_id;
+	unsigned long flags;
+	/* written only by the poller thread */
+	struct u64_stats_sync syncp;
+	u64_stats_t packets;
+	u64_stats_t polls;
+	struct rcu_head rcu;
+};
+
+/* Knobs given by a request; only the ones it has change anything. */
+struct kbp_knobs {
+	bool has_mode, has_linger, has_quota, has_rt_prio;
+	struct kbp_conf conf;
+};
+
+struct kbp_map_entry {
+	u32 index;
+	u32 cpu;
+};
+
+struct kbp_dev {
+	struct list_head node;		/* kbp_devs */
+	struct net_device *dev;
+	netdevice_tracker tracker;
+	int cpu;			/* default CPU; -1: the NAPI's IRQ's */
+	unsigned int nr_map;
+	struct kbp_map_entry *map;
+	struct kbp_knobs knobs;		/* for the pollers it starts */
+	struct list_head napis;		/* struct kbp_napi while active */
+	bool active;
+	/* counters of this device's NAPIs that are gone */
+	u64 packets_gone;
+	u64 polls_gone;
+};
+
+/* An attach request, validated by kbp_genl.c. */
+struct kbp_attach_req {
+	struct net_device *dev;
+	int cpu;			/* -1: not given */
+	unsigned int nr_map;
+	struct kbp_map_entry *map;	/* owned by the request until bound */
+	struct kbp_knobs knobs;
+};
+
+extern struct mutex kbp_lock;
+extern struct list_head kbp_devs;
+extern struct kbp_poller **kbp_pollers;
+extern struct kbp_conf *kbp_conf;
+
+/* kbp_main.c */
+int kbp_dev_bind(struct kbp_attach_req *req, struct netlink_ext_ack *extack);
+int kbp_dev_unbind_by_dev(struct net_device *dev, struct netlink_ext_ack *extack);
+struct kbp_dev *kbp_dev_find(const struct net_device *dev);
+int kbp_poller_configure(int cpu, const struct kbp_knobs *knobs,
+			 struct netlink_ext_ack *extack);
+int kbp_check_cpu(int cpu, struct netlink_ext_ack *extack);
+int kbp_check_knobs(const struct kbp_knobs *knobs,
+		    struct netlink_ext_ack *extack);
+void kbp_reconcile_soon(void);
+
+/* kbp_poller.c */
+struct kbp_poller *kbp_poller_create(int cpu, const struct kbp_conf *conf);
+void kbp_poller_destroy(struct kbp_poller *p);
+void kbp_poller_apply(struct kbp_poller *p, const struct kbp_conf *conf);
+void kbp_poller_add_napi(struct kbp_poller *p, struct kbp_napi *kn);
+void kbp_poller_del_napi(struct kbp_poller *p, struct kbp_napi *kn);
+
+struct kbp_poller_snapshot {
+	u64 passes, empty_passes, packets, wakeups, sleeps, sleep_ns, poll_ns;
+	u64 respawns, repairs;
+};
+
+void kbp_poller_read(struct kbp_poller *p, struct kbp_poller_snapshot *s);
+void kbp_napi_read(struct kbp_napi *kn, u64 *packets, u64 *polls);
+
+/* kbp_genl.c */
+int kbp_genl_init(void);
+void kbp_genl_exit(void);
+
+#endif /* _KBP_PRIV_H */

@@ -8,7 +8,13 @@ Addresses come from 198.18.0.0/15, the range RFC 2544 reserves for benchmarking,
 only inside namespaces this module created.
 
 veth uses NAPI (and so can be polled, threaded or attached to kbp) only when GRO is on for
-the receiving device; ``VethLink`` turns it on for both ends by default.
+the receiving device; ``Testbed`` turns it on for both ends by default.  That is not enough
+for UDP from a local socket: veth_xmit() hands such a packet to NAPI only when the sending
+device has no TSO or the receiving one has ``rx-udp-gro-forwarding`` (or ``rx-gro-list``) on
+(veth_skb_is_eligible_for_gro()); otherwise it goes through netif_rx() and the per-CPU backlog,
+and the device's NAPI never sees it.  ``udp_gro_forwarding`` (default on, with ``gro``) turns
+``rx-udp-gro-forwarding`` on for both ends.  It does not merge datagrams for a local socket
+that has not asked for UDP GRO, so every datagram still reaches the application on its own.
 """
 
 from __future__ import annotations
@@ -60,6 +66,10 @@ def set_gro(ns: str | None, dev: str, on: bool) -> None:
     run(ns, ["ethtool", "-K", dev, "gro", "on" if on else "off"])
 
 
+def set_udp_gro_forwarding(ns: str | None, dev: str, on: bool) -> None:
+    run(ns, ["ethtool", "-K", dev, "rx-udp-gro-forwarding", "on" if on else "off"])
+
+
 def ifindex(ns: str | None, dev: str) -> int:
     with IPRoute(netns=ns) if ns else IPRoute() as ipr:
         found = ipr.link_lookup(ifname=dev)
@@ -91,6 +101,7 @@ class Testbed:
 
     links_wanted: int = 1
     gro: bool = True
+    udp_gro_forwarding: bool = True   # with gro: local UDP goes through veth's NAPI too
     prefix: str = DEFAULT_PREFIX
     tag: str = field(default_factory=_short_id)
     client: str = ""
@@ -143,6 +154,8 @@ class Testbed:
                 ipr.link("set", index=idx, state="up")
             if self.gro:
                 set_gro(ns, dev, True)
+                if self.udp_gro_forwarding:
+                    set_udp_gro_forwarding(ns, dev, True)
         self.links.append(link)
         return link
 

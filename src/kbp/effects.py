@@ -1,0 +1,150 @@
+"""Handlers that read and change the settings kbpctl touches, one per journal ``kind``:
+
+=============  ======================================  ==============================
+kind           key                                     value
+=============  ======================================  ==============================
+napi           netns, ifindex, napi_id, knob           int (netdev napi-set knob)
+sysfs          netns, dev, ifindex, attr               str (/sys/class/net/DEV/attr)
+sched          pid, starttime, comm                    {policy, priority, nice}
+affinity       pid, starttime, comm                    [cpu, ...]
+irq            irq                                     CPU list string
+=============  ======================================  ==============================
+
+Tasks are identified by pid *and* start time, so a restored setting never lands on an
+unrelated task that reused the pid.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kbp import sysinfo
+from kbp.netdev import NetdevClient, NetFS
+from kbp.state import MISSING, Handler, TargetGone
+from kbp.sysinfo import HOST, Host, TaskId
+
+
+def task_key(tid: TaskId) -> dict[str, Any]:
+    return {"pid": tid.pid, "starttime": tid.starttime, "comm": tid.comm}
+
+
+class NapiHandler:
+    def __init__(self, client: Callable[[str | None], NetdevClient]) -> None:
+        self.client = client
+
+    def get(self, key: Mapping[str, Any]) -> Any:
+        napi = self.client(key.get("netns")).napi(key["napi_id"])
+        if napi is None or napi.ifindex != key["ifindex"]:
+            return MISSING
+        return getattr(napi, key["knob"])
+
+    def set(self, key: Mapping[str, Any], value: Any) -> None:
+        try:
+            self.client(key.get("netns")).napi_set(key["napi_id"], **{key["knob"]: int(value)})
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                raise TargetGone(str(e)) from e
+            raise
+
+
+class SysfsHandler:
+    def __init__(self, fs: Callable[[str | None], NetFS]) -> None:
+        self.fs = fs
+
+    def _check(self, key: Mapping[str, Any]) -> NetFS | None:
+        fs = self.fs(key.get("netns"))
+        idx = fs.read(key["dev"], "ifindex")
+        if idx is None or (key.get("ifindex") is not None and int(idx) != key["ifindex"]):
+            return None
+        return fs
+
+    def get(self, key: Mapping[str, Any]) -> Any:
+        fs = self._check(key)
+        if fs is None:
+            return MISSING
+        v = fs.read(key["dev"], key["attr"])
+        return MISSING if v is None else v
+
+    def set(self, key: Mapping[str, Any], value: Any) -> None:
+        fs = self._check(key)
+        if fs is None:
+            raise TargetGone(f"{key['dev']} is gone")
+        fs.write(key["dev"], key["attr"], str(value))
+
+
+class _TaskHandler:
+    def __init__(self, host: Host = HOST) -> None:
+        self.host = host
+
+    def _alive(self, key: Mapping[str, Any]) -> bool:
+        return sysinfo.same_task(TaskId(key["pid"], key["starttime"], key.get("comm", "")),
+                                 self.host)
+
+
+class SchedHandler(_TaskHandler):
+    def get(self, key: Mapping[str, Any]) -> Any:
+        if not self._alive(key):
+            return MISSING
+        try:
+            s = sysinfo.get_sched(key["pid"])
+        except ProcessLookupError:
+            return MISSING
+        return {"policy": s.policy, "priority": s.priority, "nice": s.nice}
+
+    def set(self, key: Mapping[str, Any], value: Any) -> None:
+        if not self._alive(key):
+            raise TargetGone(f"task {key['pid']} is gone")
+        try:
+            sysinfo.set_policy(key["pid"], value["policy"], int(value["priority"]),
+                               value.get("nice"))
+        except ProcessLookupError as e:
+            raise TargetGone(str(e)) from e
+
+
+class AffinityHandler(_TaskHandler):
+    def get(self, key: Mapping[str, Any]) -> Any:
+        if not self._alive(key):
+            return MISSING
+        try:
+            return sysinfo.get_sched(key["pid"]).cpus
+        except ProcessLookupError:
+            return MISSING
+
+    def set(self, key: Mapping[str, Any], value: Any) -> None:
+        if not self._alive(key):
+            raise TargetGone(f"task {key['pid']} is gone")
+        try:
+            sysinfo.set_affinity(key["pid"], value)
+        except ProcessLookupError as e:
+            raise TargetGone(str(e)) from e
+
+
+class IrqHandler:
+    def __init__(self, host: Host = HOST) -> None:
+        self.host = host
+
+    def get(self, key: Mapping[str, Any]) -> Any:
+        try:
+            return sysinfo.read_irq_affinity(key["irq"], self.host)
+        except FileNotFoundError:
+            return MISSING
+
+    def set(self, key: Mapping[str, Any], value: Any) -> None:
+        try:
+            sysinfo.write_irq_affinity(key["irq"], str(value), self.host)
+        except FileNotFoundError as e:
+            raise TargetGone(str(e)) from e
+
+
+def system_effector(client: Callable[[str | None], NetdevClient],
+                    fs: Callable[[str | None], NetFS],
+                    host: Host = HOST) -> dict[str, Handler]:
+    return {
+        "napi": NapiHandler(client),
+        "sysfs": SysfsHandler(fs),
+        "sched": SchedHandler(host),
+        "affinity": AffinityHandler(host),
+        "irq": IrqHandler(host),
+    }

@@ -1,0 +1,294 @@
+"""Write-ahead journal of every change kbpctl makes, so ``disable`` restores exactly what was
+there -- also after kbpctl was killed half-way.
+
+One journal per enabled device, ``<run dir>/default/<dev>.jsonl`` for the current netns and
+``<run dir>/netns/<netns>/<dev>.jsonl`` for a named one; the run dir is /run/kbp (tmpfs:
+state does not survive a reboot, and neither do the settings it records). Each line is a JSON
+record, written and fsync'ed *before* the change it describes is made:
+
+``{"op": "begin", "backend": ..., "dev": ..., "netns": ..., "ifindex": ..., "request": {...}}``
+``{"op": "change", "step": N, "kind": ..., "key": {...}, "old": ..., "new": ...}``
+``{"op": "done"}`` -- the enable completed.
+
+Restoring replays the changes newest first, setting each target back to ``old``. That is
+idempotent (a change journaled but never made is "restored" to the value it still has), and
+when a key was changed twice the oldest ``old`` wins. Targets that no longer exist (a NAPI
+thread that stopped, a device that was deleted) are skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+DEFAULT_RUN_DIR = Path("/run/kbp")
+ENV_RUN_DIR = "KBP_RUN_DIR"
+ENV_PAUSE_STEP = "KBP_TEST_PAUSE_AFTER_STEP"
+ENV_PAUSE_PHASE = "KBP_TEST_PAUSE_PHASE"  # "applied" (default) or "journaled"
+
+
+def run_dir() -> Path:
+    return Path(os.environ.get(ENV_RUN_DIR, str(DEFAULT_RUN_DIR)))
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+"""What a handler's ``get`` returns when its target no longer exists."""
+
+
+class TargetGone(Exception):
+    """A handler's ``set`` found its target gone (nothing to restore)."""
+
+
+class Handler(Protocol):
+    """Reads and writes one kind of setting, identified by a JSON-able key."""
+
+    def get(self, key: Mapping[str, Any]) -> Any: ...
+
+    def set(self, key: Mapping[str, Any], value: Any) -> None: ...
+
+
+Effector = Mapping[str, Handler]
+
+
+@dataclass
+class Change:
+    step: int
+    kind: str
+    key: dict[str, Any]
+    old: Any
+    new: Any
+
+
+@dataclass
+class Record:
+    """The journal of one device, as read back."""
+
+    path: Path
+    backend: str
+    dev: str
+    netns: str | None
+    ifindex: int | None
+    request: dict[str, Any]
+    changes: list[Change] = field(default_factory=list)
+    complete: bool = False
+    started: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        return len(self.changes)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class StateDir:
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root if root is not None else run_dir()
+
+    def journal_path(self, dev: str, netns: str | None) -> Path:
+        if "/" in dev or (netns and "/" in netns):
+            raise ValueError("device and netns names cannot contain '/'")
+        return (self.root / "netns" / netns / f"{dev}.jsonl") if netns else \
+            (self.root / "default" / f"{dev}.jsonl")
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Serialize commands that change the system (released when the process dies)."""
+        self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
+        fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def records(self) -> list[Record]:
+        paths: list[Path] = []
+        if (self.root / "default").is_dir():
+            paths += sorted((self.root / "default").glob("*.jsonl"))
+        if (self.root / "netns").is_dir():
+            paths += sorted((self.root / "netns").glob("*/*.jsonl"))
+        out = []
+        for p in paths:
+            rec = read_record(p)
+            if rec is not None:
+                out.append(rec)
+        return out
+
+    def record(self, dev: str, netns: str | None) -> Record | None:
+        p = self.journal_path(dev, netns)
+        return read_record(p) if p.exists() else None
+
+    def begin(self, backend: str, dev: str, netns: str | None, ifindex: int | None,
+              request: Mapping[str, Any]) -> Journal:
+        path = self.journal_path(dev, netns)
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        j = Journal(path, fresh=True)
+        j.write({"op": "begin", "backend": backend, "dev": dev, "netns": netns,
+                 "ifindex": ifindex, "request": dict(request), "time": time.time()})
+        _fsync_dir(path.parent)
+        return j
+
+
+def read_record(path: Path) -> Record | None:
+    """Parse a journal; a torn last line (killed while writing) is ignored."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    rec: Record | None = None
+    for i, line in enumerate(lines):
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise
+        op = d.get("op")
+        if op == "begin":
+            rec = Record(path=path, backend=d["backend"], dev=d["dev"], netns=d.get("netns"),
+                         ifindex=d.get("ifindex"), request=d.get("request", {}),
+                         started=d.get("time", 0.0))
+        elif rec is None:
+            continue
+        elif op == "change":
+            rec.changes.append(Change(d["step"], d["kind"], d["key"], d["old"], d["new"]))
+        elif op == "done":
+            rec.complete = True
+    return rec
+
+
+class Journal:
+    """Append-only, fsync'ed journal of one device."""
+
+    def __init__(self, path: Path, fresh: bool = False) -> None:
+        self.path = path
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (os.O_TRUNC if fresh else 0)
+        self.fd = os.open(path, flags, 0o644)
+        self.steps = 0
+
+    def write(self, obj: Mapping[str, Any]) -> None:
+        data = (json.dumps(obj, sort_keys=True) + "\n").encode()
+        os.write(self.fd, data)
+        os.fsync(self.fd)
+
+    def change(self, kind: str, key: Mapping[str, Any], old: Any, new: Any) -> Change:
+        self.steps += 1
+        c = Change(self.steps, kind, dict(key), old, new)
+        self.write({"op": "change", "step": c.step, "kind": kind, "key": c.key,
+                    "old": old, "new": new})
+        return c
+
+    def done(self) -> None:
+        self.write({"op": "done"})
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def remove_record(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    with contextlib.suppress(OSError):
+        _fsync_dir(path.parent)
+    # drop empty netns directories
+    if path.parent.parent.name == "netns":
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()
+
+
+class PauseHook:
+    """Test hook: stop this process (SIGSTOP) at step N so a test can SIGKILL it there.
+
+    ``KBP_TEST_PAUSE_AFTER_STEP=N`` counts changes over the whole command (all devices);
+    ``KBP_TEST_PAUSE_PHASE=journaled`` stops after the change is journaled but before it is
+    made, ``applied`` (default) after it is made.
+    """
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        env = os.environ if env is None else env
+        raw = env.get(ENV_PAUSE_STEP)
+        self.step = int(raw) if raw else None
+        self.phase = env.get(ENV_PAUSE_PHASE, "applied")
+        self.count = 0
+
+    def __call__(self, phase: str) -> None:
+        if phase == "journaled":
+            self.count += 1
+        if self.step is not None and self.count == self.step and phase == self.phase:
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
+class Executor:
+    """Makes planned changes: read the current value, journal it, then change it."""
+
+    def __init__(self, journal: Journal, effector: Effector,
+                 hook: Callable[[str], None] | None = None) -> None:
+        self.journal = journal
+        self.effector = effector
+        self.hook = hook or (lambda phase: None)
+
+    def apply(self, kind: str, key: Mapping[str, Any], new: Any) -> Change | None:
+        handler = self.effector[kind]
+        old = handler.get(key)
+        if old is MISSING:
+            raise TargetGone(f"{kind} {dict(key)} is gone")
+        if old == new:
+            return None
+        c = self.journal.change(kind, key, old, new)
+        self.hook("journaled")
+        handler.set(key, new)
+        self.hook("applied")
+        return c
+
+
+def restore(record: Record, effector: Effector) -> list[str]:
+    """Undo a device's journal, newest change first. Returns notes on skipped targets."""
+    notes: list[str] = []
+    errors: list[str] = []
+    for c in reversed(record.changes):
+        handler = effector.get(c.kind)
+        if handler is None:
+            errors.append(f"step {c.step}: unknown kind {c.kind}")
+            continue
+        try:
+            cur = handler.get(c.key)
+            if cur is MISSING:
+                notes.append(f"step {c.step}: {c.kind} {c.key} is gone, nothing to restore")
+                continue
+            if cur != c.old:
+                handler.set(c.key, c.old)
+        except TargetGone:
+            notes.append(f"step {c.step}: {c.kind} {c.key} is gone, nothing to restore")
+        except OSError as e:
+            errors.append(f"step {c.step}: restoring {c.kind} {c.key} to {c.old!r}: {e}")
+    if errors:
+        raise RestoreError(errors, notes)
+    return notes
+
+
+class RestoreError(Exception):
+    def __init__(self, errors: list[str], notes: list[str]) -> None:
+        super().__init__("; ".join(errors))
+        self.errors = errors
+        self.notes = notes

@@ -1,0 +1,391 @@
+"""What the host looks like: CPUs, kernel version, kernel threads, IRQs, cpufreq.
+
+Every reader takes a :class:`Host` so unit tests can point it at a fake /proc and /sys.
+Nothing here changes the system except :func:`set_sched`, :func:`set_affinity` and
+:func:`write_irq_affinity`, which the backends call only after journaling the change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import re
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from kbp.errors import InvalidInput
+
+POLICY_NAMES = {
+    os.SCHED_OTHER: "SCHED_OTHER",
+    os.SCHED_FIFO: "SCHED_FIFO",
+    os.SCHED_RR: "SCHED_RR",
+    os.SCHED_BATCH: "SCHED_BATCH",
+    os.SCHED_IDLE: "SCHED_IDLE",
+}
+POLICY_IDS = {v: k for k, v in POLICY_NAMES.items()}
+RT_PRIO_MIN = 1
+RT_PRIO_MAX = 99
+PF_KTHREAD = 0x00200000
+TASK_COMM_LEN = 16  # names are cut to 15 characters (except kthreads in /proc/PID/stat, 6.x)
+
+
+@dataclass(frozen=True)
+class Host:
+    """Where /proc and /sys are (the real ones unless a test says otherwise)."""
+
+    proc: Path = Path("/proc")
+    sys: Path = Path("/sys")
+
+    @property
+    def cpu_dir(self) -> Path:
+        return self.sys / "devices/system/cpu"
+
+
+HOST = Host()
+
+
+# -- CPU lists ------------------------------------------------------------------------
+def parse_cpulist(text: str) -> list[int]:
+    """Parse a kernel CPU list ("0-3,8,10-11") into sorted CPU numbers."""
+    cpus: set[int] = set()
+    text = text.strip()
+    if not text:
+        return []
+    for part in text.split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m:
+            raise InvalidInput(f"bad CPU list {text!r}: use numbers and ranges like 1,3-5")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo:
+            raise InvalidInput(f"bad CPU range {part!r} in {text!r}: write low-high, e.g. 1-3")
+        cpus.update(range(lo, hi + 1))
+    return sorted(cpus)
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """Format CPU numbers as a compact kernel CPU list."""
+    out: list[str] = []
+    run: list[int] = []
+    for c in sorted(set(cpus)):
+        if run and c == run[-1] + 1:
+            run.append(c)
+            continue
+        if run:
+            out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+        run = [c]
+    if run:
+        out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return ",".join(out)
+
+
+def online_cpus(host: Host = HOST) -> list[int]:
+    try:
+        return parse_cpulist((host.cpu_dir / "online").read_text())
+    except OSError:
+        return sorted(os.sched_getaffinity(0))
+
+
+def possible_cpus(host: Host = HOST) -> list[int]:
+    try:
+        return parse_cpulist((host.cpu_dir / "possible").read_text())
+    except OSError:
+        return online_cpus(host)
+
+
+def validate_cpus(cpus: list[int], host: Host = HOST) -> list[int]:
+    """Refuse CPUs that do not exist or are offline."""
+    if not cpus:
+        raise InvalidInput("empty CPU list: name at least one CPU, e.g. --cpus 1")
+    online = online_cpus(host)
+    possible = possible_cpus(host)
+    for c in cpus:
+        if c not in possible:
+            raise InvalidInput(
+                f"CPU {c} does not exist (this machine has CPUs {format_cpulist(possible)}): "
+                "pick CPUs from that list")
+        if c not in online:
+            raise InvalidInput(
+                f"CPU {c} is offline (online: {format_cpulist(online)}): bring it online "
+                f"(echo 1 > /sys/devices/system/cpu/cpu{c}/online) or pick an online CPU")
+    return cpus
+
+
+# -- kernel version -------------------------------------------------------------------
+def kernel_release() -> str:
+    return platform.release()
+
+
+def kernel_version(release: str | None = None) -> tuple[int, int, int]:
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", release or kernel_release())
+    if not m:
+        return (0, 0, 0)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
+
+
+# -- tasks (kernel threads) -----------------------------------------------------------
+@dataclass(frozen=True)
+class TaskId:
+    """A task, robust against pid reuse: the pid plus its start time in clock ticks."""
+
+    pid: int
+    starttime: int
+    comm: str
+
+
+@dataclass
+class TaskStat:
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    flags: int
+    starttime: int
+    last_cpu: int
+    rt_priority: int
+    policy: int
+
+
+def read_stat(pid: int, host: Host = HOST) -> TaskStat | None:
+    """Parse /proc/PID/stat (None when the task is gone)."""
+    try:
+        raw = (host.proc / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    lpar, rpar = raw.index("("), raw.rindex(")")
+    comm = raw[lpar + 1 : rpar]
+    f = raw[rpar + 2 :].split()
+    # f[0] is field 3 (state) of proc(5)
+    return TaskStat(pid=pid, comm=comm, state=f[0], ppid=int(f[1]), flags=int(f[6]),
+                    starttime=int(f[19]), last_cpu=int(f[36]), rt_priority=int(f[37]),
+                    policy=int(f[38]))
+
+
+def task_id(pid: int, host: Host = HOST) -> TaskId | None:
+    st = read_stat(pid, host)
+    return TaskId(pid, st.starttime, st.comm) if st else None
+
+
+def same_task(tid: TaskId, host: Host = HOST) -> bool:
+    st = read_stat(tid.pid, host)
+    return st is not None and st.starttime == tid.starttime
+
+
+def kthreads(host: Host = HOST) -> list[TaskStat]:
+    """All kernel threads (children of kthreadd with PF_KTHREAD)."""
+    out = []
+    for name in os.listdir(host.proc):
+        if not name.isdigit():
+            continue
+        st = read_stat(int(name), host)
+        if st and st.flags & PF_KTHREAD:
+            out.append(st)
+    return out
+
+
+def napi_thread_name(dev: str, napi_id: int) -> str:
+    return f"napi/{dev}-{napi_id}"
+
+
+def find_napi_threads(dev: str, host: Host = HOST) -> list[TaskStat]:
+    """Threaded-NAPI kthreads whose name says they serve ``dev`` (``napi/<dev>-<id>``).
+
+    Names are global, so the same device name in two namespaces is ambiguous; the netdev
+    netlink family's napi-get pid (Linux 6.9+) is exact and preferred over this.
+    """
+    prefix = f"napi/{dev}-"
+    found = []
+    for st in kthreads(host):
+        full = st.comm.startswith(prefix) and st.comm[len(prefix):].isdigit()
+        cut = len(st.comm) == TASK_COMM_LEN - 1 and prefix.startswith(st.comm)
+        if full or cut:
+            found.append(st)
+    return sorted(found, key=lambda s: s.pid)
+
+
+@dataclass
+class Sched:
+    """Scheduling of a task: policy name, RT priority, nice, allowed CPUs."""
+
+    policy: str
+    priority: int
+    nice: int
+    cpus: list[int]
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def get_sched(pid: int) -> Sched:
+    pol = os.sched_getscheduler(pid) & ~getattr(os, "SCHED_RESET_ON_FORK", 0x40000000)
+    return Sched(policy=POLICY_NAMES.get(pol, str(pol)),
+                 priority=os.sched_getparam(pid).sched_priority,
+                 nice=os.getpriority(os.PRIO_PROCESS, pid),
+                 cpus=sorted(os.sched_getaffinity(pid)))
+
+
+def set_policy(pid: int, policy: str, priority: int, nice: int | None = None) -> None:
+    os.sched_setscheduler(pid, POLICY_IDS[policy], os.sched_param(priority))
+    if nice is not None and policy in ("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE") \
+            and os.getpriority(os.PRIO_PROCESS, pid) != nice:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+
+
+def set_affinity(pid: int, cpus: Iterable[int]) -> None:
+    os.sched_setaffinity(pid, set(cpus))
+
+
+@dataclass
+class TaskCounters:
+    """What the scheduler knows about a polling thread (stock backend counters)."""
+
+    poll_ns: int | None  # CPU time the thread ran (NAPI poll + protocol processing)
+    sleeps: int | None   # voluntary context switches: times it went to sleep
+
+
+def task_counters(pid: int, host: Host = HOST) -> TaskCounters:
+    run_ns = sleeps = None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        run_ns = int((host.proc / str(pid) / "schedstat").read_text().split()[0])
+    with contextlib.suppress(OSError, ValueError):
+        for line in (host.proc / str(pid) / "status").read_text().splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                sleeps = int(line.split()[1])
+    return TaskCounters(poll_ns=run_ns, sleeps=sleeps)
+
+
+# -- IRQs -----------------------------------------------------------------------------
+@dataclass
+class Irq:
+    irq: int
+    name: str  # action name from /proc/interrupts (e.g. "eth1-TxRx-0")
+
+
+def read_interrupts(host: Host = HOST) -> dict[int, str]:
+    """IRQ number -> action name(s) from /proc/interrupts."""
+    out: dict[int, str] = {}
+    try:
+        lines = (host.proc / "interrupts").read_text().splitlines()
+    except OSError:
+        return out
+    if not lines:
+        return out
+    ncpu = len(lines[0].split())
+    for line in lines[1:]:
+        head, _, rest = line.partition(":")
+        if not head.strip().isdigit():
+            continue
+        fields = rest.split()
+        # counts, then chip name, hwirq/edge info, then action names
+        tail = fields[ncpu:]
+        out[int(head)] = " ".join(tail[2:]) if len(tail) > 2 else " ".join(tail)
+    return out
+
+
+def _queue_key(name: str) -> tuple[int, str]:
+    nums = re.findall(r"\d+", name)
+    return (int(nums[-1]) if nums else -1, name)
+
+
+def device_irqs(dev: str, msi: Iterable[int] | None, host: Host = HOST) -> list[Irq]:
+    """The queue IRQs of ``dev``: its MSI IRQs whose action name contains the device name,
+    else every IRQ whose name contains it; sorted by the queue number at the end of the name.
+
+    Config/link IRQs of the device do not carry the device name in most drivers, and only
+    IRQs that do are touched.
+    """
+    names = read_interrupts(host)
+    candidates: Iterable[int] = names.keys() if msi is None else msi
+    pat = re.compile(rf"(^|[^\w.-]){re.escape(dev)}([^\w]|$)")
+    irqs = [Irq(i, names[i]) for i in candidates if i in names and pat.search(names[i])]
+    return sorted(irqs, key=lambda q: _queue_key(q.name))
+
+
+def read_irq_affinity(irq: int, host: Host = HOST) -> str:
+    return (host.proc / "irq" / str(irq) / "smp_affinity_list").read_text().strip()
+
+
+def read_irq_effective(irq: int, host: Host = HOST) -> str | None:
+    try:
+        return (host.proc / "irq" / str(irq) / "effective_affinity_list").read_text().strip()
+    except OSError:
+        return None
+
+
+def write_irq_affinity(irq: int, cpulist: str, host: Host = HOST) -> None:
+    (host.proc / "irq" / str(irq) / "smp_affinity_list").write_text(cpulist + "\n")
+
+
+# -- cpufreq --------------------------------------------------------------------------
+@dataclass
+class CpuFreq:
+    cpu: int
+    governor: str | None
+    driver: str | None
+    min_khz: int | None
+    max_khz: int | None
+    cur_khz: int | None
+    hw_min_khz: int | None
+    hw_max_khz: int | None
+
+
+@dataclass
+class FreqReport:
+    available: bool
+    cpus: list[CpuFreq] = field(default_factory=list)
+    note: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {"available": self.available, "note": self.note,
+                "cpus": [asdict(c) for c in self.cpus]}
+
+
+def _read_int(p: Path) -> int | None:
+    try:
+        return int(p.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_str(p: Path) -> str | None:
+    try:
+        return p.read_text().strip()
+    except OSError:
+        return None
+
+
+def cpufreq(cpus: Iterable[int] | None = None, host: Host = HOST) -> FreqReport:
+    """cpufreq policy of each CPU, and what it means for a SCHED_FIFO polling thread."""
+    wanted = list(cpus) if cpus is not None else online_cpus(host)
+    rows = []
+    for c in wanted:
+        d = host.cpu_dir / f"cpu{c}" / "cpufreq"
+        if not d.is_dir():
+            continue
+        rows.append(CpuFreq(
+            cpu=c, governor=_read_str(d / "scaling_governor"),
+            driver=_read_str(d / "scaling_driver"),
+            min_khz=_read_int(d / "scaling_min_freq"), max_khz=_read_int(d / "scaling_max_freq"),
+            cur_khz=_read_int(d / "scaling_cur_freq"),
+            hw_min_khz=_read_int(d / "cpuinfo_min_freq"),
+            hw_max_khz=_read_int(d / "cpuinfo_max_freq")))
+    if not rows:
+        return FreqReport(False, [], "no cpufreq on this machine: the CPU frequency is fixed or "
+                                     "set by firmware/hypervisor; kbp does not change it")
+    govs = {r.governor for r in rows}
+    if govs == {"schedutil"}:
+        note = ("schedutil: a SCHED_FIFO polling thread runs its CPU at the policy's max "
+                "frequency while it polls, and the CPU drops when it sleeps (EE-KBP Sect. 4.2 "
+                "without patches)")
+    elif "schedutil" in govs:
+        note = ("mixed governors: only CPUs under schedutil raise the frequency for a "
+                "SCHED_FIFO polling thread; use schedutil on the polling CPUs")
+    elif govs <= {"performance"}:
+        note = "performance: CPUs stay at max frequency (lowest latency, no power saving)"
+    else:
+        note = (f"governor {'/'.join(sorted(g or '?' for g in govs))}: the frequency does not "
+                "follow the polling thread; use schedutil for EE-KBP-like frequency control")
+    return FreqReport(True, rows, note)

@@ -1,0 +1,522 @@
+"""Python client of the kbp kernel module's generic netlink family "kbp" (module/uapi/kbp.h).
+
+Message classes mirror the uapi enums exactly (attribute ids are explicit, and a unit test
+checks them against the header). Every call opens a socket in the caller's network
+namespace; a device in another namespace is named together with that namespace
+(``netns="NAME"`` opens /run/netns/NAME and passes its fd as KBP_A_NETNS_FD).
+
+>>> from kbp import kmod
+>>> kmod.attach("eth1", cpu=3, mode="hybrid", linger_us=50)
+>>> [p.packets for p in kmod.pollers()]
+
+Errors from the kernel arrive as :class:`KbpError` (errno + the kernel's extack message);
+an absent module as :class:`ModuleNotLoaded`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyroute2.netlink import NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, genlmsg, nla
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.generic import GenericNetlinkSocket
+
+from kbp import names
+
+KBP_GENL_NAME = "kbp"
+KBP_GENL_VERSION = 1
+SYS_MODULE = Path("/sys/module/kbp")
+NETNS_DIR = Path("/run/netns")
+
+# enum kbp_mode
+KBP_MODE_BUSY = 1
+KBP_MODE_HYBRID = 2
+KBP_MODE_PERIODIC = 3
+
+# enum kbp_state (of an attached device)
+KBP_STATE_ACTIVE = 1
+KBP_STATE_STANDBY = 2
+STATE_NAMES = {KBP_STATE_ACTIVE: "active", KBP_STATE_STANDBY: "standby"}
+
+# enum kbp_cmd
+KBP_CMD_UNSPEC = 0
+KBP_CMD_POLLER_GET = 1
+KBP_CMD_POLLER_SET = 2
+KBP_CMD_DEV_ATTACH = 3
+KBP_CMD_DEV_DETACH = 4
+KBP_CMD_DEV_GET = 5
+
+# enum kbp_attr
+KBP_A_UNSPEC = 0
+KBP_A_PAD = 1
+KBP_A_CPU = 2
+KBP_A_MODE = 3
+KBP_A_LINGER_US = 4
+KBP_A_QUOTA = 5
+KBP_A_PID = 6
+KBP_A_IFINDEX = 7
+KBP_A_IFNAME = 8
+KBP_A_NETNS_FD = 9
+KBP_A_NETNS_INUM = 10
+KBP_A_QUEUE_MAP = 11
+KBP_A_MAP_ENTRY = 12
+KBP_A_NAPI = 13
+KBP_A_NAPIS = 14
+KBP_A_PASSES = 15
+KBP_A_EMPTY_PASSES = 16
+KBP_A_PACKETS = 17
+KBP_A_WAKEUPS = 18
+KBP_A_SLEEPS = 19
+KBP_A_SLEEP_NS = 20
+KBP_A_POLL_NS = 21
+KBP_A_POLLS = 22
+KBP_A_RESPAWNS = 23
+KBP_A_REPAIRS = 24
+KBP_A_RT_PRIO = 25
+KBP_A_STATE = 26
+
+# enum kbp_map_attr
+KBP_MAP_A_UNSPEC = 0
+KBP_MAP_A_NAPI_INDEX = 1
+KBP_MAP_A_CPU = 2
+
+# enum kbp_napi_attr
+KBP_NAPI_A_UNSPEC = 0
+KBP_NAPI_A_PAD = 1
+KBP_NAPI_A_INDEX = 2
+KBP_NAPI_A_ID = 3
+KBP_NAPI_A_CPU = 4
+KBP_NAPI_A_PID = 5
+KBP_NAPI_A_PACKETS = 6
+KBP_NAPI_A_POLLS = 7
+
+
+class kbp_map_entry(nla):
+    """KBP_A_MAP_ENTRY: one NAPI index -> CPU pair."""
+
+    nla_map = (
+        (KBP_MAP_A_UNSPEC, "KBP_MAP_A_UNSPEC", "none"),
+        (KBP_MAP_A_NAPI_INDEX, "KBP_MAP_A_NAPI_INDEX", "uint32"),
+        (KBP_MAP_A_CPU, "KBP_MAP_A_CPU", "uint32"),
+    )
+
+
+class kbp_queue_map(nla):
+    """KBP_A_QUEUE_MAP: a nest of KBP_A_MAP_ENTRY nests."""
+
+    nla_map = ((KBP_A_MAP_ENTRY, "KBP_A_MAP_ENTRY", "map_entry", NLA_F_NESTED),)
+    map_entry = kbp_map_entry
+
+
+class kbp_napi(nla):
+    """KBP_A_NAPI: one NAPI of an attached device (output)."""
+
+    nla_map = (
+        (KBP_NAPI_A_UNSPEC, "KBP_NAPI_A_UNSPEC", "none"),
+        (KBP_NAPI_A_PAD, "KBP_NAPI_A_PAD", "none"),
+        (KBP_NAPI_A_INDEX, "KBP_NAPI_A_INDEX", "uint32"),
+        (KBP_NAPI_A_ID, "KBP_NAPI_A_ID", "uint32"),
+        (KBP_NAPI_A_CPU, "KBP_NAPI_A_CPU", "uint32"),
+        (KBP_NAPI_A_PID, "KBP_NAPI_A_PID", "uint32"),
+        (KBP_NAPI_A_PACKETS, "KBP_NAPI_A_PACKETS", "uint64"),
+        (KBP_NAPI_A_POLLS, "KBP_NAPI_A_POLLS", "uint64"),
+    )
+
+
+class kbpmsg(genlmsg):
+    """A message of the kbp family (every command uses the one attribute space KBP_A_*)."""
+
+    nla_map = (
+        (KBP_A_UNSPEC, "KBP_A_UNSPEC", "none"),
+        (KBP_A_PAD, "KBP_A_PAD", "none"),
+        (KBP_A_CPU, "KBP_A_CPU", "uint32"),
+        (KBP_A_MODE, "KBP_A_MODE", "uint32"),
+        (KBP_A_LINGER_US, "KBP_A_LINGER_US", "uint32"),
+        (KBP_A_QUOTA, "KBP_A_QUOTA", "uint32"),
+        (KBP_A_PID, "KBP_A_PID", "uint32"),
+        (KBP_A_IFINDEX, "KBP_A_IFINDEX", "uint32"),
+        (KBP_A_IFNAME, "KBP_A_IFNAME", "asciiz"),
+        (KBP_A_NETNS_FD, "KBP_A_NETNS_FD", "uint32"),
+        (KBP_A_NETNS_INUM, "KBP_A_NETNS_INUM", "uint32"),
+        (KBP_A_QUEUE_MAP, "KBP_A_QUEUE_MAP", "queue_map", NLA_F_NESTED),
+        (KBP_A_MAP_ENTRY, "KBP_A_MAP_ENTRY", "map_entry", NLA_F_NESTED),
+        (KBP_A_NAPI, "KBP_A_NAPI", "napi", NLA_F_NESTED),
+        (KBP_A_NAPIS, "KBP_A_NAPIS", "uint32"),
+        (KBP_A_PASSES, "KBP_A_PASSES", "uint64"),
+        (KBP_A_EMPTY_PASSES, "KBP_A_EMPTY_PASSES", "uint64"),
+        (KBP_A_PACKETS, "KBP_A_PACKETS", "uint64"),
+        (KBP_A_WAKEUPS, "KBP_A_WAKEUPS", "uint64"),
+        (KBP_A_SLEEPS, "KBP_A_SLEEPS", "uint64"),
+        (KBP_A_SLEEP_NS, "KBP_A_SLEEP_NS", "uint64"),
+        (KBP_A_POLL_NS, "KBP_A_POLL_NS", "uint64"),
+        (KBP_A_POLLS, "KBP_A_POLLS", "uint64"),
+        (KBP_A_RESPAWNS, "KBP_A_RESPAWNS", "uint64"),
+        (KBP_A_REPAIRS, "KBP_A_REPAIRS", "uint64"),
+        (KBP_A_RT_PRIO, "KBP_A_RT_PRIO", "uint32"),
+        (KBP_A_STATE, "KBP_A_STATE", "uint32"),
+    )
+    queue_map = kbp_queue_map
+    map_entry = kbp_map_entry
+    napi = kbp_napi
+
+
+# -- errors ---------------------------------------------------------------------------
+class KbpError(Exception):
+    """The kernel refused a request: ``errno`` and the extack message (may be empty)."""
+
+    def __init__(self, err: int, message: str = "", request: str = "") -> None:
+        self.errno = err
+        self.message = message or os.strerror(err)
+        self.request = request
+        super().__init__(err, self.message)
+
+    def __str__(self) -> str:
+        what = f"{self.request}: " if self.request else ""
+        return f"{what}{self.message} ({errno.errorcode.get(self.errno, self.errno)})"
+
+
+class ModuleNotLoaded(KbpError):
+    """The generic netlink family "kbp" cannot be resolved: the module is not loaded."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.ENOENT, (
+            "the kbp kernel module is not loaded: load it with 'modprobe kbp' (or install "
+            "the kbp DKMS package), or use the stock backend (--backend stock)"))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# -- results --------------------------------------------------------------------------
+def mode_name(mode_id: int | None) -> str | None:
+    if mode_id is None:
+        return None
+    return names.MODE_NAMES.get(mode_id, str(mode_id))
+
+
+def mode_id(mode: str | int) -> int:
+    if isinstance(mode, int):
+        return mode
+    try:
+        return names.MODE_IDS[mode]
+    except KeyError:
+        raise ValueError(f"unknown mode {mode!r} (one of {', '.join(names.MODE_IDS)})") \
+            from None
+
+
+@dataclass
+class Poller:
+    """One poller kthread (``kbp/<cpu>``)."""
+
+    cpu: int
+    pid: int | None = None
+    mode: str | None = None
+    linger_us: int | None = None
+    quota: int | None = None
+    rt_prio: int | None = None  # 0: SCHED_NORMAL, 1..99: SCHED_FIFO priority
+    napis: int | None = None
+    passes: int | None = None
+    empty_passes: int | None = None
+    packets: int | None = None
+    wakeups: int | None = None
+    sleeps: int | None = None
+    sleep_ns: int | None = None
+    poll_ns: int | None = None
+    respawns: int | None = None
+    repairs: int | None = None
+
+    def counters(self) -> dict[str, int | None]:
+        return {c: getattr(self, c) for c in names.POLLER_COUNTERS}
+
+
+@dataclass
+class NapiInfo:
+    """One NAPI of an attached device."""
+
+    index: int | None = None
+    id: int | None = None
+    cpu: int | None = None
+    pid: int | None = None  # the poller serving it
+    packets: int | None = None
+    polls: int | None = None
+
+
+@dataclass
+class Device:
+    """An attached device."""
+
+    ifindex: int | None = None
+    ifname: str | None = None
+    netns_inum: int | None = None
+    state: str | None = None  # active | standby (device down: stock NAPI until it is up)
+    cpu: int | None = None
+    mode: str | None = None
+    linger_us: int | None = None
+    quota: int | None = None
+    napi_count: int | None = None
+    packets: int | None = None
+    polls: int | None = None
+    napis: list[NapiInfo] = field(default_factory=list)
+
+
+def _poller_from(msg: Any) -> Poller:
+    g = msg.get_attr
+    return Poller(cpu=g("KBP_A_CPU"), pid=g("KBP_A_PID"), mode=mode_name(g("KBP_A_MODE")),
+                  linger_us=g("KBP_A_LINGER_US"), quota=g("KBP_A_QUOTA"),
+                  rt_prio=g("KBP_A_RT_PRIO"), napis=g("KBP_A_NAPIS"),
+                  passes=g("KBP_A_PASSES"), empty_passes=g("KBP_A_EMPTY_PASSES"),
+                  packets=g("KBP_A_PACKETS"), wakeups=g("KBP_A_WAKEUPS"), sleeps=g("KBP_A_SLEEPS"),
+                  sleep_ns=g("KBP_A_SLEEP_NS"), poll_ns=g("KBP_A_POLL_NS"),
+                  respawns=g("KBP_A_RESPAWNS"), repairs=g("KBP_A_REPAIRS"))
+
+
+def _napi_from(nest: Any) -> NapiInfo:
+    g = nest.get_attr
+    return NapiInfo(index=g("KBP_NAPI_A_INDEX"), id=g("KBP_NAPI_A_ID"), cpu=g("KBP_NAPI_A_CPU"),
+                    pid=g("KBP_NAPI_A_PID"), packets=g("KBP_NAPI_A_PACKETS"),
+                    polls=g("KBP_NAPI_A_POLLS"))
+
+
+def _device_from(msg: Any) -> Device:
+    g = msg.get_attr
+    st = g("KBP_A_STATE")
+    return Device(ifindex=g("KBP_A_IFINDEX"), ifname=g("KBP_A_IFNAME"),
+                  netns_inum=g("KBP_A_NETNS_INUM"),
+                  state=STATE_NAMES.get(st, str(st)) if st is not None else None,
+                  cpu=g("KBP_A_CPU"),
+                  mode=mode_name(g("KBP_A_MODE")), linger_us=g("KBP_A_LINGER_US"),
+                  quota=g("KBP_A_QUOTA"), napi_count=g("KBP_A_NAPIS"),
+                  packets=g("KBP_A_PACKETS"), polls=g("KBP_A_POLLS"),
+                  napis=[_napi_from(n) for n in msg.get_attrs("KBP_A_NAPI")])
+
+
+# -- request building (pure; unit-tested offline) -------------------------------------
+def _msg(cmd: int, attrs: list[list[Any]]) -> kbpmsg:
+    m = kbpmsg()
+    m["cmd"] = cmd
+    m["version"] = KBP_GENL_VERSION
+    m["attrs"] = attrs
+    return m
+
+
+def _knobs(mode: str | int | None, linger_us: int | None, quota: int | None,
+           rt_prio: int | None) -> list[list[Any]]:
+    attrs: list[list[Any]] = []
+    if mode is not None:
+        attrs.append(["KBP_A_MODE", mode_id(mode)])
+    if linger_us is not None:
+        attrs.append(["KBP_A_LINGER_US", int(linger_us)])
+    if quota is not None:
+        attrs.append(["KBP_A_QUOTA", int(quota)])
+    if rt_prio is not None:
+        attrs.append(["KBP_A_RT_PRIO", int(rt_prio)])
+    return attrs
+
+
+def _dev_attrs(dev: str | int, netns_fd: int | None) -> list[list[Any]]:
+    attrs: list[list[Any]] = [["KBP_A_IFINDEX", dev] if isinstance(dev, int)
+                              else ["KBP_A_IFNAME", dev]]
+    if netns_fd is not None:
+        attrs.append(["KBP_A_NETNS_FD", netns_fd])
+    return attrs
+
+
+def _queue_map(queue_map: Mapping[int, int] | Iterable[tuple[int, int]]) -> list[Any]:
+    pairs = sorted(queue_map.items()) if isinstance(queue_map, Mapping) else list(queue_map)
+    return ["KBP_A_QUEUE_MAP", {"attrs": [
+        ["KBP_A_MAP_ENTRY", {"attrs": [["KBP_MAP_A_NAPI_INDEX", int(i)],
+                                       ["KBP_MAP_A_CPU", int(c)]]}] for i, c in pairs]}]
+
+
+def build_poller_get(cpu: int | None = None) -> kbpmsg:
+    return _msg(KBP_CMD_POLLER_GET, [["KBP_A_CPU", cpu]] if cpu is not None else [])
+
+
+def build_poller_set(cpu: int, mode: str | int | None = None, linger_us: int | None = None,
+                     quota: int | None = None, rt_prio: int | None = None) -> kbpmsg:
+    return _msg(KBP_CMD_POLLER_SET,
+                [["KBP_A_CPU", int(cpu)], *_knobs(mode, linger_us, quota, rt_prio)])
+
+
+def build_attach(dev: str | int, netns_fd: int | None = None, cpu: int | None = None,
+                 queue_map: Mapping[int, int] | Iterable[tuple[int, int]] | None = None,
+                 mode: str | int | None = None, linger_us: int | None = None,
+                 quota: int | None = None, rt_prio: int | None = None) -> kbpmsg:
+    if cpu is None and queue_map is None:
+        raise ValueError("attach needs cpu and/or queue_map")
+    attrs = _dev_attrs(dev, netns_fd)
+    if cpu is not None:
+        attrs.append(["KBP_A_CPU", int(cpu)])
+    if queue_map is not None:
+        attrs.append(_queue_map(queue_map))
+    attrs += _knobs(mode, linger_us, quota, rt_prio)
+    return _msg(KBP_CMD_DEV_ATTACH, attrs)
+
+
+def build_detach(dev: str | int, netns_fd: int | None = None) -> kbpmsg:
+    return _msg(KBP_CMD_DEV_DETACH, _dev_attrs(dev, netns_fd))
+
+
+def build_dev_get(dev: str | int | None = None, netns_fd: int | None = None) -> kbpmsg:
+    return _msg(KBP_CMD_DEV_GET, _dev_attrs(dev, netns_fd) if dev is not None else [])
+
+
+# -- the socket -----------------------------------------------------------------------
+def is_loaded() -> bool:
+    """True when the module is loaded (its genl family resolves, or /sys/module/kbp exists)."""
+    if SYS_MODULE.exists():
+        return True
+    try:
+        with Client():
+            return True
+    except ModuleNotLoaded:
+        return False
+
+
+class Client:
+    """One socket bound to the kbp family. Use as a context manager."""
+
+    def __init__(self) -> None:
+        sock = GenericNetlinkSocket(ext_ack=True)
+        try:
+            sock.bind(KBP_GENL_NAME, kbpmsg)
+        except NetlinkError as e:
+            sock.close()
+            if e.code in (errno.ENOENT, errno.EOPNOTSUPP):
+                raise ModuleNotLoaded() from None
+            raise KbpError(e.code, str(e.args[1]) if len(e.args) > 1 else "",
+                           "resolve family kbp") from None
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, msg: kbpmsg, dump: bool = False, what: str = "") -> list[Any]:
+        flags = NLM_F_REQUEST | (NLM_F_DUMP if dump else NLM_F_ACK)
+        try:
+            return [r for r in self.sock.nlm_request(msg, msg_type=self.sock.prid,
+                                                      msg_flags=flags)
+                    if r["header"]["type"] == self.sock.prid]
+        except NetlinkError as e:
+            msg_text = e.args[1] if len(e.args) > 1 and isinstance(e.args[1], str) else ""
+            if msg_text == os.strerror(e.code):
+                msg_text = ""
+            raise KbpError(e.code, msg_text, what) from None
+
+    # -- commands ------------------------------------------------------------------
+    def pollers(self) -> list[Poller]:
+        return [_poller_from(r) for r in self.request(build_poller_get(), True, "poller-get")]
+
+    def poller(self, cpu: int) -> Poller:
+        rs = self.request(build_poller_get(cpu), False, f"poller-get cpu {cpu}")
+        if not rs:
+            raise KbpError(errno.ENOENT, f"no poller on CPU {cpu}", "poller-get")
+        return _poller_from(rs[0])
+
+    def poller_set(self, cpu: int, mode: str | int | None = None,
+                   linger_us: int | None = None, quota: int | None = None,
+                   rt_prio: int | None = None) -> None:
+        self.request(build_poller_set(cpu, mode, linger_us, quota, rt_prio), False,
+                     f"poller-set cpu {cpu}")
+
+    def attach(self, dev: str | int, netns: str | None = None, cpu: int | None = None,
+               queue_map: Mapping[int, int] | Iterable[tuple[int, int]] | None = None,
+               mode: str | int | None = None, linger_us: int | None = None,
+               quota: int | None = None, rt_prio: int | None = None) -> Device | None:
+        with _netns_fd(netns) as fd:
+            self.request(build_attach(dev, fd, cpu, queue_map, mode, linger_us, quota, rt_prio),
+                         False, f"attach {dev}")
+            rs = self.request(build_dev_get(dev, fd), False, f"dev-get {dev}")
+        return _device_from(rs[0]) if rs else None
+
+    def detach(self, dev: str | int, netns: str | None = None) -> None:
+        with _netns_fd(netns) as fd:
+            self.request(build_detach(dev, fd), False, f"detach {dev}")
+
+    def device(self, dev: str | int, netns: str | None = None) -> Device | None:
+        with _netns_fd(netns) as fd:
+            try:
+                rs = self.request(build_dev_get(dev, fd), False, f"dev-get {dev}")
+            except KbpError as e:
+                if e.errno in (errno.ENOENT, errno.ENODEV):
+                    return None
+                raise
+        return _device_from(rs[0]) if rs else None
+
+    def devices(self) -> list[Device]:
+        return [_device_from(r) for r in self.request(build_dev_get(), True, "dev-get")]
+
+
+class _netns_fd:
+    """Open /run/netns/NAME for the duration of one request (None: no netns)."""
+
+    def __init__(self, netns: str | None) -> None:
+        self.netns = netns
+        self.fd: int | None = None
+
+    def __enter__(self) -> int | None:
+        if self.netns is None:
+            return None
+        path = NETNS_DIR / self.netns
+        if "/" in self.netns or not path.exists():
+            raise KbpError(errno.ENOENT, f"unknown netns {self.netns!r} (no {path})")
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return self.fd
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+# -- module-level convenience (one socket per call) -----------------------------------
+def pollers() -> list[Poller]:
+    with Client() as c:
+        return c.pollers()
+
+
+def poller(cpu: int) -> Poller:
+    with Client() as c:
+        return c.poller(cpu)
+
+
+def poller_set(cpu: int, mode: str | int | None = None, linger_us: int | None = None,
+               quota: int | None = None, rt_prio: int | None = None) -> None:
+    with Client() as c:
+        c.poller_set(cpu, mode, linger_us, quota, rt_prio)
+
+
+def attach(dev: str | int, netns: str | None = None, cpu: int | None = None,
+           queue_map: Mapping[int, int] | Iterable[tuple[int, int]] | None = None,
+           mode: str | int | None = None, linger_us: int | None = None,
+           quota: int | None = None, rt_prio: int | None = None) -> Device | None:
+    with Client() as c:
+        return c.attach(dev, netns, cpu, queue_map, mode, linger_us, quota, rt_prio)
+
+
+def detach(dev: str | int, netns: str | None = None) -> None:
+    with Client() as c:
+        c.detach(dev, netns)
+
+
+def device(dev: str | int, netns: str | None = None) -> Device | None:
+    with Client() as c:
+        return c.device(dev, netns)
+
+
+def devices() -> list[Device]:
+    with Client() as c:
+        return c.devices()

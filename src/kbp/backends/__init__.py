@@ -1,0 +1,311 @@
+"""kbpctl backends: who serves a device's NAPIs.
+
+* ``stock``: no module. Threaded NAPI + SCHED_FIFO + CPU/IRQ alignment (+ defer/gro
+  "linger") composed from features of stock kernels >= 5.12.
+* ``kmod``: the kbp kernel module's pollers, driven through :mod:`kbp.kmod`.
+
+The API for other tools (the benchmark uses it)::
+
+    from kbp import backends
+    be = backends.get("auto")              # kmod when the module is loaded, else stock
+    be.enable(backends.EnableRequest(["veth0"], netns="ns1", cpus=[1], rt_prio=50))
+    st = backends.status(netns="ns1")      # Status; st.to_json() is the --json schema
+    backends.disable(["veth0"], netns="ns1")   # whichever backend enabled it
+
+Importing this package has no side effects; nothing touches the system until a method is
+called. ``enable``/``disable`` need root.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from kbp import names
+from kbp.errors import InvalidInput, NotRoot, OperationFailed
+from kbp.state import StateDir
+from kbp.sysinfo import RT_PRIO_MAX, RT_PRIO_MIN, FreqReport
+
+DEFAULT_RT_PRIO = 50  # the priority of threaded IRQ handlers; NAPI threads run at it too
+MAX_LINGER_US = 1_000_000
+
+
+@dataclass
+class EnableRequest:
+    """What ``kbpctl enable`` asks for (the same for every listed device)."""
+
+    devices: list[str]
+    netns: str | None = None
+    mode: str = names.MODE_HYBRID
+    cpus: list[int] | None = None  # None: all online CPUs, NAPIs round-robin
+    rt_prio: int = DEFAULT_RT_PRIO
+    linger_us: int | None = None  # None: leave defer/gro settings as they are
+    quota: int | None = None  # kmod only
+
+    def settings(self) -> dict[str, Any]:
+        """The per-device part, as journaled (compared by ``apply``)."""
+        return {"mode": self.mode, "cpus": self.cpus, "rt_prio": self.rt_prio,
+                "linger_us": self.linger_us, "quota": self.quota}
+
+
+def validate_common(req: EnableRequest) -> None:
+    """Checks every backend shares (no system access)."""
+    if not req.devices:
+        raise InvalidInput("no device named: kbpctl enable DEV [DEV...]")
+    dup = {d for d in req.devices if req.devices.count(d) > 1}
+    if dup:
+        raise InvalidInput(f"device {sorted(dup)[0]} is named twice: name each device once")
+    for d in req.devices:
+        if not d or "/" in d or d in (".", "..") or len(d) > 15 or any(c.isspace() for c in d):
+            raise InvalidInput(f"bad device name {d!r}: use a name from 'ip link'")
+    if req.mode == names.MODE_PERIODIC:
+        raise InvalidInput("mode periodic (NetAP) is reserved and not implemented: "
+                           "use --mode hybrid or --mode busy")
+    if req.mode not in names.MODES:
+        raise InvalidInput(f"unknown mode {req.mode!r}: use --mode hybrid or --mode busy")
+    if not RT_PRIO_MIN <= req.rt_prio <= RT_PRIO_MAX:
+        raise InvalidInput(f"priority {req.rt_prio} is out of range: SCHED_FIFO priorities "
+                           f"are {RT_PRIO_MIN}..{RT_PRIO_MAX} (--rt-prio)")
+    if req.linger_us is not None:
+        if req.mode == names.MODE_BUSY:
+            raise InvalidInput("--linger-us applies to --mode hybrid only (busy never "
+                               "sleeps): drop one of them")
+        if not 0 <= req.linger_us <= MAX_LINGER_US:
+            raise InvalidInput(f"--linger-us {req.linger_us} is out of range "
+                               f"(0..{MAX_LINGER_US})")
+    if req.quota is not None and not 1 <= req.quota <= names.DEFAULT_QUOTA:
+        raise InvalidInput(f"--quota {req.quota} is out of range (1..{names.DEFAULT_QUOTA}, "
+                           "the NAPI weight)")
+
+
+def require_root(what: str) -> None:
+    if os.geteuid() != 0:
+        raise NotRoot(f"{what} changes kernel settings and needs root "
+                      "(CAP_NET_ADMIN, CAP_SYS_NICE): run it with sudo")
+
+
+# -- results and status ---------------------------------------------------------------
+@dataclass
+class DeviceResult:
+    name: str
+    netns: str | None
+    backend: str
+    napis: int
+    cpus: list[int]
+    changes: int
+    note: str = ""
+
+
+@dataclass
+class EnableResult:
+    backend: str
+    reason: str
+    devices: list[DeviceResult] = field(default_factory=list)
+
+
+@dataclass
+class DisableResult:
+    devices: list[DeviceResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ThreadStatus:
+    """The kernel thread that polls (a NAPI kthread, or a kbp poller)."""
+
+    pid: int
+    comm: str
+    cpus: list[int]
+    last_cpu: int | None
+    policy: str
+    priority: int
+    counters: dict[str, int | None]
+
+
+@dataclass
+class NapiStatus:
+    id: int | None
+    index: int | None = None
+    irq: int | None = None
+    irq_affinity: str | None = None
+    cpu: int | None = None  # the CPU that polls it (None: not pinned to one CPU)
+    threaded: int | None = None
+    defer_hard_irqs: int | None = None
+    gro_flush_timeout_ns: int | None = None
+    state: str | None = None
+    thread: ThreadStatus | None = None
+    counters: dict[str, int | None] = field(default_factory=dict)
+
+
+@dataclass
+class DeviceStatus:
+    name: str
+    netns: str | None
+    ifindex: int | None
+    kind: str | None
+    backend: str | None  # None: not served by kbp
+    mode: str | None = None
+    linger_us: int | None = None
+    rt_prio: int | None = None
+    cpus: list[int] | None = None
+    complete: bool = True  # False: an enable was interrupted (disable restores)
+    managed: bool = True  # kbpctl journals it (False: not served, or attached outside kbpctl)
+    napis: list[NapiStatus] = field(default_factory=list)
+    counters: dict[str, int | None] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PollerStatus:
+    cpu: int
+    pid: int | None
+    mode: str | None
+    linger_us: int | None
+    quota: int | None
+    napis: int | None
+    policy: str | None
+    priority: int | None
+    counters: dict[str, int | None]
+
+
+@dataclass
+class BackendInfo:
+    available: bool
+    reason: str
+    features: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Status:
+    kernel: str
+    auto: str  # what --backend auto picks now
+    backends: dict[str, BackendInfo]
+    devices: list[DeviceStatus]
+    pollers: list[PollerStatus]
+    cpufreq: FreqReport
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": "kbpctl-status/1",
+            "kernel": self.kernel,
+            "auto_backend": self.auto,
+            "backends": {k: asdict(v) for k, v in self.backends.items()},
+            "devices": [asdict(d) for d in self.devices],
+            "pollers": [asdict(p) for p in self.pollers],
+            "cpufreq": self.cpufreq.to_json(),
+        }
+
+
+class Backend(Protocol):
+    name: str
+
+    def available(self) -> tuple[bool, str]: ...
+
+    def features(self) -> dict[str, Any]: ...
+
+    def check(self, req: EnableRequest, replace_other: bool = False) -> None: ...
+
+    def enable(self, req: EnableRequest) -> EnableResult: ...
+
+    def disable(self, devices: Sequence[str] | None = None,
+                netns: str | None = None) -> DisableResult: ...
+
+    def describe(self, netns: str | None, devices: Sequence[str] | None,
+                 records: Sequence[Any], exclude: set[tuple[str, str | None]] | None = None,
+                 ) -> tuple[list[DeviceStatus], list[PollerStatus]]: ...
+
+
+# -- choosing a backend ---------------------------------------------------------------
+def get(name: str = "auto", state: StateDir | None = None) -> Backend:
+    """The backend called ``name`` ("auto": kmod when the module is loaded, else stock)."""
+    if name == "auto":
+        return resolve_auto(state)[0]
+    if name == names.BACKEND_STOCK:
+        from kbp.backends.stock import StockBackend
+        return StockBackend(state=state)
+    if name == names.BACKEND_KMOD:
+        from kbp.backends.kmod import KmodBackend
+        return KmodBackend(state=state)
+    raise InvalidInput(f"unknown backend {name!r}: use auto, kmod or stock")
+
+
+def resolve_auto(state: StateDir | None = None) -> tuple[Backend, str]:
+    """The backend ``auto`` picks, and why (one line for the operator)."""
+    from kbp.backends.kmod import KmodBackend
+    from kbp.backends.stock import StockBackend
+    km = KmodBackend(state=state)
+    ok, why = km.available()
+    if ok:
+        return km, "the kbp module is loaded"
+    return StockBackend(state=state), f"stock kernel features ({why})"
+
+
+# -- operations across backends -------------------------------------------------------
+def disable(devices: Sequence[str] | None = None, netns: str | None = None,
+            state: StateDir | None = None) -> DisableResult:
+    """Disable devices (None: all), each with the backend that enabled it."""
+    from kbp.netdev import check_netns, get_link
+    st = state or StateDir()
+    check_netns(netns)
+    require_root("kbpctl disable")
+    recs = st.records()
+    result = DisableResult()
+    if devices is not None:
+        known = {(r.dev, r.netns) for r in recs}
+        for d in devices:
+            if (d, netns) in known:
+                continue
+            if get_link(d, netns) is None:
+                where = f"netns {netns}" if netns else "this netns"
+                raise InvalidInput(f"no device {d} in {where}, and kbp does not serve one by "
+                                   "that name: check 'kbpctl status'")
+            result.notes.append(f"{d} is not enabled: nothing to do")
+        wanted = {(d, netns) for d in devices}
+        recs = [r for r in recs if (r.dev, r.netns) in wanted]
+    by_backend: dict[str, list[str]] = {}
+    for r in recs:
+        by_backend.setdefault(r.backend, []).append(r.dev)
+    errors = []
+    for bname in sorted(by_backend):
+        be = get(bname, st)
+        try:
+            res = be.disable(by_backend[bname], netns if devices is not None else None)
+        except OperationFailed as e:
+            errors.append(str(e))
+            continue
+        result.devices += res.devices
+        result.notes += res.notes
+    if errors:
+        raise OperationFailed("; ".join(errors))
+    return result
+
+
+def status(netns: str | None = None, devices: Sequence[str] | None = None,
+           state: StateDir | None = None) -> Status:
+    """Everything ``kbpctl status`` shows, for the devices of ``netns`` and every device kbp
+    serves (in any netns)."""
+    from kbp import sysinfo
+    from kbp.backends.kmod import KmodBackend
+    from kbp.backends.stock import StockBackend
+    st = state or StateDir()
+    recs = st.records()
+    stock, km = StockBackend(state=st), KmodBackend(state=st)
+    infos = {}
+    for be in (km, stock):
+        ok, why = be.available()
+        infos[be.name] = BackendInfo(ok, why, be.features() if ok else {})
+    auto = km.name if infos[km.name].available else stock.name
+    devs: list[DeviceStatus] = []
+    pollers: list[PollerStatus] = []
+    kd, kp = km.describe(netns, devices, [r for r in recs if r.backend == km.name])
+    sd, _ = stock.describe(netns, devices, [r for r in recs if r.backend != km.name],
+                           exclude={(d.name, d.netns) for d in kd})
+    devs = sorted(sd + kd, key=lambda d: (d.netns or "", d.name))
+    pollers = kp
+    used = sorted({c for d in devs if d.backend for n in d.napis
+                   if n.cpu is not None for c in [n.cpu]} | {p.cpu for p in pollers})
+    freq = sysinfo.cpufreq(used or None)
+    return Status(kernel=sysinfo.kernel_release(), auto=auto, backends=infos, devices=devs,
+                  pollers=pollers, cpufreq=freq)

@@ -1,0 +1,367 @@
+"""The kmod backend: a thin layer on :mod:`kbp.kmod` (the kbp module's genl family).
+
+``enable`` attaches each device to the module's pollers (``kbp/<cpu>``) with the mode,
+linger, quota and rt_prio asked for. The module applies the pollers' scheduling itself
+(KBP_A_RT_PRIO, so a respawned poller keeps it) and stops a poller when no attached device
+needs it, so the only change to journal is the attachment: ``disable`` detaches.
+A poller that already serves other devices with other knobs makes the module refuse the
+attach (EBUSY, with its extack message); kbpctl passes that on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kbp import kmod, names, sysinfo
+from kbp.backends import (
+    DeviceResult,
+    DeviceStatus,
+    DisableResult,
+    EnableRequest,
+    EnableResult,
+    NapiStatus,
+    PollerStatus,
+    require_root,
+    validate_common,
+)
+from kbp.backends.stock import thread_status
+from kbp.errors import InvalidInput, KbpctlError, OperationFailed, Unavailable
+from kbp.netdev import NETNS_DIR, NetdevClient, check_netns, get_link
+from kbp.state import (
+    MISSING,
+    Executor,
+    PauseHook,
+    Record,
+    RestoreError,
+    StateDir,
+    TargetGone,
+    remove_record,
+    restore,
+)
+from kbp.sysinfo import HOST, Host
+
+NAME = names.BACKEND_KMOD
+ClientFactory = Callable[[], Any]
+
+
+class AttachHandler:
+    """kind ``kmod_attach``: key {dev, netns, ifindex}; value None (detached) or the
+    attachment {cpu, queue_map, mode, linger_us, quota, rt_prio}."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def get(self, key: Mapping[str, Any]) -> Any:
+        try:
+            d = self.client.device(key["dev"], key.get("netns"))
+        except kmod.KbpError as e:
+            if e.errno in (errno.ENOENT, errno.ENODEV):
+                return None
+            raise
+        if d is None:
+            return None
+        return {"attached": True, "state": d.state, "mode": d.mode, "cpu": d.cpu}
+
+    def set(self, key: Mapping[str, Any], value: Any) -> None:
+        try:
+            if value is None:
+                self.client.detach(key["dev"], key.get("netns"))
+                return
+            qm = value.get("queue_map")
+            self.client.attach(key["dev"], key.get("netns"), cpu=value.get("cpu"),
+                               queue_map=[tuple(p) for p in qm] if qm else None,
+                               mode=value.get("mode"), linger_us=value.get("linger_us"),
+                               quota=value.get("quota"), rt_prio=value.get("rt_prio"))
+        except kmod.KbpError as e:
+            if value is None and e.errno in (errno.ENOENT, errno.ENODEV):
+                raise TargetGone(str(e)) from e
+            raise OSError(e.errno, str(e)) from e
+
+
+def attachment(req: EnableRequest, cpus: Sequence[int], napi_count: int | None
+               ) -> dict[str, Any]:
+    """The attach request for one device: cpu = first CPU; with several CPUs a queue map
+    that puts NAPI i on cpus[i mod n]."""
+    value: dict[str, Any] = {"cpu": cpus[0], "queue_map": None, "mode": req.mode,
+                             "linger_us": req.linger_us, "quota": req.quota,
+                             "rt_prio": req.rt_prio}
+    if len(cpus) > 1:
+        n = napi_count if napi_count else len(cpus)
+        value["queue_map"] = [[i, cpus[i % len(cpus)]] for i in range(n)]
+    return value
+
+
+def _netns_inum(netns: str | None) -> int | None:
+    try:
+        return os.stat(NETNS_DIR / netns if netns else "/proc/self/ns/net").st_ino
+    except OSError:
+        return None
+
+
+class KmodBackend:
+    name = NAME
+
+    def __init__(self, state: StateDir | None = None, client: ClientFactory | None = None,
+                 host: Host = HOST) -> None:
+        self.state = state or StateDir()
+        self.client_factory: ClientFactory = client or kmod.Client
+        self.host = host
+
+    def _client(self) -> Any:
+        try:
+            return self.client_factory()
+        except kmod.ModuleNotLoaded as e:
+            raise Unavailable(str(e)) from None
+        except kmod.KbpError as e:
+            raise Unavailable(f"the kbp module does not answer: {e}") from None
+
+    def available(self) -> tuple[bool, str]:
+        try:
+            c = self.client_factory()
+        except kmod.ModuleNotLoaded:
+            return False, "kbp module not loaded"
+        except (kmod.KbpError, OSError) as e:
+            return False, f"kbp module does not answer: {e}"
+        c.close()
+        return True, "kbp module loaded"
+
+    def features(self) -> dict[str, Any]:
+        ver = None
+        with contextlib.suppress(OSError):
+            ver = (kmod.SYS_MODULE / "version").read_text().strip()
+        return {"module_version": ver, "genl_version": kmod.KBP_GENL_VERSION}
+
+    # -- checks --------------------------------------------------------------------
+    def _check_static(self, req: EnableRequest) -> None:
+        validate_common(req)
+        if req.cpus is not None:
+            sysinfo.validate_cpus(req.cpus, self.host)
+
+    def _prepare(self, client: Any, dev: str, netns: str | None,
+                 replace_other: bool = False) -> tuple[Any, Record | None]:
+        link = get_link(dev, netns)
+        if link is None:
+            where = f"netns {netns}" if netns else "this netns"
+            raise InvalidInput(f"no device {dev} in {where}: check the name with 'ip link'")
+        rec = self.state.record(dev, netns)
+        if rec is not None and rec.backend != NAME:
+            if not replace_other:
+                raise InvalidInput(f"{dev} is served by the {rec.backend} backend: run "
+                                   f"'kbpctl disable {dev}' first")
+            rec = None
+        threaded = False
+        with contextlib.suppress(KbpctlError, OSError), NetdevClient(netns) as nc:
+            threaded = any(n.threaded for n in nc.napis(link.ifindex))
+        if threaded and rec is None:
+            raise InvalidInput(f"{dev} runs threaded NAPI, which the kbp module cannot take "
+                               f"over: turn it off first (kbpctl disable {dev}, or write 0 to "
+                               f"/sys/class/net/{dev}/threaded)")
+        if rec is None and AttachHandler(client).get({"dev": dev, "netns": netns}):
+            raise InvalidInput(f"{dev} is attached to the kbp module outside kbpctl: detach it "
+                               "first (kbp.kmod.detach) so kbpctl can record what it changes")
+        return link, rec
+
+    def check(self, req: EnableRequest, replace_other: bool = False) -> None:
+        self._check_static(req)
+        check_netns(req.netns)
+        client = self._client()
+        try:
+            require_root("kbpctl enable")
+            for d in req.devices:
+                self._prepare(client, d, req.netns, replace_other)
+        finally:
+            client.close()
+
+    # -- enable --------------------------------------------------------------------
+    def enable(self, req: EnableRequest) -> EnableResult:
+        self._check_static(req)
+        check_netns(req.netns)
+        client = self._client()
+        result = EnableResult(NAME, "")
+        try:
+            require_root("kbpctl enable")
+            with self.state.lock():
+                preps = [(d, *self._prepare(client, d, req.netns)) for d in req.devices]
+                eff = self._effector(client)
+                hook = PauseHook()
+                started: list[str] = []
+                try:
+                    for dev, link, rec in preps:
+                        if rec is not None:
+                            self._restore(rec, eff)
+                        started.append(dev)
+                        result.devices.append(self._enable_one(client, eff, hook, req, dev,
+                                                               link))
+                except (OSError, KbpctlError, RestoreError, kmod.KbpError) as e:
+                    for dev in reversed(started):
+                        r = self.state.record(dev, req.netns)
+                        if r is not None:
+                            with contextlib.suppress(RestoreError):
+                                self._restore(r, eff)
+                    raise OperationFailed(f"enabling {started[-1] if started else '?'} with "
+                                          f"the kbp module failed: {e}; every change was "
+                                          "rolled back") from e
+        finally:
+            client.close()
+        return result
+
+    def _effector(self, client: Any) -> dict[str, Any]:
+        return {"kmod_attach": AttachHandler(client)}
+
+    def _enable_one(self, client: Any, eff: Mapping[str, Any], hook: Callable[[str], None],
+                    req: EnableRequest, dev: str, link: Any) -> DeviceResult:
+        cpus = req.cpus or sysinfo.online_cpus(self.host)
+        napi_count = None
+        with contextlib.suppress(KbpctlError, OSError), NetdevClient(req.netns) as nc:
+            napi_count = len(nc.napis(link.ifindex)) or None
+        journal = self.state.begin(NAME, dev, req.netns, link.ifindex, req.settings())
+        changes = 0
+        try:
+            ex = Executor(journal, eff, hook)
+            key = {"dev": dev, "netns": req.netns, "ifindex": link.ifindex}
+            if ex.apply("kmod_attach", key, attachment(req, cpus, napi_count)) is not None:
+                changes += 1
+            journal.done()
+        finally:
+            journal.close()
+        return DeviceResult(dev, req.netns, NAME, napi_count or 0, sorted(set(cpus)), changes)
+
+    def _restore(self, rec: Record, eff: Mapping[str, Any]) -> list[str]:
+        notes = restore(rec, eff)
+        remove_record(rec.path)
+        return notes
+
+    # -- disable -------------------------------------------------------------------
+    def disable(self, devices: Sequence[str] | None = None,
+                netns: str | None = None) -> DisableResult:
+        require_root("kbpctl disable")
+        result = DisableResult()
+        try:
+            client = self._client()
+        except Unavailable:
+            client = None
+        try:
+            with self.state.lock():
+                recs = [r for r in self.state.records() if r.backend == NAME]
+                if devices is not None:
+                    recs = [r for r in recs if r.dev in devices and r.netns == netns]
+                eff: dict[str, Any] = self._effector(client) if client else {
+                    "kmod_attach": _Gone()}
+                errors = []
+                for rec in recs:
+                    try:
+                        notes = self._restore(rec, eff)
+                    except RestoreError as e:
+                        errors.append(f"{rec.dev}: {e} (journal kept; run disable again)")
+                        continue
+                    if client is None:
+                        notes.append("the kbp module is not loaded: nothing is attached")
+                    result.notes += [f"{rec.dev}: {n}" for n in notes]
+                    result.devices.append(DeviceResult(rec.dev, rec.netns, NAME, 0, [],
+                                                       len(rec.changes)))
+                if errors:
+                    raise OperationFailed("; ".join(errors))
+        finally:
+            if client is not None:
+                client.close()
+        return result
+
+    # -- status --------------------------------------------------------------------
+    def describe(self, netns: str | None, devices: Sequence[str] | None,
+                 records: Sequence[Record], exclude: set[tuple[str, str | None]] | None = None,
+                 ) -> tuple[list[DeviceStatus], list[PollerStatus]]:
+        try:
+            client = self.client_factory()
+        except (kmod.KbpError, OSError):
+            client = None
+        out: list[DeviceStatus] = []
+        pollers: list[PollerStatus] = []
+        try:
+            attached = client.devices() if client else []
+            by_key: dict[tuple[str | None, int | None], Any] = {
+                (d.ifname, d.netns_inum): d for d in attached}
+            seen = set()
+            for r in records:
+                if devices is not None and not (r.dev in devices and r.netns == netns):
+                    continue
+                d = by_key.get((r.dev, _netns_inum(r.netns)))
+                if d is not None:
+                    seen.add(id(d))
+                out.append(self._status(r.dev, r.netns, r, d, client is not None))
+            for d in attached:
+                if id(d) in seen:
+                    continue
+                if devices is not None and d.ifname not in devices:
+                    continue
+                ds = self._status(d.ifname or f"ifindex {d.ifindex}", None, None, d, True)
+                ds.managed = False
+                ds.netns = next((n for n in _known_netns() if _netns_inum(n) == d.netns_inum),
+                                None)
+                out.append(ds)
+            for p in (client.pollers() if client else []):
+                pol, prio = None, p.rt_prio
+                if p.pid:
+                    with contextlib.suppress(OSError):
+                        s = sysinfo.get_sched(p.pid)
+                        pol, prio = s.policy, s.priority
+                pollers.append(PollerStatus(cpu=p.cpu, pid=p.pid, mode=p.mode,
+                                            linger_us=p.linger_us, quota=p.quota, napis=p.napis,
+                                            policy=pol, priority=prio, counters=p.counters()))
+        finally:
+            if client is not None:
+                client.close()
+        return out, pollers
+
+    def _status(self, dev: str, netns: str | None, rec: Record | None, d: Any,
+                loaded: bool) -> DeviceStatus:
+        req = rec.request if rec else {}
+        ds = DeviceStatus(name=dev, netns=netns, ifindex=d.ifindex if d else None, kind=None,
+                          backend=NAME, mode=(d.mode if d else None) or req.get("mode"),
+                          linger_us=d.linger_us if d and d.linger_us is not None
+                          else req.get("linger_us"),
+                          rt_prio=req.get("rt_prio"), cpus=req.get("cpus"),
+                          complete=rec.complete if rec else True)
+        if d is not None:
+            ds.counters = {"packets": d.packets, "polls": d.polls}
+            for n in d.napis:
+                ns_ = NapiStatus(id=n.id, index=n.index, cpu=n.cpu, state=d.state,
+                                 counters={"packets": n.packets, "polls": n.polls})
+                if n.pid:
+                    ns_.thread = thread_status(n.pid, self.host)
+                ds.napis.append(ns_)
+            if d.state == "standby":
+                ds.problems.append(f"{dev} is down (or its NAPIs cannot be hooked): stock NAPI "
+                                   "serves it until it is up")
+            cpus = sorted({n.cpu for n in d.napis if n.cpu is not None})
+            ds.cpus = cpus or ([d.cpu] if d.cpu is not None else ds.cpus)
+        elif not loaded:
+            ds.problems.append("the kbp module is not loaded: 'kbpctl disable "
+                               f"{dev}' forgets this device")
+        else:
+            ds.problems.append(f"{dev} is not attached to the module any more: 'kbpctl "
+                               "apply' or enable again")
+        if rec is not None and not rec.complete:
+            ds.problems.append(f"enable was interrupted after {rec.steps} change(s): "
+                               f"'kbpctl disable {dev}' restores")
+        return ds
+
+
+class _Gone:
+    """Attach handler when the module is gone: nothing is attached."""
+
+    def get(self, key: Mapping[str, Any]) -> Any:
+        return MISSING
+
+    def set(self, key: Mapping[str, Any], value: Any) -> None:
+        raise TargetGone("kbp module not loaded")
+
+
+def _known_netns() -> list[str]:
+    try:
+        return sorted(os.listdir(NETNS_DIR))
+    except OSError:
+        return []

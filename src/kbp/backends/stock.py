@@ -1,0 +1,598 @@
+"""The stock backend: an EE-KBP-like receive path from stock kernel features, no module.
+
+For each device:
+
+1. threaded NAPI on (per NAPI with netdev ``napi-set threaded`` where the kernel has it,
+   else the device's sysfs ``threaded``): the hardIRQ now wakes a ``napi/<dev>-<id>``
+   kernel thread instead of raising NET_RX softirq -- EE-KBP's wake path (Sect. 4.1);
+2. each NAPI thread bound to its CPU and made SCHED_FIFO at ``--rt-prio`` (KBP's dedicated
+   polling thread that softirq work cannot delay);
+3. the device's queue IRQs pointed at the CPU of their thread (a NAPI's own IRQ where
+   napi-get reports it);
+4. ``--linger-us``: after the last packet keep the NAPI polled by its thread (hrtimer every
+   ``LINGER_INTERVAL_US``) instead of re-arming the IRQ, via ``defer_hard_irqs`` and
+   ``gro_flush_timeout`` (per NAPI where napi-set has them, else per device);
+5. ``--mode busy``: threaded busy polling (``threaded`` = 2, Linux 6.19+).
+
+Every change is journaled before it is made (:mod:`kbp.state`).
+
+``KBP_STOCK_FEATURES`` (diagnostics and tests) hides kernel features so older paths can be
+exercised on a new kernel: ``sysfs`` ignores napi-set (per-device sysfs knobs), ``legacy``
+ignores the whole netdev family (sysfs probe for NAPIs, threads found by name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kbp import names, sysinfo
+from kbp.backends import (
+    DeviceResult,
+    DeviceStatus,
+    DisableResult,
+    EnableRequest,
+    EnableResult,
+    NapiStatus,
+    PollerStatus,
+    ThreadStatus,
+    require_root,
+    validate_common,
+)
+from kbp.effects import system_effector, task_key
+from kbp.errors import InvalidInput, KbpctlError, OperationFailed, Unavailable
+from kbp.netdev import (
+    THREADED_BUSY_POLL,
+    THREADED_ON,
+    Link,
+    Napi,
+    NetdevClient,
+    NetdevFeatures,
+    NetFS,
+    check_netns,
+    get_link,
+    list_links,
+    probe_napi_sysfs,
+)
+from kbp.state import Executor, PauseHook, Record, RestoreError, StateDir, remove_record, restore
+from kbp.sysinfo import HOST, Host, TaskStat
+
+NAME = names.BACKEND_STOCK
+LINGER_INTERVAL_US = 10  # hrtimer re-poll interval while lingering
+ENV_FEATURES = "KBP_STOCK_FEATURES"
+THREADED_SINCE = (5, 12, 0)
+BUSY_POLL_SINCE = (6, 19, 0)
+
+
+# -- pure planning --------------------------------------------------------------------
+@dataclass
+class Planned:
+    kind: str
+    key: dict[str, Any]
+    new: Any
+
+
+def napi_key(netns: str | None, ifindex: int, napi_id: int, knob: str) -> dict[str, Any]:
+    return {"netns": netns, "ifindex": ifindex, "napi_id": napi_id, "knob": knob}
+
+
+def sysfs_key(netns: str | None, dev: str, ifindex: int, attr: str) -> dict[str, Any]:
+    return {"netns": netns, "dev": dev, "ifindex": ifindex, "attr": attr}
+
+
+def plan_threaded(netns: str | None, dev: str, ifindex: int, napi_ids: Sequence[int] | None,
+                  value: int) -> list[Planned]:
+    """Threaded NAPI on: per NAPI (napi_ids given) or per device (None)."""
+    if napi_ids is None:
+        return [Planned("sysfs", sysfs_key(netns, dev, ifindex, "threaded"), str(value))]
+    return [Planned("napi", napi_key(netns, ifindex, n, "threaded"), value) for n in napi_ids]
+
+
+def assign_cpus(n: int, cpus: Sequence[int]) -> list[int]:
+    """NAPI i (in id order) -> CPU cpus[i mod len(cpus)]."""
+    return [cpus[i % len(cpus)] for i in range(n)]
+
+
+def plan_threads(threads: Sequence[TaskStat], cpus: Sequence[int], prio: int,
+                 nices: Sequence[int]) -> list[Planned]:
+    """Bind each NAPI thread to its CPU, then make it SCHED_FIFO at ``prio``."""
+    out = []
+    for t, cpu, nice in zip(threads, cpus, nices, strict=True):
+        key = task_key(sysinfo.TaskId(t.pid, t.starttime, t.comm))
+        out.append(Planned("affinity", key, [cpu]))
+        out.append(Planned("sched", key, {"policy": "SCHED_FIFO", "priority": prio,
+                                          "nice": nice}))
+    return out
+
+
+def irq_targets(napi_irqs: Sequence[int | None], name_irqs: Sequence[int],
+                thread_cpus: Sequence[int]) -> dict[int, str]:
+    """IRQ -> CPU list that aligns the device's IRQs with its NAPI threads.
+
+    A NAPI's own IRQ (napi-get) goes to its thread's CPU. Otherwise the queue IRQs found by
+    name pair with the NAPIs in order when the counts match, or else all go to the set of
+    polling CPUs.
+    """
+    out: dict[int, str] = {}
+    if napi_irqs and all(i is not None for i in napi_irqs):
+        for irq, cpu in zip(napi_irqs, thread_cpus, strict=True):
+            assert irq is not None
+            out[irq] = sysinfo.format_cpulist([cpu])
+        return out
+    if not name_irqs or not thread_cpus:
+        return out
+    if len(name_irqs) == len(thread_cpus):
+        for irq, cpu in zip(name_irqs, thread_cpus, strict=True):
+            out[irq] = sysinfo.format_cpulist([cpu])
+    else:
+        every = sysinfo.format_cpulist(thread_cpus)
+        for irq in name_irqs:
+            out[irq] = every
+    return out
+
+
+def plan_irqs(targets: dict[int, str]) -> list[Planned]:
+    return [Planned("irq", {"irq": irq}, cpus) for irq, cpus in sorted(targets.items())]
+
+
+def linger_values(linger_us: int) -> tuple[int, int]:
+    """(napi_defer_hard_irqs, gro_flush_timeout in ns) that keep a NAPI polled ~linger_us.
+
+    After the last packet the kernel re-polls every gro_flush_timeout (hrtimer) and
+    re-arms the IRQ after defer_hard_irqs empty polls.
+    """
+    if linger_us <= 0:
+        return 0, 0
+    interval = min(linger_us, LINGER_INTERVAL_US)
+    return math.ceil(linger_us / interval), interval * 1000
+
+
+def plan_linger(netns: str | None, dev: str, ifindex: int, napi_ids: Sequence[int] | None,
+                linger_us: int) -> list[Planned]:
+    defer, gro_ns = linger_values(linger_us)
+    if napi_ids is None:
+        return [Planned("sysfs", sysfs_key(netns, dev, ifindex, "napi_defer_hard_irqs"),
+                        str(defer)),
+                Planned("sysfs", sysfs_key(netns, dev, ifindex, "gro_flush_timeout"),
+                        str(gro_ns))]
+    out = []
+    for n in napi_ids:
+        out.append(Planned("napi", napi_key(netns, ifindex, n, "defer_hard_irqs"), defer))
+        out.append(Planned("napi", napi_key(netns, ifindex, n, "gro_flush_timeout"), gro_ns))
+    return out
+
+
+def no_napi_message(dev: str, link: Link, netns: str | None) -> str:
+    pre = f"ip netns exec {netns} " if netns else ""
+    if link.kind == "veth":
+        hint = f"veth uses NAPI only with GRO on: {pre}ethtool -K {dev} gro on"
+        if not link.up:
+            hint = f"it is down: {pre}ip link set {dev} up; and {hint}"
+        return f"{dev} has no NAPI instance ({hint})"
+    if not link.up:
+        return (f"{dev} has no NAPI instance while it is down: bring it up "
+                f"({pre}ip link set {dev} up)")
+    what = f"{link.kind} devices do" if link.kind else "its driver does"
+    return f"{dev} has no NAPI instance ({what} not use NAPI): kbp serves NAPI devices only"
+
+
+# -- the backend ----------------------------------------------------------------------
+@dataclass
+class _Prep:
+    dev: str
+    netns: str | None
+    link: Link
+    napis: list[Napi] | None  # None: this kernel (or emulation) has no napi-get
+    record: Record | None
+    threads_before: set[int] = field(default_factory=set)
+
+
+class _Ctx:
+    """Per-command caches: netdev sockets and sysfs views per netns."""
+
+    def __init__(self) -> None:
+        self.clients: dict[str | None, NetdevClient] = {}
+        self.fss: dict[str | None, NetFS] = {}
+
+    def client(self, netns: str | None) -> NetdevClient:
+        if netns not in self.clients:
+            self.clients[netns] = NetdevClient(netns)
+        return self.clients[netns]
+
+    def fs(self, netns: str | None) -> NetFS:
+        if netns not in self.fss:
+            self.fss[netns] = NetFS(netns)
+        return self.fss[netns]
+
+    def close(self) -> None:
+        for c in self.clients.values():
+            c.close()
+
+
+@contextlib.contextmanager
+def _context() -> Iterator[_Ctx]:
+    ctx = _Ctx()
+    try:
+        yield ctx
+    finally:
+        ctx.close()
+
+
+class StockBackend:
+    name = NAME
+
+    def __init__(self, state: StateDir | None = None, host: Host = HOST,
+                 emulate: str | None = None) -> None:
+        self.state = state or StateDir()
+        self.host = host
+        self.emulate = emulate if emulate is not None else os.environ.get(ENV_FEATURES, "")
+        if self.emulate not in ("", "sysfs", "legacy"):
+            raise InvalidInput(f"{ENV_FEATURES}={self.emulate!r}: use sysfs or legacy")
+
+    # -- features ------------------------------------------------------------------
+    def _features(self, client: NetdevClient) -> NetdevFeatures:
+        f = client.features()
+        if self.emulate == "legacy":
+            return NetdevFeatures()
+        if self.emulate == "sysfs":
+            return NetdevFeatures(family=f.family, napi_get=f.napi_get)
+        return f
+
+    def available(self) -> tuple[bool, str]:
+        rel = sysinfo.kernel_release()
+        if sysinfo.kernel_version(rel) >= THREADED_SINCE:
+            return True, f"Linux {rel} has threaded NAPI"
+        return False, f"threaded NAPI needs Linux 5.12 or later (this is {rel})"
+
+    def features(self) -> dict[str, Any]:
+        with NetdevClient() as c:
+            out: dict[str, Any] = dict(self._features(c).to_json())
+        out["sysfs_threaded"] = sysinfo.kernel_version() >= THREADED_SINCE
+        out["busy_poll"] = self._busy_supported(out.get("threaded_busy_poll", False))
+        if self.emulate:
+            out["emulate"] = self.emulate
+        return out
+
+    def _busy_supported(self, napi_busy: bool) -> bool:
+        return bool(napi_busy) or sysinfo.kernel_version() >= BUSY_POLL_SINCE
+
+    # -- checks --------------------------------------------------------------------
+    def _check_static(self, req: EnableRequest) -> None:
+        validate_common(req)
+        if req.quota is not None:
+            raise InvalidInput("--quota is a knob of the kbp module: the stock backend polls "
+                               "with the driver's NAPI weight (drop --quota or use "
+                               "--backend kmod)")
+        ok, why = self.available()
+        if not ok:
+            raise Unavailable(f"{why}: use the kbp module (--backend kmod)")
+        if req.cpus is not None:
+            sysinfo.validate_cpus(req.cpus, self.host)
+
+    def _check_busy(self, feats: NetdevFeatures, req: EnableRequest) -> None:
+        if req.mode != names.MODE_BUSY:
+            return
+        if not self._busy_supported(feats.napi_busy_poll):
+            raise Unavailable(
+                f"--mode busy needs threaded busy polling (NAPI threaded=2), which is in "
+                f"Linux 6.19 and later; this kernel is {sysinfo.kernel_release()}: use "
+                f"--mode hybrid, or load the kbp module and use --backend kmod")
+
+    def _prepare(self, ctx: _Ctx, dev: str, netns: str | None,
+                 replace_other: bool = False) -> _Prep:
+        link = get_link(dev, netns)
+        if link is None:
+            where = f"netns {netns}" if netns else "this netns"
+            look = f"ip -n {netns} link" if netns else "ip link"
+            raise InvalidInput(f"no device {dev} in {where}: check the name with '{look}'")
+        rec = self.state.record(dev, netns)
+        if rec is not None and rec.backend != NAME:
+            if not replace_other:
+                raise InvalidInput(f"{dev} is served by the {rec.backend} backend: run "
+                                   f"'kbpctl disable {dev}' first")
+            rec = None
+        feats = self._features(ctx.client(netns))
+        napis: list[Napi] | None = None
+        if feats.napi_get:
+            napis = ctx.client(netns).napis(link.ifindex)
+            has = bool(napis)
+        else:
+            probe = probe_napi_sysfs(ctx.fs(netns), dev)
+            if probe is None:
+                raise Unavailable(f"{dev} has no 'threaded' attribute: threaded NAPI needs "
+                                  f"Linux 5.12 or later; use the kbp module (--backend kmod)")
+            has = probe
+        if not has:
+            raise InvalidInput(no_napi_message(dev, link, netns))
+        before = {t.pid for t in sysinfo.find_napi_threads(dev, self.host)}
+        return _Prep(dev, netns, link, napis, rec, before)
+
+    def check(self, req: EnableRequest, replace_other: bool = False) -> None:
+        """Every check ``enable`` makes, without changing anything (``replace_other``: a
+        device served by the other backend is fine, the caller disables it first)."""
+        self._check_static(req)
+        require_root("kbpctl enable")
+        check_netns(req.netns)
+        with _context() as ctx:
+            self._check_busy(self._features(ctx.client(req.netns)), req)
+            for d in req.devices:
+                self._prepare(ctx, d, req.netns, replace_other)
+
+    # -- enable --------------------------------------------------------------------
+    def enable(self, req: EnableRequest) -> EnableResult:
+        self._check_static(req)
+        require_root("kbpctl enable")
+        check_netns(req.netns)
+        result = EnableResult(NAME, "")
+        with self.state.lock(), _context() as ctx:
+            self._check_busy(self._features(ctx.client(req.netns)), req)
+            preps = [self._prepare(ctx, d, req.netns) for d in req.devices]
+            eff = system_effector(ctx.client, ctx.fs, self.host)
+            hook = PauseHook()
+            started: list[_Prep] = []
+            try:
+                for p in preps:
+                    if p.record is not None:  # reconfigure: back to the original first
+                        restore(p.record, eff)
+                        remove_record(p.record.path)
+                        p = self._prepare(ctx, p.dev, p.netns)
+                    started.append(p)
+                    result.devices.append(self._enable_one(ctx, p, req, eff, hook))
+            except (OSError, KbpctlError, RestoreError, KeyError, ValueError) as e:
+                notes = self._rollback(started, eff)
+                extra = f" ({'; '.join(notes)})" if notes else ""
+                raise OperationFailed(
+                    f"enabling {started[-1].dev if started else '?'} failed: {e}; "
+                    f"every change was rolled back{extra}") from e
+        return result
+
+    def _enable_one(self, ctx: _Ctx, p: _Prep, req: EnableRequest, eff: Any,
+                    hook: Callable[[str], None]) -> DeviceResult:
+        feats = self._features(ctx.client(p.netns))
+        cpus = req.cpus or sysinfo.online_cpus(self.host)
+        settings = req.settings()
+        journal = self.state.begin(NAME, p.dev, p.netns, p.link.ifindex, settings)
+        ex = Executor(journal, eff, hook)
+        changes = 0
+
+        def run(plan: list[Planned]) -> None:
+            nonlocal changes
+            for step in plan:
+                if ex.apply(step.kind, step.key, step.new) is not None:
+                    changes += 1
+
+        try:
+            value = THREADED_BUSY_POLL if req.mode == names.MODE_BUSY else THREADED_ON
+            ids = [n.id for n in p.napis] if (p.napis is not None and feats.napi_threaded) \
+                else None
+            run(plan_threaded(p.netns, p.dev, p.link.ifindex, ids, value))
+
+            napis, threads = self._wait_threads(ctx, p, feats)
+            thread_cpus = assign_cpus(len(threads), cpus)
+            nices = [os.getpriority(os.PRIO_PROCESS, t.pid) for t in threads]
+            run(plan_threads(threads, thread_cpus, req.rt_prio, nices))
+
+            napi_irqs = [n.irq for n in napis] if napis else []
+            name_irqs: list[int] = []
+            if not napi_irqs or any(i is None for i in napi_irqs):
+                msi = ctx.fs(p.netns).msi_irqs(p.dev)
+                name_irqs = [q.irq for q in sysinfo.device_irqs(p.dev, msi or None, self.host)]
+            run(plan_irqs(irq_targets(napi_irqs, name_irqs, thread_cpus)))
+
+            if req.linger_us is not None:
+                ok = feats.napi_knob("defer_hard_irqs") and feats.napi_knob("gro_flush_timeout")
+                lids = [n.id for n in napis] if (napis and ok) else None
+                run(plan_linger(p.netns, p.dev, p.link.ifindex, lids, req.linger_us))
+            journal.done()
+        finally:
+            journal.close()
+        return DeviceResult(p.dev, p.netns, NAME, len(threads), sorted(set(thread_cpus)),
+                            changes)
+
+    def _wait_threads(self, ctx: _Ctx, p: _Prep, feats: NetdevFeatures,
+                      timeout: float = 2.0) -> tuple[list[Napi], list[TaskStat]]:
+        """The NAPIs and their kthreads, in NAPI id order, once every thread exists."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if feats.napi_get:
+                napis = ctx.client(p.netns).napis(p.link.ifindex)
+                stats = [sysinfo.read_stat(n.pid, self.host) if n.pid else None for n in napis]
+                if napis and all(stats):
+                    return napis, [s for s in stats if s is not None]
+            else:
+                found = sysinfo.find_napi_threads(p.dev, self.host)
+                new = [t for t in found if t.pid not in p.threads_before]
+                threads = new if new else found
+                if threads:
+                    return [], sorted(threads, key=_thread_order)
+            if time.monotonic() > deadline:
+                raise OperationFailed(f"no NAPI thread of {p.dev} appeared after turning "
+                                      "threaded NAPI on")
+            time.sleep(0.05)
+
+    def _rollback(self, preps: list[_Prep], eff: Any) -> list[str]:
+        notes = []
+        for p in reversed(preps):
+            rec = self.state.record(p.dev, p.netns)
+            if rec is None:
+                continue
+            try:
+                restore(rec, eff)
+                remove_record(rec.path)
+            except RestoreError as e:
+                notes.append(f"{p.dev}: restore incomplete, journal kept: {e}")
+        return notes
+
+    # -- disable -------------------------------------------------------------------
+    def disable(self, devices: Sequence[str] | None = None,
+                netns: str | None = None) -> DisableResult:
+        require_root("kbpctl disable")
+        result = DisableResult()
+        with self.state.lock(), _context() as ctx:
+            recs = [r for r in self.state.records() if r.backend == NAME]
+            if devices is not None:
+                recs = [r for r in recs if r.dev in devices and r.netns == netns]
+            eff = system_effector(_safe(ctx.client), _safe(ctx.fs), self.host)
+            errors = []
+            for rec in recs:
+                try:
+                    notes = restore(rec, eff)
+                except RestoreError as e:
+                    errors.append(f"{rec.dev}: {e} (journal kept in {rec.path}; "
+                                  "run disable again)")
+                    continue
+                remove_record(rec.path)
+                result.notes += [f"{rec.dev}: {n}" for n in notes]
+                result.devices.append(DeviceResult(rec.dev, rec.netns, NAME, 0, [],
+                                                   len(rec.changes)))
+            if errors:
+                raise OperationFailed("; ".join(errors))
+        return result
+
+    # -- status --------------------------------------------------------------------
+    def describe(self, netns: str | None, devices: Sequence[str] | None,
+                 records: Sequence[Record], exclude: set[tuple[str, str | None]] | None = None,
+                 ) -> tuple[list[DeviceStatus], list[PollerStatus]]:
+        exclude = exclude or set()
+        wanted: dict[tuple[str, str | None], Record | None] = {}
+        for r in records:
+            if devices is None or (r.dev in devices and r.netns == netns):
+                wanted[(r.dev, r.netns)] = r
+        out = []
+        with _context() as ctx:
+            client = _safe(ctx.client)
+            if devices is not None:
+                for d in devices:
+                    wanted.setdefault((d, netns), None)
+            else:
+                with contextlib.suppress(KbpctlError, OSError):
+                    feats = self._features(ctx.client(netns))
+                    if feats.napi_get:
+                        idx = {n.ifindex for n in ctx.client(netns).napis()}
+                        for lk in list_links(netns):
+                            if lk.ifindex in idx:
+                                wanted.setdefault((lk.name, netns), None)
+            for (dev, ns), rec in sorted(wanted.items(), key=lambda kv: (kv[0][1] or "",
+                                                                          kv[0][0])):
+                if (dev, ns) in exclude:
+                    continue
+                out.append(self._describe_one(ctx, client, dev, ns, rec))
+        return out, []
+
+    def _describe_one(self, ctx: _Ctx, client: Callable[[str | None], NetdevClient], dev: str,
+                      ns: str | None, rec: Record | None) -> DeviceStatus:
+        req = rec.request if rec else {}
+        ds = DeviceStatus(name=dev, netns=ns, ifindex=None, kind=None,
+                          backend=NAME if rec else None, mode=req.get("mode"),
+                          linger_us=req.get("linger_us"), rt_prio=req.get("rt_prio"),
+                          cpus=req.get("cpus"), complete=rec.complete if rec else True,
+                          managed=rec is not None)
+        try:
+            link = get_link(dev, ns)
+        except KbpctlError:
+            link = None
+        if link is None:
+            if rec:
+                ds.problems.append(f"{dev} is gone: 'kbpctl disable {dev}' restores the rest "
+                                   "and forgets it")
+            else:
+                ds.problems.append(f"no device {dev}")
+            return ds
+        ds.ifindex, ds.kind = link.ifindex, link.kind
+        ds.counters = {"packets": link.rx_packets, "polls": None}
+        feats = self._features(client(ns))
+        napis: list[Napi] = client(ns).napis(link.ifindex) if feats.napi_get else []
+        if napis:
+            for n in napis:
+                ns_ = NapiStatus(id=n.id, irq=n.irq, threaded=n.threaded,
+                                 defer_hard_irqs=n.defer_hard_irqs,
+                                 gro_flush_timeout_ns=n.gro_flush_timeout,
+                                 counters={"packets": None, "polls": None})
+                if n.pid:
+                    ns_.thread = thread_status(n.pid, self.host)
+                ds.napis.append(ns_)
+        else:
+            for t in sorted(sysinfo.find_napi_threads(dev, self.host), key=_thread_order):
+                ds.napis.append(NapiStatus(id=_thread_napi_id(t), thread=thread_status(
+                    t.pid, self.host), counters={"packets": None, "polls": None}))
+            with contextlib.suppress(KbpctlError, OSError):
+                thr = ctx.fs(ns).read(dev, "threaded")
+                for n in ds.napis:
+                    n.threaded = int(thr) if thr is not None else None
+        for i, n in enumerate(ds.napis):
+            n.index = i
+            if n.thread and len(n.thread.cpus) == 1:
+                n.cpu = n.thread.cpus[0]
+            if n.irq is not None:
+                with contextlib.suppress(OSError):
+                    n.irq_affinity = sysinfo.read_irq_affinity(n.irq, self.host)
+        if rec:
+            ds.cpus = sorted({n.cpu for n in ds.napis if n.cpu is not None}) or ds.cpus
+            ds.problems += self._problems(rec, ds)
+        return ds
+
+    def _problems(self, rec: Record, ds: DeviceStatus) -> list[str]:
+        if not rec.complete:
+            return [f"enable was interrupted after {rec.steps} change(s): 'kbpctl disable "
+                    f"{ds.name}' restores, 'kbpctl enable' or 'kbpctl apply' redoes it"]
+        want = THREADED_BUSY_POLL if rec.request.get("mode") == names.MODE_BUSY else THREADED_ON
+        out = []
+        if not ds.napis:
+            out.append(f"{ds.name} has no NAPI now: enable it again (kbpctl apply)")
+        for n in ds.napis:
+            if n.threaded is not None and n.threaded != want:
+                out.append(f"NAPI {n.id} is not threaded (the driver re-created its NAPIs?): "
+                           "run 'kbpctl apply' or enable again")
+            elif n.thread is None:
+                out.append(f"NAPI {n.id} has no thread: run 'kbpctl apply' or enable again")
+            elif (n.thread.policy, n.thread.priority) != ("SCHED_FIFO", rec.request.get("rt_prio")):
+                out.append(f"NAPI {n.id} thread {n.thread.pid} runs {n.thread.policy}/"
+                           f"{n.thread.priority}, not SCHED_FIFO/{rec.request.get('rt_prio')}: "
+                           "run 'kbpctl apply' or enable again")
+        return out
+
+
+def _thread_napi_id(t: TaskStat) -> int | None:
+    """The NAPI id in a ``napi/<dev>-<id>`` name (None when the name may be truncated)."""
+    head, _, tail = t.comm.rpartition("-")
+    if not head or not tail.isdigit() or len(t.comm) == sysinfo.TASK_COMM_LEN - 1:
+        return None
+    return int(tail)
+
+
+def _thread_order(t: TaskStat) -> tuple[int, int]:
+    nid = _thread_napi_id(t)
+    return (nid if nid is not None else 1 << 30, t.pid)
+
+
+def thread_status(pid: int, host: Host = HOST) -> ThreadStatus | None:
+    st = sysinfo.read_stat(pid, host)
+    if st is None:
+        return None
+    try:
+        s = sysinfo.get_sched(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+    c = sysinfo.task_counters(pid, host)
+    counters: dict[str, int | None] = dict.fromkeys(names.POLLER_COUNTERS)
+    counters["poll_ns"] = c.poll_ns
+    counters["sleeps"] = c.sleeps
+    return ThreadStatus(pid=pid, comm=st.comm, cpus=s.cpus, last_cpu=st.last_cpu,
+                        policy=s.policy, priority=s.priority, counters=counters)
+
+
+def _safe(factory: Callable[[str | None], Any]) -> Callable[[str | None], Any]:
+    """A per-netns factory that reports a deleted netns as a missing target."""
+    from kbp.state import TargetGone
+
+    def get(netns: str | None) -> Any:
+        try:
+            return factory(netns)
+        except InvalidInput as e:
+            raise TargetGone(str(e)) from e
+    return get

@@ -1,0 +1,303 @@
+"""kbpctl: turn kbp on and off, see what it does, and trust that "off" restores the machine."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from kbp import backends, names
+from kbp.backends import DEFAULT_RT_PRIO, EnableRequest
+from kbp.errors import EXIT_OK, EXIT_USAGE, InvalidInput, KbpctlError
+from kbp.sysinfo import format_cpulist, parse_cpulist
+
+PROG = "kbpctl"
+
+MAIN_EPILOG = """\
+examples:
+  kbpctl status                               what serves each NAPI device, and how
+  kbpctl enable eth1 --cpus 3 --rt-prio 50    poll eth1's NAPIs from CPU 3 (SCHED_FIFO 50)
+  kbpctl enable veth0 --netns blue --linger-us 20
+  kbpctl disable --all                        restore everything kbpctl changed
+  kbpctl apply                                converge to /etc/kbp/kbp.toml
+
+backends: 'kmod' (the kbp kernel module, when it is loaded) or 'stock' (no module:
+threaded NAPI + SCHED_FIFO + CPU/IRQ alignment, Linux 5.12+). --backend auto picks kmod
+when the module is loaded. Every change is journaled under /run/kbp before it is made.
+
+exit codes: 0 ok, 1 failed (rolled back), 2 invalid input, 69 kernel feature or module
+missing, 77 needs root. Docs: docs/kbpctl.md.
+"""
+
+ENABLE_EPILOG = """\
+examples:
+  kbpctl enable eth1                          all NAPIs of eth1, round-robin over online CPUs
+  kbpctl enable eth1 eth2 --cpus 2-3          NAPI i of each device on CPU 2 + (i mod 2)
+  kbpctl enable veth0 --netns blue --cpus 1 --rt-prio 60 --linger-us 20
+  kbpctl enable eth1 --backend kmod --mode busy --cpus 3
+
+modes: hybrid (EE-KBP: the polling thread sleeps when idle and the hardIRQ wakes it) and
+busy (KBP: it never sleeps; stock backend needs Linux 6.19+ for threaded busy polling).
+--linger-us N (hybrid): keep polling N us after the last packet before sleeping
+(stock: napi_defer_hard_irqs + gro_flush_timeout; kmod: the poller spins).
+Enabling a device that is already enabled reconfigures it (restore, then enable).
+"""
+
+DISABLE_EPILOG = """\
+examples:
+  kbpctl disable eth1
+  kbpctl disable veth0 --netns blue
+  kbpctl disable --all
+
+Restores every setting kbpctl changed to the value it had before, from the journal under
+/run/kbp -- also after an interrupted enable.
+"""
+
+STATUS_EPILOG = """\
+examples:
+  kbpctl status
+  kbpctl status --json | jq '.devices[] | {name, backend, mode}'
+  kbpctl status --watch --interval 0.5
+  kbpctl status --netns blue veth0
+
+Shows the devices with NAPI instances in the netns (default: this one) plus every device
+kbp serves. --json output is stable (schema kbpctl-status/1, see docs/kbpctl.md).
+"""
+
+APPLY_EPILOG = """\
+examples:
+  kbpctl apply                          converge to /etc/kbp/kbp.toml
+  kbpctl apply --dry-run                show what would change
+  kbpctl apply --config ./kbp.toml
+
+Enables what the file lists (and re-enables what drifted or changed), disables what kbpctl
+enabled that the file no longer lists. The systemd unit kbp.service runs it at boot.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that fails with one line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{PROG}: {message} (see '{self.prog} --help')\n")
+        sys.exit(EXIT_USAGE)
+
+
+def _cpulist(text: str) -> list[int]:
+    try:
+        return parse_cpulist(text)
+    except KbpctlError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description=__doc__, epilog=MAIN_EPILOG,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"{PROG} {_version()}")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    fmt = argparse.RawDescriptionHelpFormatter
+
+    s = sub.add_parser("status", help="show devices, NAPIs, polling threads, counters",
+                       epilog=STATUS_EPILOG, formatter_class=fmt)
+    s.add_argument("devices", nargs="*", metavar="DEV", help="only these devices")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    s.add_argument("--interval", type=float, default=1.0, metavar="S",
+                   help="refresh interval for --watch (default 1 s)")
+    s.add_argument("--netns", metavar="NAME", help="list the devices of this netns")
+    s.set_defaults(func=cmd_status)
+
+    e = sub.add_parser("enable", help="serve devices' NAPIs with kbp",
+                       epilog=ENABLE_EPILOG, formatter_class=fmt)
+    e.add_argument("devices", nargs="+", metavar="DEV")
+    e.add_argument("--mode", choices=names.MODES, default=names.MODE_HYBRID,
+                   help="hybrid (default) or busy")
+    e.add_argument("--cpus", type=_cpulist, metavar="LIST",
+                   help="CPUs for the polling threads, e.g. 2-3,6 (default: all online)")
+    e.add_argument("--rt-prio", type=_int, default=DEFAULT_RT_PRIO, metavar="N",
+                   help=f"SCHED_FIFO priority 1..99 (default {DEFAULT_RT_PRIO})")
+    e.add_argument("--linger-us", type=_int, metavar="N",
+                   help="hybrid: keep polling N us after the last packet (default: leave "
+                        "the device's setting)")
+    e.add_argument("--quota", type=_int, metavar="N",
+                   help=f"kmod: packets per NAPI per pass, 1..{names.DEFAULT_QUOTA}")
+    e.add_argument("--backend", choices=names.BACKENDS, default="auto",
+                   help="auto (default): kmod if the module is loaded, else stock")
+    e.add_argument("--netns", metavar="NAME", help="the devices live in this netns")
+    e.set_defaults(func=cmd_enable)
+
+    d = sub.add_parser("disable", help="restore what enable changed",
+                       epilog=DISABLE_EPILOG, formatter_class=fmt)
+    d.add_argument("devices", nargs="*", metavar="DEV")
+    d.add_argument("--all", action="store_true", help="every device kbpctl enabled")
+    d.add_argument("--netns", metavar="NAME", help="the devices live in this netns")
+    d.set_defaults(func=cmd_disable)
+
+    a = sub.add_parser("apply", help="converge to the config file",
+                       epilog=APPLY_EPILOG, formatter_class=fmt)
+    a.add_argument("--config", type=Path, default=None, metavar="PATH",
+                   help="default /etc/kbp/kbp.toml")
+    a.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    a.set_defaults(func=cmd_apply)
+
+    n = sub.add_parser("snapshot", help="print every setting kbpctl may touch (JSON)",
+                       epilog="example:\n  kbpctl snapshot eth1 > before.json\n\n"
+                              "Compare one taken before enable with one after disable.",
+                       formatter_class=fmt)
+    n.add_argument("devices", nargs="+", metavar="DEV")
+    n.add_argument("--netns", metavar="NAME")
+    n.set_defaults(func=cmd_snapshot)
+
+    _register_plugins(sub)
+    return p
+
+
+def _register_plugins(sub: Any) -> None:
+    """``kbpctl bench`` comes from kbp.bench.cli when it is installed."""
+    try:
+        mod = importlib.import_module("kbp.bench.cli")
+    except ImportError:
+        return
+    register = getattr(mod, "register", None)
+    if callable(register):
+        register(sub)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("kbp")
+    except Exception:
+        return "unknown"
+
+
+def _out(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+# -- commands -------------------------------------------------------------------------
+def cmd_status(args: argparse.Namespace) -> int:
+    from kbp.netdev import check_netns
+    check_netns(args.netns)
+    devs = args.devices or None
+    if args.json and args.watch:
+        raise InvalidInput("--json and --watch do not mix: pick one")
+    if args.interval <= 0:
+        raise InvalidInput("--interval must be positive")
+    if args.json:
+        st = backends.status(args.netns, devs)
+        _out(json.dumps(st.to_json(), indent=2, sort_keys=False))
+        return EXIT_OK
+    from rich.console import Console
+
+    from kbp.render import status_view
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    if not args.watch:
+        console.print(status_view(backends.status(args.netns, devs)))
+        return EXIT_OK
+    from rich.live import Live
+    try:
+        with Live(status_view(backends.status(args.netns, devs)), console=console,
+                  refresh_per_second=4, screen=False) as live:
+            while True:
+                time.sleep(args.interval)
+                live.update(status_view(backends.status(args.netns, devs)))
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
+def cmd_enable(args: argparse.Namespace) -> int:
+    req = EnableRequest(devices=list(args.devices), netns=args.netns, mode=args.mode,
+                        cpus=args.cpus, rt_prio=args.rt_prio, linger_us=args.linger_us,
+                        quota=args.quota)
+    backends.validate_common(req)
+    if args.backend == "auto":
+        be, why = backends.resolve_auto()
+        _out(f"backend: {be.name} (auto: {why})")
+    else:
+        be = backends.get(args.backend)
+    res = be.enable(req)
+    for d in res.devices:
+        where = f" in netns {d.netns}" if d.netns else ""
+        what = "NAPI thread" if be.name == names.BACKEND_STOCK else "NAPI"
+        count = f"{d.napis} {what}{'s' if d.napis != 1 else ''}" if d.napis else "its NAPIs"
+        linger = f", linger {req.linger_us} us" if req.linger_us is not None else ""
+        _out(f"enabled {d.name}{where}: {be.name} backend, {req.mode}{linger}, {count} on "
+             f"CPU {format_cpulist(d.cpus)}, SCHED_FIFO {req.rt_prio} "
+             f"({d.changes} change{'s' if d.changes != 1 else ''} journaled)")
+    return EXIT_OK
+
+
+def cmd_disable(args: argparse.Namespace) -> int:
+    if args.all and args.devices:
+        raise InvalidInput("name devices or give --all, not both")
+    if args.all and args.netns:
+        raise InvalidInput("--all covers every netns: drop --netns")
+    if not args.all and not args.devices:
+        raise InvalidInput("name the devices to disable, or give --all")
+    res = backends.disable(None if args.all else list(args.devices), args.netns)
+    for n in res.notes:
+        _out(n)
+    for d in res.devices:
+        where = f" in netns {d.netns}" if d.netns else ""
+        _out(f"disabled {d.name}{where} ({d.backend}): {d.changes} change"
+             f"{'s' if d.changes != 1 else ''} restored")
+    if args.all and not res.devices:
+        _out("nothing is enabled")
+    return EXIT_OK
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from kbp import config
+    cfg = config.load(args.config or config.DEFAULT_PATH)
+    actions = config.converge(cfg, dry_run=args.dry_run)
+    verb = "would " if args.dry_run else ""
+    for a in actions:
+        where = f" in netns {a.netns}" if a.netns else ""
+        if a.op == "keep":
+            _out(f"{a.dev}{where}: in sync ({a.backend})")
+        else:
+            _out(f"{a.dev}{where}: {verb}{a.op} ({a.backend}): {a.why}")
+    if not actions:
+        _out(f"{cfg.path} lists no device and kbpctl serves none: nothing to do")
+    return EXIT_OK
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from kbp.snapshot import snapshot
+    out = {d: snapshot(d, args.netns) for d in args.devices}
+    _out(json.dumps(out, indent=2, sort_keys=True))
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KbpctlError as e:
+        sys.stderr.write(f"{PROG}: {e.message}\n")
+        return e.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{PROG}: interrupted (run 'kbpctl status'; 'kbpctl disable' "
+                         "restores a half-done enable)\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""Declarative configuration (/etc/kbp/kbp.toml) and ``kbpctl apply``.
+
+The file lists the devices kbp should serve; ``apply`` converges to it: it enables what is
+listed and not (or differently, or incompletely) enabled, and disables what kbpctl enabled
+that is no longer listed. Example (also in kbp/data/kbp.toml.example)::
+
+    backend = "auto"            # auto | kmod | stock
+
+    [defaults]                  # apply to every [[device]] unless it says otherwise
+    mode = "hybrid"             # hybrid | busy
+    rt_prio = 50                # SCHED_FIFO priority of the polling threads (1..99)
+    cpus = "1"                  # CPU list; NAPIs round-robin over it (default: all online)
+    linger_us = 20              # keep polling this long after the last packet (hybrid)
+
+    [[device]]
+    name = "eth1"
+
+    [[device]]
+    name = "veth-s"
+    netns = "server"
+    cpus = "1"
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kbp import names
+from kbp.backends import EnableRequest
+from kbp.errors import InvalidInput
+from kbp.state import Record
+from kbp.sysinfo import parse_cpulist
+
+DEFAULT_PATH = Path("/etc/kbp/kbp.toml")
+DEVICE_KEYS = {"name", "netns", "mode", "cpus", "rt_prio", "linger_us", "quota", "backend"}
+DEFAULT_KEYS = DEVICE_KEYS - {"name", "netns"}
+TOP_KEYS = {"backend", "defaults", "device"}
+
+
+@dataclass
+class DeviceConfig:
+    name: str
+    netns: str | None = None
+    backend: str = "auto"
+    mode: str = names.MODE_HYBRID
+    cpus: list[int] | None = None
+    rt_prio: int = 50
+    linger_us: int | None = None
+    quota: int | None = None
+
+    def request(self) -> EnableRequest:
+        return EnableRequest(devices=[self.name], netns=self.netns, mode=self.mode,
+                             cpus=self.cpus, rt_prio=self.rt_prio, linger_us=self.linger_us,
+                             quota=self.quota)
+
+
+@dataclass
+class Config:
+    path: Path
+    backend: str = "auto"
+    devices: list[DeviceConfig] = field(default_factory=list)
+
+
+def _suggest(key: str, allowed: set[str]) -> str:
+    import difflib
+    m = difflib.get_close_matches(key, sorted(allowed), n=1)
+    return f" (did you mean {m[0]}?)" if m else f" (allowed: {', '.join(sorted(allowed))})"
+
+
+def _int(where: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InvalidInput(f"{where}: expected an integer, got {v!r}")
+    return v
+
+
+def _str(where: str, v: Any) -> str:
+    if not isinstance(v, str):
+        raise InvalidInput(f"{where}: expected a string, got {v!r}")
+    return v
+
+
+def _apply_keys(where: str, d: DeviceConfig, raw: Mapping[str, Any]) -> None:
+    for k, v in raw.items():
+        w = f"{where}.{k}"
+        if k == "name":
+            d.name = _str(w, v)
+        elif k == "netns":
+            d.netns = _str(w, v)
+        elif k == "backend":
+            d.backend = _str(w, v)
+            if d.backend not in names.BACKENDS:
+                raise InvalidInput(f"{w}: unknown backend {v!r} (auto, kmod or stock)")
+        elif k == "mode":
+            d.mode = _str(w, v)
+        elif k == "cpus":
+            d.cpus = parse_cpulist(_str(w, v)) if isinstance(v, str) else \
+                [_int(w, c) for c in v] if isinstance(v, list) else [_int(w, v)]
+        elif k == "rt_prio":
+            d.rt_prio = _int(w, v)
+        elif k == "linger_us":
+            d.linger_us = _int(w, v)
+        elif k == "quota":
+            d.quota = _int(w, v)
+
+
+def parse(text: str, path: Path = DEFAULT_PATH) -> Config:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise InvalidInput(f"{path}: {e}") from None
+    for k in raw:
+        if k not in TOP_KEYS:
+            raise InvalidInput(f"{path}: unknown key {k!r}{_suggest(k, TOP_KEYS)}")
+    cfg = Config(path=path, backend=_str(f"{path}: backend", raw.get("backend", "auto")))
+    if cfg.backend not in names.BACKENDS:
+        raise InvalidInput(f"{path}: unknown backend {cfg.backend!r} (auto, kmod or stock)")
+    defaults = raw.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise InvalidInput(f"{path}: [defaults] must be a table")
+    for k in defaults:
+        if k not in DEFAULT_KEYS:
+            raise InvalidInput(f"{path}: defaults.{k}: unknown key{_suggest(k, DEFAULT_KEYS)}")
+    devs = raw.get("device", [])
+    if not isinstance(devs, list):
+        raise InvalidInput(f"{path}: write devices as [[device]] tables")
+    seen = set()
+    for i, dv in enumerate(devs):
+        where = f"{path}: device[{i}]"
+        if not isinstance(dv, dict):
+            raise InvalidInput(f"{where}: must be a table")
+        for k in dv:
+            if k not in DEVICE_KEYS:
+                raise InvalidInput(f"{where}.{k}: unknown key{_suggest(k, DEVICE_KEYS)}")
+        if "name" not in dv:
+            raise InvalidInput(f"{where}: needs name = \"DEV\"")
+        d = DeviceConfig(name="", backend=cfg.backend)
+        _apply_keys(f"{path}: defaults", d, defaults)
+        _apply_keys(where, d, dv)
+        if (d.name, d.netns) in seen:
+            raise InvalidInput(f"{where}: {d.name} is listed twice")
+        seen.add((d.name, d.netns))
+        cfg.devices.append(d)
+    return cfg
+
+
+def load(path: Path = DEFAULT_PATH) -> Config:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InvalidInput(f"no config file {path}: write one (see kbp.toml.example in the "
+                           "kbp package data, or docs/kbpctl.md) or pass --config") from None
+    return parse(text, path)
+
+
+@dataclass
+class Action:
+    op: str  # enable | reenable | disable | keep
+    dev: str
+    netns: str | None
+    backend: str
+    why: str = ""
+    request: EnableRequest | None = None
+
+
+def plan(cfg: Config, records: list[Record], backend_for: Mapping[str, str],
+         problems: Mapping[tuple[str, str | None], list[str]]) -> list[Action]:
+    """What ``apply`` does: compare the config with the journals (pure).
+
+    ``backend_for`` maps a configured backend name ("auto", "stock", "kmod") to the concrete
+    one; ``problems`` are status problems per managed device (drift makes it re-enable).
+    """
+    have = {(r.dev, r.netns): r for r in records}
+    actions: list[Action] = []
+    wanted = set()
+    for d in cfg.devices:
+        key = (d.name, d.netns)
+        wanted.add(key)
+        be = backend_for[d.backend]
+        req = d.request()
+        rec = have.get(key)
+        if rec is None:
+            actions.append(Action("enable", d.name, d.netns, be, "not enabled", req))
+        elif rec.backend != be:
+            actions.append(Action("reenable", d.name, d.netns, be,
+                                  f"backend {rec.backend} -> {be}", req))
+        elif not rec.complete:
+            actions.append(Action("reenable", d.name, d.netns, be, "enable was interrupted",
+                                  req))
+        elif {k: rec.request.get(k) for k in req.settings()} != req.settings():
+            changed = sorted(k for k, v in req.settings().items() if rec.request.get(k) != v)
+            actions.append(Action("reenable", d.name, d.netns, be,
+                                  f"{', '.join(changed)} changed", req))
+        elif problems.get(key):
+            actions.append(Action("reenable", d.name, d.netns, be, problems[key][0], req))
+        else:
+            actions.append(Action("keep", d.name, d.netns, be, "in sync", req))
+    for key, rec in sorted(have.items(), key=lambda kv: (kv[0][1] or "", kv[0][0])):
+        if key not in wanted:
+            actions.append(Action("disable", rec.dev, rec.netns, rec.backend,
+                                  "not in the config"))
+    return actions
+
+
+def converge(cfg: Config, dry_run: bool = False, state: Any = None) -> list[Action]:
+    """Make the system match ``cfg``; every enable is checked before anything changes."""
+    from kbp import backends
+    from kbp.state import StateDir
+    st = state or StateDir()
+    if not dry_run:
+        backends.require_root("kbpctl apply")
+    auto_be, _ = backends.resolve_auto(st)
+    backend_for = {"auto": auto_be.name, names.BACKEND_STOCK: names.BACKEND_STOCK,
+                   names.BACKEND_KMOD: names.BACKEND_KMOD}
+    status = backends.status(state=st)
+    problems = {(d.name, d.netns): d.problems for d in status.devices if d.backend}
+    actions = plan(cfg, st.records(), backend_for, problems)
+    if dry_run:
+        return actions
+    current = {(r.dev, r.netns): r.backend for r in st.records()}
+    for a in actions:
+        if a.op in ("enable", "reenable"):
+            assert a.request is not None
+            backends.get(a.backend, st).check(a.request, replace_other=True)
+    for a in actions:
+        if a.op == "disable" or (a.op == "reenable" and current.get((a.dev, a.netns))
+                                 not in (None, a.backend)):
+            backends.disable([a.dev], a.netns, st)
+    for a in actions:
+        if a.op in ("enable", "reenable"):
+            assert a.request is not None
+            backends.get(a.backend, st).enable(a.request)
+    return actions

@@ -1,0 +1,120 @@
+"""Human-readable ``kbpctl status`` (rich tables)."""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from kbp.backends import DeviceStatus, Status
+from kbp.sysinfo import format_cpulist
+
+
+def _ns(v: int | None) -> str:
+    if v is None:
+        return "-"
+    if v >= 10_000_000_000:
+        return f"{v / 1e9:.0f}s"
+    if v >= 10_000_000:
+        return f"{v / 1e6:.0f}ms"
+    if v >= 10_000:
+        return f"{v / 1e3:.0f}us"
+    return f"{v}ns"
+
+
+def _n(v: object) -> str:
+    return "-" if v is None else str(v)
+
+
+def _backend_cell(d: DeviceStatus) -> str:
+    if not d.backend:
+        return "-"
+    out = f"{d.backend} {d.mode or ''}".strip()
+    if d.linger_us:
+        out += f" linger {d.linger_us}us"
+    if not d.managed:
+        out += " (outside kbpctl)"
+    if not d.complete:
+        out += " INCOMPLETE"
+    return out
+
+
+def devices_table(st: Status) -> Table:
+    t = Table(title="devices and their NAPIs", title_justify="left", expand=False)
+    for col in ("device", "netns", "backend", "NAPI", "IRQ", "threaded", "defer/gro",
+                "thread", "CPU", "sched", "sleeps", "ran", "rx pkts"):
+        t.add_column(col, no_wrap=True)
+    for d in st.devices:
+        first = True
+        rows = d.napis or [None]
+        for n in rows:
+            dev_cells = [d.name, d.netns or "-", _backend_cell(d)] if first else ["", "", ""]
+            pk = _n(d.counters.get("packets")) if first else ""
+            first = False
+            if n is None:
+                t.add_row(*dev_cells, "-", "-", "-", "-", "-", "-", "-", "-", "-", pk)
+                continue
+            irq = "-" if n.irq is None else f"{n.irq}->{n.irq_affinity or '?'}"
+            dg = "-" if n.defer_hard_irqs is None else \
+                f"{n.defer_hard_irqs}/{_ns(n.gro_flush_timeout_ns)}"
+            th = n.thread
+            thread = f"{th.pid} {th.comm}" if th else "-"
+            cpu = (format_cpulist(th.cpus) if th else "-") if n.cpu is None else str(n.cpu)
+            sched = f"{th.policy.replace('SCHED_', '')}/{th.priority}" if th else "-"
+            t.add_row(*dev_cells, _n(n.id), irq, _n(n.threaded), dg, thread, cpu, sched,
+                      _n(th.counters.get("sleeps")) if th else "-",
+                      _ns(th.counters.get("poll_ns")) if th else "-", pk)
+    return t
+
+
+def pollers_table(st: Status) -> Table:
+    t = Table(title="kbp module pollers", title_justify="left")
+    cols = ("CPU", "pid", "mode", "linger", "quota", "sched", "NAPIs", "passes",
+            "empty", "packets", "wakeups", "sleeps", "slept", "polled", "respawns", "repairs")
+    for c in cols:
+        t.add_column(c, no_wrap=True)
+    for p in st.pollers:
+        c = p.counters
+        t.add_row(str(p.cpu), _n(p.pid), _n(p.mode), _n(p.linger_us), _n(p.quota),
+                  f"{(p.policy or '?').replace('SCHED_', '')}/{_n(p.priority)}", _n(p.napis),
+                  _n(c.get("passes")), _n(c.get("empty_passes")), _n(c.get("packets")),
+                  _n(c.get("wakeups")), _n(c.get("sleeps")), _ns(c.get("sleep_ns")),
+                  _ns(c.get("poll_ns")), _n(c.get("respawns")), _n(c.get("repairs")))
+    return t
+
+
+def freq_block(st: Status) -> RenderableType:
+    f = st.cpufreq
+    if not f.available:
+        return Text(f"cpufreq: {f.note}")
+    t = Table(title="cpufreq", title_justify="left")
+    for c in ("CPU", "governor", "driver", "min MHz", "max MHz", "now MHz"):
+        t.add_column(c)
+    for r in f.cpus:
+        t.add_row(str(r.cpu), _n(r.governor), _n(r.driver),
+                  _n(r.min_khz // 1000 if r.min_khz else None),
+                  _n(r.max_khz // 1000 if r.max_khz else None),
+                  _n(r.cur_khz // 1000 if r.cur_khz else None))
+    return Group(t, Text(f.note))
+
+
+def status_view(st: Status) -> RenderableType:
+    parts: list[RenderableType] = []
+    b = st.backends
+    kmod_info = b.get("kmod")
+    head = Text(f"kernel {st.kernel}; --backend auto picks {st.auto}")
+    if kmod_info is not None and not kmod_info.available:
+        head.append(f" ({kmod_info.reason})")
+    parts.append(head)
+    parts.append(devices_table(st))
+    if st.pollers:
+        parts.append(pollers_table(st))
+    problems = [f"{d.name}{' (' + d.netns + ')' if d.netns else ''}: {p}"
+                for d in st.devices for p in d.problems if d.backend]
+    for p in problems:
+        parts.append(Text(f"! {p}", style="bold yellow"))
+    parts.append(freq_block(st))
+    parts.append(Text("threaded 0: softirq, 1: kthread, 2: kthread busy-polls. defer/gro: "
+                      "napi_defer_hard_irqs/gro_flush_timeout. sleeps, ran: the thread's "
+                      "sleeps and CPU time.", style="dim"))
+    return Group(*parts)

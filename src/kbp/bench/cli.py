@@ -1,0 +1,277 @@
+"""``kbpctl bench`` and ``python -m kbp.bench``: run the comparison, print the table, write
+results.json, samples.json.gz, results.md and the PNG plots.
+
+Presets (explicit options override them):
+
+=========  =====================================================================================
+full       every mode, 5 repetitions of 10 s runs, load off/on, Table 2 (5 s runs), RFC 2544 at
+           64/512/1518 B (3 searches per mode); about 45 minutes with three runnable modes
+demo       every mode (unrunnable ones are reported as skipped), 5 repetitions of 4 s runs,
+           load off/on, RFC 2544 at 64 B once per mode; under 5 minutes (``make demo``)
+smoke      napi and stock-kbp, 1 repetition of 1 s runs, coarse RFC 2544: a functional check
+=========  =====================================================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from kbp import names
+from kbp.bench import plots, report, runner, tester, workloads
+from kbp.bench.runner import Aborted, Bench, BenchConfig, Progress
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "full": {},
+    "demo": {"reps": 5, "duration": 4.0, "scenarios": ["rtt", "rfc2544"], "rfc_frames": [64],
+             "rfc_reps": 1, "rfc_trial": 1.0, "rfc_resolution": 0.05},
+    "smoke": {"modes": ["napi", "stock-kbp"], "reps": 1, "duration": 1.0, "warmup": 0.2,
+              "scenarios": ["rtt", "rfc2544"], "rfc_frames": [64], "rfc_reps": 1,
+              "rfc_trial": 0.3, "rfc_resolution": 0.25, "rfc_max_pps": 20000.0},
+}
+FULL_RFC_FRAMES = [64, 512, 1518]
+
+
+def _csv(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", choices=sorted(PRESETS), default="full",
+                   help="starting point for every option below (default: full)")
+    p.add_argument("--demo", dest="preset", action="store_const", const="demo",
+                   help="same as --preset demo (make demo)")
+    p.add_argument("--smoke", dest="preset", action="store_const", const="smoke",
+                   help="same as --preset smoke")
+    p.add_argument("--modes", type=_csv, help=f"comma list of {','.join(names.BENCH_MODES)}")
+    p.add_argument("--reps", type=int, help="repetitions (modes interleaved in each)")
+    p.add_argument("--scenarios", type=_csv, help="comma list of rtt,table2,rfc2544")
+    p.add_argument("--loads", type=_csv, help="competing load for rtt: off,on")
+    p.add_argument("--duration", type=float, help="seconds per RT latency run")
+    p.add_argument("--rate", type=float, help="RT requests per second (mean)")
+    p.add_argument("--frame", type=int, help="RT request frame size, bytes (64..1518)")
+    p.add_argument("--constant", action="store_true",
+                   help="constant inter-arrival times (default: random, exponential)")
+    p.add_argument("--flood-len", type=int, help="UDP payload of the competing flood")
+    p.add_argument("--table2-scale", type=float,
+                   help="factor applied to EE-KBP Table 2's bit rates (default 0.02)")
+    p.add_argument("--table2-duration", type=float)
+    p.add_argument("--rfc-frames", type=lambda s: [int(x) for x in _csv(s)])
+    p.add_argument("--rfc-trial", type=float, help="seconds per RFC 2544 trial")
+    p.add_argument("--rfc-reps", type=int)
+    p.add_argument("--rfc-resolution", type=float, help="search stops at this fraction of hi")
+    p.add_argument("--rfc-max-pps", type=float, help="search ceiling (default: probe it)")
+    p.add_argument("--rt-cpu", type=int, help="CPU of the RT receive path and app (1)")
+    p.add_argument("--load-cpu", type=int, help="CPU of the tester and the flood (0)")
+    p.add_argument("--tester-prio", type=int, help="SCHED_FIFO priority of the tester (50)")
+    p.add_argument("--rt-prio", type=int, help="SCHED_FIFO priority of kbp pollers (50)")
+    p.add_argument("--no-trace", action="store_true", help="skip the bpftrace kernel delays")
+    p.add_argument("--emulated", action="store_true",
+                   help="label results as emulated (VM rig guest); detected under QEMU")
+    p.add_argument("--out", type=Path, help="output directory (default out/bench-<time>)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--json", action="store_true", help="print results.json to stdout")
+    p.add_argument("--require-quiet", action="store_true",
+                   help="refuse to run when load average >= 0.5 or QEMU runs")
+
+
+def config_from_args(a: argparse.Namespace) -> BenchConfig:
+    cfg = BenchConfig()
+    if a.preset == "full":
+        cfg.rfc_frames = list(FULL_RFC_FRAMES)
+    for k, v in PRESETS[a.preset].items():
+        setattr(cfg, k, v)
+    simple = ("modes", "reps", "scenarios", "loads", "duration", "rate", "frame", "flood_len",
+              "table2_scale", "table2_duration", "rfc_frames", "rfc_trial", "rfc_reps",
+              "rfc_resolution", "rfc_max_pps", "rt_cpu", "load_cpu", "tester_prio", "rt_prio")
+    for k in simple:
+        v = getattr(a, k, None)
+        if v is not None:
+            setattr(cfg, k, v)
+    if a.constant:
+        cfg.poisson = False
+    if a.no_trace:
+        cfg.trace = False
+    if a.emulated:
+        cfg.emulated = True
+    cfg.out = a.out or runner.default_out_dir()
+    bad = [s for s in cfg.scenarios if s not in ("rtt", "table2", "rfc2544")]
+    if bad:
+        raise Aborted(f"unknown scenario {bad[0]!r}: use rtt, table2, rfc2544")
+    badl = [x for x in cfg.loads if x not in ("off", "on")]
+    if badl:
+        raise Aborted(f"unknown load {badl[0]!r}: use off, on")
+    return cfg
+
+
+def _console() -> Any:
+    from rich.console import Console
+    return Console(stderr=True)
+
+
+def run_bench(a: argparse.Namespace) -> int:
+    from rich.progress import (
+        BarColumn,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+    from rich.progress import Progress as RichProgress
+    con = _console()
+    try:
+        cfg = config_from_args(a)
+    except Aborted as e:
+        print(f"kbpctl bench: {e}", file=sys.stderr)
+        return 2
+    cfg.command = getattr(a, "_command", None) or shlex.join([Path(sys.argv[0]).name,
+                                                              *sys.argv[1:]])
+    quiet = runner.machine.quiet_report()
+    if not quiet["quiet"]:
+        msg = (f"machine not quiet (load {quiet['loadavg'][0]:.2f}, "
+               f"{quiet['qemu_processes']} QEMU processes): timings will be noisy")
+        if a.require_quiet:
+            print(f"kbpctl bench: {msg}; refusing (--require-quiet)", file=sys.stderr)
+            return 75
+        con.print(f"[yellow]warning:[/] {msg}")
+    bar = RichProgress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                       TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                       console=con, transient=False)
+    bench = Bench(cfg)
+    with bar:
+        task = bar.add_task("preparing", total=None)
+        bench.progress = Progress(
+            set_total=lambda s: bar.update(task, total=s, completed=0),
+            advance=lambda s, d: bar.update(task, advance=s, description=d),
+            note=lambda m: bar.update(task, description=m))
+        try:
+            bench.run()
+        except KeyboardInterrupt:
+            bar.stop()
+            con.print("[red]interrupted[/]: namespaces removed and settings restored; "
+                      "partial results follow")
+            _finish(bench, cfg, a, con, partial=True)
+            return 130
+        except (Aborted, workloads.MissingTool, tester.TesterError) as e:
+            bar.stop()
+            con.print(f"[red]kbpctl bench:[/] {e}")
+            return 2
+    _finish(bench, cfg, a, con, partial=False)
+    return 0
+
+
+def _finish(bench: Bench, cfg: BenchConfig, a: argparse.Namespace, con: Any,
+            partial: bool) -> None:
+    res = bench.results
+    if not res:
+        return
+    report.add_summary(res)
+    md = report.markdown(res)
+    paths = runner.write_outputs(res, bench.samples, cfg.out)
+    (cfg.out / "results.md").write_text(
+        f"# kbp bench {res.get('started')}\n\nCommand: `{res.get('command')}`\n\n"
+        f"Machine: {describe_machine(res)}\n\n{md}")
+    made = [] if a.no_plots or partial else plots.all_plots(res, bench.samples, cfg.out)
+    if a.json:
+        print(json.dumps(res, indent=1, default=str))
+    else:
+        print(md)
+    con.print(f"results: {paths['json']}  table: {cfg.out / 'results.md'}  "
+              f"plots: {', '.join(str(p) for p in made) or 'none'}")
+
+
+def describe_machine(res: dict[str, Any]) -> str:
+    m = res.get("machine") or {}
+    qb, qa = res.get("quiet_before") or {}, res.get("quiet_after") or {}
+    virt = "virtual machine" if m.get("virtualized") else "bare metal"
+    return (f"{m.get('cpu_model')} x{m.get('ncpu')} ({virt}), {m.get('mem_gib')} GiB, kernel "
+            f"{m.get('kernel')}, cpuidle {(m.get('cpuidle') or {}).get('driver')}, "
+            f"{m.get('cpufreq')}, {m.get('power_meter')}; load average before "
+            f"{(qb.get('loadavg') or ['?'])[0]}, after {(qa.get('loadavg') or ['?'])[0]}; "
+            f"QEMU processes before/after {qb.get('qemu_processes')}/{qa.get('qemu_processes')}")
+
+
+# -- setup --------------------------------------------------------------------------------------
+SETUP_TOOLS = ["sockperf", "iperf3", "bpftrace", "ethtool", "ip", "taskset", "gcc"]
+
+
+def run_setup(a: argparse.Namespace) -> int:
+    """Check (and with --install, apt-get install) the tools, then build the tester."""
+    miss = workloads.missing_tools(SETUP_TOOLS)
+    if miss:
+        pkgs = sorted({workloads.APT_PACKAGES.get(t, t) for t in miss})
+        if "gcc" in miss:
+            pkgs.append("libc6-dev")
+        if a.install and shutil.which("apt-get") and os.geteuid() == 0:
+            print(f"installing {' '.join(pkgs)}", file=sys.stderr)
+            env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+            for argv in (["apt-get", "update"],
+                         ["apt-get", "install", "-y", "--no-install-recommends", *pkgs]):
+                if subprocess.run(argv, env=env).returncode != 0:
+                    print(f"kbp bench setup: {' '.join(argv)} failed", file=sys.stderr)
+                    return 1
+        else:
+            print(f"kbp bench setup: missing {', '.join(miss)}; install with "
+                  f"'apt-get install {' '.join(pkgs)}' (or rerun with --install as root)",
+                  file=sys.stderr)
+            return 1
+    try:
+        path = tester.build()
+    except tester.TesterError as e:
+        print(f"kbp bench setup: {e}", file=sys.stderr)
+        return 1
+    print(f"tools present; tester built: {path}")
+    return 0
+
+
+def run_report(a: argparse.Namespace) -> int:
+    """Re-render the table and plots of a finished run from its directory."""
+    import gzip
+    d: Path = a.dir
+    res = json.loads((d / "results.json").read_text())
+    samples: dict[str, list[int]] = {}
+    if (d / "samples.json.gz").exists():
+        with gzip.open(d / "samples.json.gz", "rt") as f:
+            samples = json.load(f)
+    report.add_summary(res)
+    print(report.markdown(res))
+    made = plots.all_plots(res, samples, d)
+    print(f"plots: {', '.join(str(p) for p in made)}", file=sys.stderr)
+    return 0
+
+
+# -- entry points -------------------------------------------------------------------------------
+def register(subparsers: Any) -> None:
+    """Add ``bench`` to kbpctl (called by kbp.cli)."""
+    p = subparsers.add_parser("bench", help="compare receive modes against NAPI "
+                              "(latency, zero-loss throughput, CPU cost)",
+                              description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=run_bench, handler=run_bench)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["setup"]:
+        sp = argparse.ArgumentParser(prog="python -m kbp.bench setup")
+        sp.add_argument("--install", action="store_true",
+                        help="apt-get install what is missing (root)")
+        return run_setup(sp.parse_args(argv[1:]))
+    if argv[:1] == ["report"]:
+        rp = argparse.ArgumentParser(prog="python -m kbp.bench report")
+        rp.add_argument("dir", type=Path)
+        return run_report(rp.parse_args(argv[1:]))
+    p = argparse.ArgumentParser(prog="python -m kbp.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    a = p.parse_args(argv)
+    a._command = shlex.join(["python", "-m", "kbp.bench", *argv])
+    return run_bench(a)

@@ -1,0 +1,168 @@
+"""PNG plots of a benchmark (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kbp.bench.report import _modes_in
+
+CPU_PARTS = ("user", "system", "softirq", "irq", "steal")
+COLORS = {"napi": "#444444", "threaded": "#1f77b4", "stock-kbp": "#2ca02c",
+          "busy": "#d62728", "hybrid": "#ff7f0e"}
+
+
+def _plt() -> Any:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def latency_cdf(samples: dict[str, list[int]], out: Path, title: str) -> Path | None:
+    """CDF (log x) and CCDF (log-log, the tail) of kernel RTTs per mode, one column per load."""
+    conds = sorted({k.split("|")[1] for k in samples if k.startswith("rtt|")})
+    if not conds:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(2, len(conds), figsize=(6 * len(conds), 8), squeeze=False)
+    for j, cond in enumerate(conds):
+        modes = _modes_in({k.split("|")[2]: 1 for k in samples
+                           if k.startswith(f"rtt|{cond}|")})
+        for mode in modes:
+            xs = sorted(samples[f"rtt|{cond}|{mode}"])
+            if not xs:
+                continue
+            n = len(xs)
+            us = [x / 1000 for x in xs]
+            ys = [(i + 1) / n for i in range(n)]
+            col = COLORS.get(mode)
+            axes[0][j].plot(us, ys, label=f"{mode} (n={n})", color=col)
+            axes[1][j].plot(us, [1 - y + 1 / n for y in ys], label=mode, color=col)
+        axes[0][j].set_xscale("log")
+        axes[0][j].set_title(f"{cond}: CDF of round-trip time")
+        axes[0][j].set_xlabel("RTT (µs, kernel timestamps)")
+        axes[0][j].set_ylabel("fraction ≤ x")
+        axes[0][j].grid(True, which="both", alpha=0.3)
+        axes[0][j].legend(loc="lower right", fontsize=8)
+        axes[1][j].set_xscale("log")
+        axes[1][j].set_yscale("log")
+        axes[1][j].set_title(f"{cond}: tail (1 - CDF)")
+        axes[1][j].set_xlabel("RTT (µs)")
+        axes[1][j].set_ylabel("fraction > x")
+        axes[1][j].grid(True, which="both", alpha=0.3)
+        axes[1][j].legend(loc="lower left", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = out / "latency_cdf.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def throughput_bars(summary: dict[str, Any], out: Path, title: str) -> Path | None:
+    rfc = summary.get("rfc2544")
+    if not rfc:
+        return None
+    plt = _plt()
+    frames = sorted(rfc, key=int)
+    fig, axes = plt.subplots(1, len(frames), figsize=(5 * len(frames), 4), squeeze=False)
+    for j, frame in enumerate(frames):
+        modes = _modes_in(rfc[frame])
+        med = [rfc[frame][m]["throughput_pps"]["median"] or 0 for m in modes]
+        lo = [med[i] - (rfc[frame][m]["throughput_pps"]["min"] or 0)
+              for i, m in enumerate(modes)]
+        hi = [(rfc[frame][m]["throughput_pps"]["max"] or 0) - med[i]
+              for i, m in enumerate(modes)]
+        ax = axes[0][j]
+        ax.bar(modes, [v / 1000 for v in med], yerr=[[v / 1000 for v in lo],
+                                                      [v / 1000 for v in hi]],
+               color=[COLORS.get(m, "#888888") for m in modes], capsize=4)
+        ax.set_title(f"RFC 2544 zero-loss rate, {frame} B frames")
+        ax.set_ylabel("kpkt/s (median, min-max)")
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = out / "throughput.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def cpu_bars(summary: dict[str, Any], out: Path, title: str) -> Path | None:
+    rtt = summary.get("rtt")
+    if not rtt:
+        return None
+    plt = _plt()
+    conds = sorted(rtt)
+    fig, axes = plt.subplots(1, len(conds), figsize=(6 * len(conds), 4.5), squeeze=False)
+    part_colors = {"user": "#1f77b4", "system": "#ff7f0e", "softirq": "#d62728",
+                   "irq": "#9467bd", "steal": "#7f7f7f"}
+    for j, cond in enumerate(conds):
+        modes = _modes_in(rtt[cond])
+        ax = axes[0][j]
+        labels, xs = [], []
+        for i, mode in enumerate(modes):
+            for c in (0, 1):
+                labels.append(f"{mode}\nCPU{c}")
+                xs.append(i * 2.6 + c)
+        bottoms = [0.0] * len(xs)
+        for part in CPU_PARTS:
+            vals = []
+            for mode in modes:
+                for c in (0, 1):
+                    agg = rtt[cond][mode].get(f"cpu{c}_{part}_pct") or {}
+                    vals.append(agg.get("median") or 0.0)
+            ax.bar(xs, vals, bottom=bottoms, color=part_colors[part], label=part, width=0.9)
+            bottoms = [b + v for b, v in zip(bottoms, vals, strict=True)]
+        ax.set_xticks(xs)
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_ylim(0, 100)
+        ax.set_ylabel("% of the CPU during the run (median)")
+        ax.set_title(f"{cond}: CPU time by kind (/proc/stat)")
+        ax.legend(fontsize=7, loc="upper right")
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = out / "cpu.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def kernel_delay_bars(summary: dict[str, Any], out: Path, title: str) -> Path | None:
+    rtt = summary.get("rtt")
+    if not rtt:
+        return None
+    plt = _plt()
+    conds = sorted(rtt)
+    fig, axes = plt.subplots(1, len(conds), figsize=(6 * len(conds), 4), squeeze=False)
+    for j, cond in enumerate(conds):
+        modes = _modes_in(rtt[cond])
+        ax = axes[0][j]
+        width = 0.25
+        for k, p in enumerate(("p50", "p99", "max")):
+            vals = [(rtt[cond][m].get(f"xmit_to_poll_{p}_us") or {}).get("median") or 0
+                    for m in modes]
+            ax.bar([i + (k - 1) * width for i in range(len(modes))], vals, width, label=p)
+        ax.set_xticks(range(len(modes)))
+        ax.set_xticklabels(modes)
+        ax.set_yscale("log")
+        ax.set_ylabel("µs (median over repetitions)")
+        ax.set_title(f"{cond}: request xmit → RT NAPI poll (bpftrace)")
+        ax.legend(fontsize=8)
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = out / "kernel_delay.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def all_plots(results: dict[str, Any], samples: dict[str, list[int]], out: Path) -> list[Path]:
+    title = f"kbp bench · {results.get('testbed')} · {results.get('started')}"
+    summ = results.get("summary") or {}
+    made = [latency_cdf(samples, out, title), throughput_bars(summ, out, title),
+            cpu_bars(summ, out, title), kernel_delay_bars(summ, out, title)]
+    return [p for p in made if p is not None]

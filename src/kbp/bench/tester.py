@@ -1,0 +1,138 @@
+"""The tester: ``kbp-rtt`` (C, src/kbp/data/kbp_rtt.c), compiled on first use.
+
+It measures round trips against an unmodified sockperf server with kernel software
+timestamps (SO_TIMESTAMPING), so the tester's own scheduling is not in the numbers; see the
+header of kbp_rtt.c.  This module builds it, runs it in a namespace and parses its output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from kbp.bench import procs
+
+TESTER_COMM = "kbp-rtt"   # the process name (comm) the kernel trace filters on
+SOURCE = "kbp_rtt.c"
+
+
+class TesterError(RuntimeError):
+    pass
+
+
+def _cache_dirs() -> list[Path]:
+    dirs = []
+    if os.environ.get("KBP_CACHE"):
+        dirs.append(Path(os.environ["KBP_CACHE"]))
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    dirs.append(Path(xdg) / "kbp" if xdg else Path.home() / ".cache" / "kbp")
+    dirs.append(Path(tempfile.gettempdir()) / f"kbp-cache-{os.getuid()}")
+    return dirs
+
+
+def source_text() -> bytes:
+    return (resources.files("kbp") / "data" / SOURCE).read_bytes()
+
+
+def build(force: bool = False) -> Path:
+    """Compile the tester (once per source version) and return the binary's path."""
+    src = source_text()
+    digest = hashlib.sha256(src).hexdigest()[:12]
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    last_err = ""
+    for base in _cache_dirs():
+        out = base / f"tester-{digest}" / TESTER_COMM
+        if out.exists() and not force:
+            return out
+        if cc is None:
+            raise TesterError("no C compiler: install gcc (Debian: apt-get install gcc "
+                              "libc6-dev) to build the benchmark's tester")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            csrc = out.parent / SOURCE
+            csrc.write_bytes(src)
+        except OSError as e:
+            last_err = str(e)
+            continue
+        proc = subprocess.run([cc, "-O2", "-Wall", "-o", str(out) + ".tmp", str(csrc), "-lm"],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise TesterError(f"building the tester failed ({cc}): {proc.stderr.strip()[-800:]}"
+                              " -- is libc6-dev installed?")
+        os.replace(str(out) + ".tmp", out)
+        return out
+    raise TesterError(f"no writable cache directory for the tester ({last_err}); set KBP_CACHE")
+
+
+@dataclass
+class RttResult:
+    summary: dict[str, Any]
+    kernel_ns: list[int] = field(default_factory=list)   # round trips with kernel stamps
+    user_ns: list[int] = field(default_factory=list)     # the same, user-space clocks
+    lost: int = 0
+
+
+def _parse_summary(stdout: str, argv: list[str], stderr: str) -> dict[str, Any]:
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith("{"):
+            return dict(json.loads(line))
+    raise TesterError(f"tester printed no summary ({' '.join(argv)}): {stderr.strip()[-400:]}")
+
+
+def run_rtt(binary: Path, ns: str | None, ip: str, *, port: int, size: int, rate: float,
+            poisson: bool, duration: float, warmup: float = 0.5, grace: float = 0.5,
+            cpu: int | None = None, fifo: int = 0, seed: int = 1) -> RttResult:
+    """Open-loop request/response run; round trips in ns."""
+    with tempfile.NamedTemporaryFile(prefix="kbp-rtt-", suffix=".txt", delete=False) as f:
+        samples = Path(f.name)
+    argv = [str(binary), "--mode", "rtt", "--ip", ip, "--port", str(port), "--size", str(size),
+            "--rate", f"{rate:g}", "--duration", f"{duration:g}", "--warmup", f"{warmup:g}",
+            "--grace", f"{grace:g}", "--seed", str(seed), "--out", str(samples)]
+    if poisson:
+        argv.append("--poisson")
+    if cpu is not None:
+        argv += ["--cpu", str(cpu)]
+    if fifo:
+        argv += ["--fifo", str(fifo)]
+    try:
+        proc = procs.run(ns, argv, timeout=duration + warmup + grace + 30)
+        if proc.returncode != 0:
+            raise TesterError(f"tester failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+        summary = _parse_summary(proc.stdout, argv, proc.stderr)
+        res = RttResult(summary)
+        for line in samples.read_text().splitlines():
+            _seq, k, u = line.split()
+            if int(u) < 0:
+                res.lost += 1
+                continue
+            res.user_ns.append(int(u))
+            if int(k) >= 0:
+                res.kernel_ns.append(int(k))
+        return res
+    finally:
+        samples.unlink(missing_ok=True)
+
+
+def run_rate(binary: Path, ns: str | None, ip: str, *, port: int, size: int, rate: float,
+             duration: float, grace: float = 0.5, cpu: int | None = None, fifo: int = 0,
+             ) -> dict[str, Any]:
+    """Constant-rate trial (RFC 2544): sent / received counts."""
+    argv = [str(binary), "--mode", "rate", "--ip", ip, "--port", str(port), "--size",
+            str(size), "--rate", f"{rate:g}", "--duration", f"{duration:g}", "--warmup", "0",
+            "--grace", f"{grace:g}"]
+    if cpu is not None:
+        argv += ["--cpu", str(cpu)]
+    if fifo:
+        argv += ["--fifo", str(fifo)]
+    proc = procs.run(ns, argv, timeout=duration + grace + 30)
+    if proc.returncode != 0:
+        raise TesterError(f"tester failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+    return _parse_summary(proc.stdout, argv, proc.stderr)

@@ -1,0 +1,200 @@
+"""The traffic of the benchmark: the RT application, the competing flood, EE-KBP's Table 2.
+
+* RT application: an unmodified ``sockperf server`` (UDP echo of sockperf's ping-pong
+  messages), pinned to the RT CPU, default scheduling policy.
+* Competing load ("heavy receiver", rt-socket-outsourcing Sect. IV-A): an ``iperf3`` UDP flood
+  at full speed through a second veth pair, client and server pinned to the load CPU.  Its
+  receive NAPI runs in NET_RX softirq on the load CPU (veth polls on the transmitting CPU).
+* EE-KBP Table 2: six constant-interval traffic conditions (80 Mbit/s and 1 Gbit/s, frames
+  of 1518 / 512 / 64 bytes), scaled by one factor to what this machine can carry.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kbp.bench import procs
+from kbp.testbed import run as ns_run
+
+SOCKPERF_PORT = 11111
+IPERF_PORT = 5201
+
+
+class MissingTool(RuntimeError):
+    pass
+
+
+APT_PACKAGES = {"sockperf": "sockperf", "iperf3": "iperf3", "bpftrace": "bpftrace",
+                "ethtool": "ethtool", "ip": "iproute2", "taskset": "util-linux",
+                "gcc": "gcc"}
+
+
+def missing_tools(tools: list[str]) -> list[str]:
+    return [t for t in tools if shutil.which(t) is None]
+
+
+def require_tools(tools: list[str]) -> None:
+    miss = missing_tools(tools)
+    if miss:
+        pkgs = " ".join(sorted({APT_PACKAGES.get(t, t) for t in miss}))
+        raise MissingTool(f"missing {', '.join(miss)}: install with "
+                          f"'apt-get install {pkgs}' (or run 'python -m kbp.bench setup')")
+
+
+def _udp_port_bound(ns: str, port: int) -> bool:
+    out = ns_run(ns, ["cat", "/proc/net/udp"], check=False).stdout
+    want = f":{port:04X}"
+    return any(line.split()[1].endswith(want) for line in out.splitlines()[1:]
+               if len(line.split()) > 1)
+
+
+@dataclass
+class SockperfServer:
+    ns: str
+    ip: str
+    cpu: int
+    port: int = SOCKPERF_PORT
+    proc: subprocess.Popen[str] | None = None
+
+    def start(self, timeout: float = 10.0) -> None:
+        self.proc = procs.start(self.ns, ["taskset", "-c", str(self.cpu), "sockperf", "server",
+                                          "-i", self.ip, "-p", str(self.port)],
+                                stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                _, err = procs.stop(self.proc)
+                raise RuntimeError(f"sockperf server exited: {err.strip()[-300:]}")
+            if _udp_port_bound(self.ns, self.port):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("sockperf server did not bind its port")
+
+    def pids(self) -> list[int]:
+        """The server's threads (the process after taskset/ip-netns exec'd into it)."""
+        if self.proc is None:
+            return []
+        import os
+        try:
+            return sorted(int(t) for t in os.listdir(f"/proc/{self.proc.pid}/task"))
+        except OSError:
+            return [self.proc.pid]
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            procs.stop(self.proc)
+            self.proc = None
+
+
+@dataclass
+class Flood:
+    """iperf3 UDP flood from the client namespace to a heavy receiver in the server one."""
+
+    client_ns: str
+    server_ns: str
+    server_ip: str
+    server_dev: str
+    cpu: int
+    length: int = 64            # UDP payload bytes: small datagrams = most softirq work
+    bitrate: str = "0"          # iperf3 -b: 0 = as fast as it can
+    server: subprocess.Popen[str] | None = None
+    client: subprocess.Popen[str] | None = None
+    _rx0: int = 0
+    _t0: float = 0.0
+
+    def start_server(self) -> None:
+        self.server = procs.start(self.server_ns, ["taskset", "-c", str(self.cpu), "iperf3",
+                                                   "-s", "-B", self.server_ip, "-p",
+                                                   str(IPERF_PORT)], stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            out = ns_run(self.server_ns, ["cat", "/proc/net/tcp"], check=False).stdout
+            if f":{IPERF_PORT:04X}" in out:
+                return
+            time.sleep(0.05)
+        raise RuntimeError("iperf3 server did not listen")
+
+    def rx_packets(self) -> int:
+        return int(ns_run(self.server_ns, ["cat", f"/sys/class/net/{self.server_dev}/"
+                                           "statistics/rx_packets"]).stdout)
+
+    def start(self, warm: float = 1.0) -> None:
+        self.client = procs.start(self.client_ns, [
+            "taskset", "-c", str(self.cpu), "iperf3", "-c", self.server_ip, "-p",
+            str(IPERF_PORT), "-u", "-b", self.bitrate, "-l", str(self.length), "-t", "86400",
+            "-J"])
+        time.sleep(warm)
+        if self.client.poll() is not None:
+            out, err = procs.stop(self.client)
+            self.client = None
+            raise RuntimeError(f"iperf3 flood exited: {(out + err).strip()[-400:]}")
+        self._rx0, self._t0 = self.rx_packets(), time.monotonic()
+
+    def stop(self) -> dict[str, Any]:
+        if self.client is None:
+            return {}
+        rx1, t1 = self.rx_packets(), time.monotonic()
+        out, _err = procs.stop(self.client, signal.SIGINT, timeout=10)
+        self.client = None
+        res: dict[str, Any] = {"rx_pps": (rx1 - self._rx0) / max(t1 - self._t0, 1e-9),
+                               "payload_bytes": self.length, "bitrate": self.bitrate}
+        try:
+            end = json.loads(out).get("end", {}).get("sum", {})
+            res.update({k: end.get(k) for k in ("packets", "lost_packets", "lost_percent",
+                                                "bits_per_second") if k in end})
+        except (json.JSONDecodeError, AttributeError):
+            pass
+        return res
+
+    def stop_server(self) -> None:
+        if self.server is not None:
+            procs.stop(self.server)
+            self.server = None
+
+
+# -- EE-KBP Table 2 --------------------------------------------------------------------------
+TABLE2: tuple[tuple[float, int], ...] = (
+    (80e6, 1518), (80e6, 512), (80e6, 64), (1e9, 1518), (1e9, 512), (1e9, 64))
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One Table 2 traffic condition, as published and as scaled for this machine."""
+
+    paper_bps: float
+    frame: int
+    scale: float
+
+    @property
+    def label(self) -> str:
+        rate = f"{self.paper_bps / 1e9:g}G" if self.paper_bps >= 1e9 else \
+            f"{self.paper_bps / 1e6:g}M"
+        return f"{rate}/{self.frame}B"
+
+    @property
+    def paper_interval_us(self) -> float:
+        return self.frame * 8 / self.paper_bps * 1e6
+
+    @property
+    def pps(self) -> float:
+        return self.paper_bps * self.scale / (self.frame * 8)
+
+    @property
+    def scaled_bps(self) -> float:
+        return self.paper_bps * self.scale
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.label, "paper_bps": self.paper_bps, "frame": self.frame,
+                "paper_interval_us": self.paper_interval_us, "scale": self.scale,
+                "scaled_bps": self.scaled_bps, "pps": self.pps,
+                "interval_us": 1e6 / self.pps}
+
+
+def table2(scale: float) -> list[Condition]:
+    return [Condition(bps, frame, scale) for bps, frame in TABLE2]

@@ -1,0 +1,164 @@
+"""A short benchmark on the host kernel's netns testbed: well-formed JSON with every metric
+for napi and stock-kbp, and nothing left behind (also after Ctrl-C).
+
+Needs root, sockperf, iperf3, ethtool, gcc (bpftrace optional: kernel delays are then
+reported as skipped).  About 30 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kbp.bench import report, trace, workloads
+from kbp.bench.runner import Bench, BenchConfig
+
+pytestmark = [pytest.mark.netns, pytest.mark.root]
+
+NEEDED = ["sockperf", "iperf3", "ethtool", "ip", "taskset"]
+
+
+def _skip_unless_ready() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces)")
+    miss = workloads.missing_tools(NEEDED)
+    if miss:
+        pytest.skip(f"missing tools: {', '.join(miss)}")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    try:
+        import kbp.backends  # noqa: F401
+    except ImportError as e:
+        pytest.skip(f"kbpctl backends not available ({e})")
+
+
+def _ours() -> list[str]:
+    d = Path("/run/netns")
+    return sorted(n for n in os.listdir(d) if n.startswith("kbpb-")) if d.is_dir() else []
+
+
+def _procs() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines()
+            if "kbpb-" in line or "kbp-rtt" in line or "sockperf server -i 198.18" in line]
+
+
+def _settings() -> dict[str, str]:
+    """Global settings a benchmark could touch."""
+    snap: dict[str, str] = {}
+    for d in (Path("/proc/sys/net/core"), Path("/proc/sys/kernel")):
+        for f in sorted(d.glob("sched_rt_*")) + sorted(d.glob("netdev_*")) + \
+                sorted(d.glob("busy_*")) + sorted(d.glob("rps_*")):
+            with contextlib.suppress(OSError):
+                snap[str(f)] = f.read_text()
+    for f in sorted(Path("/proc/irq").glob("*/smp_affinity_list")):
+        with contextlib.suppress(OSError):
+            snap[str(f)] = f.read_text()
+    snap["tracefs_mounted"] = str((trace.TRACEFS / "events").is_dir())
+    snap["kbp_state"] = " ".join(sorted(str(p) for p in Path("/run/kbp").rglob("*")
+                                        if p.is_file() and p.name != "lock")) \
+        if Path("/run/kbp").is_dir() else ""
+    snap["affinity"] = str(sorted(os.sched_getaffinity(0)))
+    return snap
+
+
+def test_short_bench_napi_and_stock_kbp(tmp_path: Path) -> None:
+    _skip_unless_ready()
+    before_ns, before_set = _ours(), _settings()
+    cfg = BenchConfig(modes=["napi", "stock-kbp"], reps=1, duration=1.0, warmup=0.2,
+                      scenarios=["rtt", "rfc2544"], rfc_frames=[64], rfc_reps=1,
+                      rfc_trial=0.3, rfc_resolution=0.25, rfc_max_pps=20000.0,
+                      out=tmp_path, command="pytest")
+    bench = Bench(cfg)
+    t0 = time.monotonic()
+    res = bench.run()
+    took = time.monotonic() - t0
+    report.add_summary(res)
+    text = json.dumps(res)          # serialisable
+    res = json.loads(text)
+
+    assert took < 60
+    assert res["schema"] == "kbp-bench/1" and not res["interrupted"]
+    assert res["modes"]["napi"]["status"] == "ok"
+    assert res["modes"]["stock-kbp"]["status"] == "ok", res["modes"]["stock-kbp"]
+    assert res["machine"]["power_meter"]
+    traced = trace.unavailable() is None
+    runs = res["runs"]
+    assert {(r["mode"], r["condition"]) for r in runs} == {
+        (m, c) for m in ("napi", "stock-kbp") for c in ("load-off", "load-on")}
+    for r in runs:
+        t = r["tester"]
+        assert t["sent"] > 500
+        # every request is accounted for: answered with both stamps, answered without, lost
+        assert r["rtt_ns"]["n"] + t["no_timestamp"] + t["lost"] == t["sent"], t
+        assert r["lost"] == t["lost"]
+        assert r["rtt_ns"]["n"] > 0.5 * t["sent"], t   # a busy shared VM may drop some
+        for k in ("p50", "p99", "p99.9", "max", "mean", "sd"):
+            assert isinstance(r["rtt_ns"][k], (int, float)), k
+        assert r["rtt_ns"]["p50"] <= r["rtt_ns"]["p99"] <= r["rtt_ns"]["p99.9"] \
+            <= r["rtt_ns"]["max"]
+        cpu = r["sys"]["cpu"]
+        assert set(cpu) >= {"0", "1"}
+        assert all(0 <= cpu[c]["busy_pct"] <= 100.0001 for c in cpu)
+        assert len(r["sys"]["hardirqs_total"]) == len(cpu)
+        assert len(r["sys"]["net_rx"]) == len(cpu) and sum(r["sys"]["net_rx"]) > 0
+        assert r["sys"]["energy"]
+        if traced:
+            xs = r["kernel_delay"]["xmit_to_poll"]
+            assert xs["n"] > 0.5 * t["sent"] and xs["p99"] <= xs["max"]
+        if r["mode"] == "stock-kbp":
+            assert r["mode_setup"]["threads"], "stock-kbp must report its poller thread"
+            th = r["mode_setup"]["threads"][0]
+            assert th["policy"] == "SCHED_FIFO" and th["cpus"] == [cfg.rt_cpu]
+        if r["condition"] == "load-on":
+            assert r["flood_block"]["rx_pps"] > 1000
+    rfc = {s["mode"]: s for s in res["rfc2544"]}
+    assert set(rfc) == {"napi", "stock-kbp"}
+    for s in rfc.values():
+        assert s["throughput_pps"] > 0 and s["trials"]
+    summ = res["summary"]
+    for cond in ("load-off", "load-on"):
+        kbp = summ["rtt"][cond]["stock-kbp"]
+        for key, _, _ in report.LATENCY_COLUMNS:
+            if key.startswith("xmit") and not traced:
+                continue
+            assert kbp[key]["median"] is not None, (cond, key)
+        assert kbp["rtt_p99_us"]["ratio_to_napi"]["median"] > 0
+    assert summ["rfc2544"]["64"]["stock-kbp"]["throughput_pps"]["ratio_to_napi"]["median"] > 0
+    md = report.markdown(res)
+    assert "| stock-kbp |" in md
+
+    assert _ours() == before_ns
+    assert _settings() == before_set
+    assert _procs() == []
+
+
+def test_ctrl_c_cleans_up(tmp_path: Path) -> None:
+    _skip_unless_ready()
+    before_ns, before_set = _ours(), _settings()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    proc = subprocess.Popen([sys.executable, "-m", "kbp.bench", "--preset", "smoke",
+                             "--no-plots", "--out", str(tmp_path)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not set(_ours()) - set(before_ns):
+        time.sleep(0.1)
+    assert set(_ours()) - set(before_ns), "the benchmark never built its testbed"
+    time.sleep(3.0)                      # well into the runs (mode set up, flood maybe on)
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err
+    assert _ours() == before_ns
+    assert _settings() == before_set
+    assert _procs() == []
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["interrupted"] is True

@@ -1,0 +1,95 @@
+"""The RFC 2544 binary search against simulated devices with known loss thresholds."""
+
+from __future__ import annotations
+
+import pytest
+
+from kbp.bench import rfc2544
+
+
+def device(threshold: float, tester_max: float = float("inf"), duration: float = 1.0):
+    """A device that loses frames above ``threshold`` frames/s, behind a tester that can
+    offer at most ``tester_max`` frames/s."""
+    calls: list[float] = []
+
+    def trial(rate: float) -> rfc2544.Trial:
+        calls.append(rate)
+        offered = min(rate, tester_max)
+        sent = int(offered * duration)
+        lost = 0 if offered <= threshold else max(1, int((offered - threshold) * duration))
+        return rfc2544.Trial(rate=rate, sent=sent, received=sent - lost,
+                             achieved_rate=offered, duration_s=duration)
+
+    return trial, calls
+
+
+@pytest.mark.parametrize("threshold", [1234.0, 50_000.0, 99_000.0, 10.0])
+def test_finds_threshold_within_resolution(threshold: float) -> None:
+    trial, calls = device(threshold)
+    res = rfc2544.search(trial, hi=100_000.0, resolution=0.01)
+    assert res.throughput <= threshold            # never claims a lossy rate
+    assert threshold - res.throughput <= 0.01 * 100_000.0
+    assert res.bound == "device"
+    assert calls[0] == 100_000.0                  # the ceiling is tried first
+    assert len(calls) <= 1 + 7 + 1                # log2(1/0.01) ~ 6.6 halvings
+    # every trial is recorded with its outcome
+    assert [t["rate"] for t in res.trials] == calls
+    assert all(t["passed"] == (t["rate"] <= threshold) for t in res.trials)
+
+
+def test_ceiling_passes() -> None:
+    trial, calls = device(threshold=1e9)
+    res = rfc2544.search(trial, hi=5000.0)
+    assert res.throughput == 5000.0 and res.bound == "ceiling" and calls == [5000.0]
+
+
+def test_nothing_passes() -> None:
+    trial, _ = device(threshold=0.0)
+    res = rfc2544.search(trial, hi=1000.0, resolution=0.1)
+    assert res.throughput == 0.0
+    assert res.bound == "device"
+
+
+def test_loss_tolerance() -> None:
+    # the device loses 1 frame in 10 000 from 500 frames/s on
+    def trial(rate: float) -> rfc2544.Trial:
+        sent = int(rate * 10)
+        lost = sent // 10_000 if rate > 500 else 0
+        return rfc2544.Trial(rate, sent, sent - lost, rate)
+
+    strict = rfc2544.search(trial, hi=100_000.0, resolution=0.001)
+    assert strict.throughput < 100_000.0
+    tolerant = rfc2544.search(trial, hi=100_000.0, resolution=0.001, loss_tolerance=1e-4)
+    assert tolerant.throughput == 100_000.0
+
+
+def test_sender_limited_trials_fail_and_are_marked() -> None:
+    # lossless device, but the tester cannot offer more than 30 000 frames/s
+    trial, _ = device(threshold=1e9, tester_max=30_000.0)
+    res = rfc2544.search(trial, hi=100_000.0, resolution=0.01)
+    assert res.throughput <= 30_000.0
+    assert 30_000.0 - res.throughput <= 0.01 * 100_000.0 + 0.03 * 30_000.0
+    assert res.bound == "sender"
+    assert any(t["sender_limited"] for t in res.trials)
+
+
+def test_device_below_tester_limit_is_device_bound() -> None:
+    trial, _ = device(threshold=20_000.0, tester_max=30_000.0)
+    res = rfc2544.search(trial, hi=100_000.0, resolution=0.01)
+    assert res.bound == "device"
+    assert 19_000.0 <= res.throughput <= 20_000.0
+
+
+def test_bad_interval() -> None:
+    trial, _ = device(1.0)
+    with pytest.raises(ValueError):
+        rfc2544.search(trial, hi=0.0)
+
+
+def test_frame_sizes() -> None:
+    assert rfc2544.udp_payload(64) == 18
+    assert rfc2544.udp_payload(512) == 466
+    assert rfc2544.udp_payload(1518) == 1472
+    with pytest.raises(ValueError):
+        rfc2544.udp_payload(59)
+    assert rfc2544.frame_mbps(1_000_000 / 8 / 64 * 80, 64) == pytest.approx(80.0)

@@ -285,23 +285,26 @@ def read_interrupts(host: Host = HOST) -> dict[int, str]:
     return out
 
 
-def _queue_key(name: str) -> tuple[int, str]:
-    nums = re.findall(r"\d+", name)
-    return (int(nums[-1]) if nums else -1, name)
-
-
 def device_irqs(dev: str, msi: Iterable[int] | None, host: Host = HOST) -> list[Irq]:
-    """The queue IRQs of ``dev``: its MSI IRQs whose action name contains the device name,
-    else every IRQ whose name contains it; sorted by the queue number at the end of the name.
+    """The queue IRQs of ``dev``, sorted by queue number.
 
-    Config/link IRQs of the device do not carry the device name in most drivers, and only
-    IRQs that do are touched.
+    A queue IRQ's action name is the device name, a separator and a name ending in the
+    queue number (``eth1-TxRx-3``, ``eth1-rx-0``, ``eth1:q2``). The device's other IRQs
+    (link, mailbox: usually just ``eth1``) and IRQs named without the device name (virtio's
+    ``virtio2-input.0``, mlx5's ``mlx5_comp0``) are not touched. ``msi``: the device's MSI
+    IRQs (/sys/class/net/DEV/device/msi_irqs) to choose from, None for every IRQ.
     """
     names = read_interrupts(host)
     candidates: Iterable[int] = names.keys() if msi is None else msi
-    pat = re.compile(rf"(^|[^\w.-]){re.escape(dev)}([^\w]|$)")
-    irqs = [Irq(i, names[i]) for i in candidates if i in names and pat.search(names[i])]
-    return sorted(irqs, key=lambda q: _queue_key(q.name))
+    pat = re.compile(rf"^{re.escape(dev)}[-_:.@]\S*?(\d+)$")
+    found: list[tuple[int, Irq]] = []
+    for i in candidates:
+        for action in names.get(i, "").split(", "):
+            m = pat.match(action.strip())
+            if m:
+                found.append((int(m.group(1)), Irq(i, action.strip())))
+                break
+    return [q for _, q in sorted(found, key=lambda t: (t[0], t[1].irq))]
 
 
 def read_irq_affinity(irq: int, host: Host = HOST) -> str:

@@ -271,7 +271,8 @@ def disable(devices: Sequence[str] | None = None, netns: str | None = None,
     for bname in sorted(by_backend):
         be = get(bname, st)
         try:
-            res = be.disable(by_backend[bname], netns if devices is not None else None)
+            res = be.disable(by_backend[bname], netns) if devices is not None \
+                else be.disable(None)
         except OperationFailed as e:
             errors.append(str(e))
             continue

@@ -481,7 +481,10 @@ class StockBackend:
                                                                           kv[0][0])):
                 if (dev, ns) in exclude:
                     continue
-                out.append(self._describe_one(ctx, client, dev, ns, rec))
+                try:
+                    out.append(self._describe_one(ctx, client, dev, ns, rec))
+                except PermissionError:
+                    out.append(self._describe_unprivileged(dev, ns, rec))
         return out, []
 
     def _describe_one(self, ctx: _Ctx, client: Callable[[str | None], NetdevClient], dev: str,
@@ -534,6 +537,18 @@ class StockBackend:
         if rec:
             ds.cpus = sorted({n.cpu for n in ds.napis if n.cpu is not None}) or ds.cpus
             ds.problems += self._problems(rec, ds)
+        return ds
+
+    def _describe_unprivileged(self, dev: str, ns: str | None, rec: Record | None
+                               ) -> DeviceStatus:
+        req = rec.request if rec else {}
+        ds = DeviceStatus(name=dev, netns=ns, ifindex=rec.ifindex if rec else None, kind=None,
+                          backend=NAME if rec else None, mode=req.get("mode"),
+                          linger_us=req.get("linger_us"), rt_prio=req.get("rt_prio"),
+                          cpus=req.get("cpus"), complete=rec.complete if rec else True,
+                          managed=rec is not None)
+        ds.problems.append(f"looking into netns {ns} needs root: run 'sudo kbpctl status' "
+                           "for its NAPIs and threads")
         return ds
 
     def _problems(self, rec: Record, ds: DeviceStatus) -> list[str]:

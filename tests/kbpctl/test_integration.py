@@ -1,0 +1,442 @@
+"""kbpctl on this machine's real kernel: netns + veth testbeds (GRO on, so veth uses NAPI).
+
+Every test builds its own namespaces (kbp.testbed) and its own journal directory; teardown
+runs ``kbpctl disable --all`` and deletes the namespaces, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kbp import sysinfo, testbed
+from kbp.netdev import NetdevClient, get_link
+from kbp.snapshot import snapshot
+from kbp.testbed import VethLink, popen, run
+
+from .conftest import netns_skip_reason
+
+pytestmark = [pytest.mark.netns, pytest.mark.root,
+              pytest.mark.skipif(netns_skip_reason() is not None,
+                                 reason=netns_skip_reason() or "")]
+
+KBPCTL = [sys.executable, "-m", "kbp.cli"]
+PORT = 19750
+
+ECHO_SERVER = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], int(sys.argv[2])))
+while True:
+    d, a = s.recvfrom(2048)
+    s.sendto(d, a)
+"""
+
+PING_CLIENT = """
+import json, socket, sys, time
+ip, port, count, until = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(0.5)
+ok = lost = i = 0
+stop = time.time() + until
+try:
+    while (count and i < count) or (not count and time.time() < stop):
+        msg = b"%d" % i
+        i += 1
+        s.sendto(msg, (ip, port))
+        try:
+            while True:
+                d, _ = s.recvfrom(2048)
+                if d == msg:
+                    ok += 1
+                    break
+        except TimeoutError:
+            lost += 1
+except KeyboardInterrupt:
+    pass
+print(json.dumps({"ok": ok, "lost": lost}))
+"""
+
+
+class Bed:
+    """A testbed plus a kbpctl that journals into a private directory."""
+
+    def __init__(self, tb: testbed.Testbed, run_dir: Path) -> None:
+        self.tb = tb
+        self.run_dir = run_dir
+        self.link: VethLink = tb.links[0]
+        self.env = dict(os.environ, KBP_RUN_DIR=str(run_dir))
+
+    def kbpctl(self, *args: str, env: dict[str, str] | None = None, expect: int | None = 0,
+               ) -> subprocess.CompletedProcess[str]:
+        p = subprocess.run([*KBPCTL, *args], capture_output=True, text=True, timeout=120,
+                           env={**self.env, **(env or {})})
+        if expect is not None:
+            assert p.returncode == expect, (args, p.returncode, p.stdout, p.stderr)
+        return p
+
+    def snap(self) -> dict[str, Any]:
+        return {"server": snapshot(self.link.dev_b, self.tb.server),
+                "client": snapshot(self.link.dev_a, self.tb.client)}
+
+    def enable_both(self, *opts: str, env: dict[str, str] | None = None) -> None:
+        self.kbpctl("enable", self.link.dev_b, "--netns", self.tb.server, *opts, env=env)
+        self.kbpctl("enable", self.link.dev_a, "--netns", self.tb.client, *opts, env=env)
+
+    def disable_both(self) -> None:
+        self.kbpctl("disable", self.link.dev_b, "--netns", self.tb.server)
+        self.kbpctl("disable", self.link.dev_a, "--netns", self.tb.client)
+
+    def echo_server(self) -> None:
+        self.tb.popen(self.tb.server, [sys.executable, "-c", ECHO_SERVER, self.link.ip_b,
+                                       str(PORT)])
+        self.ping(3)  # wait until it answers
+
+    def ping(self, count: int, tries: int = 20) -> dict[str, int]:
+        for _ in range(tries):
+            out = json.loads(run(self.tb.client, [sys.executable, "-c", PING_CLIENT,
+                                                  self.link.ip_b, str(PORT), str(count),
+                                                  "0"]).stdout)
+            if out["ok"]:
+                return out
+            time.sleep(0.1)
+        return out
+
+    def journals(self) -> list[Path]:
+        return sorted(self.run_dir.rglob("*.jsonl"))
+
+    def status(self) -> dict[str, Any]:
+        return json.loads(self.kbpctl("status", "--json").stdout)
+
+
+@pytest.fixture
+def bed() -> Iterator[Bed]:
+    # a journal dir others can read (status works without root), like /run/kbp
+    top = Path(tempfile.mkdtemp(prefix="kbp-test-"))
+    top.chmod(0o755)
+    with testbed.Testbed() as tb:
+        b = Bed(tb, top / "run")
+        try:
+            yield b
+        finally:
+            # restore whatever a failing test left enabled, before the netns go away
+            subprocess.run([*KBPCTL, "disable", "--all"], env=b.env, capture_output=True,
+                           timeout=120)
+            shutil.rmtree(top, ignore_errors=True)
+
+
+def napi_threads(b: Bed, netns: str, dev: str) -> list[sysinfo.TaskStat]:
+    link = get_link(dev, netns)
+    assert link is not None
+    with NetdevClient(netns) as c:
+        napis = c.napis(link.ifindex)
+    return [st for st in (sysinfo.read_stat(n.pid) for n in napis if n.pid) if st]
+
+
+def device_status(st: dict[str, Any], dev: str) -> dict[str, Any]:
+    (d,) = [d for d in st["devices"] if d["name"] == dev]
+    return d
+
+
+# -- the main round trip --------------------------------------------------------------
+def test_enable_status_traffic_disable_restores(bed: Bed) -> None:
+    before = bed.snap()
+    assert before["server"]["napis"], "veth with GRO on must have a NAPI"
+    bed.echo_server()
+    bed.enable_both("--cpus", "1", "--rt-prio", "50", "--linger-us", "30")
+
+    for ns, dev in ((bed.tb.server, bed.link.dev_b), (bed.tb.client, bed.link.dev_a)):
+        threads = napi_threads(bed, ns, dev)
+        assert threads, f"no NAPI kthread for {dev}"
+        for t in threads:
+            s = sysinfo.get_sched(t.pid)
+            assert t.comm.startswith(f"napi/{dev}-")
+            assert (s.policy, s.priority, s.cpus) == ("SCHED_FIFO", 50, [1])
+
+    (t,) = napi_threads(bed, bed.tb.server, bed.link.dev_b)
+    c0 = sysinfo.task_counters(t.pid)
+    res = bed.ping(500)
+    assert res["ok"] >= 490, res  # UDP ping-pong works through the polled path
+    c1 = sysinfo.task_counters(t.pid)
+    assert c1.sleeps is not None and c0.sleeps is not None and c1.sleeps > c0.sleeps
+    assert (c1.poll_ns or 0) > (c0.poll_ns or 0)  # the NAPI thread did the receive work
+
+    st = bed.status()
+    assert st["schema"] == "kbpctl-status/1" and st["auto_backend"] == "stock"
+    d = device_status(st, bed.link.dev_b)
+    assert (d["backend"], d["mode"], d["linger_us"], d["rt_prio"], d["netns"]) == \
+        ("stock", "hybrid", 30, 50, bed.tb.server)
+    assert d["complete"] and d["problems"] == [] and d["cpus"] == [1]
+    (n,) = d["napis"]
+    assert n["threaded"] == 1 and n["cpu"] == 1
+    assert (n["defer_hard_irqs"], n["gro_flush_timeout_ns"]) == (3, 10_000)
+    th = n["thread"]
+    assert (th["policy"], th["priority"], th["cpus"]) == ("SCHED_FIFO", 50, [1])
+    assert set(th["counters"]) == {"passes", "empty_passes", "packets", "wakeups", "sleeps",
+                                   "sleep_ns", "poll_ns", "respawns", "repairs"}
+    assert d["counters"]["packets"] >= 500
+    human = bed.kbpctl("status").stdout
+    assert bed.link.dev_b in human and "FIFO/50" in human
+
+    bed.disable_both()
+    assert bed.snap() == before
+    assert bed.journals() == []
+    assert bed.ping(20)["ok"] >= 19  # and the stock path still works
+
+
+def test_restores_non_default_prior_settings(bed: Bed) -> None:
+    """Threaded NAPI already on (thread SCHED_OTHER on every CPU), defer/gro set: disable
+    puts exactly that back, the same thread included."""
+    ns, dev = bed.tb.server, bed.link.dev_b
+    run(ns, ["sh", "-c", f"echo 1 > /sys/class/net/{dev}/threaded"])
+    run(ns, ["sh", "-c", f"echo 2 > /sys/class/net/{dev}/napi_defer_hard_irqs"])
+    run(ns, ["sh", "-c", f"echo 5000 > /sys/class/net/{dev}/gro_flush_timeout"])
+    (t0,) = napi_threads(bed, ns, dev)
+    os.setpriority(os.PRIO_PROCESS, t0.pid, 5)
+    before = bed.snap()
+    assert before["server"]["threads"][str(t0.pid)]["nice"] == 5
+
+    bed.kbpctl("enable", dev, "--netns", ns, "--cpus", "0", "--rt-prio", "40",
+               "--linger-us", "100")
+    (t1,) = napi_threads(bed, ns, dev)
+    assert t1.pid == t0.pid
+    s = sysinfo.get_sched(t1.pid)
+    assert (s.policy, s.priority, s.cpus) == ("SCHED_FIFO", 40, [0])
+    bed.kbpctl("disable", dev, "--netns", ns)
+    assert bed.snap() == before
+
+
+@pytest.mark.parametrize("features", ["sysfs", "legacy"])
+def test_older_kernel_paths(bed: Bed, features: str) -> None:
+    """The per-device sysfs path (kernels before napi-set) and the legacy path (no netdev
+    netlink at all: 6.1), forced on this kernel with KBP_STOCK_FEATURES."""
+    env = {"KBP_STOCK_FEATURES": features}
+    before = bed.snap()
+    bed.echo_server()
+    bed.kbpctl("enable", bed.link.dev_b, "--netns", bed.tb.server, "--cpus", "1",
+               "--linger-us", "20", env=env)
+    kinds = {json.loads(line).get("kind") for p in bed.journals()
+             for line in p.read_text().splitlines()}
+    assert "sysfs" in kinds and "napi" not in kinds
+    (t,) = napi_threads(bed, bed.tb.server, bed.link.dev_b)
+    s = sysinfo.get_sched(t.pid)
+    assert (s.policy, s.cpus) == ("SCHED_FIFO", [1])
+    assert bed.ping(100)["ok"] >= 95
+    st = json.loads(bed.kbpctl("status", "--json", env=env).stdout)
+    d = device_status(st, bed.link.dev_b)
+    assert d["backend"] == "stock" and d["napis"] and d["napis"][0]["thread"]["pid"] == t.pid
+    bed.kbpctl("disable", bed.link.dev_b, "--netns", bed.tb.server)
+    assert bed.snap() == before
+
+
+def test_two_queues_round_robin(bed: Bed) -> None:
+    """A veth with two RX queues has two NAPIs: --cpus 0-1 puts one thread on each."""
+    c, s = bed.tb.client, bed.tb.server
+    run(None, ["ip", "link", "add", "mqc0", "netns", c, "numtxqueues", "2", "numrxqueues", "2",
+               "type", "veth", "peer", "name", "mqs0", "netns", s, "numtxqueues", "2",
+               "numrxqueues", "2"])
+    for ns, dev in ((c, "mqc0"), (s, "mqs0")):
+        run(ns, ["ip", "link", "set", dev, "up"])
+        run(ns, ["ethtool", "-K", dev, "gro", "on"])
+    before = snapshot("mqs0", s)
+    assert len(before["napis"]) == 2
+    bed.kbpctl("enable", "mqs0", "--netns", s, "--cpus", "0-1")
+    threads = napi_threads(bed, s, "mqs0")
+    assert sorted(sysinfo.get_sched(t.pid).cpus[0] for t in threads) == [0, 1]
+    bed.kbpctl("disable", "--all")
+    assert snapshot("mqs0", s) == before
+
+
+# -- robustness -----------------------------------------------------------------------
+@pytest.mark.slow
+def test_twenty_cycles_under_traffic(bed: Bed) -> None:
+    before = bed.snap()
+    bed.echo_server()
+    pinger = popen(bed.tb.client, [sys.executable, "-c", PING_CLIENT, bed.link.ip_b, str(PORT),
+                                   "0", "600"])
+    try:
+        for i in range(20):
+            cpus = str(i % 2)
+            bed.enable_both("--cpus", cpus, "--rt-prio", str(10 + i),
+                            *(("--linger-us", "20") if i % 3 else ()))
+            (t,) = napi_threads(bed, bed.tb.server, bed.link.dev_b)
+            assert sysinfo.get_sched(t.pid).priority == 10 + i
+            bed.disable_both()
+    finally:
+        pinger.send_signal(signal.SIGINT)
+        out, err = pinger.communicate(timeout=30)
+    res = json.loads(out)
+    assert res["ok"] > 0, (res, err)
+    assert bed.snap() == before
+    assert bed.journals() == []
+    assert bed.ping(50)["ok"] >= 48
+
+
+def _wait_stopped(pid: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = sysinfo.read_stat(pid)
+        if st is None:
+            raise AssertionError("kbpctl exited instead of pausing")
+        if st.state in ("T", "t"):
+            return
+        time.sleep(0.02)
+    raise AssertionError("kbpctl did not reach the pause point")
+
+
+@pytest.mark.parametrize(("step", "phase"), [(1, "applied"), (3, "journaled"), (4, "applied")])
+def test_killed_mid_enable_then_disable_restores(bed: Bed, step: int, phase: str) -> None:
+    before = bed.snap()
+    p = subprocess.Popen([*KBPCTL, "enable", bed.link.dev_b, "--netns", bed.tb.server,
+                          "--cpus", "1", "--linger-us", "30"],
+                         env={**bed.env, "KBP_TEST_PAUSE_AFTER_STEP": str(step),
+                              "KBP_TEST_PAUSE_PHASE": phase},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_stopped(p.pid)
+    finally:
+        p.kill()
+        p.communicate(timeout=30)
+    assert bed.snap() != before  # it really was half-way
+    d = device_status(bed.status(), bed.link.dev_b)
+    assert d["backend"] == "stock" and not d["complete"]
+    assert any("interrupted" in x for x in d["problems"])
+    bed.kbpctl("disable", bed.link.dev_b, "--netns", bed.tb.server)
+    assert bed.snap() == before
+    assert bed.journals() == []
+
+
+# -- configuration --------------------------------------------------------------------
+def test_apply_converges(bed: Bed, tmp_path: Path) -> None:
+    cfg = tmp_path / "kbp.toml"
+    s, c = bed.tb.server, bed.tb.client
+    before = bed.snap()
+
+    def write(body: str) -> None:
+        cfg.write_text('backend = "stock"\n[defaults]\ncpus = "1"\nrt_prio = 30\n' + body)
+
+    write(f'[[device]]\nname = "{bed.link.dev_b}"\nnetns = "{s}"\n'
+          f'[[device]]\nname = "{bed.link.dev_a}"\nnetns = "{c}"\n')
+    out = bed.kbpctl("apply", "--config", str(cfg), "--dry-run").stdout
+    assert "would enable" in out and bed.journals() == []
+    out = bed.kbpctl("apply", "--config", str(cfg)).stdout
+    assert out.count(": enable (stock)") == 2
+    assert "in sync" in bed.kbpctl("apply", "--config", str(cfg)).stdout
+    (t,) = napi_threads(bed, s, bed.link.dev_b)
+    assert sysinfo.get_sched(t.pid).priority == 30
+
+    write(f'[[device]]\nname = "{bed.link.dev_b}"\nnetns = "{s}"\nrt_prio = 45\n')
+    out = bed.kbpctl("apply", "--config", str(cfg)).stdout
+    assert "reenable (stock): rt_prio changed" in out and "disable (stock)" in out
+    (t,) = napi_threads(bed, s, bed.link.dev_b)
+    assert sysinfo.get_sched(t.pid).priority == 45
+    assert snapshot(bed.link.dev_a, c) == before["client"]
+
+    # drift: the thread lost its priority behind kbpctl's back; apply repairs it
+    os.sched_setscheduler(t.pid, os.SCHED_OTHER, os.sched_param(0))
+    assert "reenable" in bed.kbpctl("apply", "--config", str(cfg)).stdout
+    (t,) = napi_threads(bed, s, bed.link.dev_b)
+    assert sysinfo.get_sched(t.pid).priority == 45
+
+    write("")
+    bed.kbpctl("apply", "--config", str(cfg))
+    assert bed.snap() == before and bed.journals() == []
+
+
+# -- bad input: exit code != 0, one line saying what to do, nothing changed -----------
+def _refused(bed: Bed, args: list[str], code: int, text: str, user: bool = False,
+             env: dict[str, str] | None = None) -> None:
+    before = bed.snap()
+    argv = [*KBPCTL, *args]
+    if user:
+        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", *argv]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                       env={**bed.env, **(env or {})})
+    assert p.returncode == code, (args, p.returncode, p.stdout, p.stderr)
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith("kbpctl: "), p.stderr
+    assert text in p.stderr, p.stderr
+    assert bed.snap() == before
+    assert bed.journals() == []
+
+
+def test_refuses_bad_input(bed: Bed) -> None:
+    s, dev = bed.tb.server, bed.link.dev_b
+    en = ["enable", dev, "--netns", s]
+    _refused(bed, ["enable", "nosuchdev0", "--netns", s], 2, "no device nosuchdev0 in netns")
+    _refused(bed, ["disable", "nosuchdev0", "--netns", s], 2, "no device nosuchdev0")
+    _refused(bed, ["enable", dev, "--netns", "kbp-no-such-ns"], 2, "unknown netns")
+    _refused(bed, ["status", "--netns", "kbp-no-such-ns"], 2, "unknown netns")
+    _refused(bed, [*en, "--cpus", "64"], 2, "CPU 64 does not exist")
+    _refused(bed, [*en, "--cpus", "0-99"], 2, "does not exist")
+    _refused(bed, [*en, "--rt-prio", "0"], 2, "priority 0 is out of range")
+    _refused(bed, [*en, "--rt-prio", "100"], 2, "priority 100 is out of range")
+    _refused(bed, [*en, "--mode", "busy", "--linger-us", "10"], 2, "hybrid only")
+    _refused(bed, [*en, "--quota", "32", "--backend", "stock"], 2, "--quota is a knob")
+    _refused(bed, ["disable", dev, "--all"], 2, "not both")
+    _refused(bed, ["enable", dev, dev, "--netns", s], 2, "named twice")
+    _refused(bed, [*en, "--backend", "kmod"], 69, "modprobe kbp")
+    _refused(bed, en, 77, "needs root", user=True)
+    _refused(bed, ["disable", "--all"], 77, "needs root", user=True)
+
+
+def test_refuses_device_without_napi(bed: Bed) -> None:
+    s, dev = bed.tb.server, bed.link.dev_b
+    run(s, ["ethtool", "-K", dev, "gro", "off"])
+    msg = f"{dev} has no NAPI instance (veth uses NAPI only with GRO on: ip netns exec {s} " \
+          f"ethtool -K {dev} gro on)"
+    _refused(bed, ["enable", dev, "--netns", s], 2, msg)
+    _refused(bed, ["enable", dev, "--netns", s], 2, msg, env={"KBP_STOCK_FEATURES": "legacy"})
+    # a device in the list without NAPI refuses the whole command: the good one is untouched
+    _refused(bed, ["enable", "lo", "--cpus", "1"], 2, "lo has no NAPI instance")
+    run(s, ["ethtool", "-K", dev, "gro", "on"])
+
+
+def test_refuses_missing_kernel_feature(bed: Bed) -> None:
+    with NetdevClient() as c:
+        if c.features().napi_busy_poll or sysinfo.kernel_version() >= (6, 19, 0):
+            pytest.skip("this kernel has threaded busy polling")
+    _refused(bed, ["enable", bed.link.dev_b, "--netns", bed.tb.server, "--mode", "busy"], 69,
+             "needs threaded busy polling (NAPI threaded=2), which is in Linux 6.19")
+
+
+def test_refuses_offline_cpu(bed: Bed, tmp_path: Path) -> None:
+    """No CPU can be taken offline here; the check reads .../cpu/online, so point it at a
+    copy that says CPU 1 is offline."""
+    from kbp.backends import EnableRequest
+    from kbp.backends.stock import StockBackend
+    from kbp.errors import InvalidInput
+    from kbp.state import StateDir
+    cpu = tmp_path / "sys/devices/system/cpu"
+    cpu.mkdir(parents=True)
+    (cpu / "online").write_text("0\n")
+    (cpu / "possible").write_text("0-1\n")
+    be = StockBackend(state=StateDir(bed.run_dir),
+                      host=sysinfo.Host(proc=Path("/proc"), sys=tmp_path / "sys"))
+    before = bed.snap()
+    with pytest.raises(InvalidInput, match="CPU 1 is offline"):
+        be.enable(EnableRequest([bed.link.dev_b], netns=bed.tb.server, cpus=[1]))
+    assert bed.snap() == before and bed.journals() == []
+
+
+def test_status_works_without_root(bed: Bed) -> None:
+    """Without root, status still lists what kbp serves (from the journal) but cannot look
+    into other namespaces (setns needs CAP_SYS_ADMIN), and says so."""
+    bed.kbpctl("enable", bed.link.dev_b, "--netns", bed.tb.server, "--cpus", "1")
+    p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
+                        *KBPCTL, "status", "--json"], capture_output=True, text=True,
+                       env=bed.env, timeout=60)
+    assert p.returncode == 0, p.stderr
+    d = device_status(json.loads(p.stdout), bed.link.dev_b)
+    assert (d["backend"], d["mode"], d["rt_prio"]) == ("stock", "hybrid", 50)
+    assert any("root" in x for x in d["problems"])

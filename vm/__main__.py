@@ -1,0 +1,7 @@
+"""Entry point: ``python3 -m vm``."""
+
+import sys
+
+from vm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,78 @@
+"""Smoke test of the VM rig itself: NICs, the module, netns and the hub between the NICs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(os.environ.get("KBP_IN_VM") != "1",
+                                reason="in-guest test: run it with `python3 -m vm test`")
+
+
+def sh(*argv: str) -> str:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, f"{' '.join(argv)}: {proc.stderr.strip()}"
+    return proc.stdout
+
+
+def test_environment() -> None:
+    assert os.environ["KBP_IN_VM"] == "1"
+    assert os.uname().release == os.environ["KBP_KVER"]
+    assert Path(f"/lib/modules/{os.environ['KBP_KVER']}/modules.dep").exists()
+
+
+@pytest.mark.parametrize("var", ["KBP_NIC0", "KBP_NIC1"])
+def test_nic_is_virtio_net(var: str) -> None:
+    nic = os.environ[var]
+    driver = Path(f"/sys/class/net/{nic}/device/driver").resolve().name
+    assert driver == "virtio_net", f"{nic} is driven by {driver}"
+    assert "driver: virtio_net" in sh("ethtool", "-i", nic)
+
+
+def test_insmod_built_module() -> None:
+    ko = Path(os.environ["KBP_KO"])
+    assert ko.is_file(), f"KBP_KO={ko} is not a file"
+    name = sh("modinfo", "-F", "name", str(ko)).strip() or ko.stem
+    sh("insmod", str(ko))
+    try:
+        assert Path(f"/sys/module/{name}").is_dir()
+    finally:
+        sh("rmmod", name)
+    assert not Path(f"/sys/module/{name}").exists()
+
+
+def test_modprobe_from_flavour_modules() -> None:
+    sh("modprobe", "veth")
+    assert Path("/sys/module/veth").is_dir()
+
+
+@pytest.fixture
+def peer_netns() -> Iterator[str]:
+    """KBP_NIC1 moved into a fresh netns; both NICs up with 198.18.0.1 / .2."""
+    nic0, nic1 = os.environ["KBP_NIC0"], os.environ["KBP_NIC1"]
+    ns = f"kbp-rig-{uuid.uuid4().hex[:6]}"
+    sh("ip", "netns", "add", ns)
+    try:
+        sh("ip", "link", "set", nic1, "netns", ns)
+        sh("ip", "-n", ns, "addr", "add", "198.18.0.2/24", "dev", nic1)
+        sh("ip", "-n", ns, "link", "set", nic1, "up")
+        sh("ip", "addr", "add", "198.18.0.1/24", "dev", nic0)
+        sh("ip", "link", "set", nic0, "up")
+        yield ns
+    finally:
+        subprocess.run(["ip", "addr", "flush", "dev", nic0], check=False)
+        subprocess.run(["ip", "link", "set", nic0, "down"], check=False)
+        # Deleting the netns returns the physical NIC to the initial namespace.
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def test_ping_across_hub(peer_netns: str) -> None:
+    out = sh("ping", "-c", "3", "-i", "0.2", "-W", "5", "198.18.0.2")
+    assert " 0% packet loss" in out, out
+    out = sh("ip", "netns", "exec", peer_netns, "ping", "-c", "1", "-W", "5", "198.18.0.1")
+    assert " 0% packet loss" in out, out

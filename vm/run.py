@@ -1,0 +1,240 @@
+"""``run``: boot a flavour under QEMU and run one command in the guest.
+
+The contract with the command (environment variables set in the guest):
+
+=================  ==========================================================
+``KBP_IN_VM``      ``1``
+``KBP_FLAVOUR``    the flavour, e.g. ``6.12-rt-amd64``
+``KBP_KVER``       the guest kernel release (``uname -r``)
+``KBP_KO``         absolute path of the built main module (kbp.ko, else the first
+                   module built); unset if nothing was built for this kernel
+``KBP_KO_DIR``     the directory holding every .ko of that build (unset likewise)
+``KBP_NIC0``       guest name of the first hub NIC (MAC 52:54:00:4b:50:00)
+``KBP_NIC1``       guest name of the second hub NIC (MAC 52:54:00:4b:50:01)
+``KBP_PYTHON``     the python the rig picked (``--python``)
+``KBP_OUT``        a host directory shared read-write (only with ``--out``)
+=================  ==========================================================
+
+plus ``PATH`` (the venv's bin first when ``KBP_PYTHON`` is a venv python), ``HOME=/root``,
+``LANG=C.UTF-8``, ``TERM=dumb``, ``PYTHONUNBUFFERED=1`` and any ``--env NAME=VALUE``.
+The command runs as root, in the host's current directory, with stdin from /dev/null
+and stdout/stderr on the console.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shlex
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from vm import console, fetch, initramfs, paths, qemu
+from vm.util import EXIT_RIG, RigError, Stopwatch, note, warn
+
+#: Exit statuses of ``run`` beyond the command's own.
+EXIT_SPLAT = 121      # the command succeeded but the kernel logged a splat
+EXIT_TIMEOUT = 124    # like timeout(1)
+
+DEFAULT_TIMEOUT = 20 * 60
+DEFAULT_MSIZE = 512000
+DEFAULT_9P_CACHE = "loose"
+GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass
+class RunSpec:
+    flavour: str
+    argv: list[str]
+    cwd: Path = field(default_factory=Path.cwd)
+    ko: Path | None = None
+    ko_dir: Path | None = None
+    python: str = "python3"
+    env: dict[str, str] = field(default_factory=dict)
+    out_dir: Path | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    memory_mb: int = 2048
+    smp: int = 2
+    cpu: str = "max"
+    qemu_args: tuple[str, ...] = ()
+    append: str = ""
+    msize: int = DEFAULT_MSIZE
+    cache_9p: str = DEFAULT_9P_CACHE
+    splat_check: bool = True
+    allow_splat: tuple[str, ...] = ()
+    log: Path | None = None
+    quiet: bool = False
+
+
+@dataclass
+class RunResult:
+    kver: str
+    rc: int
+    command_rc: int | None
+    boot_s: float | None
+    total_s: float
+    splats: list[console.Splat]
+    reason: str
+    interrupted: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+def default_python() -> str:
+    """``$KBP_VM_PYTHON``, else ``<repo>/.venv/bin/python`` if it exists, else python3."""
+    env = os.environ.get("KBP_VM_PYTHON")
+    if env:
+        return env
+    venv = paths.REPO_ROOT / ".venv" / "bin" / "python"
+    if venv.exists():
+        return str(venv)
+    note(f"no {venv} (make it with `make venv` or python3 -m venv): the guest uses python3")
+    return "python3"
+
+
+def kernel_cmdline(extra: str = "") -> str:
+    # panic=-1 + QEMU's -no-reboot: a panic ends the VM at once instead of hanging.
+    # Oopses do not panic: the run goes on and the splat scan reports them.
+    # tsc=reliable: under TCG the clocksource watchdog otherwise marks the TSC unstable
+    # in the middle of a run (read-back delays) and switches the clock under the tests.
+    return " ".join(filter(None, ["console=ttyS0,115200", "panic=-1", "printk.time=1",
+                                  "loglevel=6", "tsc=reliable", extra]))
+
+
+def guest_env(spec: RunSpec, kver: str) -> dict[str, str]:
+    """The environment of the command (KBP_NIC0/1 are added by /init)."""
+    path = GUEST_PATH
+    py = Path(spec.python)
+    if py.is_absolute() and (py.parent.parent / "pyvenv.cfg").exists():
+        path = f"{py.parent}:{path}"
+    env = {"PATH": path, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb",
+           "PYTHONUNBUFFERED": "1", "KBP_IN_VM": "1", "KBP_FLAVOUR": spec.flavour,
+           "KBP_KVER": kver, "KBP_PYTHON": spec.python}
+    if spec.ko is not None:
+        env["KBP_KO"] = str(spec.ko)
+        env["KBP_KO_DIR"] = str(spec.ko_dir or spec.ko.parent)
+    if spec.out_dir is not None:
+        env["KBP_OUT"] = str(spec.out_dir)
+    env.update(spec.env)
+    return env
+
+
+def run_script(spec: RunSpec, kver: str, modules: Path, nonce: str) -> str:
+    """/kbp/run.sh: the settings /init reads and ``kbp_exec NIC0 NIC1`` running the command."""
+    q = shlex.quote
+    settings = {
+        "KBPI_NONCE": nonce, "KBPI_KVER": kver, "KBPI_MODULES": str(modules),
+        "KBPI_MSIZE": str(spec.msize), "KBPI_9P_CACHE": spec.cache_9p,
+        "KBPI_OUT": str(spec.out_dir) if spec.out_dir else "",
+        "KBPI_MAC0": qemu.MACS[0], "KBPI_MAC1": qemu.MACS[1],
+    }
+    env = " ".join(q(f"{k}={v}") for k, v in guest_env(spec, kver).items())
+    lines = [f"{k}={q(v)}" for k, v in settings.items()]
+    lines += [
+        "kbp_exec() {",
+        f'\tchroot /newroot /usr/bin/env -i KBP_NIC0="$1" KBP_NIC1="$2" {env} \\',
+        f"\t\t/bin/sh -c 'cd -- \"$0\" || exit 125; exec \"$@\"' {q(str(spec.cwd))} \\",
+        f"\t\t{shlex.join(spec.argv)}",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def _open_log(path: Path | None) -> Iterator[BinaryIO | None]:
+    if path is None:
+        yield None
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as fh:
+        yield fh
+
+
+def run(spec: RunSpec) -> RunResult:
+    """Boot ``spec.flavour``, run ``spec.argv`` in the guest and report how it went."""
+    if not spec.argv:
+        raise RigError("no command to run in the guest")
+    tree = fetch.ensure(spec.flavour)
+    base = initramfs.base(tree)
+    modules = tree.modules.resolve()
+    nonce = secrets.token_hex(8)
+    if spec.out_dir is not None:
+        spec.out_dir = spec.out_dir.resolve()
+        spec.out_dir.mkdir(parents=True, exist_ok=True)
+    shares = [qemu.Share("hostroot", Path("/"), readonly=True)]
+    if spec.out_dir is not None:
+        shares.append(qemu.Share("kbpout", spec.out_dir, readonly=False))
+    watcher = console.ConsoleWatcher(
+        nonce, splat_check=spec.splat_check,
+        allow=tuple(re.compile(rx) for rx in spec.allow_splat))
+    clock = Stopwatch()
+
+    def on_line(line: str) -> bool:
+        watcher.feed(line, clock())
+        return watcher.exit_code is not None
+
+    with tempfile.TemporaryDirectory(prefix="kbp-vm-") as tmp, _open_log(spec.log) as log:
+        initrd = initramfs.with_run_config(base, run_script(spec, tree.kver, modules, nonce),
+                                           Path(tmp) / "initrd.cpio")
+        machine = qemu.Machine(tree.vmlinuz, initrd, kernel_cmdline(spec.append),
+                               spec.memory_mb, spec.smp, spec.cpu, tuple(shares),
+                               extra=spec.qemu_args)
+        note(f"{spec.flavour}: booting {tree.kver} (TCG, {spec.smp} vCPUs, "
+             f"{spec.memory_mb} MiB) to run: {shlex.join(spec.argv)}")
+        sink = None if spec.quiet else sys.stdout.buffer
+        outcome = qemu.supervise(machine.argv(), on_line=on_line, sink=sink, log=log,
+                                 timeout=spec.timeout)
+    return _result(spec, tree.kver, watcher, outcome, clock())
+
+
+def _result(spec: RunSpec, kver: str, w: console.ConsoleWatcher, o: qemu.Outcome,
+            total: float) -> RunResult:
+    boot = w.started_at
+    rc = w.exit_code
+    if o.interrupted:
+        return RunResult(kver, 130, rc, boot, total, w.splats, f"interrupted ({o.interrupted})",
+                         interrupted=True)
+    if rc is None:
+        if o.timed_out:
+            reason = f"timed out after {spec.timeout:.0f} s (QEMU killed)"
+            code = EXIT_TIMEOUT
+        elif w.fatal:
+            reason, code = f"guest setup failed: {w.fatal}", EXIT_RIG
+        else:
+            reason = (f"QEMU exited (status {o.qemu_rc}) before the guest reported an exit "
+                      "status: kernel panic or boot failure? see the console above")
+            code = EXIT_RIG
+        if o.stderr:
+            reason += f"\nQEMU said: {o.stderr}"
+        return RunResult(kver, code, None, boot, total, w.splats, reason)
+    if o.timed_out:
+        warn("the guest reported its exit status but did not power off; QEMU was killed")
+    if rc == EXIT_RIG and w.fatal:
+        return RunResult(kver, EXIT_RIG, None, boot, total, w.splats,
+                         f"guest setup failed: {w.fatal}")
+    if w.splats:
+        code = rc if rc != 0 else EXIT_SPLAT
+        return RunResult(kver, code, rc, boot, total, w.splats,
+                         f"command exited {rc}; kernel splats: "
+                         + ", ".join(sorted({s.label for s in w.splats})))
+    return RunResult(kver, rc, rc, boot, total, w.splats,
+                     "ok" if rc == 0 else f"command exited {rc}")
+
+
+def report(result: RunResult) -> None:
+    """Say on stderr how the run went (splat lines included)."""
+    for s in result.splats[:20]:
+        warn(f"kernel splat ({s.label}) at {s.host_time:.1f} s: {s.line}")
+    if len(result.splats) > 20:
+        warn(f"... and {len(result.splats) - 20} more splat lines")
+    boot = f"{result.boot_s:.1f} s" if result.boot_s is not None else "-"
+    note(f"{result.kver}: {result.reason} (boot {boot}, total {result.total_s:.1f} s, "
+         f"exit {result.rc})")

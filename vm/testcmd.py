@@ -1,0 +1,94 @@
+"""``test``: fetch + build + run the in-guest pytest suite on each flavour in turn."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from vm import build, fetch, paths, run
+from vm.util import RigError, Stopwatch, note
+
+
+@dataclass
+class FlavourResult:
+    flavour: str
+    kver: str = "-"
+    fetch_s: float | None = None
+    build_s: float | None = None
+    boot_s: float | None = None
+    run_s: float | None = None
+    total_s: float = 0.0
+    result: str = "ERROR"
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.result == "PASS"
+
+
+def _fmt(sec: float | None) -> str:
+    return "-" if sec is None else f"{sec:.1f}s"
+
+
+def summary_lines(results: list[FlavourResult]) -> list[str]:
+    head = f"{'flavour':14} {'kernel':26} {'fetch':>6} {'build':>6} {'boot':>6} " \
+           f"{'run':>7} {'total':>7}  result"
+    lines = [head]
+    for r in results:
+        line = (f"{r.flavour:14} {r.kver:26} {_fmt(r.fetch_s):>6} {_fmt(r.build_s):>6} "
+                f"{_fmt(r.boot_s):>6} {_fmt(r.run_s):>7} {_fmt(r.total_s):>7}  {r.result}")
+        if r.detail and not r.ok:
+            line += f" ({r.detail.splitlines()[0]})"
+        lines.append(line)
+    return lines
+
+
+def test_one(flavour: str, *, template: run.RunSpec, module_dir: Path, tests: str,
+             pytest_args: list[str], log: Path) -> FlavourResult:
+    res = FlavourResult(flavour)
+    total = Stopwatch()
+    try:
+        clock = Stopwatch()
+        tree = fetch.fetch(flavour)
+        res.kver, res.fetch_s = tree.kver, clock()
+        clock = Stopwatch()
+        built = build.build(flavour, module_dir)
+        res.build_s = clock()
+        spec = dataclasses.replace(
+            template, flavour=flavour, cwd=paths.REPO_ROOT, ko=built.main,
+            ko_dir=built.build_dir, log=log,
+            argv=[template.python, "-m", "pytest", "-q", tests, *pytest_args])
+        out = run.run(spec)
+        run.report(out)
+        if out.interrupted:
+            raise KeyboardInterrupt
+        res.boot_s, res.run_s = out.boot_s, out.total_s
+        res.result = "PASS" if out.ok else "FAIL"
+        res.detail = out.reason
+    except RigError as exc:
+        res.result, res.detail = "ERROR", str(exc)
+        note(f"{flavour}: error: {exc}")
+    res.total_s = total()
+    return res
+
+
+def test_all(flavours: list[str], *, template: run.RunSpec, module_dir: Path | None,
+             tests: str, pytest_args: list[str], log_dir: Path) -> int:
+    module_dir = module_dir or build.default_module_dir()
+    results = []
+    for flavour in flavours:
+        note(f"=== {flavour}: fetch, build {module_dir}, run {tests}")
+        results.append(test_one(flavour, template=template, module_dir=module_dir,
+                                tests=tests, pytest_args=pytest_args,
+                                log=log_dir / f"{flavour}.log"))
+    print()
+    for line in summary_lines(results):
+        print(line)
+    print(f"console logs: {log_dir}")
+    failed = [r.flavour for r in results if not r.ok]
+    if failed:
+        print(f"FAILED: {' '.join(failed)}")
+        return 1
+    print(f"all {len(results)} flavours passed")
+    return 0

@@ -1,0 +1,41 @@
+# kbp: the two commands of the README
+#   make demo    the main job: a short benchmark of every mode against NAPI (<= 5 min)
+#   make test    every test: lint, host tests (real kernel, netns), VM suite on 3 kernels
+# and their parts:
+#   make setup       install packages, .venv, checkpatch (scripts/setup.sh)
+#   make lint        ruff + checkpatch --strict
+#   make test-host   pytest on this machine's kernel (unit + netns integration)
+#   make test-vm     the in-guest suite on Debian 6.12, 6.12-rt and 6.1 under QEMU
+#   make module      build kbp.ko against the headers of KDIR (default: running kernel)
+
+PY      := .venv/bin/python
+FLAVOURS ?= 6.12-amd64 6.12-rt-amd64 6.1-amd64
+
+.PHONY: all setup lint test test-host test-vm demo module clean
+
+all: test
+
+setup:
+	scripts/setup.sh
+
+lint: setup
+	$(PY) -m ruff check src tests vm
+	$(MAKE) -C module checkpatch KSRC=$(CURDIR)/.cache/checkpatch
+
+test-host: setup
+	$(PY) -m pytest -q -ra tests vm/tests
+
+test-vm: setup
+	$(PY) -m vm test $(FLAVOURS)
+
+test: lint test-host test-vm
+
+demo: setup
+	$(PY) -m kbp.cli bench --demo
+
+module:
+	$(MAKE) -C module
+
+clean:
+	$(MAKE) -C module clean KDIR=$${KDIR:-/usr/src/linux-headers-6.12.117+deb12-amd64} || true
+	rm -rf .cache/vm/build

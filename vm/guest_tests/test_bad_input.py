@@ -1,0 +1,143 @@
+"""Every bad request is refused with its own errno, one dmesg line, and no state left."""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import POLL_CPU, Topo, dmesg_lines, dmesg_since, kbp_threads, sh
+
+
+@pytest.fixture()
+def veth_nogro(kmod) -> Iterator[str]:
+    """An up veth pair with GRO off: no NAPI instance."""
+    sh("modprobe veth; ip link add kbpng0 type veth peer name kbpng1; "
+       "ip link set kbpng0 up; ip link set kbpng1 up; "
+       "ethtool -K kbpng0 gro off; ethtool -K kbpng1 gro off")
+    yield "kbpng0"
+    sh("ip link del kbpng0", check=False)
+
+
+def refused(kmod, code: int, text: str, fn: Callable[[], object],
+            log: bool = True) -> str:
+    """Run a request that must fail; check errno, extack, the dmesg line, no leftovers."""
+    devices_before = [d.ifname for d in kmod.devices()]
+    pollers_before = [p.cpu for p in kmod.pollers()]
+    threads_before = sorted(kbp_threads())
+    mark = len(dmesg_lines())
+    with pytest.raises(kmod.KbpError) as exc:
+        fn()
+    err = exc.value
+    assert err.errno == code, f"{err} (wanted {errno.errorcode[code]})"
+    assert text.lower() in err.message.lower(), err.message
+    refusals = [ln for ln in dmesg_since(mark) if "kbp: refused:" in ln]
+    if log:
+        assert len(refusals) == 1, refusals
+    assert [d.ifname for d in kmod.devices()] == devices_before
+    assert [p.cpu for p in kmod.pollers()] == pollers_before
+    assert sorted(kbp_threads()) == threads_before
+    return refusals[0] if refusals else ""
+
+
+def test_unknown_device(kmod, topo: Topo) -> None:
+    line = refused(kmod, errno.ENODEV, "no device",
+                   lambda: kmod.attach("kbpnosuch0", cpu=POLL_CPU))
+    assert "kbpnosuch0" in line
+
+
+def test_device_without_napi(kmod, veth_nogro: str) -> None:
+    line = refused(kmod, errno.EOPNOTSUPP, "NAPI",
+                   lambda: kmod.attach(veth_nogro, cpu=POLL_CPU))
+    assert veth_nogro in line
+
+
+def test_cpu_out_of_range(kmod, topo: Topo) -> None:
+    line = refused(kmod, errno.ERANGE, "CPU",
+                   lambda: kmod.attach(topo.nic0, cpu=64))
+    assert "64" in line
+
+
+def test_cpu_offline(kmod, topo: Topo) -> None:
+    online = Path(f"/sys/devices/system/cpu/cpu{POLL_CPU}/online")
+    online.write_text("0")
+    try:
+        line = refused(kmod, errno.ENXIO, "offline",
+                       lambda: kmod.attach(topo.nic0, cpu=POLL_CPU))
+        assert f"CPU {POLL_CPU}" in line
+    finally:
+        online.write_text("1")
+
+
+def test_queue_map_cpu_out_of_range(kmod, topo: Topo) -> None:
+    refused(kmod, errno.ERANGE, "CPU",
+            lambda: kmod.attach(topo.nic0, cpu=POLL_CPU, queue_map={0: 4096}))
+
+
+def test_queue_map_names_missing_napi(kmod, topo: Topo) -> None:
+    line = refused(kmod, errno.EINVAL, "NAPI",
+                   lambda: kmod.attach(topo.nic0, cpu=POLL_CPU, queue_map={99: 0}))
+    assert "#99" in line
+
+
+@pytest.mark.parametrize(("mode", "code", "text"), [
+    (7, errno.EINVAL, "unknown mode"),
+    ("periodic", errno.EOPNOTSUPP, "periodic"),
+])
+def test_bad_mode(kmod, topo: Topo, mode: object, code: int, text: str) -> None:
+    refused(kmod, code, text, lambda: kmod.attach(topo.nic0, cpu=POLL_CPU, mode=mode))
+
+
+@pytest.mark.parametrize(("knob", "value"), [("quota", 0), ("quota", 65),
+                                             ("linger_us", 2_000_000)])
+def test_knob_out_of_range(kmod, topo: Topo, knob: str, value: int) -> None:
+    refused(kmod, errno.ERANGE, knob,
+            lambda: kmod.attach(topo.nic0, cpu=POLL_CPU, **{knob: value}))
+
+
+def test_attach_twice(kmod, topo: Topo) -> None:
+    kmod.attach(topo.nic0, cpu=POLL_CPU, mode="hybrid")
+    line = refused(kmod, errno.EEXIST, "already attached",
+                   lambda: kmod.attach(topo.nic0, cpu=POLL_CPU, mode="hybrid"))
+    assert topo.nic0 in line
+
+
+def test_detach_not_attached(kmod, topo: Topo) -> None:
+    line = refused(kmod, errno.ENOENT, "not attached", lambda: kmod.detach(topo.nic0))
+    assert topo.nic0 in line
+
+
+def test_threaded_device(kmod, topo: Topo) -> None:
+    threaded = Path(f"/sys/class/net/{topo.nic0}/threaded")
+    threaded.write_text("1")
+    try:
+        refused(kmod, errno.EBUSY, "threaded", lambda: kmod.attach(topo.nic0, cpu=POLL_CPU))
+    finally:
+        threaded.write_text("0")
+
+
+def test_knob_conflict_with_running_poller(kmod, topo: Topo) -> None:
+    sh("modprobe veth; ip link add kbpcf0 type veth peer name kbpcf1; "
+       "ethtool -K kbpcf0 gro on; ip link set kbpcf0 up; ip link set kbpcf1 up")
+    try:
+        kmod.attach("kbpcf0", cpu=POLL_CPU, mode="busy")
+        refused(kmod, errno.EBUSY, "other",
+                lambda: kmod.attach(topo.nic0, cpu=POLL_CPU, mode="hybrid"))
+        # the same knobs share the poller
+        kmod.attach(topo.nic0, cpu=POLL_CPU, mode="busy")
+        assert len(kmod.pollers()) == 1
+    finally:
+        sh("ip link del kbpcf0", check=False)
+
+
+def test_not_admin(kmod, topo: Topo) -> None:
+    """Without CAP_NET_ADMIN every command is refused (EPERM) before it is looked at."""
+    code = ("import sys; from kbp import kmod\n"
+            "try:\n    kmod.pollers()\nexcept kmod.KbpError as e:\n    sys.exit(e.errno)\n")
+    p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                        "--inh-caps=-all", sys.executable, "-c", code],
+                       capture_output=True, text=True, env={"PYTHONPATH": ":".join(sys.path)})
+    assert p.returncode == errno.EPERM, p.stderr

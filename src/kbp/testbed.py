@@ -159,6 +159,18 @@ class Testbed:
         self.links.append(link)
         return link
 
+    def recreate_link(self, i: int) -> VethLink:
+        """Delete veth pair ``i`` and build it again with the same names and addresses.
+
+        A fresh device drops per-device state a test left behind -- e.g. the NAPI kthreads
+        that kernels before about 6.15 keep after ``threaded`` goes back to 0."""
+        old = self.links[i]
+        run(old.ns_a, ["ip", "link", "del", old.dev_a], check=False)
+        link = self.add_link(i)
+        self.links.remove(link)
+        self.links[i] = link
+        return link
+
     # -- helpers ---------------------------------------------------------------------
     def run(self, ns: str | None, argv: Sequence[str], check: bool = True,
             timeout: float | None = 60) -> subprocess.CompletedProcess[str]:

@@ -31,7 +31,7 @@ from kbp.bench.runner import Aborted, Bench, BenchConfig, Progress
 PRESETS: dict[str, dict[str, Any]] = {
     "full": {},
     "demo": {"reps": 5, "duration": 4.0, "scenarios": ["rtt", "rfc2544"], "rfc_frames": [64],
-             "rfc_reps": 1, "rfc_trial": 1.0, "rfc_resolution": 0.05},
+             "rfc_reps": 1, "rfc_trial": 1.0, "rfc_resolution": 0.1},
     "smoke": {"modes": ["napi", "stock-kbp"], "reps": 1, "duration": 1.0, "warmup": 0.2,
               "scenarios": ["rtt", "rfc2544"], "rfc_frames": [64], "rfc_reps": 1,
               "rfc_trial": 0.3, "rfc_resolution": 0.25, "rfc_max_pps": 20000.0},
@@ -72,6 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load-cpu", type=int, help="CPU of the tester and the flood (0)")
     p.add_argument("--tester-prio", type=int, help="SCHED_FIFO priority of the tester (50)")
     p.add_argument("--rt-prio", type=int, help="SCHED_FIFO priority of kbp pollers (50)")
+    p.add_argument("--busy-app-on-rt-cpu", action="store_true",
+                   help="keep the app on the RT CPU in busy mode too (default: the busy poller "
+                        "owns the RT CPU and the app moves to the load CPU)")
     p.add_argument("--no-trace", action="store_true", help="skip the bpftrace kernel delays")
     p.add_argument("--emulated", action="store_true",
                    help="label results as emulated (VM rig guest); detected under QEMU")
@@ -99,6 +102,8 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         cfg.poisson = False
     if a.no_trace:
         cfg.trace = False
+    if a.busy_app_on_rt_cpu:
+        cfg.spin_app_elsewhere = False
     if a.emulated:
         cfg.emulated = True
     cfg.out = a.out or runner.default_out_dir()

@@ -14,6 +14,12 @@ nothing else; the client ends and the competing flood's devices stay stock NAPI 
 ``busy`` / ``hybrid``   the kbp module's poller on the RT CPU (:mod:`kbp.backends` kmod);
                         only where the module is loaded (the VM rig), skipped elsewhere.
 ======================  =================================================================
+
+A mode whose poller never sleeps (``spins``: busy) owns its CPU: a SCHED_FIFO spinner leaves a
+SCHED_OTHER application on the same CPU only the RT-throttling window (50 ms per second), so
+the runner moves the application to the load CPU for it (KBP Sect. 4.1: the KBP thread gets
+a dedicated core, applications run on other cores).  Measured in the VM rig before this rule:
+busy with the app on the poller's CPU had p99 ~ 850 ms and lost requests.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class Target:
 
 class Mode(Protocol):
     name: str
+    spins: bool
 
     def unavailable(self) -> str | None:
         """Why this mode cannot run here (None: it can)."""
@@ -103,6 +110,7 @@ def thread_placement(pid: int) -> dict[str, Any]:
 class NapiMode:
     name: str = "napi"
     target: Target | None = None
+    spins: bool = False
 
     def unavailable(self) -> str | None:
         return None
@@ -132,6 +140,7 @@ class NapiMode:
 class ThreadedMode:
     name: str = "threaded"
     target: Target | None = None
+    spins: bool = False
     _was: str | None = None
 
     def unavailable(self) -> str | None:
@@ -174,6 +183,7 @@ class BackendMode:
     name: str
     backend: str                    # names.BACKEND_STOCK or names.BACKEND_KMOD
     kbp_mode: str                   # names.MODE_HYBRID / names.MODE_BUSY
+    spins: bool = False             # the poller never sleeps: it owns its CPU
     target: Target | None = None
     enabled: bool = False
     _threads: dict[int, str] = field(default_factory=dict)
@@ -267,7 +277,8 @@ def all_modes() -> dict[str, Mode]:
         "napi": NapiMode(),
         "threaded": ThreadedMode(),
         "stock-kbp": BackendMode("stock-kbp", names.BACKEND_STOCK, names.MODE_HYBRID),
-        names.MODE_BUSY: BackendMode(names.MODE_BUSY, names.BACKEND_KMOD, names.MODE_BUSY),
+        names.MODE_BUSY: BackendMode(names.MODE_BUSY, names.BACKEND_KMOD, names.MODE_BUSY,
+                                     spins=True),
         names.MODE_HYBRID: BackendMode(names.MODE_HYBRID, names.BACKEND_KMOD,
                                        names.MODE_HYBRID),
     }

@@ -60,21 +60,22 @@ def _passes(t: Trial, loss_tolerance: float, min_achieved: float) -> tuple[bool,
 
 
 def search(trial: Callable[[float], Trial], hi: float, lo: float = 0.0,
-           resolution: float = 0.05, loss_tolerance: float = 0.0, max_trials: int = 20,
-           min_achieved: float = 0.97,
+           resolution: float = 0.05, loss_tolerance: float = 0.0, max_trials: int = 24,
+           min_achieved: float = 0.97, floor: float | None = None,
            on_trial: Callable[[Trial, bool], None] | None = None) -> SearchResult:
     """Binary search for the highest passing rate in [lo, hi].
 
-    ``resolution`` is relative to ``hi``: the search stops when the interval between the
-    highest passing and the lowest failing rate is at most ``resolution * hi``.  ``hi`` is tried
-    first; if it passes, the result is ``hi`` (bound ``ceiling``).  ``lo`` is assumed to pass
-    (0 always does) and is not tried.
+    ``hi`` is tried first; if it passes, the result is ``hi`` (bound ``ceiling``).  ``lo`` is
+    assumed to pass (0 always does) and is not tried.  The interval is halved until the
+    lowest failing rate is within ``resolution`` (relative) of the highest passing one, so the
+    result is at most ``resolution`` below the true threshold however far below ``hi`` it is;
+    while nothing has passed the search stops at ``floor`` (default ``hi / 1024``).
     """
     if hi <= 0 or hi <= lo:
         raise ValueError(f"bad search interval [{lo}, {hi}]")
     trials: list[dict[str, Any]] = []
     good, bad = lo, hi
-    step = resolution * hi
+    floor = hi / 1024 if floor is None else floor
 
     def run(rate: float) -> bool:
         t = trial(rate)
@@ -89,7 +90,11 @@ def search(trial: Callable[[float], Trial], hi: float, lo: float = 0.0,
 
     if run(hi):
         return SearchResult(_offered(trials), "ceiling", trials, lo, hi, resolution)
-    while bad - good > step and len(trials) < max_trials:
+    while len(trials) < max_trials:
+        if good <= lo and bad <= max(floor, lo):
+            break
+        if good > lo and bad - good <= resolution * good:
+            break
         mid = (good + bad) / 2.0
         if run(mid):
             good = mid

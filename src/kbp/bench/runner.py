@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import json
 import math
 import os
@@ -26,9 +27,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pyroute2.netlink.exceptions import NetlinkError
+
 from kbp import names
 from kbp.bench import machine, rfc2544, sysstat, tester, trace, workloads
-from kbp.bench.modes import Mode, Target, all_modes
+from kbp.bench.modes import Mode, Target, all_modes, napi_kthreads
 from kbp.bench.stats import summarize
 from kbp.testbed import Testbed
 
@@ -67,6 +70,7 @@ class BenchConfig:
     load_cpu: int = 0
     tester_prio: int = 50
     rt_prio: int = 50
+    spin_app_elsewhere: bool = True  # busy: the app runs on the load CPU (the poller owns rt)
     trace: bool = True
     seed: int = 1
     emulated: bool | None = None     # None: detect (QEMU guest)
@@ -184,7 +188,9 @@ class Bench:
             "placement": {
                 "rt_cpu": cfg.rt_cpu, "load_cpu": cfg.load_cpu,
                 "rt_cpu_runs": "sockperf server (RT app); the RT device's poller in "
-                               "threaded/stock-kbp/busy/hybrid",
+                               "threaded/stock-kbp/busy/hybrid (busy: the poller alone, the "
+                               "app moves to the load CPU"
+                               + ("" if cfg.spin_app_elsewhere else " -- disabled here") + ")",
                 "load_cpu_runs": "tester kbp-rtt (SCHED_FIFO "
                                  f"{cfg.tester_prio}), iperf3 flood client+server, bpftrace, "
                                  "the benchmark itself; in napi mode also the RT device's "
@@ -212,7 +218,7 @@ class Bench:
             if not self.trace_reason:
                 tfs.ensure()
             os.sched_setaffinity(0, {cfg.load_cpu})
-            with Testbed(links_wanted=2, prefix="kbpb") as tb:
+            with _testbed() as tb:
                 self.tb = tb
                 self._run_all(tb)
         except KeyboardInterrupt:
@@ -296,6 +302,7 @@ class Bench:
             threads = mode.threads()
             app = self.server.pids()
             rec["mode_setup"] = mode.describe()
+            rec["app_cpu"] = self.server.cpu_now
             if not self.trace_reason:
                 kt = trace.KernelTrace(poller_pids=list(threads), app_pids=app,
                                        cpu=cfg.load_cpu)
@@ -392,11 +399,32 @@ class Bench:
     # -- helpers -------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _mode(self, mode: Mode, target: Target) -> Iterator[None]:
+        if getattr(mode, "backend", None) == names.BACKEND_KMOD and napi_kthreads(target.dev):
+            self._fresh_rt_link()
+        app_cpu = self.cfg.load_cpu if mode.spins and self.cfg.spin_app_elsewhere \
+            else self.cfg.rt_cpu
         try:
+            if self.server is not None and app_cpu != self.server.cpu_now:
+                self.server.move(app_cpu)
             mode.setup(target)
             yield
         finally:
-            mode.teardown()
+            try:
+                mode.teardown()
+            finally:
+                if self.server is not None and self.server.cpu_now != self.cfg.rt_cpu:
+                    self.server.move(self.cfg.rt_cpu)
+
+    def _fresh_rt_link(self) -> None:
+        """Kernels before ~6.15 keep a NAPI's kthread after threaded=0, and the module refuses
+        a NAPI that has one (EBUSY): give the module modes a fresh RT device."""
+        assert self.tb is not None and self.server is not None
+        self._note("recreating the RT veth pair (a NAPI kthread outlived threaded=0)")
+        self.server.stop()
+        self.tb.recreate_link(0)
+        self.server.start()
+        self.results.setdefault("rt_link_recreated", 0)
+        self.results["rt_link_recreated"] += 1
 
     def _note(self, msg: str) -> None:
         if self.progress:
@@ -411,8 +439,27 @@ class Bench:
 
     def _rfc_plan(self) -> float:
         cfg = self.cfg
-        trials = 2 + max(1, math.ceil(-math.log2(cfg.rfc_resolution)))
+        # ceiling probe + ceiling + ~4 halvings (the RT path carries far less than the
+        # sender can offer) + refinements down to the resolution
+        trials = 6 + max(1, math.ceil(-math.log2(cfg.rfc_resolution)))
         return trials * (cfg.rfc_trial + 0.8)
+
+
+@contextlib.contextmanager
+def _testbed() -> Iterator[Testbed]:
+    """The benchmark's testbed: RT pair (0) and flood pair (1), namespaces kbpb-<tag>-c/s."""
+    tb = Testbed(links_wanted=2, prefix="kbpb")
+    try:
+        tb.__enter__()
+    except NetlinkError as e:
+        if e.code == errno.EOPNOTSUPP:
+            raise Aborted("cannot create veth pairs (Operation not supported): the veth "
+                          "driver is not loaded; load it with 'modprobe veth'") from e
+        raise
+    try:
+        yield tb
+    finally:
+        tb.__exit__(None, None, None)
 
 
 def target_ip(tb: Testbed) -> str:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
@@ -61,8 +62,10 @@ class SockperfServer:
     cpu: int
     port: int = SOCKPERF_PORT
     proc: subprocess.Popen[str] | None = None
+    cpu_now: int = -1
 
     def start(self, timeout: float = 10.0) -> None:
+        self.cpu_now = self.cpu
         self.proc = procs.start(self.ns, ["taskset", "-c", str(self.cpu), "sockperf", "server",
                                           "-i", self.ip, "-p", str(self.port)],
                                 stdout=subprocess.DEVNULL)
@@ -85,6 +88,14 @@ class SockperfServer:
             return sorted(int(t) for t in os.listdir(f"/proc/{self.proc.pid}/task"))
         except OSError:
             return [self.proc.pid]
+
+    def move(self, cpu: int) -> None:
+        """Re-pin every thread of the running server to ``cpu``."""
+        import os
+        for tid in self.pids():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, {cpu})
+        self.cpu_now = cpu
 
     def stop(self) -> None:
         if self.proc is not None:

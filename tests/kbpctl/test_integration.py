@@ -317,6 +317,21 @@ def test_killed_mid_enable_then_disable_restores(bed: Bed, step: int, phase: str
     assert bed.journals() == []
 
 
+def test_disable_after_the_netns_is_gone(bed: Bed) -> None:
+    """A container's netns deleted while kbp served its veth: disable forgets the device
+    (its NAPIs and threads went with it) and restores the rest."""
+    with testbed.Testbed(prefix="kbpx") as other:
+        dev, ns = other.links[0].dev_b, other.server
+        bed.kbpctl("enable", dev, "--netns", ns, "--cpus", "1", "--linger-us", "10")
+        assert len(bed.journals()) == 1
+    st = bed.status()
+    assert any("gone" in p or "root" in p for d in st["devices"] if d["name"] == dev
+               for p in d["problems"])
+    out = bed.kbpctl("disable", dev, "--netns", ns).stdout
+    assert "is gone" in out and f"disabled {dev}" in out
+    assert bed.journals() == []
+
+
 # -- configuration --------------------------------------------------------------------
 def test_apply_converges(bed: Bed, tmp_path: Path) -> None:
     cfg = tmp_path / "kbp.toml"

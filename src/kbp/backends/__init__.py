@@ -239,7 +239,7 @@ def resolve_auto(state: StateDir | None = None) -> tuple[Backend, str]:
     ok, why = km.available()
     if ok:
         return km, "the kbp module is loaded"
-    return StockBackend(state=state), f"stock kernel features ({why})"
+    return StockBackend(state=state), f"{why}; using stock kernel features"
 
 
 # -- operations across backends -------------------------------------------------------
@@ -248,15 +248,15 @@ def disable(devices: Sequence[str] | None = None, netns: str | None = None,
     """Disable devices (None: all), each with the backend that enabled it."""
     from kbp.netdev import check_netns, get_link
     st = state or StateDir()
-    check_netns(netns)
     require_root("kbpctl disable")
     recs = st.records()
     result = DisableResult()
     if devices is not None:
         known = {(r.dev, r.netns) for r in recs}
         for d in devices:
-            if (d, netns) in known:
+            if (d, netns) in known:  # the netns may be gone: the journal knows the rest
                 continue
+            check_netns(netns)
             if get_link(d, netns) is None:
                 where = f"netns {netns}" if netns else "this netns"
                 raise InvalidInput(f"no device {d} in {where}, and kbp does not serve one by "

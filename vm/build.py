@@ -142,3 +142,30 @@ def build(flavour: str, module_dir: Path, *, jobs: int = 0) -> Built:
         raise RigError(f"make succeeded but {build_dir}/modules.order names no built .ko")
     note(f"{flavour}: built {' '.join(k.name for k in built.kos)} in {clock():.1f} s")
     return built
+
+
+def test_module_dirs() -> list[Path]:
+    """The test-only modules: every directory under vm/testdata with a Kbuild/Makefile."""
+    return sorted(d for d in paths.TESTDATA.iterdir()
+                  if (d / "Kbuild").exists() or (d / "Makefile").exists())
+
+
+def build_test_modules(flavour: str) -> Path:
+    """Build every vm/testdata module for ``flavour``; gather the .ko files in one
+    directory (exported to the guest as KBP_TEST_MODULES) and return it."""
+    tree = fetch.ensure(flavour)
+    kos = [ko for d in test_module_dirs() for ko in build(flavour, d).kos]
+    dest = tree.test_modules
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for ko in kos:
+        if (dest / ko.name).exists():
+            raise RigError(f"two test modules are called {ko.name}")
+        shutil.copy2(ko, dest / ko.name)
+    return dest
+
+
+def existing_test_modules(flavour: str) -> Path | None:
+    """The directory of a previous build_test_modules() for ``flavour``, if any."""
+    d = fetch.ensure(flavour).test_modules
+    return d if d.is_dir() else None

@@ -32,13 +32,14 @@ typical use:
 
 exit status: the guest command's status for run; 1 if any flavour failed for test;
   {run.EXIT_SPLAT} command ok but kernel splat, {run.EXIT_TIMEOUT} timeout,
-  {EXIT_RIG} the rig failed (download, build, boot), 130 interrupted.
+  {EXIT_RIG} the rig failed (download, build, boot), 128+N killed by signal N (130 Ctrl-C).
 """
 
 RUN_EPILOG = f"""\
 the guest (contract for the command):
   env   KBP_IN_VM=1  KBP_FLAVOUR  KBP_KVER (uname -r)  KBP_KO (main .ko: kbp.ko, else the
-        first one built; unset if none)  KBP_KO_DIR  KBP_NIC0 KBP_NIC1 (the two virtio-net
+        first one built; unset if none)  KBP_KO_DIR  KBP_TEST_MODULES (dir with the .ko of
+        every vm/testdata module)  KBP_NIC0 KBP_NIC1 (the two virtio-net
         NICs, joined by a QEMU hub: what one sends the other receives)  KBP_PYTHON
         KBP_OUT (with --out)  PATH (venv bin first)  HOME=/root  TERM=dumb
   root  host / read-only + tmpfs overlay; fresh /proc /sys /dev /run, tracefs, debugfs,
@@ -153,7 +154,11 @@ def parser() -> argparse.ArgumentParser:
         help="build the out-of-tree module against a flavour's headers",
         description="Copy the module sources to a private per-kernel directory in the cache "
                     "and run `make -C <headers> M=<copy> modules` there (fetching the flavour "
-                    "first if needed). Prints the path of each built .ko.")
+                    "first if needed). Prints the path of each built .ko. With "
+                    "--test-modules, also builds every vm/testdata/* module and prints "
+                    "their directory (KBP_TEST_MODULES in the guest).")
+    p.add_argument("--test-modules", action="store_true",
+                   help="also build the vm/testdata test modules")
     p.add_argument("flavour", type=_flavour, metavar="FLAVOUR")
     p.add_argument("--module-dir", type=Path, default=None, metavar="DIR",
                    help="module sources with a Kbuild/Makefile (default module/, or the "
@@ -174,7 +179,8 @@ def parser() -> argparse.ArgumentParser:
     m = p.add_argument_group("module")
     m.add_argument("--module-dir", type=Path, default=None, metavar="DIR",
                    help="whose build KBP_KO points at (default as for build)")
-    m.add_argument("--build", action="store_true", help="build the module first")
+    m.add_argument("--build", action="store_true",
+                   help="build the module (and the vm/testdata test modules) first")
     m.add_argument("--ko", type=Path, default=None, metavar="PATH",
                    help="export this .ko as KBP_KO instead of a cached build")
     p.add_argument("--log", type=Path, default=None, metavar="FILE",
@@ -241,6 +247,8 @@ def cmd_build(args: argparse.Namespace) -> int:
                         jobs=args.jobs)
     for ko in built.kos:
         print(ko)
+    if args.test_modules:
+        print(build.build_test_modules(args.flavour))
     return 0
 
 
@@ -267,6 +275,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                      "(pass --build to build it)")
         if built is not None:
             spec.ko, spec.ko_dir = built.main, built.build_dir
+    spec.test_modules = (build.build_test_modules(args.flavour) if args.build
+                         else build.existing_test_modules(args.flavour))
     result = run.run(spec)
     run.report(result)
     return result.rc

@@ -8,6 +8,7 @@ Cache layout (default ``<repo>/.cache/vm``, or ``$KBP_VM_CACHE``)::
     kernels/<kver>/fetched.json    stamp written last: the tree is complete
     kernels/<kver>/initramfs.cpio  the base initramfs (busybox, early modules, /init)
     kernels/<kver>/build/<tag>/    one private copy of a module's sources per module dir
+    kernels/<kver>/test-modules/   the .ko files of every vm/testdata/* module (KBP_TEST_MODULES)
     logs/                          console logs written by ``test``
 """
 
@@ -20,7 +21,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VM_DIR = REPO_ROOT / "vm"
-HELLO_MODULE = VM_DIR / "testdata" / "hello"
+TESTDATA = VM_DIR / "testdata"
+HELLO_MODULE = TESTDATA / "hello"
 DEFAULT_MODULE = REPO_ROOT / "module"
 GUEST_TESTS = VM_DIR / "guest_tests"
 
@@ -64,6 +66,10 @@ class KernelTree:
     @property
     def initramfs(self) -> Path:
         return self.dir / "initramfs.cpio"
+
+    @property
+    def test_modules(self) -> Path:
+        return self.dir / "test-modules"
 
     def build_dir(self, module_dir: Path) -> Path:
         """A private build directory for ``module_dir`` against this kernel."""

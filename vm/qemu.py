@@ -22,6 +22,8 @@ from typing import BinaryIO
 from vm.util import RigError
 
 QEMU = "qemu-system-x86_64"
+#: QEMU warnings that are expected with this machine and say nothing about a failure.
+KNOWN_STDERR = ("is not connected to host network",)
 #: Locally administered MACs of the two hub NICs; /init finds the NICs by these.
 MACS = ("52:54:00:4b:50:00", "52:54:00:4b:50:01")
 
@@ -79,12 +81,14 @@ class _Terminated(Exception):
 
 
 @contextlib.contextmanager
-def _sigterm_as_exception() -> Iterator[None]:
-    """Turn SIGTERM/SIGHUP into an exception, so the QEMU is cleaned up as on Ctrl-C."""
+def _signals_as_exception() -> Iterator[None]:
+    """Turn SIGINT/SIGTERM/SIGHUP into an exception, so QEMU is always cleaned up (also
+    when SIGINT was inherited as ignored, as in a shell's background job)."""
     def handler(signum: int, _frame: object) -> None:
         raise _Terminated(signal.Signals(signum).name)
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.signal(s, handler) for s in sigs}
     try:
         yield
     finally:
@@ -98,7 +102,7 @@ class Outcome:
 
     qemu_rc: int | None
     timed_out: bool = False
-    interrupted: str | None = None
+    interrupted: str | None = None   # the signal's name, e.g. "SIGINT"
     stderr: str = ""
 
 
@@ -112,7 +116,7 @@ def supervise(argv: list[str], *, on_line: Callable[[str], bool], sink: BinaryIO
     """
     import time
 
-    with tempfile.TemporaryFile() as err, _sigterm_as_exception():
+    with tempfile.TemporaryFile() as err, _signals_as_exception():
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=err, start_new_session=True,
@@ -149,8 +153,6 @@ def supervise(argv: list[str], *, on_line: Callable[[str], bool], sink: BinaryIO
                         deadline = min(deadline, time.monotonic() + grace)
             if partial:
                 on_line(partial.decode("utf-8", "replace"))
-        except KeyboardInterrupt:
-            outcome.interrupted = "SIGINT"
         except _Terminated as exc:
             outcome.interrupted = str(exc)
         finally:
@@ -162,5 +164,7 @@ def supervise(argv: list[str], *, on_line: Callable[[str], bool], sink: BinaryIO
                 log.flush()
         outcome.qemu_rc = proc.returncode
         err.seek(0)
-        outcome.stderr = err.read().decode("utf-8", "replace").strip()
+        outcome.stderr = "\n".join(
+            line for line in err.read().decode("utf-8", "replace").splitlines()
+            if line.strip() and not any(k in line for k in KNOWN_STDERR))
     return outcome

@@ -9,6 +9,8 @@ The contract with the command (environment variables set in the guest):
 ``KBP_KO``         absolute path of the built main module (kbp.ko, else the first
                    module built); unset if nothing was built for this kernel
 ``KBP_KO_DIR``     the directory holding every .ko of that build (unset likewise)
+``KBP_TEST_MODULES`` a directory with the .ko of every test module under
+                   vm/testdata/ (e.g. kbp_test_klp.ko); unset if not built
 ``KBP_NIC0``       guest name of the first hub NIC (MAC 52:54:00:4b:50:00)
 ``KBP_NIC1``       guest name of the second hub NIC (MAC 52:54:00:4b:50:01)
 ``KBP_PYTHON``     the python the rig picked (``--python``)
@@ -23,11 +25,13 @@ and stdout/stderr on the console.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import re
 import secrets
 import shlex
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -36,13 +40,14 @@ from pathlib import Path
 from typing import BinaryIO
 
 from vm import console, fetch, initramfs, paths, qemu
-from vm.util import EXIT_RIG, RigError, Stopwatch, note, warn
+from vm.util import EXIT_RIG, RigError, Stopwatch, file_lock, note, warn
 
 #: Exit statuses of ``run`` beyond the command's own.
 EXIT_SPLAT = 121      # the command succeeded but the kernel logged a splat
 EXIT_TIMEOUT = 124    # like timeout(1)
 
 DEFAULT_TIMEOUT = 20 * 60
+TAIL_LINES = 40
 DEFAULT_MSIZE = 512000
 DEFAULT_9P_CACHE = "loose"
 GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -55,6 +60,7 @@ class RunSpec:
     cwd: Path = field(default_factory=Path.cwd)
     ko: Path | None = None
     ko_dir: Path | None = None
+    test_modules: Path | None = None
     python: str = "python3"
     env: dict[str, str] = field(default_factory=dict)
     out_dir: Path | None = None
@@ -82,6 +88,9 @@ class RunResult:
     splats: list[console.Splat]
     reason: str
     interrupted: bool = False
+    #: The last console lines (shown by report() when the console was not streamed).
+    tail: list[str] = field(default_factory=list)
+    quiet: bool = False
 
     @property
     def ok(self) -> bool:
@@ -98,6 +107,11 @@ def default_python() -> str:
         return str(venv)
     note(f"no {venv} (make it with `make venv` or python3 -m venv): the guest uses python3")
     return "python3"
+
+
+def qemu_lock() -> Path:
+    """The machine-wide lock that serialises VMs (``$KBP_VM_LOCK`` overrides it)."""
+    return Path(os.environ.get("KBP_VM_LOCK", "/tmp/kbp-vm-qemu.lock"))
 
 
 def kernel_cmdline(extra: str = "") -> str:
@@ -121,6 +135,8 @@ def guest_env(spec: RunSpec, kver: str) -> dict[str, str]:
     if spec.ko is not None:
         env["KBP_KO"] = str(spec.ko)
         env["KBP_KO_DIR"] = str(spec.ko_dir or spec.ko.parent)
+    if spec.test_modules is not None:
+        env["KBP_TEST_MODULES"] = str(spec.test_modules)
     if spec.out_dir is not None:
         env["KBP_OUT"] = str(spec.out_dir)
     env.update(spec.env)
@@ -175,9 +191,12 @@ def run(spec: RunSpec) -> RunResult:
     watcher = console.ConsoleWatcher(
         nonce, splat_check=spec.splat_check,
         allow=tuple(re.compile(rx) for rx in spec.allow_splat))
-    clock = Stopwatch()
+    clock = Stopwatch()  # restarted when QEMU starts (after waiting for the VM lock)
+
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
 
     def on_line(line: str) -> bool:
+        tail.append(line)
         watcher.feed(line, clock())
         return watcher.exit_code is not None
 
@@ -190,9 +209,14 @@ def run(spec: RunSpec) -> RunResult:
         note(f"{spec.flavour}: booting {tree.kver} (TCG, {spec.smp} vCPUs, "
              f"{spec.memory_mb} MiB) to run: {shlex.join(spec.argv)}")
         sink = None if spec.quiet else sys.stdout.buffer
-        outcome = qemu.supervise(machine.argv(), on_line=on_line, sink=sink, log=log,
-                                 timeout=spec.timeout)
-    return _result(spec, tree.kver, watcher, outcome, clock())
+        # One VM at a time on this machine (2 cores, shared): wait for other rig users.
+        with file_lock(qemu_lock(), "one QEMU at a time"):
+            clock.restart()
+            outcome = qemu.supervise(machine.argv(), on_line=on_line, sink=sink, log=log,
+                                     timeout=spec.timeout)
+    result = _result(spec, tree.kver, watcher, outcome, clock())
+    result.tail, result.quiet = list(tail), spec.quiet
+    return result
 
 
 def _result(spec: RunSpec, kver: str, w: console.ConsoleWatcher, o: qemu.Outcome,
@@ -200,7 +224,8 @@ def _result(spec: RunSpec, kver: str, w: console.ConsoleWatcher, o: qemu.Outcome
     boot = w.started_at
     rc = w.exit_code
     if o.interrupted:
-        return RunResult(kver, 130, rc, boot, total, w.splats, f"interrupted ({o.interrupted})",
+        code = 128 + signal.Signals[o.interrupted].value
+        return RunResult(kver, code, rc, boot, total, w.splats, f"interrupted ({o.interrupted})",
                          interrupted=True)
     if rc is None:
         if o.timed_out:
@@ -231,6 +256,10 @@ def _result(spec: RunSpec, kver: str, w: console.ConsoleWatcher, o: qemu.Outcome
 
 def report(result: RunResult) -> None:
     """Say on stderr how the run went (splat lines included)."""
+    if result.quiet and not result.ok and result.tail:
+        note(f"last {len(result.tail)} console lines:")
+        for line in result.tail:
+            print(f"  | {line}", file=sys.stderr)
     for s in result.splats[:20]:
         warn(f"kernel splat ({s.label}) at {s.host_time:.1f} s: {s.line}")
     if len(result.splats) > 20:

@@ -54,15 +54,16 @@ def test_one(flavour: str, *, template: run.RunSpec, module_dir: Path, tests: st
         res.kver, res.fetch_s = tree.kver, clock()
         clock = Stopwatch()
         built = build.build(flavour, module_dir)
+        test_modules = build.build_test_modules(flavour)
         res.build_s = clock()
         spec = dataclasses.replace(
             template, flavour=flavour, cwd=paths.REPO_ROOT, ko=built.main,
-            ko_dir=built.build_dir, log=log,
+            ko_dir=built.build_dir, test_modules=test_modules, log=log,
             argv=[template.python, "-m", "pytest", "-q", tests, *pytest_args])
         out = run.run(spec)
         run.report(out)
         if out.interrupted:
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt  # stop here: do not go on to the next flavour
         res.boot_s, res.run_s = out.boot_s, out.total_s
         res.result = "PASS" if out.ok else "FAIL"
         res.detail = out.reason
@@ -78,7 +79,8 @@ def test_all(flavours: list[str], *, template: run.RunSpec, module_dir: Path | N
     module_dir = module_dir or build.default_module_dir()
     results = []
     for flavour in flavours:
-        note(f"=== {flavour}: fetch, build {module_dir}, run {tests}")
+        note(f"=== {flavour}: fetch, build {module_dir} and the vm/testdata modules, "
+             f"run {tests}")
         results.append(test_one(flavour, template=template, module_dir=module_dir,
                                 tests=tests, pytest_args=pytest_args,
                                 log=log_dir / f"{flavour}.log"))

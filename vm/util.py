@@ -80,5 +80,8 @@ class Stopwatch:
     def __init__(self) -> None:
         self.start = time.monotonic()
 
+    def restart(self) -> None:
+        self.start = time.monotonic()
+
     def __call__(self) -> float:
         return time.monotonic() - self.start

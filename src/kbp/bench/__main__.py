@@ -1,4 +1,4 @@
-"""python -m kbp.bench [setup | report DIR | bench options]"""
+"""python -m kbp.bench [setup | report DIR | vm [--flavour F] ... | bench options]"""
 
 import sys
 

@@ -83,6 +83,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print results.json to stdout")
     p.add_argument("--require-quiet", action="store_true",
                    help="refuse to run when load average >= 0.5 or QEMU runs")
+    p.add_argument("--wait-quiet", type=float, metavar="SECONDS",
+                   help="before each run, wait while a QEMU process runs (at most SECONDS "
+                        "in all); runs still record the load they saw")
 
 
 def config_from_args(a: argparse.Namespace) -> BenchConfig:
@@ -102,6 +105,8 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         cfg.poisson = False
     if a.no_trace:
         cfg.trace = False
+    if a.wait_quiet is not None:
+        cfg.wait_quiet_s = a.wait_quiet
     if a.busy_app_on_rt_cpu:
         cfg.spin_app_elsewhere = False
     if a.emulated:
@@ -252,6 +257,31 @@ def run_report(a: argparse.Namespace) -> int:
     return 0
 
 
+# -- the VM rig -----------------------------------------------------------------------------
+def run_vm(argv: list[str]) -> int:
+    """Run the benchmark inside the VM rig's guest, with kbp.ko loaded (module modes).
+
+    ``python -m kbp.bench vm [--flavour F] [--out DIR] [bench options]``: boots F under QEMU
+    (TCG), loads kbp.ko and veth, and runs ``python -m kbp.bench --emulated`` there with the
+    other options; results land in DIR on the host.  Timings are emulated: use these runs for
+    what the modes do (counters, CPU time, loss, kernel-side event counts), not for latency."""
+    vp = argparse.ArgumentParser(prog="python -m kbp.bench vm", add_help=True)
+    vp.add_argument("--flavour", default="6.12-amd64")
+    vp.add_argument("--out", type=Path, default=None)
+    vp.add_argument("--timeout", type=int, default=3600)
+    a, rest = vp.parse_known_args(argv)
+    out = (a.out or runner.default_out_dir().with_name(
+        runner.default_out_dir().name + "-vm")).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    inner = shlex.join([".venv/bin/python", "-m", "kbp.bench", "--emulated", *rest]) + \
+        ' --out "$KBP_OUT"'
+    cmd = [sys.executable, "-m", "vm", "run", a.flavour, "--build", "--out", str(out),
+           "--timeout", str(a.timeout), "--",
+           "sh", "-c", f'insmod "$KBP_KO" && modprobe veth && {inner}']
+    print(f"running: {shlex.join(cmd)}", file=sys.stderr)
+    return subprocess.run(cmd).returncode
+
+
 # -- entry points -------------------------------------------------------------------------------
 def register(subparsers: Any) -> None:
     """Add ``bench`` to kbpctl (called by kbp.cli)."""
@@ -270,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--install", action="store_true",
                         help="apt-get install what is missing (root)")
         return run_setup(sp.parse_args(argv[1:]))
+    if argv[:1] == ["vm"]:
+        return run_vm(argv[1:])
     if argv[:1] == ["report"]:
         rp = argparse.ArgumentParser(prog="python -m kbp.bench report")
         rp.add_argument("dir", type=Path)

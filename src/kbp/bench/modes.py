@@ -33,8 +33,7 @@ from typing import Any, Protocol
 from kbp import names
 from kbp.testbed import run as ns_run
 
-VM_HINT = ("runs in the VM rig: python3 -m vm ... with the module loaded, "
-           "see docs/results.md")
+VM_HINT = "runs in the VM rig: python -m kbp.bench vm --smoke"
 
 
 @dataclass
@@ -200,7 +199,8 @@ class BackendMode:
             return f"{self.backend} backend: {e}"
         if not ok:
             if self.backend == names.BACKEND_KMOD:
-                return f"kbp module not loaded ({VM_HINT}); {why}"
+                extra = "" if "not loaded" in why else f"; {why}"
+                return f"kbp module not loaded ({VM_HINT}){extra}"
             return f"{self.backend} backend unavailable: {why}"
         return None
 

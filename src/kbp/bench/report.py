@@ -117,6 +117,8 @@ def summarize_rfc(searches: Iterable[dict[str, Any]]) -> dict[str, Any]:
 def fmt(v: float | None) -> str:
     if v is None:
         return "-"
+    if float(v).is_integer() and abs(v) < 1e6:
+        return f"{int(v):,}"
     a = abs(v)
     if a >= 1000:
         return f"{v:,.0f}"
@@ -211,7 +213,8 @@ def markdown(results: dict[str, Any]) -> str:
                 ""]
     if s.get("rfc2544"):
         out += [f"**RFC 2544 zero-loss throughput** (binary search, {cfg.get('rfc_trial'):g} s "
-                f"trials, resolution {100 * cfg.get('rfc_resolution', 0):g} % of the ceiling)",
+                f"trials, stops within {100 * cfg.get('rfc_resolution', 0):g} % of the "
+                "result)",
                 "", rfc_table(s["rfc2544"]), ""]
     if skipped:
         out += ["Skipped modes:", ""] + [f"- {m}: {why}" for m, why in skipped.items()] + [""]

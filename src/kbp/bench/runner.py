@@ -72,6 +72,7 @@ class BenchConfig:
     rt_prio: int = 50
     spin_app_elsewhere: bool = True  # busy: the app runs on the load CPU (the poller owns rt)
     trace: bool = True
+    wait_quiet_s: float = 0.0        # before each run, wait up to this long while QEMU runs
     seed: int = 1
     emulated: bool | None = None     # None: detect (QEMU guest)
     out: Path = Path("out/bench")
@@ -296,6 +297,8 @@ class Bench:
         rec: dict[str, Any] = {"rep": rep, "mode": mode_name, "scenario": scenario,
                                "condition": condition, "rate": rate, "poisson": poisson,
                                "payload": size, "duration": duration}
+        rec["waited_for_quiet_s"] = self._wait_quiet(desc)
+        rec["quiet"] = machine.quiet_report()
         t_start = time.monotonic()
         kt: trace.KernelTrace | None = None
         with self._mode(mode, target):
@@ -358,6 +361,8 @@ class Bench:
         size = rfc2544.udp_payload(frame)
         desc = f"rep {rep + 1}/{cfg.reps} · rfc2544 {frame}B · {mode_name}"
         self._note(desc)
+        waited = self._wait_quiet(desc)
+        quiet = machine.quiet_report()
         t_start = time.monotonic()
         ip = target_ip(self.tb)
 
@@ -391,7 +396,8 @@ class Bench:
                "ceiling_probe": None if probe is None else
                {"asked": probe.rate, "achieved_pps": probe.achieved_rate, "sent": probe.sent,
                 "received": probe.received},
-               "trials": res.trials, "sys": sysstat.delta(s0, s1)}
+               "trials": res.trials, "sys": sysstat.delta(s0, s1),
+               "waited_for_quiet_s": waited, "quiet": quiet}
         self.results["rfc2544"].append(out)
         out["took_s"] = time.monotonic() - t_start
         self._advance(self._rfc_plan(), desc)
@@ -425,6 +431,19 @@ class Bench:
         self.server.start()
         self.results.setdefault("rt_link_recreated", 0)
         self.results["rt_link_recreated"] += 1
+
+    def _wait_quiet(self, desc: str) -> float:
+        """Wait (up to the budget left of --wait-quiet) while a QEMU process runs."""
+        if self.cfg.wait_quiet_s <= 0:
+            return 0.0
+        waited = 0.0
+        spent = self.results.get("waited_for_quiet_s", 0.0)
+        while machine.qemu_running() and spent + waited < self.cfg.wait_quiet_s:
+            self._note(f"{desc} · waiting for QEMU to finish ({waited:.0f} s)")
+            time.sleep(2.0)
+            waited += 2.0
+        self.results["waited_for_quiet_s"] = spent + waited
+        return waited
 
     def _note(self, msg: str) -> None:
         if self.progress:

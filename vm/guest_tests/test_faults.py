@@ -73,7 +73,8 @@ def test_link_down_up_under_traffic(kmod, flow: Flow, mode: str) -> None:
 def veth_pair(kmod, topo) -> Iterator[tuple[str, str]]:
     """kbpva (init netns, GRO on: NAPI) <-> kbpvb (peer netns), 198.18.101.0/24."""
     sh("modprobe veth; ip link add kbpva type veth peer name kbpvb netns " + NS)
-    sh("ip addr add 198.18.101.1/24 dev kbpva; ethtool -K kbpva gro on rx-udp-gro-forwarding on; ip link set kbpva up")
+    sh("ip addr add 198.18.101.1/24 dev kbpva; ip link set kbpva up; "
+       "ethtool -K kbpva gro on rx-udp-gro-forwarding on")
     sh("ip addr add 198.18.101.2/24 dev kbpvb; ip link set kbpvb up", ns=NS)
     yield "kbpva", "kbpvb"
     sh("ip link del kbpva", check=False)
@@ -128,11 +129,11 @@ def test_gro_off_deletes_napi_under_the_poller(kmod, veth_pair, mode: str) -> No
 
 def test_netns_deletion_with_attached_devices(kmod, topo) -> None:
     """Deleting a netns: its veth is destroyed, its virtio NIC comes home; both detach."""
-    sh(f"modprobe veth; ip netns add kbpdoomed; ip link add kbpdx type veth peer name kbpdy "
-       f"netns kbpdoomed")
+    sh("modprobe veth; ip netns add kbpdoomed; ip link add kbpdx type veth peer name kbpdy "
+       "netns kbpdoomed")
     sh("ip addr add 198.18.102.1/24 dev kbpdx; ip link set kbpdx up")
-    sh("ip addr add 198.18.102.2/24 dev kbpdy; ethtool -K kbpdy gro on rx-udp-gro-forwarding on; ip link set kbpdy up",
-       ns="kbpdoomed")
+    sh("ip addr add 198.18.102.2/24 dev kbpdy; ip link set kbpdy up; "
+       "ethtool -K kbpdy gro on rx-udp-gro-forwarding on", ns="kbpdoomed")
     kmod.attach("kbpdy", netns="kbpdoomed", cpu=POLL_CPU, mode="hybrid")
     kmod.attach(topo.nic1, netns=NS, cpu=POLL_CPU, mode="hybrid")
     assert len(kmod.devices()) == 2

@@ -226,12 +226,14 @@ def cmd_enable(args: argparse.Namespace) -> int:
                         cpus=args.cpus, rt_prio=args.rt_prio, linger_us=args.linger_us,
                         quota=args.quota)
     backends.validate_common(req)
+    why = ""
     if args.backend == "auto":
         be, why = backends.resolve_auto()
-        _out(f"backend: {be.name} (auto: {why})")
     else:
         be = backends.get(args.backend)
     res = be.enable(req)
+    if why:
+        _out(f"backend: {be.name} (auto: {why})")
     for d in res.devices:
         where = f" in netns {d.netns}" if d.netns else ""
         what = "NAPI thread" if be.name == names.BACKEND_STOCK else "NAPI"
@@ -255,8 +257,8 @@ def cmd_disable(args: argparse.Namespace) -> int:
         _out(n)
     for d in res.devices:
         where = f" in netns {d.netns}" if d.netns else ""
-        _out(f"disabled {d.name}{where} ({d.backend}): {d.changes} change"
-             f"{'s' if d.changes != 1 else ''} restored")
+        _out(f"disabled {d.name}{where} ({d.backend}): {d.changes} journaled change"
+             f"{'s' if d.changes != 1 else ''} undone")
     if args.all and not res.devices:
         _out("nothing is enabled")
     return EXIT_OK

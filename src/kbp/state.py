@@ -262,6 +262,22 @@ class Executor:
         return c
 
 
+def describe(kind: str, key: Mapping[str, Any]) -> str:
+    """A change's target in words (for notes and errors)."""
+    if kind in ("sched", "affinity"):
+        what = "scheduling" if kind == "sched" else "CPU affinity"
+        return f"{what} of {key.get('comm', '?')} (pid {key.get('pid')})"
+    if kind == "napi":
+        return f"{key.get('knob')} of NAPI {key.get('napi_id')}"
+    if kind == "sysfs":
+        return f"{key.get('dev')}/{key.get('attr')}"
+    if kind == "irq":
+        return f"affinity of IRQ {key.get('irq')}"
+    if kind == "kmod_attach":
+        return f"attachment of {key.get('dev')} to the kbp module"
+    return f"{kind} {dict(key)}"
+
+
 def restore(record: Record, effector: Effector) -> list[str]:
     """Undo a device's journal, newest change first. Returns notes on skipped targets."""
     notes: list[str] = []
@@ -269,19 +285,19 @@ def restore(record: Record, effector: Effector) -> list[str]:
     for c in reversed(record.changes):
         handler = effector.get(c.kind)
         if handler is None:
-            errors.append(f"step {c.step}: unknown kind {c.kind}")
+            errors.append(f"step {c.step}: unknown kind {c.kind} (journal of a newer kbpctl?)")
             continue
         try:
             cur = handler.get(c.key)
             if cur is MISSING:
-                notes.append(f"step {c.step}: {c.kind} {c.key} is gone, nothing to restore")
+                notes.append(f"{describe(c.kind, c.key)}: gone, nothing to restore")
                 continue
             if cur != c.old:
                 handler.set(c.key, c.old)
         except TargetGone:
-            notes.append(f"step {c.step}: {c.kind} {c.key} is gone, nothing to restore")
+            notes.append(f"{describe(c.kind, c.key)}: gone, nothing to restore")
         except OSError as e:
-            errors.append(f"step {c.step}: restoring {c.kind} {c.key} to {c.old!r}: {e}")
+            errors.append(f"restoring {describe(c.kind, c.key)} to {c.old!r}: {e}")
     if errors:
         raise RestoreError(errors, notes)
     return notes

@@ -328,7 +328,7 @@ def test_disable_after_the_netns_is_gone(bed: Bed) -> None:
     assert any("gone" in p or "root" in p for d in st["devices"] if d["name"] == dev
                for p in d["problems"])
     out = bed.kbpctl("disable", dev, "--netns", ns).stdout
-    assert "is gone" in out and f"disabled {dev}" in out
+    assert "gone, nothing to restore" in out and f"disabled {dev}" in out
     assert bed.journals() == []
 
 
@@ -380,6 +380,7 @@ def _refused(bed: Bed, args: list[str], code: int, text: str, user: bool = False
                        env={**bed.env, **(env or {})})
     assert p.returncode == code, (args, p.returncode, p.stdout, p.stderr)
     assert p.stderr.count("\n") == 1 and p.stderr.startswith("kbpctl: "), p.stderr
+    assert p.stdout == "", p.stdout
     assert text in p.stderr, p.stderr
     assert bed.snap() == before
     assert bed.journals() == []

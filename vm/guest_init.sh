@@ -51,10 +51,12 @@ mount -t 9p -o "trans=virtio,version=9p2000.L,ro,msize=$KBPI_MSIZE,cache=$KBPI_9
 mount -t tmpfs -o mode=755 tmpfs /mnt/rw || die "cannot mount tmpfs"
 mkdir -p /mnt/rw/upper /mnt/rw/work
 R=/newroot
+FALLBACK=
 if ! mount -t overlay overlay \
 	-o lowerdir=/mnt/lower,upperdir=/mnt/rw/upper,workdir=/mnt/rw/work $R; then
 	say "overlayfs over 9p failed: read-only root with tmpfs on /tmp /var/tmp /root"
 	mount -o bind /mnt/lower $R || die "cannot bind the host root"
+	FALLBACK=1
 	for d in tmp var/tmp root; do
 		mount -t tmpfs -o mode=1777 tmpfs "$R/$d" || die "cannot mount tmpfs on /$d"
 	done
@@ -73,9 +75,17 @@ mount -t cgroup2 cgroup2 $R/sys/fs/cgroup
 mount -t bpf bpf $R/sys/fs/bpf
 
 # modprobe in the guest needs the guest kernel's modules at /lib/modules/$(uname -r).
-mkdir -p "$R/lib/modules/$KBPI_KVER" || die "cannot create /lib/modules/$KBPI_KVER"
-mount -o bind "$R$KBPI_MODULES" "$R/lib/modules/$KBPI_KVER" \
-	|| die "cannot bind $KBPI_MODULES (from the host, over 9p) to /lib/modules/$KBPI_KVER"
+if mkdir -p "$R/lib/modules/$KBPI_KVER" 2>/dev/null ||
+	{ [ -n "$FALLBACK" ] && mount -t tmpfs -o mode=755 tmpfs "$R/lib/modules" 2>/dev/null &&
+		mkdir -p "$R/lib/modules/$KBPI_KVER"; }; then
+	mount -o bind "$R$KBPI_MODULES" "$R/lib/modules/$KBPI_KVER" \
+		|| die "cannot bind $KBPI_MODULES (from the host, over 9p) to /lib/modules/$KBPI_KVER"
+elif [ -n "$FALLBACK" ]; then
+	say "WARNING: read-only root without /lib/modules: modprobe will not work" \
+		"(insmod from $KBPI_MODULES instead)"
+else
+	die "cannot create /lib/modules/$KBPI_KVER"
+fi
 
 if [ -n "$KBPI_OUT" ]; then
 	mount -t 9p -o "trans=virtio,version=9p2000.L,msize=$KBPI_MSIZE,cache=none" \

@@ -157,7 +157,13 @@ def supervise(argv: list[str], *, on_line: Callable[[str], bool], sink: BinaryIO
             outcome.interrupted = str(exc)
         finally:
             if proc.poll() is None:
-                proc.kill()
+                # At EOF QEMU is on its way out (power-off, or -no-reboot after a panic):
+                # give it a moment; on timeout or a signal, kill it at once.
+                ending = not (outcome.timed_out or outcome.interrupted)
+                try:
+                    proc.wait(timeout=10 if ending else 0)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
             proc.wait()
             proc.stdout.close()
             if log is not None:

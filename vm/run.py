@@ -233,6 +233,8 @@ def _result(spec: RunSpec, kver: str, w: console.ConsoleWatcher, o: qemu.Outcome
             code = EXIT_TIMEOUT
         elif w.fatal:
             reason, code = f"guest setup failed: {w.fatal}", EXIT_RIG
+        elif any(s.label == "panic" for s in w.splats):
+            reason, code = "the guest kernel panicked (see the console)", EXIT_RIG
         else:
             reason = (f"QEMU exited (status {o.qemu_rc}) before the guest reported an exit "
                       "status: kernel panic or boot failure? see the console above")

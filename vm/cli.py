@@ -6,6 +6,7 @@ import argparse
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 from vm import build, fetch, flavours, paths, run, testcmd
@@ -209,6 +210,9 @@ def parser() -> argparse.ArgumentParser:
                    help="extra pytest arguments, after --")
     _add_guest_options(p)
     p.set_defaults(func=cmd_test)
+    for sp in sub.choices.values():  # one-paragraph descriptions: wrap them
+        if sp.description and "\n" not in sp.description:
+            sp.description = textwrap.fill(sp.description, 92)
     return top
 
 

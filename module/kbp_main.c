@@ -16,6 +16,7 @@
 #include <linux/cpumask.h>
 #include <linux/interrupt.h>
 #include <linux/irq.h>
+#include <linux/kthread.h>
 #include <linux/module.h>
 #include <linux/rtnetlink.h>
 #include <linux/slab.h>
@@ -295,6 +296,35 @@ static int kbp_napi_cpu(struct kbp_dev *kd, struct napi_struct *n,
 	return -EINVAL;
 }
 
+/*
+ * A kthread left on a NAPI by threaded NAPI that was turned off again: until
+ * the NAPI is deleted the kernel keeps napi->thread (dev_set_threaded(false)
+ * only clears NAPI_STATE_THREADED).  With THREADED and SCHED_THREADED clear
+ * no schedule can reach it and it owns nothing: it sleeps in
+ * napi_thread_wait().  rtnl held, which dev_set_threaded() needs too.
+ */
+static bool kbp_thread_is_stale(struct net_device *dev, struct napi_struct *n)
+{
+	return !dev->threaded &&
+	       !test_bit(NAPI_STATE_THREADED, &n->state) &&
+	       !test_bit(NAPI_STATE_SCHED_THREADED, &n->state);
+}
+
+/* Stop such a kthread, as __netif_napi_del() would; a later
+ * dev_set_threaded(true) creates a new one.
+ */
+static void kbp_reap_stale_thread(struct napi_struct *n)
+{
+	struct task_struct *t = READ_ONCE(n->thread);
+
+	if (!t)
+		return;
+	pr_info("%s: stopping idle threaded-NAPI kthread %s (pid %d) of NAPI %u\n",
+		n->dev->name, t->comm, t->pid, n->napi_id);
+	kthread_stop(t);
+	WRITE_ONCE(n->thread, NULL);
+}
+
 /* Hook @n (NAPI #@index of @kd) to the poller of @cpu. */
 static int kbp_napi_hook(struct kbp_dev *kd, struct napi_struct *n,
 			 unsigned int index, int cpu)
@@ -405,10 +435,10 @@ static int kbp_dev_activate(struct kbp_dev *kd, struct netlink_ext_ack *extack)
 	/* validate everything before changing anything */
 	for (i = 0; i < nr; i++) {
 		n = kbp_napi_by_index(dev, i);
-		if (READ_ONCE(n->thread)) {
-			kbp_refuse(extack, "NAPI already has a thread (threaded NAPI?)",
-				   "%s: NAPI #%u already has a thread (threaded NAPI on? write 0 to /sys/class/net/%s/threaded)",
-				   dev->name, i, dev->name);
+		if (READ_ONCE(n->thread) && !kbp_thread_is_stale(dev, n)) {
+			kbp_refuse(extack, "NAPI is served by a threaded-NAPI kthread",
+				   "%s: NAPI #%u is served by its threaded-NAPI kthread",
+				   dev->name, i);
 			return -EBUSY;
 		}
 		cpu = kbp_napi_cpu(kd, n, i, extack);
@@ -420,6 +450,7 @@ static int kbp_dev_activate(struct kbp_dev *kd, struct netlink_ext_ack *extack)
 	}
 	for (i = 0; i < nr; i++) {
 		n = kbp_napi_by_index(dev, i);
+		kbp_reap_stale_thread(n);
 		err = kbp_napi_hook(kd, n, i, kbp_napi_cpu(kd, n, i, NULL));
 		if (err) {
 			NL_SET_ERR_MSG_MOD(extack, "out of memory starting a poller");

@@ -110,11 +110,38 @@ def test_detach_not_attached(kmod, topo: Topo) -> None:
     assert topo.nic0 in line
 
 
+def napi_kthreads(dev: str) -> list[str]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                comm = (d / "comm").read_text().strip()
+            except OSError:
+                continue
+            if comm.startswith(f"napi/{dev}-"):
+                out.append(comm)
+    return out
+
+
 def test_threaded_device(kmod, topo: Topo) -> None:
+    """Refused while threaded NAPI is on; once it is off, its idle kthreads are reaped."""
     threaded = Path(f"/sys/class/net/{topo.nic0}/threaded")
     threaded.write_text("1")
     try:
+        assert napi_kthreads(topo.nic0)
         refused(kmod, errno.EBUSY, "threaded", lambda: kmod.attach(topo.nic0, cpu=POLL_CPU))
+    finally:
+        threaded.write_text("0")
+    # the kernel keeps the kthreads of a NAPI until it is deleted; kbp stops them
+    mark = len(dmesg_lines())
+    dev = kmod.attach(topo.nic0, cpu=POLL_CPU, mode="hybrid")
+    assert dev is not None and dev.napi_count
+    assert not napi_kthreads(topo.nic0)
+    assert any("stopping idle threaded-NAPI kthread" in ln for ln in dmesg_since(mark))
+    kmod.detach(topo.nic0)
+    threaded.write_text("1")          # stock threaded NAPI still works afterwards
+    try:
+        assert napi_kthreads(topo.nic0)
     finally:
         threaded.write_text("0")
 

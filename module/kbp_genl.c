@@ -93,7 +93,7 @@ static struct net_device *kbp_req_dev(struct net *net, struct genl_info *info)
 
 		dev = __dev_get_by_index(net, ifindex);
 		if (!dev) {
-			kbp_refuse(info->extack, "no such device in this netns",
+			kbp_refuse(info->extack, "no device of that name or index in this netns",
 				   "no device with ifindex %u in this netns", ifindex);
 			return ERR_PTR(-ENODEV);
 		}
@@ -101,7 +101,7 @@ static struct net_device *kbp_req_dev(struct net *net, struct genl_info *info)
 		nla_strscpy(name, tb[KBP_A_IFNAME], sizeof(name));
 		dev = __dev_get_by_name(net, name);
 		if (!dev) {
-			kbp_refuse(info->extack, "no such device in this netns",
+			kbp_refuse(info->extack, "no device of that name or index in this netns",
 				   "no device %s in this netns", name);
 			return ERR_PTR(-ENODEV);
 		}

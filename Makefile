@@ -38,4 +38,4 @@ module:
 
 clean:
 	$(MAKE) -C module clean KDIR=$${KDIR:-/usr/src/linux-headers-6.12.117+deb12-amd64} || true
-	rm -rf .cache/vm/build
+	rm -rf .cache/vm/kernels/*/build

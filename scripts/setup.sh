@@ -2,41 +2,37 @@
 # Install what kbp's build, tests and demo need on a Debian 12 host, idempotently:
 # Debian packages, a Python venv (.venv) with kbp and its dependencies, and
 # checkpatch.pl from Debian's kernel source package.
-#   scripts/setup.sh            everything
-#   KBP_SETUP_SKIP_APT=1 ...     only the venv (no root needed)
+#   scripts/setup.sh            everything (root, for apt)
+#   KBP_SETUP_SKIP_APT=1 ...     only checkpatch and the venv
 set -eu
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="
-  build-essential gcc-12 make bc flex bison libelf-dev dwarves kmod cpio xz-utils
-  qemu-system-x86 busybox-static
-  iproute2 ethtool util-linux procps iputils-ping
-  sockperf iperf3 bpftrace
-  python3-venv
-  linux-source-6.12
-"
+# The VM rig's packages (QEMU, module build, guest tools: see vm/setup.sh) plus
+#   linux-source-6.12  for checkpatch.pl;  util-linux  for setpriv and taskset
+APT_PACKAGES="linux-source-6.12 util-linux"
 
 missing() {
 	for p in $APT_PACKAGES; do
-		dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"
+		dpkg-query -W -f '${db:Status-Status}' "$p" 2>/dev/null | grep -qx installed || echo "$p"
 	done
 }
 
 if [ "${KBP_SETUP_SKIP_APT:-0}" != 1 ]; then
+	sh vm/setup.sh
 	need=$(missing)
 	if [ -n "$need" ]; then
 		[ "$(id -u)" = 0 ] || { echo "setup: need root to apt-get install:" $need >&2; exit 1; }
 		echo "setup: installing" $need
 		export DEBIAN_FRONTEND=noninteractive
-		apt-get update -q >/dev/null
+		apt-get update -qq
 		# shellcheck disable=SC2086
-		apt-get install -y -q --no-install-recommends $need >/dev/null
+		apt-get install -y -qq --no-install-recommends $need >/dev/null
 	fi
 fi
 
 # checkpatch.pl and its data files, from Debian's kernel source tarball
 CP=.cache/checkpatch
-if [ ! -x "$CP/scripts/checkpatch.pl" ] && [ -f /usr/src/linux-source-6.12.tar.xz ]; then
+if [ ! -x "$CP/scripts/checkpatch.pl" ]; then
 	echo "setup: extracting checkpatch.pl from linux-source-6.12"
 	mkdir -p "$CP"
 	tar -xJf /usr/src/linux-source-6.12.tar.xz -C "$CP" --strip-components=1 \
@@ -50,7 +46,7 @@ if [ ! -x .venv/bin/python ]; then
 	echo "setup: creating .venv"
 	"$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c "import kbp, pyroute2, rich, matplotlib, pytest" 2>/dev/null \
+if ! .venv/bin/python -c "import kbp, pyroute2, rich, matplotlib, pytest, ruff" 2>/dev/null \
    || [ pyproject.toml -nt .venv/.kbp-installed ]; then
 	echo "setup: installing kbp into .venv"
 	.venv/bin/pip install -q --upgrade pip >/dev/null

@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--cpus", type=_cpulist, metavar="LIST",
                    help="CPUs for the polling threads, e.g. 2-3,6 (default: all online)")
     e.add_argument("--rt-prio", type=_int, default=DEFAULT_RT_PRIO, metavar="N",
-                   help=f"SCHED_FIFO priority 1..99 (default {DEFAULT_RT_PRIO})")
+                   help=f"SCHED_FIFO priority 1..99 (default {DEFAULT_RT_PRIO}); with the "
+                        "module 0 runs the pollers SCHED_NORMAL")
     e.add_argument("--linger-us", type=_int, metavar="N",
                    help="hybrid: keep polling N us after the last packet (default: leave "
                         "the device's setting)")
@@ -225,7 +226,7 @@ def cmd_enable(args: argparse.Namespace) -> int:
     req = EnableRequest(devices=list(args.devices), netns=args.netns, mode=args.mode,
                         cpus=args.cpus, rt_prio=args.rt_prio, linger_us=args.linger_us,
                         quota=args.quota)
-    backends.validate_common(req)
+    backends.validate_common(req, rt_prio_min=0)   # the backend checks its own minimum
     why = ""
     if args.backend == "auto":
         be, why = backends.resolve_auto()
@@ -240,7 +241,8 @@ def cmd_enable(args: argparse.Namespace) -> int:
         count = f"{d.napis} {what}{'s' if d.napis != 1 else ''}" if d.napis else "its NAPIs"
         linger = f", linger {req.linger_us} us" if req.linger_us is not None else ""
         _out(f"enabled {d.name}{where}: {be.name} backend, {req.mode}{linger}, {count} on "
-             f"CPU {format_cpulist(d.cpus)}, SCHED_FIFO {req.rt_prio} "
+             f"CPU {format_cpulist(d.cpus)}, "
+             f"{f'SCHED_FIFO {req.rt_prio}' if req.rt_prio else 'SCHED_NORMAL'} "
              f"({d.changes} change{'s' if d.changes != 1 else ''} journaled)")
     return EXIT_OK
 

@@ -50,8 +50,9 @@ class EnableRequest:
                 "linger_us": self.linger_us, "quota": self.quota}
 
 
-def validate_common(req: EnableRequest) -> None:
-    """Checks every backend shares (no system access)."""
+def validate_common(req: EnableRequest, rt_prio_min: int = RT_PRIO_MIN) -> None:
+    """Checks every backend shares (no system access). ``rt_prio_min`` is 0 where the
+    backend can run its polling threads SCHED_NORMAL (the module: ``--rt-prio 0``)."""
     if not req.devices:
         raise InvalidInput("no device named: kbpctl enable DEV [DEV...]")
     dup = {d for d in req.devices if req.devices.count(d) > 1}
@@ -65,9 +66,10 @@ def validate_common(req: EnableRequest) -> None:
                            "use --mode hybrid or --mode busy")
     if req.mode not in names.MODES:
         raise InvalidInput(f"unknown mode {req.mode!r}: use --mode hybrid or --mode busy")
-    if not RT_PRIO_MIN <= req.rt_prio <= RT_PRIO_MAX:
+    if not rt_prio_min <= req.rt_prio <= RT_PRIO_MAX:
+        what = " (0: SCHED_NORMAL)" if rt_prio_min == 0 else ""
         raise InvalidInput(f"priority {req.rt_prio} is out of range: SCHED_FIFO priorities "
-                           f"are {RT_PRIO_MIN}..{RT_PRIO_MAX} (--rt-prio)")
+                           f"are {rt_prio_min}..{RT_PRIO_MAX}{what} (--rt-prio)")
     if req.linger_us is not None:
         if req.mode == names.MODE_BUSY:
             raise InvalidInput("--linger-us applies to --mode hybrid only (busy never "

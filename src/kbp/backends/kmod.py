@@ -137,7 +137,7 @@ class KmodBackend:
 
     # -- checks --------------------------------------------------------------------
     def _check_static(self, req: EnableRequest) -> None:
-        validate_common(req)
+        validate_common(req, rt_prio_min=0)
         if req.cpus is not None:
             sysinfo.validate_cpus(req.cpus, self.host)
 

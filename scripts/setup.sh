@@ -8,8 +8,9 @@ set -eu
 cd "$(dirname "$0")/.."
 
 # The VM rig's packages (QEMU, module build, guest tools: see vm/setup.sh) plus
-#   linux-source-6.12  for checkpatch.pl;  util-linux  for setpriv and taskset
-APT_PACKAGES="linux-source-6.12 util-linux"
+#   linux-source-6.12  for checkpatch.pl;  util-linux  for setpriv and taskset;
+#   dkms  to test the DKMS build (tests/module)
+APT_PACKAGES="linux-source-6.12 util-linux dkms"
 
 missing() {
 	for p in $APT_PACKAGES; do

@@ -1,0 +1,51 @@
+"""kbp.ko builds with DKMS, warning-free (-Werror), against each Debian kernel we support.
+
+The headers come from the VM rig's cache (``python3 -m vm fetch``), so nothing is installed
+on the host; DKMS runs with a private tree. This is what ``dkms install`` does on every
+kernel update of an operator's machine, minus the final copy into /lib/modules.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from vm import fetch, flavours
+
+REPO = Path(__file__).resolve().parents[2]
+FLAVOURS = list(flavours.DEFAULT_FLAVOURS)
+
+
+def _version() -> str:
+    for line in (REPO / "module" / "dkms.conf").read_text().splitlines():
+        if line.startswith("PACKAGE_VERSION="):
+            return line.split("=", 1)[1].strip('"')
+    raise AssertionError("dkms.conf has no PACKAGE_VERSION")
+
+
+@pytest.mark.skipif(shutil.which("dkms") is None,
+                    reason="dkms is not installed (scripts/setup.sh installs it)")
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_dkms_builds_against(flavour: str, tmp_path: Path) -> None:
+    tree = fetch.fetch(flavour)
+    version = _version()
+    (tmp_path / "dkms").mkdir()
+    src = tmp_path / "source" / f"kbp-{version}"
+    shutil.copytree(REPO / "module", src,
+                    ignore=shutil.ignore_patterns("*.o", "*.ko", "*.mod*", ".*.cmd"))
+    p = subprocess.run(
+        ["dkms", "build", "--dkmstree", str(tmp_path / "dkms"),
+         "--sourcetree", str(tmp_path / "source"), "-m", "kbp", "-v", version,
+         "-k", tree.kver, "--kernelsourcedir", str(tree.headers)],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "KCFLAGS": "-Werror"})
+    log = p.stdout + p.stderr
+    built = list((tmp_path / "dkms").rglob("kbp.ko"))
+    assert p.returncode == 0 and built, log[-3000:]
+    info = subprocess.run(["modinfo", "-F", "vermagic", str(built[0])],
+                          capture_output=True, text=True, check=True).stdout
+    assert info.split()[0] == tree.kver

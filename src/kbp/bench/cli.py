@@ -21,6 +21,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -157,10 +158,25 @@ def run_bench(a: argparse.Namespace) -> int:
     bench = Bench(cfg)
     with bar:
         task = bar.add_task("preparing", total=None)
-        bench.progress = Progress(
-            set_total=lambda s: bar.update(task, total=s, completed=0),
-            advance=lambda s, d: bar.update(task, advance=s, description=d),
-            note=lambda m: bar.update(task, description=m))
+        t0 = time.monotonic()
+        planned = [0.0, 0.0]   # total, done
+
+        def advance(sec: float, desc: str) -> None:
+            bar.update(task, advance=sec, description=desc)
+            planned[1] += sec
+            if not con.is_terminal:   # a log line per finished run when not on a terminal
+                el = time.monotonic() - t0
+                con.print(f"[{el / 60:5.1f} min] done: {desc} "
+                          f"({100 * planned[1] / max(planned[0], 1):.0f} % of the plan)")
+
+        def set_total(sec: float) -> None:
+            planned[0] = sec
+            bar.update(task, total=sec, completed=0)
+            if not con.is_terminal:
+                con.print(f"planned: {sec / 60:.1f} min of runs")
+
+        bench.progress = Progress(set_total=set_total, advance=advance,
+                                  note=lambda m: bar.update(task, description=m))
         try:
             bench.run()
         except KeyboardInterrupt:

@@ -27,6 +27,20 @@ LATENCY_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# CPU and interrupt cost of the same runs
+COST_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("cpu0_softirq_pct", "CPU0 softirq", "%"),
+    ("cpu1_softirq_pct", "CPU1 softirq", "%"),
+    ("poller_cpu_pct", "poller thread", "% CPU"),
+    ("net_rx_cpu0_per_s", "NET_RX CPU0", "/s"),
+    ("net_rx_cpu1_per_s", "NET_RX CPU1", "/s"),
+    ("hardirqs_cpu0_per_s", "hardIRQ+IPI CPU0", "/s"),
+    ("hardirqs_cpu1_per_s", "hardIRQ+IPI CPU1", "/s"),
+    ("poller_wake_to_run_p99_us", "poller wake p99", "us"),
+    ("app_wake_to_run_p99_us", "app wake p99", "us"),
+)
+
+
 def _us(v: Any) -> float | None:
     return None if v is None else float(v) / 1000.0
 
@@ -206,7 +220,9 @@ def markdown(results: dict[str, Any]) -> str:
             out += [f"**{title}** — {cfg.get('rate'):g} req/s "
                     f"{'random (exponential)' if cfg.get('poisson') else 'constant'} "
                     f"inter-arrival, {cfg.get('frame')} B frames, {cfg.get('duration'):g} s "
-                    "per run", "", latency_table(rtt[cond]), ""]
+                    "per run", "", latency_table(rtt[cond]), "",
+                    f"CPU and interrupt cost, {title.split(',')[0].split('(')[0].strip()}"
+                    f" ({cond}):", "", latency_table(rtt[cond], COST_COLUMNS), ""]
     if s.get("table2"):
         out += [f"**EE-KBP Table 2 conditions, scaled x{cfg.get('table2_scale'):g}** "
                 "(constant inter-arrival, no competing load)", "", table2_table(s["table2"]),

@@ -81,17 +81,27 @@ static inline void kbp_tell_msg(struct netlink_ext_ack *extack,
 #endif
 }
 
+static inline __printf(4, 0)
+void kbp_vtell(struct netlink_ext_ack *extack, bool log, const char *summary,
+	       const char *fmt, va_list args)
+{
+	char msg[128];
+
+	vsnprintf(msg, sizeof(msg), fmt, args);
+	if (log)
+		pr_info("kbp: refused: %s\n", msg);
+	kbp_tell_msg(extack, summary, msg);
+}
+
 static inline __printf(3, 4)
 void kbp_tell(struct netlink_ext_ack *extack, const char *summary,
 	      const char *fmt, ...)
 {
-	char msg[128];
 	va_list args;
 
 	va_start(args, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, args);
+	kbp_vtell(extack, false, summary, fmt, args);
 	va_end(args);
-	kbp_tell_msg(extack, summary, msg);
 }
 
 /* Refuse a request: kbp_tell() it, and log one line naming the problem. */
@@ -99,14 +109,11 @@ static inline __printf(3, 4)
 void kbp_refuse(struct netlink_ext_ack *extack, const char *summary,
 		const char *fmt, ...)
 {
-	char msg[128];
 	va_list args;
 
 	va_start(args, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, args);
+	kbp_vtell(extack, true, summary, fmt, args);
 	va_end(args);
-	pr_info("kbp: refused: %s\n", msg);
-	kbp_tell_msg(extack, summary, msg);
 }
 
 #endif /* _KBP_COMPAT_H */

@@ -154,40 +154,11 @@ static int kbp_parse_map(struct genl_info *info, struct kbp_attach_req *req)
 	return 0;
 }
 
-static int kbp_nl_dev_attach(struct sk_buff *skb, struct genl_info *info)
-{
-	struct kbp_attach_req req = { .cpu = -1 };
-	struct net *net;
-	int err;
+typedef int (*kbp_dev_op)(struct net_device *dev, struct genl_info *info,
+			  void *arg);
 
-	kbp_parse_knobs(info, &req.knobs);
-	if (info->attrs[KBP_A_CPU])	/* kbp_check_cpu() refuses it if too big */
-		req.cpu = min_t(u32, nla_get_u32(info->attrs[KBP_A_CPU]), INT_MAX);
-	err = kbp_parse_map(info, &req);
-	if (err)
-		goto out_map;
-	net = kbp_req_net(info);
-	if (IS_ERR(net)) {
-		err = PTR_ERR(net);
-		goto out_map;
-	}
-
-	rtnl_lock();
-	mutex_lock(&kbp_lock);
-	req.dev = kbp_req_dev(net, info);
-	if (IS_ERR(req.dev))
-		err = PTR_ERR(req.dev);
-	else
-		err = kbp_dev_bind(&req, info->extack);
-	mutex_unlock(&kbp_lock);
-	rtnl_unlock();
-	put_net(net);
-out_map:
-	kfree(req.map);		/* NULL once bound */
-	return err;
-}
-
-static int kbp_nl_dev_detach(struct sk_buff *skb, struct genl_info *info)
+/* Run @op on the request's device, resolved and used under rtnl and kbp_lock. */
+static int kbp_on_dev(struct genl_info *info, kbp_dev_op op, void *arg)
 {
 	struct net_device *dev;
 	struct net *net;
@@ -199,12 +170,46 @@ static int kbp_nl_dev_detach(struct sk_buff *skb, struct genl_info *info)
 	rtnl_lock();
 	mutex_lock(&kbp_lock);
 	dev = kbp_req_dev(net, info);
-	err = IS_ERR(dev) ? PTR_ERR(dev) :
-	      kbp_dev_unbind_by_dev(dev, info->extack);
+	err = IS_ERR(dev) ? PTR_ERR(dev) : op(dev, info, arg);
 	mutex_unlock(&kbp_lock);
 	rtnl_unlock();
 	put_net(net);
 	return err;
+}
+
+static int kbp_attach_op(struct net_device *dev, struct genl_info *info,
+			 void *arg)
+{
+	struct kbp_attach_req *req = arg;
+
+	req->dev = dev;
+	return kbp_dev_bind(req, info->extack);
+}
+
+static int kbp_nl_dev_attach(struct sk_buff *skb, struct genl_info *info)
+{
+	struct kbp_attach_req req = { .cpu = -1 };
+	int err;
+
+	kbp_parse_knobs(info, &req.knobs);
+	if (info->attrs[KBP_A_CPU])	/* kbp_check_cpu() refuses it if too big */
+		req.cpu = min_t(u32, nla_get_u32(info->attrs[KBP_A_CPU]), INT_MAX);
+	err = kbp_parse_map(info, &req);
+	if (!err)
+		err = kbp_on_dev(info, kbp_attach_op, &req);
+	kfree(req.map);		/* NULL once bound */
+	return err;
+}
+
+static int kbp_detach_op(struct net_device *dev, struct genl_info *info,
+			 void *arg)
+{
+	return kbp_dev_unbind_by_dev(dev, info->extack);
+}
+
+static int kbp_nl_dev_detach(struct sk_buff *skb, struct genl_info *info)
+{
+	return kbp_on_dev(info, kbp_detach_op, NULL);
 }
 
 static int kbp_nl_poller_set(struct sk_buff *skb, struct genl_info *info)
@@ -400,35 +405,22 @@ static int kbp_nl_poller_dump(struct sk_buff *skb, struct netlink_callback *cb)
 	return skb->len;
 }
 
+static int kbp_dev_get_op(struct net_device *dev, struct genl_info *info,
+			  void *arg)
+{
+	struct kbp_dev *kd = kbp_dev_find(dev);
+
+	if (!kd) {
+		kbp_tell(info->extack, "device is not attached",
+			 "%s is not attached", dev->name);
+		return -ENOENT;
+	}
+	return kbp_reply(info, KBP_CMD_DEV_GET, kbp_fill_dev_any, kd);
+}
+
 static int kbp_nl_dev_get(struct sk_buff *skb, struct genl_info *info)
 {
-	struct net_device *dev;
-	struct kbp_dev *kd;
-	struct net *net;
-	int err;
-
-	net = kbp_req_net(info);
-	if (IS_ERR(net))
-		return PTR_ERR(net);
-	rtnl_lock();
-	mutex_lock(&kbp_lock);
-	dev = kbp_req_dev(net, info);
-	if (IS_ERR(dev)) {
-		err = PTR_ERR(dev);
-	} else {
-		kd = kbp_dev_find(dev);
-		if (kd) {
-			err = kbp_reply(info, KBP_CMD_DEV_GET, kbp_fill_dev_any, kd);
-		} else {
-			kbp_tell(info->extack, "device is not attached",
-				 "%s is not attached", dev->name);
-			err = -ENOENT;
-		}
-	}
-	mutex_unlock(&kbp_lock);
-	rtnl_unlock();
-	put_net(net);
-	return err;
+	return kbp_on_dev(info, kbp_dev_get_op, NULL);
 }
 
 /* Devices in the caller's netns; from the initial netns, all of them. */

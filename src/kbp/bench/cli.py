@@ -28,6 +28,7 @@ from typing import Any
 from kbp import names
 from kbp.bench import plots, report, runner, tester, workloads
 from kbp.bench.runner import Aborted, Bench, BenchConfig, Progress
+from kbp.testbed import remove_stale, stale_namespaces
 
 PRESETS: dict[str, dict[str, Any]] = {
     "full": {},
@@ -73,9 +74,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load-cpu", type=int, help="CPU of the tester and the flood (0)")
     p.add_argument("--tester-prio", type=int, help="SCHED_FIFO priority of the tester (50)")
     p.add_argument("--rt-prio", type=int, help="SCHED_FIFO priority of kbp pollers (50)")
-    p.add_argument("--busy-app-on-rt-cpu", action="store_true",
-                   help="keep the app on the RT CPU in busy mode too (default: the busy poller "
-                        "owns the RT CPU and the app moves to the load CPU)")
+    p.add_argument("--busy-app", choices=("fifo", "elsewhere", "same"),
+                   help="the app in busy mode, whose poller never sleeps: fifo (default) = "
+                        "on the RT CPU at SCHED_FIFO rt-prio+1, so it preempts the spinner; "
+                        "elsewhere = on the load CPU; same = unchanged (starves)")
     p.add_argument("--no-trace", action="store_true", help="skip the bpftrace kernel delays")
     p.add_argument("--emulated", action="store_true",
                    help="label results as emulated (VM rig guest); detected under QEMU")
@@ -84,6 +86,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print results.json to stdout")
     p.add_argument("--require-quiet", action="store_true",
                    help="refuse to run when load average >= 0.5 or QEMU runs")
+    p.add_argument("--clean-stale", action="store_true",
+                   help="first remove namespaces a killed benchmark left (kbpb-*)")
     p.add_argument("--wait-quiet", type=float, metavar="SECONDS",
                    help="before each run, wait while a QEMU process runs (at most SECONDS "
                         "in all); runs still record the load they saw")
@@ -108,8 +112,8 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         cfg.trace = False
     if a.wait_quiet is not None:
         cfg.wait_quiet_s = a.wait_quiet
-    if a.busy_app_on_rt_cpu:
-        cfg.spin_app_elsewhere = False
+    if a.busy_app:
+        cfg.spin_app = a.busy_app
     if a.emulated:
         cfg.emulated = True
     cfg.out = a.out or runner.default_out_dir()
@@ -144,6 +148,14 @@ def run_bench(a: argparse.Namespace) -> int:
         return 2
     cfg.command = getattr(a, "_command", None) or shlex.join([Path(sys.argv[0]).name,
                                                               *sys.argv[1:]])
+    stale = stale_namespaces("kbpb")
+    if stale and a.clean_stale:
+        remove_stale("kbpb")
+        con.print(f"removed stale namespaces: {', '.join(stale)}")
+    elif stale:
+        con.print(f"[yellow]warning:[/] namespaces of a killed benchmark remain: "
+                  f"{', '.join(stale)} (remove them with --clean-stale; if it was killed "
+                  "during stock-kbp/busy/hybrid, 'kbpctl disable --all' restores the rest)")
     quiet = runner.machine.quiet_report()
     if not quiet["quiet"]:
         msg = (f"machine not quiet (load {quiet['loadavg'][0]:.2f}, "

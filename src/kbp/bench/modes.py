@@ -16,10 +16,13 @@ nothing else; the client ends and the competing flood's devices stay stock NAPI 
 ======================  =================================================================
 
 A mode whose poller never sleeps (``spins``: busy) owns its CPU: a SCHED_FIFO spinner leaves a
-SCHED_OTHER application on the same CPU only the RT-throttling window (50 ms per second), so
-the runner moves the application to the load CPU for it (KBP Sect. 4.1: the KBP thread gets
-a dedicated core, applications run on other cores).  Measured in the VM rig before this rule:
-busy with the app on the poller's CPU had p99 ~ 850 ms and lost requests.
+SCHED_OTHER application on the same CPU only the RT-throttling window (50 ms per second);
+measured in the VM rig: p99 ~ 850 ms and lost requests.  KBP gives the poller a dedicated core
+and runs applications on other cores; with two CPUs the only other core is the tester's and
+the flood's (VM rig: p50 ~ 90 ms, the app starved by the SCHED_FIFO tester).  So by default
+the runner keeps the application on the RT CPU for busy but runs it SCHED_FIFO one priority
+above the poller: a packet the poller delivers wakes the application, which preempts the
+poller, answers, and sleeps again (``--busy-app`` chooses otherwise).
 """
 
 from __future__ import annotations

@@ -70,7 +70,10 @@ class BenchConfig:
     load_cpu: int = 0
     tester_prio: int = 50
     rt_prio: int = 50
-    spin_app_elsewhere: bool = True  # busy: the app runs on the load CPU (the poller owns rt)
+    # busy (a poller that never sleeps): "fifo" = the app stays on the RT CPU at SCHED_FIFO
+    # rt_prio+1, so a wake-up preempts the spinning poller; "elsewhere" = the app moves to the
+    # load CPU; "same" = nothing changes (the app only runs in RT-throttling windows)
+    spin_app: str = "fifo"
     trace: bool = True
     wait_quiet_s: float = 0.0        # before each run, wait up to this long while QEMU runs
     seed: int = 1
@@ -190,8 +193,7 @@ class Bench:
                 "rt_cpu": cfg.rt_cpu, "load_cpu": cfg.load_cpu,
                 "rt_cpu_runs": "sockperf server (RT app); the RT device's poller in "
                                "threaded/stock-kbp/busy/hybrid (busy: the poller alone, the "
-                               "app moves to the load CPU"
-                               + ("" if cfg.spin_app_elsewhere else " -- disabled here") + ")",
+                               f"app placement: {cfg.spin_app})",
                 "load_cpu_runs": "tester kbp-rtt (SCHED_FIFO "
                                  f"{cfg.tester_prio}), iperf3 flood client+server, bpftrace, "
                                  "the benchmark itself; in napi mode also the RT device's "
@@ -306,6 +308,7 @@ class Bench:
             app = self.server.pids()
             rec["mode_setup"] = mode.describe()
             rec["app_cpu"] = self.server.cpu_now
+            rec["app_fifo"] = self.server.fifo_now
             if not self.trace_reason:
                 kt = trace.KernelTrace(poller_pids=list(threads), app_pids=app,
                                        cpu=cfg.load_cpu)
@@ -407,19 +410,23 @@ class Bench:
     def _mode(self, mode: Mode, target: Target) -> Iterator[None]:
         if getattr(mode, "backend", None) == names.BACKEND_KMOD and napi_kthreads(target.dev):
             self._fresh_rt_link()
-        app_cpu = self.cfg.load_cpu if mode.spins and self.cfg.spin_app_elsewhere \
-            else self.cfg.rt_cpu
+        spin = mode.spins and self.server is not None
         try:
-            if self.server is not None and app_cpu != self.server.cpu_now:
-                self.server.move(app_cpu)
+            if spin and self.cfg.spin_app == "elsewhere":
+                self.server.move(self.cfg.load_cpu)
+            elif spin and self.cfg.spin_app == "fifo":
+                self.server.set_fifo(self.cfg.rt_prio + 1)
             mode.setup(target)
             yield
         finally:
             try:
                 mode.teardown()
             finally:
-                if self.server is not None and self.server.cpu_now != self.cfg.rt_cpu:
-                    self.server.move(self.cfg.rt_cpu)
+                if self.server is not None:
+                    if self.server.cpu_now != self.cfg.rt_cpu:
+                        self.server.move(self.cfg.rt_cpu)
+                    if self.server.fifo_now:
+                        self.server.set_fifo(0)
 
     def _fresh_rt_link(self) -> None:
         """Kernels before ~6.15 keep a NAPI's kthread after threaded=0, and the module refuses

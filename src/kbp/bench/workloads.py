@@ -63,9 +63,11 @@ class SockperfServer:
     port: int = SOCKPERF_PORT
     proc: subprocess.Popen[str] | None = None
     cpu_now: int = -1
+    fifo_now: int = 0
 
     def start(self, timeout: float = 10.0) -> None:
         self.cpu_now = self.cpu
+        self.fifo_now = 0
         self.proc = procs.start(self.ns, ["taskset", "-c", str(self.cpu), "sockperf", "server",
                                           "-i", self.ip, "-p", str(self.port)],
                                 stdout=subprocess.DEVNULL)
@@ -96,6 +98,18 @@ class SockperfServer:
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(tid, {cpu})
         self.cpu_now = cpu
+
+    def set_fifo(self, prio: int) -> None:
+        """SCHED_FIFO ``prio`` for every thread of the running server (0: back to
+        SCHED_OTHER).  The application's code is unchanged, as with chrt."""
+        import os
+        for tid in self.pids():
+            with contextlib.suppress(OSError):
+                if prio > 0:
+                    os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(prio))
+                else:
+                    os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        self.fifo_now = prio
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -493,16 +493,18 @@ def target_ip(tb: Testbed) -> str:
 
 
 def _drops(tb: Testbed | None, target: Target) -> dict[str, int]:
-    """Where packets were dropped: the server's UDP socket buffers and the veth devices."""
+    """Where packets were dropped: UDP socket buffers in both namespaces, veth counters."""
     if tb is None:
         return {}
     out: dict[str, int] = {}
-    snmp = tb.run(tb.server, ["cat", "/proc/net/snmp"], check=False).stdout.splitlines()
-    udp = [line.split()[1:] for line in snmp if line.startswith("Udp:")]
-    if len(udp) == 2:
-        row = dict(zip(udp[0], (int(x) for x in udp[1]), strict=False))
-        out["server_udp_rcvbuf_errors"] = row.get("RcvbufErrors", 0)
-        out["server_udp_in_errors"] = row.get("InErrors", 0)
+    for ns, tag in ((tb.server, "server"), (tb.client, "client")):
+        snmp = tb.run(ns, ["cat", "/proc/net/snmp"], check=False).stdout.splitlines()
+        udp = [line.split()[1:] for line in snmp if line.startswith("Udp:")]
+        if len(udp) == 2:
+            row = dict(zip(udp[0], (int(x) for x in udp[1]), strict=False))
+            out[f"{tag}_udp_rcvbuf_errors"] = row.get("RcvbufErrors", 0)
+            out[f"{tag}_udp_sndbuf_errors"] = row.get("SndbufErrors", 0)
+            out[f"{tag}_udp_in_errors"] = row.get("InErrors", 0)
     link = tb.links[0]
     for ns, dev, tag in ((link.ns_a, link.dev_a, "client_dev"),
                          (link.ns_b, link.dev_b, "server_dev")):

@@ -52,20 +52,19 @@ def _procs() -> list[str]:
 
 
 def _settings() -> dict[str, str]:
-    """Global settings a benchmark could touch."""
+    """Global settings a benchmark could touch (other engineers' tests may change other
+    things on this shared machine concurrently: only our own traces are compared)."""
     snap: dict[str, str] = {}
     for d in (Path("/proc/sys/net/core"), Path("/proc/sys/kernel")):
         for f in sorted(d.glob("sched_rt_*")) + sorted(d.glob("netdev_*")) + \
                 sorted(d.glob("busy_*")) + sorted(d.glob("rps_*")):
             with contextlib.suppress(OSError):
                 snap[str(f)] = f.read_text()
-    for f in sorted(Path("/proc/irq").glob("*/smp_affinity_list")):
-        with contextlib.suppress(OSError):
-            snap[str(f)] = f.read_text()
     snap["tracefs_mounted"] = str((trace.TRACEFS / "events").is_dir())
-    snap["kbp_state"] = " ".join(sorted(str(p) for p in Path("/run/kbp").rglob("*")
-                                        if p.is_file() and p.name != "lock")) \
-        if Path("/run/kbp").is_dir() else ""
+    state = Path("/run/kbp")
+    snap["kbp_state"] = " ".join(sorted(str(p) for p in state.rglob("*")
+                                        if p.is_file() and "kbpb-" in str(p))) \
+        if state.is_dir() else ""
     snap["affinity"] = str(sorted(os.sched_getaffinity(0)))
     return snap
 

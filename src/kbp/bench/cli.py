@@ -5,7 +5,7 @@ Presets (explicit options override them):
 
 =========  =====================================================================================
 full       every mode, 5 repetitions of 10 s runs, load off/on, Table 2 (5 s runs), RFC 2544 at
-           64/512/1518 B (3 searches per mode); about 45 minutes with three runnable modes
+           64/512/1518 B (3 searches per mode); about 30 minutes with three runnable modes
 demo       every mode (unrunnable ones are reported as skipped), 5 repetitions of 4 s runs,
            load off/on, RFC 2544 at 64 B once per mode; under 5 minutes (``make demo``)
 smoke      napi and stock-kbp, 1 repetition of 1 s runs, coarse RFC 2544: a functional check

@@ -52,15 +52,12 @@ static inline int kbp_napi_irq(const struct napi_struct *n)
 }
 
 /*
- * Since 6.4 a livepatch transition in progress turns cond_resched() into
- * klp_cond_resched(), which switches the calling task when its stack is
- * clean.  Before that, a task that never sleeps blocks the transition, so
- * the busy poller naps while a transition waits for it (kbp_poller.c).
+ * Since 6.4 a running task can switch itself to a pending livepatch
+ * (__klp_sched_try_switch(), which cond_resched() calls during a transition);
+ * KBP_HAVE_KLP_COND_RESCHED says the kernel has it.
  */
 #ifdef KBP_HAVE_KLP_COND_RESCHED
-#define KBP_KLP_NEEDS_NAP	0
-#else
-#define KBP_KLP_NEEDS_NAP	IS_ENABLED(CONFIG_LIVEPATCH)
+#include <linux/livepatch_sched.h>
 #endif
 
 /*

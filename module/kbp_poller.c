@@ -207,18 +207,39 @@ static void kbp_sleep(struct kbp_poller *p, long timeout)
 }
 
 /*
+ * Let a livepatch transition switch this task.  Since 6.4 the task can do it
+ * itself while running (what klp_cond_resched() does); before, the transition
+ * switches a task only while it sleeps, so nap for a jiffy.
+ */
+static void kbp_klp_switch(struct kbp_poller *p)
+{
+#ifdef KBP_HAVE_KLP_COND_RESCHED
+	__klp_sched_try_switch();
+#else
+	kbp_sleep(p, 1);
+#endif
+}
+
+/*
  * What a poller that does not sleep owes the rest of the system: a
- * preemption point (and, since 6.4, the livepatch switch inside
- * cond_resched()) and an RCU-tasks quiescent state.  Plain RCU needs nothing
- * more: Debian kernels use preemptible RCU, whose tick sees this thread
- * outside any read-side section between passes.
+ * preemption point, an RCU-tasks quiescent state and a chance for a pending
+ * livepatch transition to switch it.  Plain RCU needs nothing more: Debian
+ * kernels use preemptible RCU, whose tick sees this thread outside any
+ * read-side section between passes.
+ *
+ * Out-of-line calls only, not cond_resched(): that is a static call (and the
+ * livepatch switch a static key) which the kernel rewrites with
+ * text_poke_bp() when the preemption mode changes or a transition starts, and
+ * a CPU spinning on the rewritten instruction is the worst case for that
+ * protocol (the 6.12-rt guest under QEMU TCG died on the int3 of exactly this
+ * site).  The spin loop keeps no patchable instruction of its own.
  */
 static void kbp_relax(struct kbp_poller *p)
 {
-	cond_resched_tasks_rcu_qs();
-	/* before 6.4 a transition can switch a task only while it sleeps */
-	if (KBP_KLP_NEEDS_NAP && unlikely(klp_patch_pending(current)))
-		kbp_sleep(p, 1);
+	rcu_tasks_qs(current, false);
+	__cond_resched();
+	if (unlikely(klp_patch_pending(current)))
+		kbp_klp_switch(p);
 }
 
 static void kbp_poller_respawn(struct kbp_poller *p);

@@ -218,7 +218,10 @@ _virtio: dict[str, str] = {}
 def virtio_name(nic: str) -> str:
     """virtioN behind a NIC (remembered: the NIC may sit in another netns later)."""
     if nic not in _virtio:
-        _virtio[nic] = os.path.basename(os.readlink(f"/sys/class/net/{nic}/device"))
+        link = f"/sys/class/net/{nic}/device"
+        target = (os.readlink(link) if os.path.exists(link)
+                  else sh(f"readlink {link}", ns=NS).stdout.strip())
+        _virtio[nic] = os.path.basename(target)
     return _virtio[nic]
 
 

@@ -28,16 +28,16 @@ NEEDED = ["sockperf", "iperf3", "ethtool", "ip", "taskset"]
 
 def _skip_unless_ready() -> None:
     if os.geteuid() != 0:
-        pytest.skip("needs root (network namespaces)")
+        pytest.skip(reason="needs root (network namespaces)")
     miss = workloads.missing_tools(NEEDED)
     if miss:
-        pytest.skip(f"missing tools: {', '.join(miss)}")
+        pytest.skip(reason=f"missing tools: {', '.join(miss)}")
     if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs 2 CPUs")
+        pytest.skip(reason="needs 2 CPUs")
     try:
         import kbp.backends  # noqa: F401
     except ImportError as e:
-        pytest.skip(f"kbpctl backends not available ({e})")
+        pytest.skip(reason=f"kbpctl backends not available ({e})")
 
 
 def _ours() -> list[str]:

@@ -421,7 +421,7 @@ def test_refuses_device_without_napi(bed: Bed) -> None:
 def test_refuses_missing_kernel_feature(bed: Bed) -> None:
     with NetdevClient() as c:
         if c.features().napi_busy_poll or sysinfo.kernel_version() >= (6, 19, 0):
-            pytest.skip("this kernel has threaded busy polling")
+            pytest.skip(reason="this kernel has threaded busy polling")
     _refused(bed, ["enable", bed.link.dev_b, "--netns", bed.tb.server, "--mode", "busy"], 69,
              "needs threaded busy polling (NAPI threaded=2), which is in Linux 6.19")
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from pyroute2.netlink.exceptions import NetlinkError
 
-from kbp import kmod, names
+from kbp import backends, kmod, names
 from kbp.backends import EnableRequest
 from kbp.backends import kmod as kmod_backend
 from kbp.errors import EXIT_UNAVAILABLE, Unavailable
@@ -316,7 +316,7 @@ class FakeModule:
 def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[FakeModule, Any]:
     mod = FakeModule()
     monkeypatch.setattr(kmod_backend, "require_root", lambda what: None)
-    monkeypatch.setattr(kmod_backend, "get_link", lambda dev, netns=None: Link(
+    monkeypatch.setattr(backends, "get_link", lambda dev, netns=None: Link(
         ifindex=999999, name=dev, kind=None, operstate="UP", up=True, rx_packets=0))
     be = kmod_backend.KmodBackend(state=StateDir(tmp_path), client=mod)
     return mod, be

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from kbp import names
 from kbp.errors import InvalidInput, NotRoot, OperationFailed
+from kbp.netdev import get_link
 from kbp.state import StateDir
 from kbp.sysinfo import RT_PRIO_MAX, RT_PRIO_MIN, FreqReport
 
@@ -80,6 +81,25 @@ def validate_common(req: EnableRequest, rt_prio_min: int = RT_PRIO_MIN) -> None:
     if req.quota is not None and not 1 <= req.quota <= names.DEFAULT_QUOTA:
         raise InvalidInput(f"--quota {req.quota} is out of range (1..{names.DEFAULT_QUOTA}, "
                            "the NAPI weight)")
+
+
+def lookup_device(state: StateDir, backend: str, dev: str, netns: str | None,
+                  replace_other: bool = False) -> tuple[Any, Any]:
+    """The device's link and its journal record, refusing a device another backend serves
+    (unless ``replace_other``: then the other record is ignored)."""
+
+    link = get_link(dev, netns)
+    if link is None:
+        where = f"netns {netns}" if netns else "this netns"
+        look = f"ip -n {netns} link" if netns else "ip link"
+        raise InvalidInput(f"no device {dev} in {where}: check the name with '{look}'")
+    rec = state.record(dev, netns)
+    if rec is not None and rec.backend != backend:
+        if not replace_other:
+            raise InvalidInput(f"{dev} is served by the {rec.backend} backend: run "
+                               f"'kbpctl disable {dev}' first")
+        rec = None
+    return link, rec
 
 
 def require_root(what: str) -> None:
@@ -248,7 +268,7 @@ def resolve_auto(state: StateDir | None = None) -> tuple[Backend, str]:
 def disable(devices: Sequence[str] | None = None, netns: str | None = None,
             state: StateDir | None = None) -> DisableResult:
     """Disable devices (None: all), each with the backend that enabled it."""
-    from kbp.netdev import check_netns, get_link
+    from kbp.netdev import check_netns
     st = state or StateDir()
     require_root("kbpctl disable")
     recs = st.records()

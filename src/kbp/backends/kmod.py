@@ -25,12 +25,13 @@ from kbp.backends import (
     EnableResult,
     NapiStatus,
     PollerStatus,
+    lookup_device,
     require_root,
     validate_common,
 )
 from kbp.backends.stock import thread_status
 from kbp.errors import InvalidInput, KbpctlError, OperationFailed, Unavailable
-from kbp.netdev import NETNS_DIR, NetdevClient, check_netns, get_link
+from kbp.netdev import NETNS_DIR, NetdevClient, check_netns
 from kbp.state import (
     MISSING,
     Executor,
@@ -143,16 +144,7 @@ class KmodBackend:
 
     def _prepare(self, client: Any, dev: str, netns: str | None,
                  replace_other: bool = False) -> tuple[Any, Record | None]:
-        link = get_link(dev, netns)
-        if link is None:
-            where = f"netns {netns}" if netns else "this netns"
-            raise InvalidInput(f"no device {dev} in {where}: check the name with 'ip link'")
-        rec = self.state.record(dev, netns)
-        if rec is not None and rec.backend != NAME:
-            if not replace_other:
-                raise InvalidInput(f"{dev} is served by the {rec.backend} backend: run "
-                                   f"'kbpctl disable {dev}' first")
-            rec = None
+        link, rec = lookup_device(self.state, NAME, dev, netns, replace_other)
         threaded = False
         with contextlib.suppress(KbpctlError, OSError), NetdevClient(netns) as nc:
             threaded = any(n.threaded for n in nc.napis(link.ifindex))

@@ -41,6 +41,7 @@ from kbp.backends import (
     NapiStatus,
     PollerStatus,
     ThreadStatus,
+    lookup_device,
     require_root,
     validate_common,
 )
@@ -285,17 +286,7 @@ class StockBackend:
 
     def _prepare(self, ctx: _Ctx, dev: str, netns: str | None,
                  replace_other: bool = False) -> _Prep:
-        link = get_link(dev, netns)
-        if link is None:
-            where = f"netns {netns}" if netns else "this netns"
-            look = f"ip -n {netns} link" if netns else "ip link"
-            raise InvalidInput(f"no device {dev} in {where}: check the name with '{look}'")
-        rec = self.state.record(dev, netns)
-        if rec is not None and rec.backend != NAME:
-            if not replace_other:
-                raise InvalidInput(f"{dev} is served by the {rec.backend} backend: run "
-                                   f"'kbpctl disable {dev}' first")
-            rec = None
+        link, rec = lookup_device(self.state, NAME, dev, netns, replace_other)
         feats = self._features(ctx.client(netns))
         napis: list[Napi] | None = None
         if feats.napi_get:

@@ -33,6 +33,7 @@ static const struct nla_policy kbp_policy[KBP_A_MAX + 1] = {
 	[KBP_A_LINGER_US]	= { .type = NLA_U32 },
 	[KBP_A_QUOTA]		= { .type = NLA_U32 },
 	[KBP_A_RT_PRIO]		= { .type = NLA_U32 },
+	[KBP_A_FREQ_CTL]	= { .type = NLA_U32 },
 	[KBP_A_IFINDEX]		= { .type = NLA_U32 },
 	[KBP_A_IFNAME]		= { .type = NLA_STRING, .len = IFNAMSIZ - 1 },
 	[KBP_A_NETNS_FD]	= { .type = NLA_U32 },
@@ -61,6 +62,10 @@ static void kbp_parse_knobs(struct genl_info *info, struct kbp_knobs *k)
 	if (tb[KBP_A_RT_PRIO]) {
 		k->has_rt_prio = true;
 		k->conf.rt_prio = nla_get_u32(tb[KBP_A_RT_PRIO]);
+	}
+	if (tb[KBP_A_FREQ_CTL]) {
+		k->has_freq_ctl = true;
+		k->conf.freq_ctl = nla_get_u32(tb[KBP_A_FREQ_CTL]);
 	}
 }
 
@@ -254,6 +259,7 @@ static int kbp_fill_poller(struct sk_buff *skb, struct kbp_poller *p)
 	    nla_put_u32(skb, KBP_A_LINGER_US, READ_ONCE(p->linger_us)) ||
 	    nla_put_u32(skb, KBP_A_QUOTA, READ_ONCE(p->quota)) ||
 	    nla_put_u32(skb, KBP_A_RT_PRIO, READ_ONCE(p->rt_prio)) ||
+	    nla_put_u32(skb, KBP_A_FREQ_CTL, READ_ONCE(p->freq_ctl)) ||
 	    nla_put_u32(skb, KBP_A_NAPIS, nr) ||
 	    kbp_put_u64(skb, KBP_A_PASSES, s.passes) ||
 	    kbp_put_u64(skb, KBP_A_EMPTY_PASSES, s.empty_passes) ||
@@ -262,6 +268,7 @@ static int kbp_fill_poller(struct sk_buff *skb, struct kbp_poller *p)
 	    kbp_put_u64(skb, KBP_A_SLEEPS, s.sleeps) ||
 	    kbp_put_u64(skb, KBP_A_SLEEP_NS, s.sleep_ns) ||
 	    kbp_put_u64(skb, KBP_A_POLL_NS, s.poll_ns) ||
+	    kbp_put_u64(skb, KBP_A_FREQ_CHANGES, s.freq_changes) ||
 	    kbp_put_u64(skb, KBP_A_RESPAWNS, s.respawns) ||
 	    kbp_put_u64(skb, KBP_A_REPAIRS, s.repairs))
 		return -EMSGSIZE;

@@ -96,6 +96,11 @@ int kbp_check_knobs(const struct kbp_knobs *req,
 			   KBP_RT_PRIO_MAX);
 		return -ERANGE;
 	}
+	if (req->has_freq_ctl && c->freq_ctl > 1) {
+		kbp_refuse(extack, "freq_ctl out of range",
+			   "freq_ctl %u out of range (0 or 1)", c->freq_ctl);
+		return -ERANGE;
+	}
 	return 0;
 }
 
@@ -112,6 +117,10 @@ static void kbp_conf_merge(int cpu, const struct kbp_knobs *req,
 		out->quota = req->conf.quota;
 	if (req->has_rt_prio)
 		out->rt_prio = req->conf.rt_prio;
+	if (req->has_freq_ctl)
+		out->freq_ctl = req->conf.freq_ctl;
+	else if (req->has_mode && req->conf.mode != KBP_MODE_HYBRID)
+		out->freq_ctl = 0;	/* asking for busy turns it off */
 }
 
 /* --- pollers ---------------------------------------------------------- */
@@ -197,12 +206,13 @@ static int kbp_check_conflict(int cpu, const struct kbp_knobs *req,
 		return 0;
 	kbp_conf_merge(cpu, req, &want);
 	if (want.mode == p->mode && want.linger_us == p->linger_us &&
-	    want.quota == p->quota && want.rt_prio == p->rt_prio)
+	    want.quota == p->quota && want.rt_prio == p->rt_prio &&
+	    want.freq_ctl == p->freq_ctl)
 		return 0;
 	kbp_refuse(extack, "poller serves other devices with other knobs",
-		   "kbp/%d serves other devices with mode=%s linger_us=%u quota=%u rt_prio=%u; change them with poller-set",
+		   "kbp/%d serves other devices with mode=%s linger_us=%u quota=%u rt_prio=%u freq_ctl=%u; change them with poller-set",
 		   cpu, p->mode == KBP_MODE_BUSY ? "busy" : "hybrid",
-		   p->linger_us, p->quota, p->rt_prio);
+		   p->linger_us, p->quota, p->rt_prio, p->freq_ctl);
 	return -EBUSY;
 }
 
@@ -211,6 +221,7 @@ int kbp_poller_configure(int cpu, const struct kbp_knobs *req,
 			 struct netlink_ext_ack *extack)
 {
 	struct kbp_poller *p;
+	struct kbp_conf want;
 	int err;
 
 	ASSERT_RTNL();
@@ -220,7 +231,11 @@ int kbp_poller_configure(int cpu, const struct kbp_knobs *req,
 	err = kbp_check_knobs(req, extack);
 	if (err)
 		return err;
-	kbp_conf_merge(cpu, req, &kbp_conf[cpu]);
+	kbp_conf_merge(cpu, req, &want);
+	err = kbp_freq_check(cpu, &want, extack);
+	if (err)
+		return err;
+	kbp_conf[cpu] = want;
 	p = kbp_pollers[cpu];
 	if (p)
 		kbp_poller_apply(p, &kbp_conf[cpu]);
@@ -506,6 +521,20 @@ static void kbp_reconcile_later(void)
 				   msecs_to_jiffies(max(reconcile_ms, 10U)));
 }
 
+/* @cpu exists and can run the poller knobs @req asks for. */
+static int kbp_req_check_cpu(int cpu, const struct kbp_knobs *req,
+			     struct netlink_ext_ack *extack)
+{
+	struct kbp_conf want;
+	int err;
+
+	err = kbp_check_cpu(cpu, extack);
+	if (err)
+		return err;
+	kbp_conf_merge(cpu, req, &want);
+	return kbp_freq_check(cpu, &want, extack);
+}
+
 /* Every CPU @req would use on its device, for conflict checks. */
 static int kbp_req_check_cpus(struct kbp_attach_req *req, struct kbp_dev *kd,
 			      struct netlink_ext_ack *extack)
@@ -514,12 +543,12 @@ static int kbp_req_check_cpus(struct kbp_attach_req *req, struct kbp_dev *kd,
 	int cpu, err;
 
 	if (req->cpu >= 0) {
-		err = kbp_check_cpu(req->cpu, extack);
+		err = kbp_req_check_cpu(req->cpu, &req->knobs, extack);
 		if (err)
 			return err;
 	}
 	for (i = 0; i < req->nr_map; i++) {
-		err = kbp_check_cpu(req->map[i].cpu, extack);
+		err = kbp_req_check_cpu(req->map[i].cpu, &req->knobs, extack);
 		if (err)
 			return err;
 	}
@@ -530,7 +559,7 @@ static int kbp_req_check_cpus(struct kbp_attach_req *req, struct kbp_dev *kd,
 		cpu = kbp_napi_cpu(kd, kbp_napi_by_index(req->dev, i), i, extack);
 		if (cpu < 0)
 			return cpu;
-		err = kbp_check_cpu(cpu, extack) ?:
+		err = kbp_req_check_cpu(cpu, &req->knobs, extack) ?:
 		      kbp_check_conflict(cpu, &req->knobs, extack);
 		if (err)
 			return err;

@@ -15,7 +15,9 @@
  *   busy    (KBP)    never sleeps; checks its NAPIs on every pass.
  *   hybrid  (EE-KBP) sleeps when none of its NAPIs is scheduled and
  *                    linger_us has passed since the last packet; the
- *                    hardIRQ path wakes it.
+ *                    hardIRQ path wakes it.  With freq_ctl it lowers its
+ *                    CPU's frequency before sleeping and raises it on
+ *                    waking (kbp_freq.c).
  */
 #include <linux/kthread.h>
 #include <linux/livepatch.h>
@@ -248,11 +250,16 @@ static int kbp_poller_fn(void *data)
 {
 	struct kbp_poller *p = data;
 	u64 last_work = local_clock();
+	struct kbp_freq freq = {};
 
 	while (!kthread_should_stop()) {
 		bool more = false;
-		int work = kbp_pass(p, &more);
-		u64 now = local_clock();
+		int work;
+		u64 now;
+
+		kbp_freq_wake(p, &freq);
+		work = kbp_pass(p, &more);
+		now = local_clock();
 
 		u64_stats_update_begin(&p->syncp);
 		u64_stats_inc(&p->passes);
@@ -264,11 +271,15 @@ static int kbp_poller_fn(void *data)
 
 		if (work)
 			last_work = now;
-		if (kbp_may_sleep(p, more, now, last_work))
+		if (kbp_may_sleep(p, more, now, last_work)) {
+			kbp_freq_sleep(p, &freq);
 			kbp_sleep(p, MAX_SCHEDULE_TIMEOUT);
-		else
+		} else {
 			kbp_relax(p);
+		}
 	}
+
+	kbp_freq_restore(p, &freq);
 
 	if (!test_bit(KBP_POLLER_STOPPING, &p->flags))
 		kbp_poller_respawn(p);
@@ -318,6 +329,7 @@ struct kbp_poller *kbp_poller_create(int cpu, const struct kbp_conf *conf)
 	p->linger_us = conf->linger_us;
 	p->quota = conf->quota;
 	p->rt_prio = conf->rt_prio;
+	p->freq_ctl = conf->freq_ctl;
 
 	t = kbp_poller_spawn(p);
 	if (IS_ERR(t)) {
@@ -348,6 +360,7 @@ void kbp_poller_apply(struct kbp_poller *p, const struct kbp_conf *conf)
 	WRITE_ONCE(p->linger_us, conf->linger_us);
 	WRITE_ONCE(p->quota, conf->quota);
 	WRITE_ONCE(p->mode, conf->mode);
+	WRITE_ONCE(p->freq_ctl, conf->freq_ctl);
 	if (p->rt_prio != conf->rt_prio) {
 		WRITE_ONCE(p->rt_prio, conf->rt_prio);
 		if (p->task)
@@ -472,6 +485,7 @@ void kbp_poller_read(struct kbp_poller *p, struct kbp_poller_snapshot *s)
 		s->sleeps = u64_stats_read(&p->sleeps);
 		s->sleep_ns = u64_stats_read(&p->sleep_ns);
 		s->poll_ns = u64_stats_read(&p->poll_ns);
+		s->freq_changes = u64_stats_read(&p->freq_changes);
 	} while (u64_stats_fetch_retry(&p->syncp, start));
 	s->respawns = atomic64_read(&p->respawns);
 	s->repairs = atomic64_read(&p->repairs);

@@ -49,6 +49,7 @@ struct kbp_conf {
 	u32 linger_us;
 	u32 quota;
 	u32 rt_prio;
+	u32 freq_ctl;		/* 0/1: EE-KBP CPU-frequency control */
 };
 
 /* poller->flags */
@@ -76,6 +77,7 @@ struct kbp_poller {
 	u32 linger_us;
 	u32 quota;
 	u32 rt_prio;
+	u32 freq_ctl;
 
 	/* counters written only by the thread */
 	struct u64_stats_sync syncp;
@@ -86,6 +88,7 @@ struct kbp_poller {
 	u64_stats_t sleeps;
 	u64_stats_t sleep_ns;
 	u64_stats_t poll_ns;
+	u64_stats_t freq_changes;
 	/* rare events, written from several contexts */
 	atomic64_t respawns;
 	atomic64_t repairs;
@@ -115,7 +118,7 @@ struct kbp_napi {
 
 /* Knobs given by a request; only the ones it has change anything. */
 struct kbp_knobs {
-	bool has_mode, has_linger, has_quota, has_rt_prio;
+	bool has_mode, has_linger, has_quota, has_rt_prio, has_freq_ctl;
 	struct kbp_conf conf;
 };
 
@@ -173,11 +176,23 @@ void kbp_poller_del_napi(struct kbp_poller *p, struct kbp_napi *kn);
 
 struct kbp_poller_snapshot {
 	u64 passes, empty_passes, packets, wakeups, sleeps, sleep_ns, poll_ns;
-	u64 respawns, repairs;
+	u64 freq_changes, respawns, repairs;
 };
 
 void kbp_poller_read(struct kbp_poller *p, struct kbp_poller_snapshot *s);
 void kbp_napi_read(struct kbp_napi *kn, u64 *packets, u64 *polls);
+
+/* kbp_freq.c: what one poller thread did to its CPU's frequency */
+struct kbp_freq {
+	unsigned int saved;	/* kHz before the first change; 0: untouched */
+	bool low;		/* lowered for a sleep, not raised since */
+};
+
+void kbp_freq_sleep(struct kbp_poller *p, struct kbp_freq *f);
+void kbp_freq_wake(struct kbp_poller *p, struct kbp_freq *f);
+void kbp_freq_restore(struct kbp_poller *p, struct kbp_freq *f);
+int kbp_freq_check(int cpu, const struct kbp_conf *c,
+		   struct netlink_ext_ack *extack);
 
 /* kbp_genl.c */
 int kbp_genl_init(void);

@@ -9,9 +9,9 @@
  *
  * Vocabulary (shared with kbpctl, docs and benchmark output):
  *   modes:    busy, hybrid            (periodic is reserved)
- *   knobs:    mode, linger_us, quota, rt_prio, cpu
+ *   knobs:    mode, linger_us, quota, rt_prio, freq_ctl, cpu
  *   poller counters: passes, empty_passes, packets, wakeups, sleeps,
- *                    sleep_ns, poll_ns, respawns, repairs
+ *                    sleep_ns, poll_ns, freq_changes, respawns, repairs
  *   device / napi counters: packets, polls
  */
 #ifndef _UAPI_LINUX_KBP_H
@@ -37,7 +37,9 @@ enum kbp_state {
 enum kbp_cmd {
 	KBP_CMD_UNSPEC,
 	KBP_CMD_POLLER_GET,	/* doit: KBP_A_CPU; dumpit: every poller */
-	KBP_CMD_POLLER_SET,	/* KBP_A_CPU + any of MODE, LINGER_US, QUOTA, RT_PRIO */
+	KBP_CMD_POLLER_SET,	/* KBP_A_CPU + any of MODE, LINGER_US, QUOTA, RT_PRIO,
+				 * FREQ_CTL
+				 */
 	KBP_CMD_DEV_ATTACH,	/* device + CPU and/or QUEUE_MAP (+ poller knobs) */
 	KBP_CMD_DEV_DETACH,	/* device */
 	KBP_CMD_DEV_GET,	/* doit: device; dumpit: every attached device */
@@ -75,6 +77,10 @@ enum kbp_attr {
 	KBP_A_REPAIRS,
 	KBP_A_RT_PRIO,		/* u32, 0 = SCHED_NORMAL, 1..99 = SCHED_FIFO priority */
 	KBP_A_STATE,		/* u32, enum kbp_state (output, devices) */
+	KBP_A_FREQ_CTL,		/* u32, 0/1: hybrid lowers the CPU frequency
+				 * while asleep (userspace governor needed)
+				 */
+	KBP_A_FREQ_CHANGES,	/* u64 counter: frequency changes made */
 	__KBP_A_MAX,
 };
 

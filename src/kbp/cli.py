@@ -45,6 +45,10 @@ modes: hybrid (EE-KBP: the polling thread sleeps when idle and the hardIRQ wakes
 busy (KBP: it never sleeps; stock backend needs Linux 6.19+ for threaded busy polling).
 --linger-us N (hybrid): keep polling N us after the last packet before sleeping
 (stock: napi_defer_hard_irqs + gro_flush_timeout; kmod: the poller spins).
+--freq-ctl (kmod, hybrid): EE-KBP's CPU-frequency control; the poller sets its CPU to
+the policy's min frequency before it sleeps and to max when it wakes, through the
+userspace governor (set it first: echo userspace > .../cpufreq/scaling_governor).
+With the stock backend, the schedutil governor does the same for SCHED_FIFO threads.
 Enabling a device that is already enabled reconfigures it (restore, then enable).
 """
 
@@ -135,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the device's setting)")
     e.add_argument("--quota", type=_int, metavar="N",
                    help=f"kmod: packets per NAPI per pass, 1..{names.DEFAULT_QUOTA}")
+    e.add_argument("--freq-ctl", action="store_true",
+                   help="kmod, hybrid: CPU frequency to min while a poller sleeps, max when "
+                        "it wakes (EE-KBP; needs the userspace cpufreq governor)")
     e.add_argument("--backend", choices=names.BACKENDS, default="auto",
                    help="auto (default): kmod if the module is loaded, else stock")
     e.add_argument("--netns", metavar="NAME", help="the devices live in this netns")
@@ -225,7 +232,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_enable(args: argparse.Namespace) -> int:
     req = EnableRequest(devices=list(args.devices), netns=args.netns, mode=args.mode,
                         cpus=args.cpus, rt_prio=args.rt_prio, linger_us=args.linger_us,
-                        quota=args.quota)
+                        quota=args.quota, freq_ctl=args.freq_ctl)
     backends.validate_common(req, rt_prio_min=0)   # the backend checks its own minimum
     why = ""
     if args.backend == "auto":
@@ -240,6 +247,7 @@ def cmd_enable(args: argparse.Namespace) -> int:
         what = "NAPI thread" if be.name == names.BACKEND_STOCK else "NAPI"
         count = f"{d.napis} {what}{'s' if d.napis != 1 else ''}" if d.napis else "its NAPIs"
         linger = f", linger {req.linger_us} us" if req.linger_us is not None else ""
+        linger += ", freq_ctl" if req.freq_ctl else ""
         _out(f"enabled {d.name}{where}: {be.name} backend, {req.mode}{linger}, {count} on "
              f"CPU {format_cpulist(d.cpus)}, "
              f"{f'SCHED_FIFO {req.rt_prio}' if req.rt_prio else 'SCHED_NORMAL'} "

@@ -11,6 +11,7 @@ that is no longer listed. Example (also in kbp/data/kbp.toml.example)::
     rt_prio = 50                # SCHED_FIFO priority of the polling threads (1..99)
     cpus = "1"                  # CPU list; NAPIs round-robin over it (default: all online)
     linger_us = 20              # keep polling this long after the last packet (hybrid)
+    freq_ctl = false            # kmod, hybrid: CPU to min frequency while a poller sleeps
 
     [[device]]
     name = "eth1"
@@ -36,7 +37,8 @@ from kbp.state import Record
 from kbp.sysinfo import parse_cpulist
 
 DEFAULT_PATH = Path("/etc/kbp/kbp.toml")
-DEVICE_KEYS = {"name", "netns", "mode", "cpus", "rt_prio", "linger_us", "quota", "backend"}
+DEVICE_KEYS = {"name", "netns", "mode", "cpus", "rt_prio", "linger_us", "quota", "freq_ctl",
+               "backend"}
 DEFAULT_KEYS = DEVICE_KEYS - {"name", "netns"}
 TOP_KEYS = {"backend", "defaults", "device"}
 
@@ -51,11 +53,12 @@ class DeviceConfig:
     rt_prio: int = 50
     linger_us: int | None = None
     quota: int | None = None
+    freq_ctl: bool = False
 
     def request(self) -> EnableRequest:
         return EnableRequest(devices=[self.name], netns=self.netns, mode=self.mode,
                              cpus=self.cpus, rt_prio=self.rt_prio, linger_us=self.linger_us,
-                             quota=self.quota)
+                             quota=self.quota, freq_ctl=self.freq_ctl)
 
 
 @dataclass
@@ -105,6 +108,10 @@ def _apply_keys(where: str, d: DeviceConfig, raw: Mapping[str, Any]) -> None:
             d.linger_us = _int(w, v)
         elif k == "quota":
             d.quota = _int(w, v)
+        elif k == "freq_ctl":
+            if not isinstance(v, bool):
+                raise InvalidInput(f"{w}: expected true or false, got {v!r}")
+            d.freq_ctl = v
 
 
 def parse(text: str, path: Path = DEFAULT_PATH) -> Config:

@@ -79,6 +79,8 @@ KBP_A_RESPAWNS = 23
 KBP_A_REPAIRS = 24
 KBP_A_RT_PRIO = 25
 KBP_A_STATE = 26
+KBP_A_FREQ_CTL = 27
+KBP_A_FREQ_CHANGES = 28
 
 # enum kbp_map_attr
 KBP_MAP_A_UNSPEC = 0
@@ -159,6 +161,8 @@ class kbpmsg(genlmsg):
         (KBP_A_REPAIRS, "KBP_A_REPAIRS", "uint64"),
         (KBP_A_RT_PRIO, "KBP_A_RT_PRIO", "uint32"),
         (KBP_A_STATE, "KBP_A_STATE", "uint32"),
+        (KBP_A_FREQ_CTL, "KBP_A_FREQ_CTL", "uint32"),
+        (KBP_A_FREQ_CHANGES, "KBP_A_FREQ_CHANGES", "uint64"),
     )
     queue_map = kbp_queue_map
     map_entry = kbp_map_entry
@@ -219,6 +223,7 @@ class Poller:
     linger_us: int | None = None
     quota: int | None = None
     rt_prio: int | None = None  # 0: SCHED_NORMAL, 1..99: SCHED_FIFO priority
+    freq_ctl: bool | None = None  # hybrid: CPU frequency to min while asleep, max awake
     napis: int | None = None
     passes: int | None = None
     empty_passes: int | None = None
@@ -227,6 +232,7 @@ class Poller:
     sleeps: int | None = None
     sleep_ns: int | None = None
     poll_ns: int | None = None
+    freq_changes: int | None = None
     respawns: int | None = None
     repairs: int | None = None
 
@@ -264,15 +270,21 @@ class Device:
     napis: list[NapiInfo] = field(default_factory=list)
 
 
+def _bool(v: int | None) -> bool | None:
+    return None if v is None else bool(v)
+
+
 def _poller_from(msg: Any) -> Poller:
     g = msg.get_attr
     return Poller(cpu=g("KBP_A_CPU"), pid=g("KBP_A_PID"), mode=mode_name(g("KBP_A_MODE")),
                   linger_us=g("KBP_A_LINGER_US"), quota=g("KBP_A_QUOTA"),
-                  rt_prio=g("KBP_A_RT_PRIO"), napis=g("KBP_A_NAPIS"),
+                  rt_prio=g("KBP_A_RT_PRIO"), freq_ctl=_bool(g("KBP_A_FREQ_CTL")),
+                  napis=g("KBP_A_NAPIS"),
                   passes=g("KBP_A_PASSES"), empty_passes=g("KBP_A_EMPTY_PASSES"),
                   packets=g("KBP_A_PACKETS"), wakeups=g("KBP_A_WAKEUPS"), sleeps=g("KBP_A_SLEEPS"),
                   sleep_ns=g("KBP_A_SLEEP_NS"), poll_ns=g("KBP_A_POLL_NS"),
-                  respawns=g("KBP_A_RESPAWNS"), repairs=g("KBP_A_REPAIRS"))
+                  freq_changes=g("KBP_A_FREQ_CHANGES"), respawns=g("KBP_A_RESPAWNS"),
+                  repairs=g("KBP_A_REPAIRS"))
 
 
 def _napi_from(nest: Any) -> NapiInfo:
@@ -305,7 +317,7 @@ def _msg(cmd: int, attrs: list[list[Any]]) -> kbpmsg:
 
 
 def _knobs(mode: str | int | None, linger_us: int | None, quota: int | None,
-           rt_prio: int | None) -> list[list[Any]]:
+           rt_prio: int | None, freq_ctl: bool | None = None) -> list[list[Any]]:
     attrs: list[list[Any]] = []
     if mode is not None:
         attrs.append(["KBP_A_MODE", mode_id(mode)])
@@ -315,6 +327,8 @@ def _knobs(mode: str | int | None, linger_us: int | None, quota: int | None,
         attrs.append(["KBP_A_QUOTA", int(quota)])
     if rt_prio is not None:
         attrs.append(["KBP_A_RT_PRIO", int(rt_prio)])
+    if freq_ctl is not None:
+        attrs.append(["KBP_A_FREQ_CTL", int(freq_ctl)])
     return attrs
 
 
@@ -338,15 +352,17 @@ def build_poller_get(cpu: int | None = None) -> kbpmsg:
 
 
 def build_poller_set(cpu: int, mode: str | int | None = None, linger_us: int | None = None,
-                     quota: int | None = None, rt_prio: int | None = None) -> kbpmsg:
+                     quota: int | None = None, rt_prio: int | None = None,
+                     freq_ctl: bool | None = None) -> kbpmsg:
     return _msg(KBP_CMD_POLLER_SET,
-                [["KBP_A_CPU", int(cpu)], *_knobs(mode, linger_us, quota, rt_prio)])
+                [["KBP_A_CPU", int(cpu)], *_knobs(mode, linger_us, quota, rt_prio, freq_ctl)])
 
 
 def build_attach(dev: str | int, netns_fd: int | None = None, cpu: int | None = None,
                  queue_map: Mapping[int, int] | Iterable[tuple[int, int]] | None = None,
                  mode: str | int | None = None, linger_us: int | None = None,
-                 quota: int | None = None, rt_prio: int | None = None) -> kbpmsg:
+                 quota: int | None = None, rt_prio: int | None = None,
+                 freq_ctl: bool | None = None) -> kbpmsg:
     if cpu is None and queue_map is None:
         raise ValueError("attach needs cpu and/or queue_map")
     attrs = _dev_attrs(dev, netns_fd)
@@ -354,7 +370,7 @@ def build_attach(dev: str | int, netns_fd: int | None = None, cpu: int | None = 
         attrs.append(["KBP_A_CPU", int(cpu)])
     if queue_map is not None:
         attrs.append(_queue_map(queue_map))
-    attrs += _knobs(mode, linger_us, quota, rt_prio)
+    attrs += _knobs(mode, linger_us, quota, rt_prio, freq_ctl)
     return _msg(KBP_CMD_DEV_ATTACH, attrs)
 
 
@@ -429,17 +445,18 @@ class Client:
 
     def poller_set(self, cpu: int, mode: str | int | None = None,
                    linger_us: int | None = None, quota: int | None = None,
-                   rt_prio: int | None = None) -> None:
-        self.request(build_poller_set(cpu, mode, linger_us, quota, rt_prio), False,
+                   rt_prio: int | None = None, freq_ctl: bool | None = None) -> None:
+        self.request(build_poller_set(cpu, mode, linger_us, quota, rt_prio, freq_ctl), False,
                      f"poller-set cpu {cpu}")
 
     def attach(self, dev: str | int, netns: str | None = None, cpu: int | None = None,
                queue_map: Mapping[int, int] | Iterable[tuple[int, int]] | None = None,
                mode: str | int | None = None, linger_us: int | None = None,
-               quota: int | None = None, rt_prio: int | None = None) -> Device | None:
+               quota: int | None = None, rt_prio: int | None = None,
+               freq_ctl: bool | None = None) -> Device | None:
         with _netns_fd(netns) as fd:
-            self.request(build_attach(dev, fd, cpu, queue_map, mode, linger_us, quota, rt_prio),
-                         False, f"attach {dev}")
+            self.request(build_attach(dev, fd, cpu, queue_map, mode, linger_us, quota, rt_prio,
+                                      freq_ctl), False, f"attach {dev}")
             rs = self.request(build_dev_get(dev, fd), False, f"dev-get {dev}")
         return _device_from(rs[0]) if rs else None
 
@@ -494,17 +511,19 @@ def poller(cpu: int) -> Poller:
 
 
 def poller_set(cpu: int, mode: str | int | None = None, linger_us: int | None = None,
-               quota: int | None = None, rt_prio: int | None = None) -> None:
+               quota: int | None = None, rt_prio: int | None = None,
+               freq_ctl: bool | None = None) -> None:
     with Client() as c:
-        c.poller_set(cpu, mode, linger_us, quota, rt_prio)
+        c.poller_set(cpu, mode, linger_us, quota, rt_prio, freq_ctl)
 
 
 def attach(dev: str | int, netns: str | None = None, cpu: int | None = None,
            queue_map: Mapping[int, int] | Iterable[tuple[int, int]] | None = None,
            mode: str | int | None = None, linger_us: int | None = None,
-           quota: int | None = None, rt_prio: int | None = None) -> Device | None:
+           quota: int | None = None, rt_prio: int | None = None,
+           freq_ctl: bool | None = None) -> Device | None:
     with Client() as c:
-        return c.attach(dev, netns, cpu, queue_map, mode, linger_us, quota, rt_prio)
+        return c.attach(dev, netns, cpu, queue_map, mode, linger_us, quota, rt_prio, freq_ctl)
 
 
 def detach(dev: str | int, netns: str | None = None) -> None:

@@ -15,7 +15,7 @@ MODE_IDS: Final = {MODE_BUSY: 1, MODE_HYBRID: 2, MODE_PERIODIC: 3}
 MODE_NAMES: Final = {v: k for k, v in MODE_IDS.items()}
 
 # Knobs of a poller / an attachment.
-KNOBS: Final = ("mode", "linger_us", "quota", "rt_prio", "cpu")
+KNOBS: Final = ("mode", "linger_us", "quota", "rt_prio", "freq_ctl", "cpu")
 DEFAULT_QUOTA: Final = 64
 DEFAULT_LINGER_US: Final = 0
 
@@ -28,6 +28,7 @@ POLLER_COUNTERS: Final = (
     "sleeps",        # times the poller went to sleep (hybrid)
     "sleep_ns",      # time spent asleep
     "poll_ns",       # time spent inside NAPI poll (protocol processing included)
+    "freq_changes",  # CPU frequency changes made by freq_ctl (hybrid)
     "respawns",      # poller threads replaced after a driver deleted a NAPI under it
     "repairs",       # NAPIs put back on the poller after a driver's napi_disable/enable
 )

@@ -69,14 +69,16 @@ def devices_table(st: Status) -> Table:
 
 def pollers_table(st: Status) -> Table:
     t = Table(title="kbp module pollers", title_justify="left")
-    cols = ("CPU", "pid", "mode", "linger", "quota", "sched", "NAPIs", "passes",
+    cols = ("CPU", "pid", "mode", "linger", "quota", "sched", "freq_ctl", "NAPIs", "passes",
             "empty", "packets", "wakeups", "sleeps", "slept", "polled", "respawns", "repairs")
     for c in cols:
         t.add_column(c, no_wrap=True)
     for p in st.pollers:
         c = p.counters
         t.add_row(str(p.cpu), _n(p.pid), _n(p.mode), _n(p.linger_us), _n(p.quota),
-                  f"{(p.policy or '?').replace('SCHED_', '')}/{_n(p.priority)}", _n(p.napis),
+                  f"{(p.policy or '?').replace('SCHED_', '')}/{_n(p.priority)}",
+                  f"on, {_n(c.get('freq_changes'))} changes" if p.freq_ctl else "off",
+                  _n(p.napis),
                   _n(c.get("passes")), _n(c.get("empty_passes")), _n(c.get("packets")),
                   _n(c.get("wakeups")), _n(c.get("sleeps")), _ns(c.get("sleep_ns")),
                   _ns(c.get("poll_ns")), _n(c.get("respawns")), _n(c.get("repairs")))

@@ -386,6 +386,10 @@ def cpufreq(cpus: Iterable[int] | None = None, host: Host = HOST) -> FreqReport:
     elif "schedutil" in govs:
         note = ("mixed governors: only CPUs under schedutil raise the frequency for a "
                 "SCHED_FIFO polling thread; use schedutil on the polling CPUs")
+    elif govs == {"userspace"}:
+        note = ("userspace: the frequency stays where it is set; the kbp module's freq_ctl "
+                "(kbpctl enable --freq-ctl) sets min before a poller sleeps and max when it "
+                "wakes (EE-KBP Sect. 4.2)")
     elif govs <= {"performance"}:
         note = "performance: CPUs stay at max frequency (lowest latency, no power saving)"
     else:

@@ -399,6 +399,9 @@ def test_refuses_bad_input(bed: Bed) -> None:
     _refused(bed, [*en, "--rt-prio", "100"], 2, "priority 100 is out of range")
     _refused(bed, [*en, "--mode", "busy", "--linger-us", "10"], 2, "hybrid only")
     _refused(bed, [*en, "--quota", "32", "--backend", "stock"], 2, "--quota is a knob")
+    _refused(bed, [*en, "--freq-ctl", "--backend", "stock"], 2, "--freq-ctl is a knob")
+    _refused(bed, [*en, "--freq-ctl"], 2, "--freq-ctl is a knob")   # auto: no module here
+    _refused(bed, [*en, "--mode", "busy", "--freq-ctl"], 2, "--freq-ctl applies to")
     _refused(bed, ["disable", dev, "--all"], 2, "not both")
     _refused(bed, ["enable", dev, dev, "--netns", s], 2, "named twice")
     _refused(bed, [*en, "--backend", "kmod"], 69, "modprobe kbp")

@@ -111,7 +111,7 @@ def encoded(msg: Any) -> bytes:
 
 def test_encode_attach() -> None:
     m = kmod.build_attach("eth1", netns_fd=5, cpu=2, queue_map={1: 3, 0: 2}, mode="hybrid",
-                          linger_us=50, quota=32, rt_prio=60)
+                          linger_us=50, quota=32, rt_prio=60, freq_ctl=True)
     entry = lambda i, c: nla(kmod.KBP_A_MAP_ENTRY | NESTED,  # noqa: E731
                              u32(kmod.KBP_MAP_A_NAPI_INDEX, i) + u32(kmod.KBP_MAP_A_CPU, c))
     want = genl(kmod.KBP_CMD_DEV_ATTACH,
@@ -119,7 +119,8 @@ def test_encode_attach() -> None:
                 + u32(kmod.KBP_A_CPU, 2)
                 + nla(kmod.KBP_A_QUEUE_MAP | NESTED, entry(0, 2) + entry(1, 3))
                 + u32(kmod.KBP_A_MODE, kmod.KBP_MODE_HYBRID) + u32(kmod.KBP_A_LINGER_US, 50)
-                + u32(kmod.KBP_A_QUOTA, 32) + u32(kmod.KBP_A_RT_PRIO, 60))
+                + u32(kmod.KBP_A_QUOTA, 32) + u32(kmod.KBP_A_RT_PRIO, 60)
+                + u32(kmod.KBP_A_FREQ_CTL, 1))
     assert encoded(m) == want
 
 
@@ -129,9 +130,9 @@ def test_encode_small_requests() -> None:
     assert encoded(kmod.build_poller_get()) == genl(kmod.KBP_CMD_POLLER_GET, b"")
     assert encoded(kmod.build_poller_get(3)) == genl(kmod.KBP_CMD_POLLER_GET,
                                                      u32(kmod.KBP_A_CPU, 3))
-    assert encoded(kmod.build_poller_set(1, mode="busy", rt_prio=0)) == genl(
+    assert encoded(kmod.build_poller_set(1, mode="busy", rt_prio=0, freq_ctl=False)) == genl(
         kmod.KBP_CMD_POLLER_SET, u32(kmod.KBP_A_CPU, 1) + u32(kmod.KBP_A_MODE, 1)
-        + u32(kmod.KBP_A_RT_PRIO, 0))
+        + u32(kmod.KBP_A_RT_PRIO, 0) + u32(kmod.KBP_A_FREQ_CTL, 0))
     assert encoded(kmod.build_dev_get("veth0", 9)) == genl(
         kmod.KBP_CMD_DEV_GET, nla(kmod.KBP_A_IFNAME, b"veth0\0") + u32(kmod.KBP_A_NETNS_FD, 9))
     with pytest.raises(ValueError):
@@ -146,11 +147,13 @@ def poller_reply() -> bytes:
     counters = b"".join(PAD + u64(a, v) for a, v in (
         (kmod.KBP_A_PASSES, 10), (kmod.KBP_A_EMPTY_PASSES, 4), (kmod.KBP_A_PACKETS, 1 << 40),
         (kmod.KBP_A_WAKEUPS, 3), (kmod.KBP_A_SLEEPS, 3), (kmod.KBP_A_SLEEP_NS, 5000),
-        (kmod.KBP_A_POLL_NS, 7000), (kmod.KBP_A_RESPAWNS, 0), (kmod.KBP_A_REPAIRS, 1)))
+        (kmod.KBP_A_POLL_NS, 7000), (kmod.KBP_A_FREQ_CHANGES, 6), (kmod.KBP_A_RESPAWNS, 0),
+        (kmod.KBP_A_REPAIRS, 1)))
     return genl(kmod.KBP_CMD_POLLER_GET,
                 u32(kmod.KBP_A_CPU, 1) + u32(kmod.KBP_A_PID, 4242) + u32(kmod.KBP_A_MODE, 2)
                 + u32(kmod.KBP_A_LINGER_US, 20) + u32(kmod.KBP_A_QUOTA, 64)
-                + u32(kmod.KBP_A_RT_PRIO, 50) + u32(kmod.KBP_A_NAPIS, 2) + counters)
+                + u32(kmod.KBP_A_RT_PRIO, 50) + u32(kmod.KBP_A_FREQ_CTL, 1)
+                + u32(kmod.KBP_A_NAPIS, 2) + counters)
 
 
 def dev_reply() -> bytes:
@@ -177,11 +180,11 @@ def decode(raw: bytes) -> Any:
 
 def test_decode_poller() -> None:
     p = kmod._poller_from(decode(poller_reply()))
-    assert (p.cpu, p.pid, p.mode, p.linger_us, p.quota, p.rt_prio, p.napis) == \
-        (1, 4242, "hybrid", 20, 64, 50, 2)
+    assert (p.cpu, p.pid, p.mode, p.linger_us, p.quota, p.rt_prio, p.freq_ctl, p.napis) == \
+        (1, 4242, "hybrid", 20, 64, 50, True, 2)
     assert p.counters() == {"passes": 10, "empty_passes": 4, "packets": 1 << 40, "wakeups": 3,
-                            "sleeps": 3, "sleep_ns": 5000, "poll_ns": 7000, "respawns": 0,
-                            "repairs": 1}
+                            "sleeps": 3, "sleep_ns": 5000, "poll_ns": 7000, "freq_changes": 6,
+                            "respawns": 0, "repairs": 1}
     assert list(p.counters()) == list(names.POLLER_COUNTERS)
 
 
@@ -364,6 +367,9 @@ def test_kmod_refuses_device_attached_outside_kbpctl(fake: tuple[FakeModule, Any
 def test_attachment_values() -> None:
     r = EnableRequest(["eth1"], linger_us=10)
     assert kmod_backend.attachment(r, [3], 4) == {"cpu": 3, "queue_map": None, "mode": "hybrid",
-                                                   "linger_us": 10, "quota": None, "rt_prio": 50}
+                                                   "linger_us": 10, "quota": None, "rt_prio": 50,
+                                                   "freq_ctl": False}
+    assert kmod_backend.attachment(EnableRequest(["eth1"], freq_ctl=True), [3], 4)[
+        "freq_ctl"] is True
     assert kmod_backend.attachment(r, [1, 2], 3)["queue_map"] == [[0, 1], [1, 2], [2, 1]]
     assert kmod_backend.attachment(r, [1, 2], None)["queue_map"] == [[0, 1], [1, 2]]

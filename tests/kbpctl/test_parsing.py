@@ -66,6 +66,7 @@ def req(**kw: object) -> EnableRequest:
     ({"mode": "periodic"}, "periodic .* reserved"),
     ({"mode": "turbo"}, "unknown mode"),
     ({"mode": "busy", "linger_us": 10}, "--linger-us applies to --mode hybrid only"),
+    ({"mode": "busy", "freq_ctl": True}, "--freq-ctl applies to --mode hybrid only"),
     ({"linger_us": -1}, "--linger-us -1 is out of range"),
     ({"linger_us": 2_000_000}, "out of range"),
     ({"quota": 0}, "--quota 0 is out of range"),
@@ -83,6 +84,7 @@ def test_validate_common_refuses(kw: dict[str, object], msg: str) -> None:
 def test_validate_common_accepts() -> None:
     validate_common(req(rt_prio=1, linger_us=0))
     validate_common(req(rt_prio=99, mode="busy", quota=64))
+    validate_common(req(freq_ctl=True, linger_us=5))
 
 
 # -- CLI arguments: one line on stderr, exit 2, nothing changed -----------------------
@@ -167,6 +169,7 @@ def test_config_parse() -> None:
     ("[[device]]\nname = 'a'\ncpu = '1'", "did you mean cpus"),
     ("[[device]]\ncpus = '1'", "needs name"),
     ("[[device]]\nname = 'a'\nrt_prio = 'high'", "expected an integer"),
+    ("[[device]]\nname = 'a'\nfreq_ctl = 1", "expected true or false"),
     ("[[device]]\nname = 'a'\n[[device]]\nname = 'a'", "listed twice"),
     ("[[device]]\nname = 'a'\ncpus = 'x'", "bad CPU list"),
     ("device = 'a'", "[[device]]"),

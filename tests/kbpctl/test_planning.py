@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from kbp import config, sysinfo
+from kbp.backends import kmod as kmod_backend
 from kbp.backends import stock
+from kbp.errors import InvalidInput, Unavailable
 from kbp.netdev import Link
 from kbp.state import Change, Record
 
@@ -166,6 +168,22 @@ def test_cpufreq_reports(tmp_path: Path) -> None:
     (host.sys / "devices/system/cpu/cpu1/cpufreq/scaling_governor").write_text("powersave\n")
     assert "does not follow" in sysinfo.cpufreq([1], host).note
     assert "mixed" in sysinfo.cpufreq([0, 1], host).note
+    (host.sys / "devices/system/cpu/cpu1/cpufreq/scaling_governor").write_text("userspace\n")
+    assert "freq_ctl" in sysinfo.cpufreq([1], host).note
+
+
+def test_freq_ctl_needs_userspace_governor(tmp_path: Path) -> None:
+    host = make_host(tmp_path, online="0-1")
+    with pytest.raises(Unavailable, match="CPU 1 has no cpufreq policy"):
+        kmod_backend.check_freq_ctl([1], host)
+    d = host.sys / "devices/system/cpu/cpu1/cpufreq"
+    d.mkdir(parents=True)
+    (d / "scaling_governor").write_text("schedutil\n")
+    with pytest.raises(InvalidInput, match=r"needs the userspace governor on CPU 1 \(it has "
+                                           r"schedutil\): echo userspace > .*cpu1/cpufreq"):
+        kmod_backend.check_freq_ctl([1], host)
+    (d / "scaling_governor").write_text("userspace\n")
+    kmod_backend.check_freq_ctl([1], host)
 
 
 # -- apply's plan ---------------------------------------------------------------------

@@ -44,11 +44,12 @@ class EnableRequest:
     rt_prio: int = DEFAULT_RT_PRIO
     linger_us: int | None = None  # None: leave defer/gro settings as they are
     quota: int | None = None  # kmod only
+    freq_ctl: bool = False  # kmod only: EE-KBP CPU-frequency control (hybrid)
 
     def settings(self) -> dict[str, Any]:
         """The per-device part, as journaled (compared by ``apply``)."""
         return {"mode": self.mode, "cpus": self.cpus, "rt_prio": self.rt_prio,
-                "linger_us": self.linger_us, "quota": self.quota}
+                "linger_us": self.linger_us, "quota": self.quota, "freq_ctl": self.freq_ctl}
 
 
 def validate_common(req: EnableRequest, rt_prio_min: int = RT_PRIO_MIN) -> None:
@@ -78,6 +79,9 @@ def validate_common(req: EnableRequest, rt_prio_min: int = RT_PRIO_MIN) -> None:
         if not 0 <= req.linger_us <= MAX_LINGER_US:
             raise InvalidInput(f"--linger-us {req.linger_us} is out of range "
                                f"(0..{MAX_LINGER_US})")
+    if req.freq_ctl and req.mode == names.MODE_BUSY:
+        raise InvalidInput("--freq-ctl applies to --mode hybrid only (busy never sleeps, so "
+                           "it never lowers the frequency): drop one of them")
     if req.quota is not None and not 1 <= req.quota <= names.DEFAULT_QUOTA:
         raise InvalidInput(f"--quota {req.quota} is out of range (1..{names.DEFAULT_QUOTA}, "
                            "the NAPI weight)")
@@ -190,6 +194,7 @@ class PollerStatus:
     policy: str | None
     priority: int | None
     counters: dict[str, int | None]
+    freq_ctl: bool | None = None
 
 
 @dataclass

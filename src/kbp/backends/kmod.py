@@ -51,7 +51,7 @@ ClientFactory = Callable[[], Any]
 
 class AttachHandler:
     """kind ``kmod_attach``: key {dev, netns, ifindex}; value None (detached) or the
-    attachment {cpu, queue_map, mode, linger_us, quota, rt_prio}."""
+    attachment {cpu, queue_map, mode, linger_us, quota, rt_prio, freq_ctl}."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -76,7 +76,8 @@ class AttachHandler:
             self.client.attach(key["dev"], key.get("netns"), cpu=value.get("cpu"),
                                queue_map=[tuple(p) for p in qm] if qm else None,
                                mode=value.get("mode"), linger_us=value.get("linger_us"),
-                               quota=value.get("quota"), rt_prio=value.get("rt_prio"))
+                               quota=value.get("quota"), rt_prio=value.get("rt_prio"),
+                               freq_ctl=value.get("freq_ctl"))
         except kmod.KbpError as e:
             if value is None and e.errno in (errno.ENOENT, errno.ENODEV):
                 raise TargetGone(str(e)) from e
@@ -89,11 +90,28 @@ def attachment(req: EnableRequest, cpus: Sequence[int], napi_count: int | None
     that puts NAPI i on cpus[i mod n]."""
     value: dict[str, Any] = {"cpu": cpus[0], "queue_map": None, "mode": req.mode,
                              "linger_us": req.linger_us, "quota": req.quota,
-                             "rt_prio": req.rt_prio}
+                             "rt_prio": req.rt_prio,
+                             "freq_ctl": bool(req.freq_ctl)}
     if len(cpus) > 1:
         n = napi_count if napi_count else len(cpus)
         value["queue_map"] = [[i, cpus[i % len(cpus)]] for i in range(n)]
     return value
+
+
+def check_freq_ctl(cpus: Sequence[int], host: Host = HOST) -> None:
+    """freq_ctl sets the frequency through the userspace governor (as EE-KBP does): refuse
+    before changing anything when a CPU has no cpufreq policy or another governor."""
+    rep = sysinfo.cpufreq(cpus, host)
+    have = {c.cpu: c for c in rep.cpus}
+    for cpu in cpus:
+        f = have.get(cpu)
+        if f is None:
+            raise Unavailable(f"--freq-ctl: CPU {cpu} has no cpufreq policy (no cpufreq driver "
+                              "controls the frequency here): drop --freq-ctl")
+        if f.governor != "userspace":
+            raise InvalidInput(f"--freq-ctl needs the userspace governor on CPU {cpu} (it has "
+                               f"{f.governor}): echo userspace > {host.cpu_dir}/cpu{cpu}/"
+                               "cpufreq/scaling_governor (modprobe cpufreq_userspace)")
 
 
 def _netns_inum(netns: str | None) -> int | None:
@@ -141,6 +159,8 @@ class KmodBackend:
         validate_common(req, rt_prio_min=0)
         if req.cpus is not None:
             sysinfo.validate_cpus(req.cpus, self.host)
+        if req.freq_ctl:
+            check_freq_ctl(req.cpus or sysinfo.online_cpus(self.host), self.host)
 
     def _prepare(self, client: Any, dev: str, netns: str | None,
                  replace_other: bool = False) -> tuple[Any, Record | None]:
@@ -302,7 +322,8 @@ class KmodBackend:
                         pol, prio = s.policy, s.priority
                 pollers.append(PollerStatus(cpu=p.cpu, pid=p.pid, mode=p.mode,
                                             linger_us=p.linger_us, quota=p.quota, napis=p.napis,
-                                            policy=pol, priority=prio, counters=p.counters()))
+                                            policy=pol, priority=prio, counters=p.counters(),
+                                            freq_ctl=p.freq_ctl))
         finally:
             if client is not None:
                 client.close()

@@ -269,6 +269,10 @@ class StockBackend:
             raise InvalidInput("--quota is a knob of the kbp module: the stock backend polls "
                                "with the driver's NAPI weight (drop --quota or use "
                                "--backend kmod)")
+        if req.freq_ctl:
+            raise InvalidInput("--freq-ctl is a knob of the kbp module (--backend kmod); with "
+                               "the stock backend use the schedutil governor instead: it runs "
+                               "a SCHED_FIFO NAPI thread's CPU at max frequency")
         ok, why = self.available()
         if not ok:
             raise Unavailable(f"{why}: use the kbp module (--backend kmod)")

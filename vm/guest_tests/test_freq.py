@@ -1,0 +1,194 @@
+"""freq_ctl (EE-KBP Sect. 4.2) and kbpctl's cpufreq report, through the kernel's own cpufreq.
+
+QEMU TCG guests have no frequency control, so these tests register the test-only driver
+vm/testdata/kbp_test_cpufreq (three operating points: 800, 1600, 2400 MHz; its
+target_index() only records the choice) and read back what the cpufreq core reports:
+scaling_cur_freq and the core's transition statistics (stats/total_trans, trans_table).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import POLL_CPU, Flow, Topo, sh, task_state, wait_for
+from test_bad_input import refused
+from test_kbpctl_kmod import kbpctl
+
+CPUFREQ = Path(f"/sys/devices/system/cpu/cpu{POLL_CPU}/cpufreq")
+KO = Path(os.environ.get("KBP_TEST_MODULES", "/nonexistent")) / "kbp_test_cpufreq.ko"
+MIN, MID, MAX = 800_000, 1_600_000, 2_400_000
+
+
+def rd(name: str) -> str:
+    return (CPUFREQ / name).read_text().strip()
+
+
+def transitions() -> int:
+    return int(rd("stats/total_trans"))
+
+
+def set_governor(gov: str) -> None:
+    (CPUFREQ / "scaling_governor").write_text(gov + "\n")
+    assert rd("scaling_governor") == gov
+
+
+@pytest.fixture()
+def no_cpufreq() -> None:
+    if CPUFREQ.exists():
+        pytest.skip(reason=f"this guest already has a cpufreq driver ({rd('scaling_driver')})")
+
+
+@pytest.fixture()
+def cpufreq(kmod) -> Iterator[None]:
+    """The test cpufreq driver registered, CPU POLL_CPU under schedutil (Debian's default)."""
+    if not KO.exists():
+        pytest.skip(reason=f"test cpufreq driver not built ({KO})")
+    if CPUFREQ.exists():
+        pytest.skip(reason=f"this guest already has a cpufreq driver ({rd('scaling_driver')})")
+    sh(f"insmod {KO}")
+    sh("modprobe cpufreq_userspace")
+    try:
+        assert rd("scaling_driver") == "kbp-test"
+        set_governor("schedutil")
+        yield
+    finally:
+        # what _clean_kbp does, but before the driver goes: detach restores the frequency
+        for d in kmod.devices():
+            kmod.detach(d.ifname)
+        wait_for(lambda: not kmod.pollers(), 10, what="pollers to stop")
+        kmod.poller_set(POLL_CPU, freq_ctl=False)   # CPU knobs outlive pollers: reset it
+        sh("rmmod kbp_test_cpufreq")
+        assert not CPUFREQ.exists()
+
+
+def test_freq_ctl_refused_without_cpufreq(kmod, topo: Topo, no_cpufreq: None) -> None:
+    line = refused(kmod, errno.EOPNOTSUPP, "no cpufreq policy",
+                   lambda: kmod.attach(topo.nic0, cpu=POLL_CPU, mode="hybrid", freq_ctl=True))
+    assert f"CPU {POLL_CPU}" in line
+    p = kbpctl("enable", topo.nic0, "--backend", "kmod", "--cpus", str(POLL_CPU),
+               "--freq-ctl", check=False)
+    assert p.returncode == 69 and "has no cpufreq policy" in p.stderr, p.stderr
+    st = json.loads(kbpctl("status", "--json").stdout)
+    assert st["cpufreq"]["available"] is False and "no cpufreq" in st["cpufreq"]["note"]
+
+
+def test_freq_ctl_needs_userspace_governor_and_hybrid(kmod, topo: Topo, cpufreq: None) -> None:
+    line = refused(kmod, errno.EOPNOTSUPP, "needs governor userspace",
+                   lambda: kmod.attach(topo.nic0, cpu=POLL_CPU, mode="hybrid", freq_ctl=True))
+    assert "schedutil" in line
+    set_governor("userspace")
+    refused(kmod, errno.EINVAL, "needs mode hybrid",
+            lambda: kmod.attach(topo.nic0, cpu=POLL_CPU, mode="busy", freq_ctl=True))
+    refused(kmod, errno.ERANGE, "freq_ctl 2 out of range",
+            lambda: kmod.poller_set(POLL_CPU, freq_ctl=2))
+
+
+def test_freq_ctl_lowers_while_asleep_raises_on_wake_restores(kmod, flow: Flow,
+                                                              cpufreq: None) -> None:
+    set_governor("userspace")
+    (CPUFREQ / "scaling_setspeed").write_text(f"{MID}\n")   # the operator's frequency
+    assert int(rd("scaling_cur_freq")) == MID
+    t0 = transitions()
+    kmod.attach(flow.t.nic0, cpu=POLL_CPU, mode="hybrid", freq_ctl=True)
+    p = kmod.poller(POLL_CPU)
+    assert p.freq_ctl is True
+    wait_for(lambda: task_state(p.pid) == "S", 5, what="hybrid poller to sleep")
+    wait_for(lambda: int(rd("scaling_cur_freq")) == MIN, 5, what="the CPU at its minimum")
+
+    bursts, per_burst = 20, 8
+    flow.start_sink(expect=bursts * per_burst)
+    a = kmod.poller(POLL_CPU)
+    flow.send(bursts * per_burst, rate=per_burst * 10, burst=per_burst)   # 10 bursts/s
+    assert flow.result()["unique"] == bursts * per_burst
+    wait_for(lambda: task_state(p.pid) == "S", 5, what="hybrid poller to sleep again")
+    b = kmod.poller(POLL_CPU)
+    woke = b.wakeups - a.wakeups
+    ups_downs = b.freq_changes - a.freq_changes
+    # asleep at min before and after: every raise (on wake) has its lowering (before sleep)
+    assert woke >= bursts and ups_downs % 2 == 0, (woke, ups_downs)
+    assert 2 * bursts <= ups_downs <= 2 * (b.passes - a.passes), (woke, ups_downs)
+    assert int(rd("scaling_cur_freq")) == MIN
+    # the cpufreq core saw exactly the changes kbp counted: min <-> max only
+    assert transitions() - t0 == b.freq_changes, (transitions() - t0, b.freq_changes)
+    table = rd("stats/trans_table")
+    assert str(MAX) in table and str(MIN) in table
+
+    # turning freq_ctl off gives the CPU its frequency back, the poller keeps serving
+    kmod.poller_set(POLL_CPU, freq_ctl=False)
+    wait_for(lambda: int(rd("scaling_cur_freq")) == MID, 5, what="the operator's frequency")
+    assert kmod.poller(POLL_CPU).freq_ctl is False
+    changes = kmod.poller(POLL_CPU).freq_changes
+    time.sleep(0.5)
+    assert kmod.poller(POLL_CPU).freq_changes == changes   # off means off
+
+    # on again, then detach: the frequency found at attach comes back when the poller stops
+    kmod.poller_set(POLL_CPU, freq_ctl=True)
+    wait_for(lambda: int(rd("scaling_cur_freq")) == MIN, 5, what="the CPU at its minimum")
+    kmod.detach(flow.t.nic0)
+    wait_for(lambda: not kmod.pollers(), 10, what="the poller to stop")
+    assert int(rd("scaling_cur_freq")) == MID
+    assert rd("scaling_governor") == "userspace"
+
+
+def test_governor_change_and_driver_removal_under_freq_ctl(kmod, flow: Flow,
+                                                          cpufreq: None) -> None:
+    set_governor("userspace")
+    kmod.attach(flow.t.nic0, cpu=POLL_CPU, mode="hybrid", freq_ctl=True)
+    wait_for(lambda: int(rd("scaling_cur_freq")) == MIN, 5, what="the CPU at its minimum")
+    # the operator hands the CPU to another governor: it owns the frequency from now on
+    set_governor("performance")
+    flow.start_sink(expect=200)
+    flow.send(200, rate=400, burst=4)
+    assert flow.result()["unique"] == 200
+    assert int(rd("scaling_cur_freq")) == MAX
+    c = kmod.poller(POLL_CPU).freq_changes
+    flow.start_sink(expect=100)
+    flow.send(100, rate=400, burst=4)
+    assert flow.result()["unique"] == 100
+    assert kmod.poller(POLL_CPU).freq_changes == c
+    # the cpufreq driver goes away under the poller: traffic keeps flowing
+    set_governor("userspace")
+    sh("rmmod kbp_test_cpufreq")
+    flow.start_sink(expect=100)
+    flow.send(100, rate=400, burst=4)
+    assert flow.result()["unique"] == 100
+    kmod.detach(flow.t.nic0)
+    wait_for(lambda: not kmod.pollers(), 10, what="the poller to stop")
+    sh(f"insmod {KO}")          # for the fixture's teardown
+
+
+def test_kbpctl_reports_cpufreq_and_drives_freq_ctl(kmod, topo: Topo, cpufreq: None) -> None:
+    st = json.loads(kbpctl("status", "--json").stdout)["cpufreq"]
+    row = next(c for c in st["cpus"] if c["cpu"] == POLL_CPU)
+    assert st["available"] is True and "schedutil" in st["note"]
+    assert (row["governor"], row["driver"], row["hw_min_khz"], row["hw_max_khz"]) == \
+        ("schedutil", "kbp-test", MIN, MAX)
+    assert row["min_khz"] == int(rd("scaling_min_freq")) and row["max_khz"] == MAX
+
+    p = kbpctl("enable", topo.nic0, "--backend", "kmod", "--cpus", str(POLL_CPU),
+               "--freq-ctl", check=False)
+    assert p.returncode == 2 and "needs the userspace governor" in p.stderr, p.stderr
+    assert kmod.device(topo.nic0) is None
+
+    set_governor("userspace")
+    (CPUFREQ / "scaling_setspeed").write_text(f"{MID}\n")
+    out = kbpctl("enable", topo.nic0, "--backend", "kmod", "--cpus", str(POLL_CPU),
+                 "--rt-prio", "0", "--freq-ctl").stdout
+    assert "freq_ctl" in out, out
+    wait_for(lambda: int(rd("scaling_cur_freq")) == MIN, 5, what="the CPU at its minimum")
+    st = json.loads(kbpctl("status", "--json").stdout)
+    poller = next(p for p in st["pollers"] if p["cpu"] == POLL_CPU)
+    assert poller["freq_ctl"] is True and poller["counters"]["freq_changes"] >= 1
+    assert "freq_ctl" in st["cpufreq"]["note"]
+    assert next(c for c in st["cpufreq"]["cpus"] if c["cpu"] == POLL_CPU)["cur_khz"] == MIN
+    kbpctl("status")                       # the table renders with the freq_ctl column
+    kbpctl("disable", topo.nic0)
+    assert kmod.device(topo.nic0) is None
+    wait_for(lambda: not kmod.pollers(), 10, what="the poller to stop")
+    assert int(rd("scaling_cur_freq")) == MID

@@ -184,7 +184,8 @@ def test_enable_status_traffic_disable_restores(bed: Bed) -> None:
     th = n["thread"]
     assert (th["policy"], th["priority"], th["cpus"]) == ("SCHED_FIFO", 50, [1])
     assert set(th["counters"]) == {"passes", "empty_passes", "packets", "wakeups", "sleeps",
-                                   "sleep_ns", "poll_ns", "respawns", "repairs"}
+                                   "sleep_ns", "poll_ns", "freq_changes", "respawns",
+                                   "repairs"}
     assert d["counters"]["packets"] >= 500
     human = bed.kbpctl("status").stdout
     assert bed.link.dev_b in human and "FIFO/50" in human

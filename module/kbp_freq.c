@@ -143,7 +143,7 @@ int kbp_freq_check(int cpu, const struct kbp_conf *c,
 		setspeed = !!pol->governor->store_setspeed;
 	}
 	if (!setspeed)
-		kbp_refuse(extack, "freq_ctl needs the userspace cpufreq governor",
+		kbp_refuse(extack, "freq_ctl needs governor userspace",
 			   "freq_ctl needs governor userspace on CPU %d, not %s",
 			   cpu, gov);
 	up_read(&pol->rwsem);

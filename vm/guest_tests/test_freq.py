@@ -85,8 +85,9 @@ def test_freq_ctl_needs_userspace_governor_and_hybrid(kmod, topo: Topo, cpufreq:
     set_governor("userspace")
     refused(kmod, errno.EINVAL, "needs mode hybrid",
             lambda: kmod.attach(topo.nic0, cpu=POLL_CPU, mode="busy", freq_ctl=True))
-    refused(kmod, errno.ERANGE, "freq_ctl 2 out of range",
-            lambda: kmod.poller_set(POLL_CPU, freq_ctl=2))
+    line = refused(kmod, errno.ERANGE, "out of range",
+                   lambda: kmod.poller_set(POLL_CPU, freq_ctl=2))
+    assert "freq_ctl 2 out of range" in line
 
 
 def test_freq_ctl_lowers_while_asleep_raises_on_wake_restores(kmod, flow: Flow,

@@ -110,15 +110,20 @@ def task_cpu_ticks(pid: int) -> int:
     return int(fields[11]) + int(fields[12])          # utime + stime
 
 
-def kbp_threads() -> list[str]:
+def threads_named(prefix: str) -> list[str]:
+    """comm of every task whose name starts with ``prefix``."""
     names = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             with contextlib.suppress(OSError):
                 comm = (d / "comm").read_text().strip()
-                if comm.startswith("kbp/"):
+                if comm.startswith(prefix):
                     names.append(comm)
     return names
+
+
+def kbp_threads() -> list[str]:
+    return threads_named("kbp/")
 
 
 def wait_for(pred: Callable[[], T], timeout: float = 10.0, step: float = 0.05,
@@ -187,18 +192,23 @@ def _netns_of(dev: Any) -> str | None:
     return None
 
 
-@pytest.fixture(autouse=True)
-def _clean_kbp() -> Iterator[None]:
-    """Leave no device attached and no poller running after a test."""
-    yield
-    if not module_loaded():
-        return
+def detach_all() -> None:
+    """Detach every attached device (in any netns) and wait for the pollers to stop."""
     from kbp import kmod as k
     own = _netns_inum(None)
     for d in k.devices():
         with contextlib.suppress(k.KbpError):
             k.detach(d.ifname, netns=None if d.netns_inum == own else _netns_of(d))
     wait_for(lambda: not k.pollers(), 10, what="pollers to stop")
+
+
+@pytest.fixture(autouse=True)
+def _clean_kbp() -> Iterator[None]:
+    """Leave no device attached and no poller running after a test."""
+    yield
+    if not module_loaded():
+        return
+    detach_all()
     assert not kbp_threads(), kbp_threads()
 
 

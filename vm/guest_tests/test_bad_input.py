@@ -9,7 +9,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import POLL_CPU, Topo, dmesg_lines, dmesg_since, kbp_threads, sh
+from conftest import (
+    POLL_CPU,
+    Topo,
+    dmesg_lines,
+    dmesg_since,
+    kbp_threads,
+    sh,
+    threads_named,
+)
 
 
 @pytest.fixture()
@@ -111,16 +119,7 @@ def test_detach_not_attached(kmod, topo: Topo) -> None:
 
 
 def napi_kthreads(dev: str) -> list[str]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                comm = (d / "comm").read_text().strip()
-            except OSError:
-                continue
-            if comm.startswith(f"napi/{dev}-"):
-                out.append(comm)
-    return out
+    return threads_named(f"napi/{dev}-")
 
 
 def test_threaded_device(kmod, topo: Topo) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import POLL_CPU, Flow, Topo, sh, task_state, wait_for
+from conftest import POLL_CPU, Flow, Topo, detach_all, sh, task_state, wait_for
 from test_bad_input import refused
 from test_kbpctl_kmod import kbpctl
 
@@ -58,10 +58,7 @@ def cpufreq(kmod) -> Iterator[None]:
         set_governor("schedutil")
         yield
     finally:
-        # what _clean_kbp does, but before the driver goes: detach restores the frequency
-        for d in kmod.devices():
-            kmod.detach(d.ifname)
-        wait_for(lambda: not kmod.pollers(), 10, what="pollers to stop")
+        detach_all()    # as _clean_kbp does, but before the driver goes: detach restores
         kmod.poller_set(POLL_CPU, freq_ctl=False)   # CPU knobs outlive pollers: reset it
         sh("rmmod kbp_test_cpufreq")
         assert not CPUFREQ.exists()

@@ -34,6 +34,12 @@
 
 enum kbp_freq_target { KBP_FREQ_MIN, KBP_FREQ_MAX, KBP_FREQ_SAVED };
 
+/* The policy's governor takes a speed from us (userspace); policy->rwsem held. */
+static bool kbp_freq_settable(struct cpufreq_policy *pol)
+{
+	return pol->governor && pol->governor->store_setspeed;
+}
+
 /* Set @cpu's frequency through the userspace governor; false if not done. */
 static bool kbp_freq_set(struct kbp_poller *p, struct kbp_freq *f,
 			 enum kbp_freq_target to, bool block)
@@ -49,8 +55,7 @@ static bool kbp_freq_set(struct kbp_poller *p, struct kbp_freq *f,
 	else if (!down_write_trylock(&pol->rwsem))
 		goto out;
 
-	if (policy_is_inactive(pol) || !pol->governor ||
-	    !pol->governor->store_setspeed) {
+	if (policy_is_inactive(pol) || !kbp_freq_settable(pol)) {
 		f->saved = 0;		/* not ours to restore any more */
 		f->low = false;
 		goto unlock;
@@ -138,10 +143,9 @@ int kbp_freq_check(int cpu, const struct kbp_conf *c,
 		return -EOPNOTSUPP;
 	}
 	down_read(&pol->rwsem);
-	if (pol->governor) {
+	setspeed = kbp_freq_settable(pol);
+	if (pol->governor)
 		gov = pol->governor->name;
-		setspeed = !!pol->governor->store_setspeed;
-	}
 	if (!setspeed)
 		kbp_refuse(extack, "freq_ctl needs governor userspace",
 			   "freq_ctl needs governor userspace on CPU %d, not %s",

@@ -246,9 +246,9 @@ def cmd_enable(args: argparse.Namespace) -> int:
         where = f" in netns {d.netns}" if d.netns else ""
         what = "NAPI thread" if be.name == names.BACKEND_STOCK else "NAPI"
         count = f"{d.napis} {what}{'s' if d.napis != 1 else ''}" if d.napis else "its NAPIs"
-        linger = f", linger {req.linger_us} us" if req.linger_us is not None else ""
-        linger += ", freq_ctl" if req.freq_ctl else ""
-        _out(f"enabled {d.name}{where}: {be.name} backend, {req.mode}{linger}, {count} on "
+        knobs = f", linger {req.linger_us} us" if req.linger_us is not None else ""
+        knobs += ", freq_ctl" if req.freq_ctl else ""
+        _out(f"enabled {d.name}{where}: {be.name} backend, {req.mode}{knobs}, {count} on "
              f"CPU {format_cpulist(d.cpus)}, "
              f"{f'SCHED_FIFO {req.rt_prio}' if req.rt_prio else 'SCHED_NORMAL'} "
              f"({d.changes} change{'s' if d.changes != 1 else ''} journaled)")

@@ -80,6 +80,12 @@ def _int(where: str, v: Any) -> int:
     return v
 
 
+def _bool(where: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise InvalidInput(f"{where}: expected true or false, got {v!r}")
+    return v
+
+
 def _str(where: str, v: Any) -> str:
     if not isinstance(v, str):
         raise InvalidInput(f"{where}: expected a string, got {v!r}")
@@ -109,9 +115,7 @@ def _apply_keys(where: str, d: DeviceConfig, raw: Mapping[str, Any]) -> None:
         elif k == "quota":
             d.quota = _int(w, v)
         elif k == "freq_ctl":
-            if not isinstance(v, bool):
-                raise InvalidInput(f"{w}: expected true or false, got {v!r}")
-            d.freq_ctl = v
+            d.freq_ctl = _bool(w, v)
 
 
 def parse(text: str, path: Path = DEFAULT_PATH) -> Config:

@@ -49,7 +49,7 @@ def uapi_enums() -> dict[str, int]:
 @pytest.fixture(scope="module")
 def enums() -> dict[str, int]:
     if not UAPI.exists():
-        pytest.skip(f"{UAPI} is not in this checkout")
+        pytest.skip(reason=f"{UAPI} is not in this checkout")
     return uapi_enums()
 
 
@@ -260,7 +260,7 @@ def test_unknown_netns_is_refused_before_sending() -> None:
 
 def test_module_not_loaded_is_explicit() -> None:
     if kmod.SYS_MODULE.exists():
-        pytest.skip("the kbp module is loaded on this machine")
+        pytest.skip(reason="the kbp module is loaded on this machine")
     with pytest.raises(kmod.ModuleNotLoaded) as e:
         kmod.Client()
     msg = str(e.value)

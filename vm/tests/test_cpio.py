@@ -42,7 +42,7 @@ def test_matches_cpio_tool_when_available() -> None:
     import shutil
     import subprocess
     if not shutil.which("cpio"):
-        pytest.skip("cpio not installed")
+        pytest.skip(reason="cpio not installed")
     a = Archive()
     a.dir("d")
     a.file("d/f", b"data\n")

@@ -193,16 +193,30 @@ def run_bench(a: argparse.Namespace) -> int:
             bench.run()
         except KeyboardInterrupt:
             bar.stop()
-            con.print("[red]interrupted[/]: namespaces removed and settings restored; "
-                      "partial results follow")
+            if _restore_failed(bench, con):
+                con.print("[red]interrupted[/]: namespaces removed, but not everything was "
+                          "restored (above); partial results follow")
+            else:
+                con.print("[red]interrupted[/]: namespaces removed and settings restored; "
+                          "partial results follow")
             _finish(bench, cfg, a, con, partial=True)
             return 130
         except (Aborted, workloads.MissingTool, tester.TesterError) as e:
             bar.stop()
             con.print(f"[red]kbpctl bench:[/] {e}")
+            _restore_failed(bench, con)
             return 2
     _finish(bench, cfg, a, con, partial=False)
-    return 0
+    return 1 if _restore_failed(bench, con) else 0
+
+
+def _restore_failed(bench: Bench, con: Any) -> bool:
+    """Print what the benchmark could not put back (results' restore_problems): True if any."""
+    from rich.markup import escape
+    problems = bench.results.get("restore_problems") or []
+    for p in problems:
+        con.print(f"[red]kbpctl bench: not restored:[/] {escape(p)}")
+    return bool(problems)
 
 
 def _finish(bench: Bench, cfg: BenchConfig, a: argparse.Namespace, con: Any,

@@ -128,6 +128,7 @@ class Bench:
     server: workloads.SockperfServer | None = None
     flood: workloads.Flood | None = None
     trace_reason: str | None = None
+    tfs: trace.TraceFs = field(default_factory=trace.TraceFs)
 
     # -- planning ------------------------------------------------------------------------
     def check(self) -> None:
@@ -216,7 +217,7 @@ class Bench:
         if self.progress:
             self.progress.set_total(self.plan_seconds())
         self.binary = tester.build()
-        tfs = trace.TraceFs()
+        tfs = self.tfs = trace.TraceFs()
         try:
             if not self.trace_reason:
                 tfs.ensure()
@@ -233,7 +234,10 @@ class Bench:
             self.results["quiet_after"] = machine.quiet_report()
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(0, old_aff)
-            tfs.close()
+            try:
+                tfs.close()       # waits for bpftrace to exit, then unmounts what we mounted
+            except trace.TraceFsError as e:
+                self.results.setdefault("restore_problems", []).append(str(e))
             signal.signal(signal.SIGTERM, old_term)
             self.tb = None
         return self.results
@@ -310,8 +314,8 @@ class Bench:
             rec["app_cpu"] = self.server.cpu_now
             rec["app_fifo"] = self.server.fifo_now
             if not self.trace_reason:
-                kt = trace.KernelTrace(poller_pids=list(threads), app_pids=app,
-                                       cpu=cfg.load_cpu)
+                kt = self.tfs.track(trace.KernelTrace(poller_pids=list(threads),
+                                                      app_pids=app, cpu=cfg.load_cpu))
                 try:
                     kt.start()
                 except RuntimeError as e:

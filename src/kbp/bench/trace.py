@@ -25,6 +25,8 @@ Why not ``napi:napi_poll``: it fires after the poll *returns*, and bpftrace 0.17
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
 import re
 import selectors
@@ -169,25 +171,101 @@ def unavailable() -> str | None:
     return None
 
 
+class TraceFsError(RuntimeError):
+    """tracefs could not be mounted, or could not be put back the way it was."""
+
+
+def umount(path: Path) -> int:
+    """umount2(path, 0): 0, or the errno it failed with (EBUSY: something holds it)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.umount2(os.fsencode(path), 0) == 0:
+        return 0
+    return ctypes.get_errno()
+
+
+def holders(path: Path) -> list[str]:
+    """Processes with a file or their working directory under ``path``: "comm (pid)"."""
+    out: list[str] = []
+    prefix = str(path).rstrip("/")
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            links = [pid_dir / "cwd", *(pid_dir / "fd").iterdir()]
+            held = False
+            for link in links:
+                with contextlib.suppress(OSError):
+                    t = os.readlink(link)
+                    if t == prefix or t.startswith(prefix + "/"):
+                        held = True
+                        break
+            if held:
+                comm = (pid_dir / "comm").read_text().strip()
+                out.append(f"{comm} ({pid_dir.name})")
+        except OSError:
+            continue
+    return out
+
+
 @dataclass
 class TraceFs:
-    """Mounts tracefs at /sys/kernel/tracing if it is not mounted, and unmounts it on close."""
+    """Mounts tracefs at /sys/kernel/tracing if it is not mounted; ``close()`` puts that back.
 
+    Tracers started while it is mounted are registered with ``track()``: ``close()`` first
+    makes every one of them exit (and reaps it), then unmounts what ``ensure()`` mounted,
+    retrying while the mount is still busy, and raises :class:`TraceFsError` if tracefs stays
+    mounted, so a failure to restore is reported, never dropped."""
+
+    path: Path = TRACEFS
     mounted_by_us: bool = False
+    busy_timeout: float = 5.0
+    tracers: list[KernelTrace] = field(default_factory=list)
+
+    def mounted(self) -> bool:
+        return (self.path / "events").is_dir()
 
     def ensure(self) -> None:
-        if (TRACEFS / "events").is_dir():
+        if self.mounted():
             return
-        proc = subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)],
-                              capture_output=True, text=True)
+        try:
+            proc = subprocess.run(["mount", "-t", "tracefs", "nodev", str(self.path)],
+                                  capture_output=True, text=True)
+        except BaseException:
+            # interrupted (Ctrl-C) around the mount: it was not mounted before, so whatever
+            # is mounted now is ours to undo
+            self.mounted_by_us = self.mounted()
+            raise
         if proc.returncode != 0:
-            raise RuntimeError(f"cannot mount tracefs: {proc.stderr.strip()}")
+            raise TraceFsError(f"cannot mount tracefs: {proc.stderr.strip()}")
         self.mounted_by_us = True
 
+    def track(self, kt: KernelTrace) -> KernelTrace:
+        """Register a tracer that uses this tracefs (``close()`` waits for it)."""
+        self.tracers.append(kt)
+        return kt
+
     def close(self) -> None:
-        if self.mounted_by_us:
-            subprocess.run(["umount", str(TRACEFS)], capture_output=True)
-            self.mounted_by_us = False
+        """Stop and reap the tracers, then unmount tracefs if ``ensure()`` mounted it."""
+        while self.tracers:
+            self.tracers.pop().abort()
+        if not self.mounted_by_us:
+            return
+        deadline = time.monotonic() + self.busy_timeout
+        while self.mounted():
+            err = umount(self.path)
+            if err == 0:
+                break
+            if err == errno.EBUSY and time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            if not self.mounted():      # unmounted by someone else meanwhile: restored
+                break
+            held = holders(self.path)
+            raise TraceFsError(
+                f"could not unmount {self.path} (mounted by the benchmark): "
+                f"{os.strerror(err)}" + (f", held by {', '.join(held)}" if held else "")
+                + f"; unmount it with: umount {self.path}")
+        self.mounted_by_us = False
 
 
 @dataclass
@@ -231,6 +309,11 @@ class KernelTrace:
                     if line.strip() == "READY":
                         self.started_ns = time.monotonic_ns()
                         return
+        except BaseException:
+            # Ctrl-C (or anything else) while bpftrace loads: it runs in its own session, so
+            # nobody else stops it; left running it would hold tracefs (and the CPU)
+            self.abort()
+            raise
         finally:
             sel.close()
         out, err = procs.stop(self.proc, signal.SIGKILL, timeout=2)
@@ -247,6 +330,7 @@ class KernelTrace:
         return parse(out)
 
     def abort(self) -> None:
+        """Kill bpftrace if it runs and wait until it has exited."""
         if self.proc is not None:
             with contextlib.suppress(Exception):
                 procs.stop(self.proc, signal.SIGKILL, timeout=2)

@@ -25,7 +25,7 @@ from kbp.netdev import NetdevClient, get_link
 from kbp.snapshot import snapshot
 from kbp.testbed import VethLink, popen, run
 
-from .conftest import netns_skip_reason
+from .conftest import UserKbpctl, netns_skip_reason
 
 pytestmark = [pytest.mark.netns, pytest.mark.root,
               pytest.mark.skipif(netns_skip_reason() is not None,
@@ -371,14 +371,17 @@ def test_apply_converges(bed: Bed, tmp_path: Path) -> None:
 
 
 # -- bad input: exit code != 0, one line saying what to do, nothing changed -----------
-def _refused(bed: Bed, args: list[str], code: int, text: str, user: bool = False,
+def _refused(bed: Bed, args: list[str], code: int, text: str, user: UserKbpctl | None = None,
              env: dict[str, str] | None = None) -> None:
+    """``user``: run kbpctl as uid 65534 (from the copy that user can read)."""
     before = bed.snap()
-    argv = [*KBPCTL, *args]
-    if user:
-        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", *argv]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=60,
-                       env={**bed.env, **(env or {})})
+    full_env = {**bed.env, **(env or {})}
+    if user is not None:
+        p = subprocess.run([*user.argv, *args], capture_output=True, text=True, timeout=60,
+                           env=user.env(full_env), cwd=user.cwd)
+    else:
+        p = subprocess.run([*KBPCTL, *args], capture_output=True, text=True, timeout=60,
+                           env=full_env)
     assert p.returncode == code, (args, p.returncode, p.stdout, p.stderr)
     assert p.stderr.count("\n") == 1 and p.stderr.startswith("kbpctl: "), p.stderr
     assert p.stdout == "", p.stdout
@@ -387,7 +390,7 @@ def _refused(bed: Bed, args: list[str], code: int, text: str, user: bool = False
     assert bed.journals() == []
 
 
-def test_refuses_bad_input(bed: Bed) -> None:
+def test_refuses_bad_input(bed: Bed, user_kbpctl: UserKbpctl) -> None:
     s, dev = bed.tb.server, bed.link.dev_b
     en = ["enable", dev, "--netns", s]
     _refused(bed, ["enable", "nosuchdev0", "--netns", s], 2, "no device nosuchdev0 in netns")
@@ -406,8 +409,8 @@ def test_refuses_bad_input(bed: Bed) -> None:
     _refused(bed, ["disable", dev, "--all"], 2, "not both")
     _refused(bed, ["enable", dev, dev, "--netns", s], 2, "named twice")
     _refused(bed, [*en, "--backend", "kmod"], 69, "modprobe kbp")
-    _refused(bed, en, 77, "needs root", user=True)
-    _refused(bed, ["disable", "--all"], 77, "needs root", user=True)
+    _refused(bed, en, 77, "needs root", user=user_kbpctl)
+    _refused(bed, ["disable", "--all"], 77, "needs root", user=user_kbpctl)
 
 
 def test_refuses_device_without_napi(bed: Bed) -> None:
@@ -449,13 +452,13 @@ def test_refuses_offline_cpu(bed: Bed, tmp_path: Path) -> None:
     assert bed.snap() == before and bed.journals() == []
 
 
-def test_status_works_without_root(bed: Bed) -> None:
+def test_status_works_without_root(bed: Bed, user_kbpctl: UserKbpctl) -> None:
     """Without root, status still lists what kbp serves (from the journal) but cannot look
     into other namespaces (setns needs CAP_SYS_ADMIN), and says so."""
     bed.kbpctl("enable", bed.link.dev_b, "--netns", bed.tb.server, "--cpus", "1")
-    p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
-                        *KBPCTL, "status", "--json"], capture_output=True, text=True,
-                       env=bed.env, timeout=60)
+    p = subprocess.run([*user_kbpctl.argv, "status", "--json"], capture_output=True,
+                       text=True, env=user_kbpctl.env(bed.env), cwd=user_kbpctl.cwd,
+                       timeout=60)
     assert p.returncode == 0, p.stderr
     d = device_status(json.loads(p.stdout), bed.link.dev_b)
     assert (d["backend"], d["mode"], d["rt_prio"]) == ("stock", "hybrid", 50)

@@ -156,6 +156,14 @@ def world_tmpdir() -> Path:
     raise RuntimeError("no temporary directory other users can reach")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that runs kbpctl as another user, so they can be selected (-m
+    unprivileged: test_private_checkout runs them from a checkout in a 0700 directory)."""
+    for item in items:
+        if "user_kbpctl" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.unprivileged)
+
+
 @pytest.fixture(scope="session")
 def user_kbpctl() -> Iterator[UserKbpctl]:
     if os.geteuid() != 0 or shutil.which("setpriv") is None:

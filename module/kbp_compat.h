@@ -11,6 +11,7 @@
 #include <linux/kernel.h>
 #include <linux/netdevice.h>
 #include <linux/netlink.h>
+#include <linux/sched.h>
 
 /* 6.11 added the per-task BPF net context that NAPI pollers set up. */
 #ifdef KBP_HAVE_BPF_NET_CTX
@@ -59,6 +60,20 @@ static inline int kbp_napi_irq(const struct napi_struct *n)
 #ifdef KBP_HAVE_KLP_COND_RESCHED
 #include <linux/livepatch_sched.h>
 #endif
+
+/*
+ * A preemption point for a thread that does not sleep.  __cond_resched()
+ * exists where cond_resched() can matter: without CONFIG_PREEMPTION, or with
+ * PREEMPT_DYNAMIC (the same condition as in include/linux/sched.h).  A fully
+ * preemptible kernel without PREEMPT_DYNAMIC (a PREEMPT_RT build that does
+ * not select it) preempts the poller anywhere and needs no explicit point.
+ */
+static inline void kbp_cond_resched(void)
+{
+#if !defined(CONFIG_PREEMPTION) || defined(CONFIG_PREEMPT_DYNAMIC)
+	__cond_resched();
+#endif
+}
 
 /*
  * Tell a netlink caller what is wrong: the formatted text where the kernel

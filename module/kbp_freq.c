@@ -142,6 +142,19 @@ int kbp_freq_check(int cpu, const struct kbp_conf *c,
 			   cpu);
 		return -EOPNOTSUPP;
 	}
+	/*
+	 * One frequency for several CPUs (acpi-cpufreq with _PSD, cpufreq-dt
+	 * clusters): a sleeping poller would slow a sibling that is polling
+	 * and every application CPU of the policy, and two pollers' save and
+	 * restore would interleave.  Only per-CPU policies are ours to drive.
+	 */
+	if (cpumask_weight(pol->related_cpus) > 1) {
+		kbp_refuse(extack, "freq_ctl needs a per-CPU cpufreq policy",
+			   "freq_ctl: CPU %d shares its cpufreq policy (CPUs %*pbl)",
+			   cpu, cpumask_pr_args(pol->related_cpus));
+		cpufreq_cpu_put(pol);
+		return -EOPNOTSUPP;
+	}
 	down_read(&pol->rwsem);
 	setspeed = kbp_freq_settable(pol);
 	if (pol->governor)

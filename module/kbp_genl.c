@@ -6,10 +6,26 @@
  * are named in the caller's network namespace, or in the one whose fd
  * KBP_A_NETNS_FD carries.  Errors come back as an errno plus an extack
  * message, and the same problem is logged once to the kernel log.
+ *
+ * Who may do what (docs/design.md, "Privileges").  GENL_ADMIN_PERM asks for
+ * CAP_NET_ADMIN over the initial user namespace, which a container started
+ * with NET_ADMIN and no user namespace (the Docker/Kubernetes case) has.
+ * Pollers are the host's: one per CPU, shared by every namespace's devices
+ * on that CPU.  So
+ *   - knobs that take a CPU away from other tasks, mode busy and rt_prio > 0
+ *     (a never-sleeping or SCHED_FIFO kthread), also need CAP_SYS_NICE, as
+ *     sched_setscheduler() would for a thread of the caller's own;
+ *   - POLLER_SET, which changes a CPU's poller for every namespace, is only
+ *     for callers in the initial network namespace;
+ *   - outside the initial network namespace, replies show only pollers that
+ *     serve one of the caller's devices, and outside the initial pid
+ *     namespace they show pids as 0 (a host pid means nothing there).
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
+#include <linux/capability.h>
 #include <linux/file.h>
+#include <linux/pid_namespace.h>
 #include <linux/rtnetlink.h>
 #include <linux/slab.h>
 #include <net/genetlink.h>
@@ -67,6 +83,26 @@ static void kbp_parse_knobs(struct genl_info *info, struct kbp_knobs *k)
 		k->has_freq_ctl = true;
 		k->conf.freq_ctl = nla_get_u32(tb[KBP_A_FREQ_CTL]);
 	}
+}
+
+/* Knobs that take a CPU from other tasks need CAP_SYS_NICE (see the top). */
+static int kbp_may_take_cpu(struct sk_buff *skb, struct genl_info *info,
+			    const struct kbp_knobs *k)
+{
+	bool takes = (k->has_mode && k->conf.mode == KBP_MODE_BUSY) ||
+		     (k->has_rt_prio && k->conf.rt_prio);
+
+	if (!takes || netlink_capable(skb, CAP_SYS_NICE))
+		return 0;
+	kbp_refuse(info->extack, "mode busy and rt_prio > 0 need CAP_SYS_NICE",
+		   "mode busy and rt_prio > 0 need CAP_SYS_NICE");
+	return -EPERM;
+}
+
+/* A pid as the caller can see it: 0 outside the initial pid namespace. */
+static u32 kbp_pid_for_caller(pid_t pid)
+{
+	return task_active_pid_ns(current) == &init_pid_ns ? pid : 0;
 }
 
 /* The netns the request names (a reference the caller puts). */
@@ -197,6 +233,9 @@ static int kbp_nl_dev_attach(struct sk_buff *skb, struct genl_info *info)
 	int err;
 
 	kbp_parse_knobs(info, &req.knobs);
+	err = kbp_may_take_cpu(skb, info, &req.knobs);
+	if (err)
+		return err;
 	if (info->attrs[KBP_A_CPU])	/* kbp_check_cpu() refuses it if too big */
 		req.cpu = min_t(u32, nla_get_u32(info->attrs[KBP_A_CPU]), INT_MAX);
 	err = kbp_parse_map(info, &req);
@@ -224,7 +263,15 @@ static int kbp_nl_poller_set(struct sk_buff *skb, struct genl_info *info)
 
 	if (GENL_REQ_ATTR_CHECK(info, KBP_A_CPU))
 		return -EINVAL;
+	if (!net_eq(genl_info_net(info), &init_net)) {
+		kbp_refuse(info->extack, "poller-set is only for the initial network namespace",
+			   "poller-set is only for the initial network namespace");
+		return -EPERM;
+	}
 	kbp_parse_knobs(info, &knobs);
+	err = kbp_may_take_cpu(skb, info, &knobs);
+	if (err)
+		return err;
 	rtnl_lock();
 	mutex_lock(&kbp_lock);
 	err = kbp_poller_configure(nla_get_u32(info->attrs[KBP_A_CPU]),
@@ -254,7 +301,7 @@ static int kbp_fill_poller(struct sk_buff *skb, struct kbp_poller *p)
 	rcu_read_unlock();
 
 	if (nla_put_u32(skb, KBP_A_CPU, p->cpu) ||
-	    nla_put_u32(skb, KBP_A_PID, READ_ONCE(p->pid)) ||
+	    nla_put_u32(skb, KBP_A_PID, kbp_pid_for_caller(READ_ONCE(p->pid))) ||
 	    nla_put_u32(skb, KBP_A_MODE, READ_ONCE(p->mode)) ||
 	    nla_put_u32(skb, KBP_A_LINGER_US, READ_ONCE(p->linger_us)) ||
 	    nla_put_u32(skb, KBP_A_QUOTA, READ_ONCE(p->quota)) ||
@@ -269,6 +316,7 @@ static int kbp_fill_poller(struct sk_buff *skb, struct kbp_poller *p)
 	    kbp_put_u64(skb, KBP_A_SLEEP_NS, s.sleep_ns) ||
 	    kbp_put_u64(skb, KBP_A_POLL_NS, s.poll_ns) ||
 	    kbp_put_u64(skb, KBP_A_FREQ_CHANGES, s.freq_changes) ||
+	    kbp_put_u64(skb, KBP_A_YIELDS, s.yields) ||
 	    kbp_put_u64(skb, KBP_A_RESPAWNS, s.respawns) ||
 	    kbp_put_u64(skb, KBP_A_REPAIRS, s.repairs))
 		return -EMSGSIZE;
@@ -305,7 +353,8 @@ static int kbp_fill_dev(struct sk_buff *skb, struct kbp_dev *kd)
 		    nla_put_u32(skb, KBP_NAPI_A_INDEX, kn->index) ||
 		    nla_put_u32(skb, KBP_NAPI_A_ID, kn->napi_id) ||
 		    nla_put_u32(skb, KBP_NAPI_A_CPU, kn->poller->cpu) ||
-		    nla_put_u32(skb, KBP_NAPI_A_PID, READ_ONCE(kn->poller->pid)) ||
+		    nla_put_u32(skb, KBP_NAPI_A_PID,
+				kbp_pid_for_caller(READ_ONCE(kn->poller->pid))) ||
 		    nla_put_u64_64bit(skb, KBP_NAPI_A_PACKETS, pk, KBP_NAPI_A_PAD) ||
 		    nla_put_u64_64bit(skb, KBP_NAPI_A_POLLS, pl, KBP_NAPI_A_PAD))
 			return -EMSGSIZE;
@@ -320,14 +369,28 @@ static int kbp_fill_dev(struct sk_buff *skb, struct kbp_dev *kd)
 
 typedef int (*kbp_fill_fn)(struct sk_buff *skb, void *obj);
 
+/* Upper bound of kbp_fill_dev()'s attributes: NICs have hundreds of NAPIs. */
+static size_t kbp_dev_msg_size(struct kbp_dev *kd)
+{
+	size_t napi = nla_total_size(0) + 4 * nla_total_size(sizeof(u32)) +
+		      2 * nla_total_size_64bit(sizeof(u64));
+	size_t nr = 0;
+	struct kbp_napi *kn;
+
+	list_for_each_entry(kn, &kd->napis, dev_node)
+		nr++;
+	return 6 * nla_total_size(sizeof(u32)) + nla_total_size(IFNAMSIZ) +
+	       2 * nla_total_size_64bit(sizeof(u64)) + nr * napi;
+}
+
 static int kbp_reply(struct genl_info *info, u8 cmd, kbp_fill_fn fill,
-		     void *obj)
+		     void *obj, size_t size)
 {
 	struct sk_buff *msg;
 	void *hdr;
 	int err;
 
-	msg = genlmsg_new(NLMSG_GOODSIZE, GFP_KERNEL);
+	msg = genlmsg_new(size, GFP_KERNEL);
 	if (!msg)
 		return -ENOMEM;
 	hdr = genlmsg_put_reply(msg, info, &kbp_genl_family, 0, cmd);
@@ -372,6 +435,25 @@ static int kbp_fill_dev_any(struct sk_buff *skb, void *obj)
 	return kbp_fill_dev(skb, obj);
 }
 
+/* Pollers a caller in @net may see: all from init_net, else those serving it. */
+static bool kbp_poller_visible(struct kbp_poller *p, struct net *net)
+{
+	struct kbp_napi *kn;
+	bool ret = false;
+
+	if (net_eq(net, &init_net))
+		return true;
+	rcu_read_lock();
+	list_for_each_entry_rcu(kn, &p->napis, poll_node) {
+		if (net_eq(dev_net(kn->kdev->dev), net)) {
+			ret = true;
+			break;
+		}
+	}
+	rcu_read_unlock();
+	return ret;
+}
+
 static int kbp_nl_poller_get(struct sk_buff *skb, struct genl_info *info)
 {
 	struct kbp_poller *p = NULL;
@@ -384,12 +466,15 @@ static int kbp_nl_poller_get(struct sk_buff *skb, struct genl_info *info)
 	mutex_lock(&kbp_lock);
 	if (cpu < nr_cpu_ids)
 		p = kbp_pollers[cpu];
+	if (p && !kbp_poller_visible(p, genl_info_net(info)))
+		p = NULL;
 	if (!p) {
 		kbp_tell(info->extack, "no poller on that CPU",
 			 "no poller on CPU %u", cpu);
 		err = -ENOENT;
 	} else {
-		err = kbp_reply(info, KBP_CMD_POLLER_GET, kbp_fill_poller_any, p);
+		err = kbp_reply(info, KBP_CMD_POLLER_GET, kbp_fill_poller_any, p,
+				NLMSG_GOODSIZE);
 	}
 	mutex_unlock(&kbp_lock);
 	return err;
@@ -397,11 +482,12 @@ static int kbp_nl_poller_get(struct sk_buff *skb, struct genl_info *info)
 
 static int kbp_nl_poller_dump(struct sk_buff *skb, struct netlink_callback *cb)
 {
+	struct net *net = sock_net(skb->sk);
 	unsigned long cpu;
 
 	mutex_lock(&kbp_lock);
 	for (cpu = cb->args[0]; cpu < nr_cpu_ids; cpu++) {
-		if (!kbp_pollers[cpu])
+		if (!kbp_pollers[cpu] || !kbp_poller_visible(kbp_pollers[cpu], net))
 			continue;
 		if (kbp_dump_one(skb, cb, KBP_CMD_POLLER_GET,
 				 kbp_fill_poller_any, kbp_pollers[cpu]))
@@ -422,7 +508,8 @@ static int kbp_dev_get_op(struct net_device *dev, struct genl_info *info,
 			 "%s is not attached", dev->name);
 		return -ENOENT;
 	}
-	return kbp_reply(info, KBP_CMD_DEV_GET, kbp_fill_dev_any, kd);
+	return kbp_reply(info, KBP_CMD_DEV_GET, kbp_fill_dev_any, kd,
+			 kbp_dev_msg_size(kd));
 }
 
 static int kbp_nl_dev_get(struct sk_buff *skb, struct genl_info *info)
@@ -435,6 +522,7 @@ static int kbp_nl_dev_dump(struct sk_buff *skb, struct netlink_callback *cb)
 {
 	struct net *net = sock_net(skb->sk);
 	struct kbp_dev *kd;
+	bool full = false;
 	long i = 0;
 
 	rtnl_lock();
@@ -445,6 +533,7 @@ static int kbp_nl_dev_dump(struct sk_buff *skb, struct netlink_callback *cb)
 		if (i++ < cb->args[0])
 			continue;
 		if (kbp_dump_one(skb, cb, KBP_CMD_DEV_GET, kbp_fill_dev_any, kd)) {
+			full = true;
 			i--;
 			break;
 		}
@@ -452,6 +541,9 @@ static int kbp_nl_dev_dump(struct sk_buff *skb, struct netlink_callback *cb)
 	mutex_unlock(&kbp_lock);
 	rtnl_unlock();
 	cb->args[0] = i;
+	/* a device too big for an empty message: an error, not the end */
+	if (full && !skb->len)
+		return -EMSGSIZE;
 	return skb->len;
 }
 

@@ -13,6 +13,7 @@
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
+#include <linux/cpuhotplug.h>
 #include <linux/cpumask.h>
 #include <linux/interrupt.h>
 #include <linux/irq.h>
@@ -187,7 +188,7 @@ static void kbp_pollers_gc(void)
 		if (!p || !list_empty(&p->napis))
 			continue;
 		if (!kbp_exiting && !test_bit(KBP_POLLER_FAILED, &p->flags) &&
-		    kbp_cpu_named(cpu))
+		    cpu_active(cpu) && kbp_cpu_named(cpu))
 			continue;
 		kbp_pollers[cpu] = NULL;
 		kbp_poller_destroy(p);
@@ -376,6 +377,25 @@ static void kbp_napi_free(struct kbp_dev *kd, struct kbp_napi *kn)
 	kfree_rcu(kn, rcu);
 }
 
+/*
+ * Someone turned threaded NAPI on (sysfs "threaded") while kbp held the
+ * device: dev_set_threaded() found our poller in napi->thread, created no
+ * kthread and set dev->threaded.  Once we hand the NAPIs back, give the
+ * operator what sysfs says: the kernel's own NAPI kthreads.  rtnl held.
+ */
+static void kbp_dev_restore_threaded(struct net_device *dev)
+{
+	int err;
+
+	if (!dev->threaded || dev->reg_state != NETREG_REGISTERED)
+		return;
+	dev_set_threaded(dev, false);
+	err = dev_set_threaded(dev, true);
+	pr_info("%s: threaded NAPI was turned on while attached: %s\n",
+		dev->name, err ? "could not start its kthreads, softirq" :
+				 "NAPIs handed to their threaded-NAPI kthreads");
+}
+
 /* Hand every NAPI of @kd back to stock NAPI.  rtnl and kbp_lock held. */
 static void kbp_dev_deactivate(struct kbp_dev *kd)
 {
@@ -394,31 +414,44 @@ static void kbp_dev_deactivate(struct kbp_dev *kd)
 	if (any)	/* every ____napi_schedule() that saw THREADED is done */
 		synchronize_rcu();
 
-	list_for_each_entry(kn, &kd->napis, dev_node) {
-		unsigned long deadline = jiffies + 10 * HZ;
-		bool warned = false;
-
-		if (test_bit(KBP_NAPI_DEAD, &kn->flags))
-			continue;
-		/* the poller completes the NAPI or hands it to the softirq */
-		while (test_bit(NAPI_STATE_SCHED_THREADED, &kn->napi->state)) {
-			if (kn->poller->task)
-				wake_up_process(kn->poller->task);
-			usleep_range(50, 200);
-			if (!warned && time_after(jiffies, deadline)) {
-				pr_warn("%s: NAPI #%u still owned by kbp/%d after 10 s\n",
-					kd->dev->name, kn->index, kn->poller->cpu);
-				warned = true;
-			}
-		}
-	}
+	/* the poller completes each NAPI or hands it to the softirq */
+	list_for_each_entry(kn, &kd->napis, dev_node)
+		if (!test_bit(KBP_NAPI_DEAD, &kn->flags))
+			kbp_poller_wait_released(kn);
 
 	list_for_each_entry_safe(kn, tmp, &kd->napis, dev_node) {
-		kbp_poller_del_napi(kn->poller, kn);
+		kbp_poller_del_napi(kn);
 		kbp_napi_free(kd, kn);
 	}
 	kd->active = false;
+	kbp_dev_restore_threaded(kd->dev);
 	kbp_pollers_gc();
+}
+
+/* Every NAPI of @kd would be served by an active CPU (no log, no extack). */
+static bool kbp_dev_cpus_active(struct kbp_dev *kd)
+{
+	unsigned int nr = kbp_napi_count(kd->dev), i;
+	int cpu;
+
+	for (i = 0; i < nr; i++) {
+		cpu = kbp_napi_cpu(kd, kbp_napi_by_index(kd->dev, i), i, NULL);
+		if (cpu < 0 || cpu >= nr_cpu_ids || !cpu_active(cpu))
+			return false;
+	}
+	return true;
+}
+
+/* A NAPI of @kd is served by a poller whose CPU is going or gone offline. */
+static bool kbp_dev_on_inactive_cpu(struct kbp_dev *kd)
+{
+	struct kbp_napi *kn;
+
+	list_for_each_entry(kn, &kd->napis, dev_node)
+		if (!test_bit(KBP_NAPI_DEAD, &kn->flags) &&
+		    !cpu_active(kn->poller->cpu))
+			return true;
+	return false;
 }
 
 /*
@@ -430,7 +463,7 @@ static int kbp_dev_activate(struct kbp_dev *kd, struct netlink_ext_ack *extack)
 	struct net_device *dev = kd->dev;
 	unsigned int nr = kbp_napi_count(dev), i;
 	struct napi_struct *n;
-	int err = 0, cpu;
+	int err = 0, *cpus;
 
 	ASSERT_RTNL();
 	lockdep_assert_held(&kbp_lock);
@@ -447,35 +480,43 @@ static int kbp_dev_activate(struct kbp_dev *kd, struct netlink_ext_ack *extack)
 			return -EINVAL;
 		}
 	}
-	/* validate everything before changing anything */
+	/*
+	 * Validate everything before changing anything.  Each NAPI's CPU is
+	 * computed once: an IRQ's affinity may change between two looks.
+	 */
+	cpus = kmalloc_array(nr, sizeof(*cpus), GFP_KERNEL);
+	if (!cpus)
+		return -ENOMEM;
 	for (i = 0; i < nr; i++) {
 		n = kbp_napi_by_index(dev, i);
 		if (READ_ONCE(n->thread) && !kbp_thread_is_stale(dev, n)) {
 			kbp_refuse(extack, "NAPI is served by a threaded-NAPI kthread",
 				   "%s: NAPI #%u is served by its threaded-NAPI kthread",
 				   dev->name, i);
-			return -EBUSY;
+			err = -EBUSY;
+			goto out;
 		}
-		cpu = kbp_napi_cpu(kd, n, i, extack);
-		if (cpu < 0)
-			return cpu;
-		err = kbp_check_cpu(cpu, extack);
+		cpus[i] = kbp_napi_cpu(kd, n, i, extack);
+		err = cpus[i] < 0 ? cpus[i] : kbp_check_cpu(cpus[i], extack);
 		if (err)
-			return err;
+			goto out;
 	}
 	for (i = 0; i < nr; i++) {
 		n = kbp_napi_by_index(dev, i);
 		kbp_reap_stale_thread(n);
-		err = kbp_napi_hook(kd, n, i, kbp_napi_cpu(kd, n, i, NULL));
+		err = kbp_napi_hook(kd, n, i, cpus[i]);
 		if (err) {
 			NL_SET_ERR_MSG_MOD(extack, "out of memory starting a poller");
 			pr_warn("%s: cannot hook NAPI #%u: %d\n", dev->name, i, err);
 			kbp_dev_deactivate(kd);
-			return err;
+			goto out;
 		}
 	}
 	kd->active = true;
-	return 0;
+	kd->retry = false;
+out:
+	kfree(cpus);
+	return err;
 }
 
 /* --- attachments ------------------------------------------------------ */
@@ -567,6 +608,24 @@ static int kbp_req_check_cpus(struct kbp_attach_req *req, struct kbp_dev *kd,
 	return 0;
 }
 
+/*
+ * Undo what a failed attach did to the knobs: the stored ones, and those
+ * kbp_poller_get() already gave to idle pollers (a later attach would meet
+ * them as a conflict).
+ */
+static void kbp_conf_restore(const struct kbp_conf *saved)
+{
+	unsigned int cpu;
+
+	memcpy(kbp_conf, saved, nr_cpu_ids * sizeof(*kbp_conf));
+	for (cpu = 0; cpu < nr_cpu_ids; cpu++) {
+		struct kbp_poller *p = kbp_pollers[cpu];
+
+		if (p && list_empty(&p->napis))
+			kbp_poller_apply(p, &kbp_conf[cpu]);
+	}
+}
+
 int kbp_dev_bind(struct kbp_attach_req *req, struct netlink_ext_ack *extack)
 {
 	struct net_device *dev = req->dev;
@@ -620,7 +679,7 @@ int kbp_dev_bind(struct kbp_attach_req *req, struct netlink_ext_ack *extack)
 		if (err) {
 			kd->map = NULL;		/* still the request's */
 			kbp_dev_free(kd);
-			memcpy(kbp_conf, saved, nr_cpu_ids * sizeof(*kbp_conf));
+			kbp_conf_restore(saved);
 			kbp_pollers_gc();
 			kfree(saved);
 			return err;
@@ -674,6 +733,23 @@ static void kbp_dev_reconcile(struct kbp_dev *kd)
 	unsigned int nr, i;
 	int cpu;
 
+	if (kd->active && (dev->threaded || kbp_dev_on_inactive_cpu(kd))) {
+		if (!dev->threaded) {
+			pr_info("%s: a poller's CPU is going offline: NAPIs back to softirq until it is back\n",
+				dev->name);
+			kd->retry = true;
+		}
+		kbp_dev_deactivate(kd);
+		return;
+	}
+	if (!kd->active && kd->retry && netif_running(dev) &&
+	    kbp_dev_cpus_active(kd)) {
+		if (!kbp_dev_activate(kd, NULL))
+			pr_info("%s: its CPUs are online again, %u NAPIs attached\n",
+				dev->name, kbp_napi_count(dev));
+		return;
+	}
+
 	list_for_each_entry_safe(kn, tmp, &kd->napis, dev_node) {
 		if (test_bit(KBP_NAPI_DEAD, &kn->flags)) {
 			kbp_napi_free(kd, kn);
@@ -694,7 +770,7 @@ static void kbp_dev_reconcile(struct kbp_dev *kd)
 		if (kbp_napi_owned(kd, n) || READ_ONCE(n->thread))
 			continue;
 		cpu = kbp_napi_cpu(kd, n, i, NULL);
-		if (cpu < 0 || !cpu_online(cpu) || kbp_napi_hook(kd, n, i, cpu))
+		if (cpu < 0 || !cpu_active(cpu) || kbp_napi_hook(kd, n, i, cpu))
 			pr_warn_ratelimited("%s: cannot hook new NAPI #%u\n",
 					    dev->name, i);
 		else
@@ -741,6 +817,13 @@ static int kbp_netdev_event(struct notifier_block *nb, unsigned long event,
 		pr_info("%s: down, NAPIs back to softirq until up\n", dev->name);
 		break;
 	case NETDEV_UP:
+		if (!kbp_dev_cpus_active(kd)) {
+			/* the reconcile work attaches it once they are */
+			kd->retry = true;
+			pr_info("%s: up; a CPU it uses is offline: standby until it is online\n",
+				dev->name);
+			break;
+		}
 		err = kbp_dev_activate(kd, NULL);
 		if (err)
 			pr_warn("%s: up, but cannot attach its NAPIs (%d); stays in standby\n",
@@ -761,6 +844,25 @@ out:
 static struct notifier_block kbp_netdev_nb = {
 	.notifier_call = kbp_netdev_event,
 };
+
+/*
+ * CPU hotplug.  A poller is bound to its CPU; when that CPU goes offline the
+ * scheduler pushes the thread elsewhere, where it must not keep spinning at
+ * SCHED_FIFO on someone else's CPU.  The callbacks only kick the reconcile
+ * work: taking rtnl here could deadlock against an rtnl holder waiting for
+ * cpus_read_lock().  Our state is below CPUHP_AP_ACTIVE, so on the way down
+ * cpu_active() is already false when we run: the reconcile work hands the
+ * devices with a NAPI there back to softirq (standby, retried) and stops the
+ * poller, which meanwhile sleeps instead of spinning (kbp_off_home()); on
+ * the way up it attaches them again once the CPU is active.
+ */
+static enum cpuhp_state kbp_cpuhp_state;
+
+static int kbp_cpu_event(unsigned int cpu)
+{
+	kbp_reconcile_soon();
+	return 0;
+}
 
 static int __init kbp_init(void)
 {
@@ -791,12 +893,19 @@ static int __init kbp_init(void)
 	err = register_netdevice_notifier(&kbp_netdev_nb);
 	if (err)
 		goto err_free;
+	err = cpuhp_setup_state_nocalls(CPUHP_AP_ONLINE_DYN, "net/kbp:online",
+					kbp_cpu_event, kbp_cpu_event);
+	if (err < 0)
+		goto err_notifier;
+	kbp_cpuhp_state = err;
 	err = kbp_genl_init();
 	if (err)
-		goto err_notifier;
+		goto err_cpuhp;
 	pr_info("loaded (default mode %s)\n", default_mode);
 	return 0;
 
+err_cpuhp:
+	cpuhp_remove_state_nocalls(kbp_cpuhp_state);
 err_notifier:
 	unregister_netdevice_notifier(&kbp_netdev_nb);
 err_free:
@@ -820,6 +929,7 @@ static void __exit kbp_exit(void)
 	mutex_unlock(&kbp_lock);
 	rtnl_unlock();
 
+	cpuhp_remove_state_nocalls(kbp_cpuhp_state);
 	cancel_delayed_work_sync(&kbp_reconcile_work);
 	unregister_netdevice_notifier(&kbp_netdev_nb);
 	rcu_barrier();		/* kfree_rcu() of our NAPI links */

@@ -25,6 +25,7 @@
 #include <linux/rcupdate.h>
 #include <linux/sched/clock.h>
 #include <linux/sched/rt.h>
+#include <linux/sched/stat.h>
 #include <linux/slab.h>
 #include <uapi/linux/sched/types.h>
 #include <trace/events/napi.h>
@@ -139,7 +140,13 @@ static int kbp_poll_napi(struct kbp_poller *p, struct kbp_napi *kn,
 	return work;
 }
 
-/* One round-robin pass: each owned NAPI gets up to one quota. */
+/*
+ * One round-robin pass: each owned NAPI gets up to one quota.  Each poll
+ * holds KBP_NAPI_POLLING: a detach that takes a NAPI back from a poller that
+ * cannot run (kbp_poller_release()) claims the same bit, so the two never
+ * poll one NAPI at once, and the counters of a NAPI are final once the bit
+ * is seen clear with SCHED_THREADED clear.
+ */
 static int kbp_pass(struct kbp_poller *p, bool *more)
 {
 	struct kbp_napi *kn;
@@ -147,8 +154,12 @@ static int kbp_pass(struct kbp_poller *p, bool *more)
 
 	rcu_read_lock();
 	list_for_each_entry_rcu(kn, &p->napis, poll_node) {
-		if (test_bit(NAPI_STATE_SCHED_THREADED, &kn->napi->state))
-			work += kbp_poll_napi(p, kn, more);
+		if (!test_bit(NAPI_STATE_SCHED_THREADED, &kn->napi->state))
+			continue;
+		if (test_and_set_bit_lock(KBP_NAPI_POLLING, &kn->flags))
+			continue;	/* taken back by a detach */
+		work += kbp_poll_napi(p, kn, more);
+		clear_bit_unlock(KBP_NAPI_POLLING, &kn->flags);
 	}
 	rcu_read_unlock();
 	return work;
@@ -170,55 +181,148 @@ static bool kbp_has_work(struct kbp_poller *p)
 	return ret;
 }
 
-/* The sleep predicate of hybrid mode (Algorithm 1 of EE-KBP, plus linger). */
+/* Off the CPU it is bound to: that CPU is going offline (kbp_cpu_event()). */
+static bool kbp_off_home(struct kbp_poller *p)
+{
+	return raw_smp_processor_id() != p->cpu;
+}
+
+/*
+ * The sleep predicates.  Any poller sleeps when it serves no NAPI (device
+ * down, standby) or has been pushed off its CPU by hotplug (the reconcile
+ * work then hands its NAPIs back); a hybrid poller (Algorithm 1 of EE-KBP,
+ * plus linger) also when linger_us has passed since the last packet.
+ */
 static bool kbp_may_sleep(struct kbp_poller *p, bool more, u64 now,
 			  u64 last_work)
 {
 	u64 linger = (u64)READ_ONCE(p->linger_us) * NSEC_PER_USEC;
 
-	if (READ_ONCE(p->mode) != KBP_MODE_HYBRID || more)
+	if (more)
+		return false;
+	if (list_empty(&p->napis) || kbp_off_home(p))
+		return true;
+	if (READ_ONCE(p->mode) != KBP_MODE_HYBRID)
 		return false;
 	return now - last_work >= linger;
 }
 
-/*
- * Sleep until woken.  @state is KBP_SLEEP_STATE for an idle hybrid poller;
- * @timeout bounds a nap (busy poller letting a livepatch transition through).
- */
-static void kbp_sleep(struct kbp_poller *p, long timeout)
+/* Still nothing to do, checked after set_current_state() (pairs with wakers). */
+static bool kbp_still_idle(struct kbp_poller *p)
 {
+	if (kthread_should_stop() || kbp_has_work(p))
+		return false;
+	/* a busy poller that kbp_poller_add_napi() gave a NAPI spins again */
+	return READ_ONCE(p->mode) == KBP_MODE_HYBRID ||
+	       list_empty(&p->napis) || kbp_off_home(p);
+}
+
+/*
+ * Sleep until woken: by the hardIRQ path (____napi_schedule()), a knob
+ * change, a new NAPI or kthread_stop().  KBP_SLEEP_STATE: see its comment.
+ * @sleeps counts every sleep, @wakeups those that ended with work to do.
+ */
+static void kbp_sleep(struct kbp_poller *p)
+{
+	bool woke;
 	u64 t0;
 
 	set_current_state(KBP_SLEEP_STATE);
 	/* pairs with set_bit(SCHED_THREADED) + wake_up_process() in ____napi_schedule() */
-	if (kthread_should_stop() || kbp_has_work(p) ||
-	    (timeout == MAX_SCHEDULE_TIMEOUT &&
-	     READ_ONCE(p->mode) != KBP_MODE_HYBRID)) {
+	if (!kbp_still_idle(p)) {
 		__set_current_state(TASK_RUNNING);
 		return;
 	}
 	t0 = local_clock();
-	schedule_timeout(timeout);
+	schedule();
 	__set_current_state(TASK_RUNNING);
+	woke = kbp_has_work(p);
 
 	u64_stats_update_begin(&p->syncp);
 	u64_stats_inc(&p->sleeps);
-	u64_stats_inc(&p->wakeups);
+	if (woke)
+		u64_stats_inc(&p->wakeups);
 	u64_stats_add(&p->sleep_ns, local_clock() - t0);
 	u64_stats_update_end(&p->syncp);
 }
 
 /*
+ * Giving the CPU to others.  A poller that does not sleep (busy, or hybrid
+ * under sustained load) runs at SCHED_FIFO by default, and a FIFO task is
+ * not preempted by the wakeup of an equal- or lower-priority task.  Left
+ * alone it starves its CPU's per-CPU kernel threads (rcuc/N and the NIC's
+ * own irq/N-* thread on PREEMPT_RT: an RCU stall, a synchronize_rcu() that
+ * never returns, a NAPI that is never scheduled; ksoftirqd/N, kworkers) and
+ * any application pinned there, all of which get only the RT-throttling
+ * window.  So a polling thread yields: when another task is runnable on its
+ * CPU it sleeps up to KBP_YIELD_NS, at once if its pass found no work, else
+ * once it has held the CPU KBP_SLICE_NS while others waited.  A NAPI
+ * schedule (hardIRQ path) ends the sleep early, so an idle device loses
+ * nothing; a NAPI the poller owns under load waits at most KBP_YIELD_NS.
+ * The others get at least KBP_YIELD_NS of every KBP_SLICE_NS (5%) under
+ * load, and all of the CPU the poller does not need when idle.
+ * single_task_running() is the scheduler's own cheap test, the one vhost-net
+ * and KVM halt polling use for the same purpose.
+ */
+#define KBP_SLICE_NS	(1 * NSEC_PER_MSEC)
+#define KBP_YIELD_NS	(50 * NSEC_PER_USEC)
+
+static bool kbp_should_yield(bool work, u64 now, u64 *contended_since)
+{
+	if (single_task_running()) {
+		*contended_since = 0;
+		return false;
+	}
+	if (!*contended_since)
+		*contended_since = now;
+	return !work || now - *contended_since >= KBP_SLICE_NS;
+}
+
+static void kbp_yield(struct kbp_poller *p)
+{
+	ktime_t t = ns_to_ktime(KBP_YIELD_NS);
+
+	set_current_state(KBP_SLEEP_STATE);
+	if (kthread_should_stop()) {
+		__set_current_state(TASK_RUNNING);
+		return;
+	}
+	schedule_hrtimeout(&t, HRTIMER_MODE_REL);
+	kbp_stat_add(p, &p->yields, 1);
+}
+
+/*
  * Let a livepatch transition switch this task.  Since 6.4 the task can do it
  * itself while running (what klp_cond_resched() does); before, the transition
- * switches a task only while it sleeps, so nap for a jiffy.
+ * switches a task only while it is off the CPU, so nap: even with work
+ * pending (a poller under sustained load always has some) and even if a
+ * NAPI schedule wakes us, or the transition never completes.
  */
+#ifndef KBP_HAVE_KLP_COND_RESCHED
+/*
+ * Be off the CPU for at least one full jiffy, whatever wakes us meanwhile
+ * (a busy poller letting a livepatch transition switch it, before 6.4).
+ */
+static void kbp_nap(void)
+{
+	unsigned long end = jiffies + 2;
+
+	for (;;) {
+		set_current_state(KBP_SLEEP_STATE);
+		if (kthread_should_stop() || !time_before(jiffies, end))
+			break;
+		schedule_timeout(end - jiffies);
+	}
+	__set_current_state(TASK_RUNNING);
+}
+#endif
+
 static void kbp_klp_switch(struct kbp_poller *p)
 {
 #ifdef KBP_HAVE_KLP_COND_RESCHED
 	__klp_sched_try_switch();
 #else
-	kbp_sleep(p, 1);
+	kbp_nap();
 #endif
 }
 
@@ -227,7 +331,8 @@ static void kbp_klp_switch(struct kbp_poller *p)
  * preemption point, an RCU-tasks quiescent state and a chance for a pending
  * livepatch transition to switch it.  Plain RCU needs nothing more: Debian
  * kernels use preemptible RCU, whose tick sees this thread outside any
- * read-side section between passes.
+ * read-side section between passes.  Lower-priority tasks get their turn in
+ * kbp_yield().
  *
  * Out-of-line calls only, not cond_resched(): that is a static call (and the
  * livepatch switch a static key) which the kernel rewrites with
@@ -239,17 +344,18 @@ static void kbp_klp_switch(struct kbp_poller *p)
 static void kbp_relax(struct kbp_poller *p)
 {
 	rcu_tasks_qs(current, false);
-	__cond_resched();
+	kbp_cond_resched();
 	if (unlikely(klp_patch_pending(current)))
 		kbp_klp_switch(p);
 }
 
 static void kbp_poller_respawn(struct kbp_poller *p);
 
+/* The poller thread: small loop, every decision a named predicate above. */
 static int kbp_poller_fn(void *data)
 {
 	struct kbp_poller *p = data;
-	u64 last_work = local_clock();
+	u64 last_work = local_clock(), contended = 0;
 	struct kbp_freq freq = {};
 
 	while (!kthread_should_stop()) {
@@ -272,8 +378,14 @@ static int kbp_poller_fn(void *data)
 		if (work)
 			last_work = now;
 		if (kbp_may_sleep(p, more, now, last_work)) {
-			kbp_freq_sleep(p, &freq);
-			kbp_sleep(p, MAX_SCHEDULE_TIMEOUT);
+			/* the last look before paying for a frequency change */
+			if (!kbp_has_work(p))
+				kbp_freq_sleep(p, &freq);
+			kbp_sleep(p);
+			contended = 0;
+		} else if (kbp_should_yield(work || more, now, &contended)) {
+			kbp_yield(p);
+			contended = 0;
 		} else {
 			kbp_relax(p);
 		}
@@ -336,9 +448,9 @@ struct kbp_poller *kbp_poller_create(int cpu, const struct kbp_conf *conf)
 		kfree(p);
 		return ERR_CAST(t);
 	}
+	/* first woken by kbp_poller_add_napi(): it starts with work */
 	p->task = t;
 	WRITE_ONCE(p->pid, t->pid);
-	wake_up_process(t);
 	return p;
 }
 
@@ -389,21 +501,102 @@ void kbp_poller_add_napi(struct kbp_poller *p, struct kbp_napi *kn)
 	/* napi->thread before THREADED, as in dev_set_threaded() */
 	smp_mb__before_atomic();
 	set_bit(NAPI_STATE_THREADED, &n->state);
+	if (p->task)
+		wake_up_process(p->task);
 }
 
 /*
  * Caller holds rtnl and kbp_lock, has cleared THREADED, waited for an RCU
  * grace period (no hardIRQ path can still be about to wake us for this NAPI)
- * and for SCHED_THREADED to clear (the poller released it).
+ * and for the poller to release the NAPI (kbp_poller_wait_released()).
+ * A DEAD link was unlinked by kbp_poller_respawn() already, and its poller
+ * may be gone: kbp_pollers_gc() frees a poller whose list is empty.  DEAD
+ * is stable here: it is set only by the respawn, which runs while the
+ * driver deleting the NAPI holds rtnl, as we do.
  */
-void kbp_poller_del_napi(struct kbp_poller *p, struct kbp_napi *kn)
+void kbp_poller_del_napi(struct kbp_napi *kn)
 {
+	struct kbp_poller *p = kn->poller;
+
+	if (test_bit(KBP_NAPI_DEAD, &kn->flags))
+		return;
 	spin_lock(&p->lock);
-	if (!test_bit(KBP_NAPI_DEAD, &kn->flags)) {
-		list_del_rcu(&kn->poll_node);
-		WRITE_ONCE(kn->napi->thread, NULL);
-	}
+	list_del_rcu(&kn->poll_node);
+	WRITE_ONCE(kn->napi->thread, NULL);
 	spin_unlock(&p->lock);
+}
+
+/*
+ * Take @kn's NAPI back from a poller that has not released it in time.  Safe
+ * only between two of its polls: KBP_NAPI_POLLING, claimed here and left
+ * set, says the poller is not in one and keeps it out of this NAPI for good
+ * (the link is unlinked and freed after a grace period).  The NAPI then goes
+ * to this CPU's softirq with NAPI_STATE_SCHED kept, as kbp_napi_repoll()
+ * hands it over.  False if the poller is in the middle of a poll.
+ */
+static bool kbp_poller_release(struct kbp_napi *kn)
+{
+	struct napi_struct *n = kn->napi;
+
+	if (test_and_set_bit_lock(KBP_NAPI_POLLING, &kn->flags))
+		return false;
+	if (test_and_clear_bit(NAPI_STATE_SCHED_THREADED, &n->state)) {
+		local_bh_disable();
+		__napi_schedule(n);
+		local_bh_enable();
+	}
+	return true;
+}
+
+/* The poller still owns the NAPI, or is finishing a poll of it. */
+static bool kbp_napi_held(struct kbp_napi *kn)
+{
+	if (test_bit(NAPI_STATE_SCHED_THREADED, &kn->napi->state))
+		return true;
+	smp_rmb();	/* pairs with clear_bit_unlock() in kbp_pass() */
+	return test_bit(KBP_NAPI_POLLING, &kn->flags);
+}
+
+/*
+ * Wait until the poller has given @kn's NAPI back (completed it, or handed it
+ * to the softirq in kbp_napi_repoll()) and finished counting its last poll.
+ * Caller holds rtnl and kbp_lock and has set KBP_NAPI_DETACHING, cleared
+ * THREADED and waited for a grace period.  Bounded: a poller that cannot run
+ * (a higher-priority task hogs its CPU) must not hang rtnl.  After
+ * KBP_RELEASE_WAIT the NAPI is taken back between two polls; a poller stuck
+ * inside a poll (only possible where bh-disabled code is preemptible, i.e.
+ * PREEMPT_RT) is raised to the highest RT priority to finish it.
+ */
+#define KBP_RELEASE_WAIT	(5 * HZ)
+
+void kbp_poller_wait_released(struct kbp_napi *kn)
+{
+	unsigned long deadline = jiffies + KBP_RELEASE_WAIT;
+	struct kbp_poller *p = kn->poller;
+	const char *name = kn->kdev->dev->name;
+	bool boosted = false;
+
+	while (kbp_napi_held(kn)) {
+		if (p->task)
+			wake_up_process(p->task);
+		if (time_after(jiffies, deadline)) {
+			if (kbp_poller_release(kn)) {
+				pr_warn("kbp: %s: NAPI #%u taken back from kbp/%d, which did not release it within %u ms (starved?)\n",
+					name, kn->index, p->cpu,
+					jiffies_to_msecs(KBP_RELEASE_WAIT));
+				break;
+			}
+			if (!boosted && p->task) {
+				pr_warn("kbp: %s: kbp/%d is stuck in a poll of NAPI #%u; raising it to finish\n",
+					name, p->cpu, kn->index);
+				kbp_apply_prio(p->task, KBP_RT_PRIO_MAX);
+				boosted = true;
+			}
+		}
+		usleep_range(50, 200);
+	}
+	if (boosted && p->task)
+		kbp_apply_prio(p->task, READ_ONCE(p->rt_prio));
 }
 
 /*
@@ -424,6 +617,7 @@ static void kbp_poller_respawn(struct kbp_poller *p)
 		if (!test_bit(NAPI_STATE_LISTED, &kn->napi->state)) {
 			set_bit(KBP_NAPI_DEAD, &kn->flags);
 			list_del_rcu(&kn->poll_node);
+			kn->poller = NULL;
 		}
 	}
 	spin_unlock(&p->lock);
@@ -449,6 +643,7 @@ static void kbp_poller_respawn(struct kbp_poller *p)
 			WRITE_ONCE(n->thread, NULL);
 			set_bit(KBP_NAPI_DEAD, &kn->flags);
 			list_del_rcu(&kn->poll_node);
+			kn->poller = NULL;
 		}
 		spin_unlock(&p->lock);
 		set_bit(KBP_POLLER_FAILED, &p->flags);
@@ -486,6 +681,7 @@ void kbp_poller_read(struct kbp_poller *p, struct kbp_poller_snapshot *s)
 		s->sleep_ns = u64_stats_read(&p->sleep_ns);
 		s->poll_ns = u64_stats_read(&p->poll_ns);
 		s->freq_changes = u64_stats_read(&p->freq_changes);
+		s->yields = u64_stats_read(&p->yields);
 	} while (u64_stats_fetch_retry(&p->syncp, start));
 	s->respawns = atomic64_read(&p->respawns);
 	s->repairs = atomic64_read(&p->repairs);

@@ -89,6 +89,7 @@ struct kbp_poller {
 	u64_stats_t sleep_ns;
 	u64_stats_t poll_ns;
 	u64_stats_t freq_changes;
+	u64_stats_t yields;
 	/* rare events, written from several contexts */
 	atomic64_t respawns;
 	atomic64_t repairs;
@@ -97,7 +98,13 @@ struct kbp_poller {
 /* kbp_napi->flags */
 enum {
 	KBP_NAPI_DETACHING,	/* being handed back to stock NAPI */
-	KBP_NAPI_DEAD,		/* its napi_struct was deleted; never touch ->napi */
+	KBP_NAPI_DEAD,		/* its napi_struct was deleted; never touch ->napi
+				 * (->poller is NULL: the poller may be gone too)
+				 */
+	KBP_NAPI_POLLING,	/* claimed for a poll: by the poller around each
+				 * poll, for good by a detach that takes the NAPI
+				 * back from a poller that cannot run
+				 */
 };
 
 struct kbp_napi {
@@ -137,6 +144,10 @@ struct kbp_dev {
 	struct kbp_knobs knobs;		/* for the pollers it starts */
 	struct list_head napis;		/* struct kbp_napi while active */
 	bool active;
+	bool retry;			/* standby because a CPU it uses is
+					 * offline: the reconcile work attaches
+					 * it again once it is back
+					 */
 	/* counters of this device's NAPIs that are gone */
 	u64 packets_gone;
 	u64 polls_gone;
@@ -172,11 +183,12 @@ struct kbp_poller *kbp_poller_create(int cpu, const struct kbp_conf *conf);
 void kbp_poller_destroy(struct kbp_poller *p);
 void kbp_poller_apply(struct kbp_poller *p, const struct kbp_conf *conf);
 void kbp_poller_add_napi(struct kbp_poller *p, struct kbp_napi *kn);
-void kbp_poller_del_napi(struct kbp_poller *p, struct kbp_napi *kn);
+void kbp_poller_del_napi(struct kbp_napi *kn);
+void kbp_poller_wait_released(struct kbp_napi *kn);
 
 struct kbp_poller_snapshot {
 	u64 passes, empty_passes, packets, wakeups, sleeps, sleep_ns, poll_ns;
-	u64 freq_changes, respawns, repairs;
+	u64 freq_changes, yields, respawns, repairs;
 };
 
 void kbp_poller_read(struct kbp_poller *p, struct kbp_poller_snapshot *s);

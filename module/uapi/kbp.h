@@ -81,6 +81,9 @@ enum kbp_attr {
 				 * while asleep (userspace governor needed)
 				 */
 	KBP_A_FREQ_CHANGES,	/* u64 counter: frequency changes made */
+	KBP_A_YIELDS,		/* u64 counter: times a polling thread gave its
+				 * CPU to other runnable tasks there
+				 */
 	__KBP_A_MAX,
 };
 

@@ -1,0 +1,411 @@
+"""The configurations users run: kbpctl's default priority, a poller sharing its CPU, a
+container with NET_ADMIN, CPU hotplug, and the windows the module review found (issue 14).
+
+Every test here failed (or hung) before the fix it names; docs/design.md argues each fix.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import (
+    NS,
+    POLL_CPU,
+    Flow,
+    Topo,
+    dmesg_lines,
+    dmesg_since,
+    kbp_threads,
+    load_module,
+    module_loaded,
+    pin_irqs,
+    sh,
+    task_cpu_ticks,
+    task_state,
+    threads_named,
+    traffic_flows,
+    udp_seen,
+    wait_for,
+)
+from test_bad_input import refused
+
+from kbp.backends import DEFAULT_RT_PRIO as DEFAULT_PRIO  # kbpctl's, unless told otherwise
+
+RT_KERNEL = "-rt-" in os.environ.get("KBP_FLAVOUR", "")
+OTHER_CPU = 1 - POLL_CPU
+TEST_MODULES = Path(os.environ.get("KBP_TEST_MODULES", "/nonexistent"))
+USER_HZ = os.sysconf("SC_CLK_TCK")
+
+
+def spin(cpu: int, fifo: int = 0) -> subprocess.Popen[bytes]:
+    """A CPU hog pinned to ``cpu`` (SCHED_FIFO ``fifo`` if given, else SCHED_OTHER)."""
+    argv = ["taskset", "-c", str(cpu), "sh", "-c", "while :; do :; done"]
+    if fifo:
+        argv = ["chrt", "-f", str(fifo), *argv]
+    return subprocess.Popen(argv)
+
+
+def running_on(p: subprocess.Popen[bytes], cpu: int) -> bool:
+    """The hog has exec'd its loop (TCG makes exec slow) and burns ``cpu``."""
+    try:
+        stat = Path(f"/proc/{p.pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[1].split()
+    return "(sh)" in stat and int(fields[36]) == cpu and task_cpu_ticks(p.pid) > 10
+
+
+def kill(p: subprocess.Popen[bytes]) -> None:
+    p.kill()
+    p.wait()
+
+
+def cpu_share(pid: int, seconds: float) -> float:
+    """Fraction of one CPU the task got over ``seconds``."""
+    t0, c0 = time.monotonic(), task_cpu_ticks(pid)
+    time.sleep(seconds)
+    return (task_cpu_ticks(pid) - c0) / USER_HZ / (time.monotonic() - t0)
+
+
+# -- 1. a busy poller at kbpctl's default priority -------------------------------------
+def test_busy_poller_at_default_priority_shares_its_cpu(kmod, flow: Flow) -> None:
+    """busy at FIFO 50 with the NIC's IRQ on its CPU: the CPU's other tasks still run
+    (before: 5 % in the RT-throttling window; on 6.12-rt the attach never returned and RCU
+    stalled), traffic flows to an application pinned there for 60 s, detach returns."""
+    kmod.attach(flow.t.nic0, cpu=POLL_CPU, mode="busy", rt_prio=DEFAULT_PRIO)
+    p0 = kmod.poller(POLL_CPU)
+    assert p0.rt_prio == DEFAULT_PRIO
+    hog = spin(POLL_CPU)
+    try:
+        wait_for(lambda: running_on(hog, POLL_CPU), 30, what="the hog to run")
+        share = cpu_share(hog.pid, 3.0)
+    finally:
+        kill(hog)
+    assert share > 0.3, f"a task pinned to the busy poller's CPU got {share:.0%} of it"
+    assert kmod.poller(POLL_CPU).yields > p0.yields
+    assert task_state(p0.pid) == "R"            # still spinning when alone
+
+    flow.start_sink(timeout=300)                # the application, on the poller's CPU
+    flow.start_sender(rate=500)
+    t_end = time.monotonic() + 60
+    while time.monotonic() < t_end:
+        a = kmod.poller(POLL_CPU).packets
+        wait_for(lambda a=a: kmod.poller(POLL_CPU).packets > a, 10,
+                 what="the busy poller to keep carrying traffic")
+        time.sleep(5)
+    flow.stop_sender()
+    t0 = time.monotonic()
+    kmod.detach(flow.t.nic0)
+    assert time.monotonic() - t0 < 30
+    assert flow.sink is not None and flow.sink.poll() is None  # the app kept running
+
+
+def test_busy_poller_with_nothing_attached_sleeps(kmod, topo: Topo) -> None:
+    """A busy poller whose device went down keeps its CPU's knobs but does not spin."""
+    kmod.attach(topo.nic0, cpu=POLL_CPU, mode="busy", rt_prio=DEFAULT_PRIO)
+    pid = kmod.poller(POLL_CPU).pid
+    sh(f"ip link set {topo.nic0} down")
+    try:
+        wait_for(lambda: task_state(pid) == "S", 5, what="the idle busy poller to sleep")
+        t0 = task_cpu_ticks(pid)
+        time.sleep(2)
+        assert task_cpu_ticks(pid) - t0 <= USER_HZ // 10, "an idle busy poller spins"
+    finally:
+        sh(f"ip link set {topo.nic0} up")
+    wait_for(lambda: kmod.device(topo.nic0).napi_count > 0, 10, what="re-attach on up")
+    wait_for(lambda: task_state(pid) == "R", 5, what="the busy poller to spin again")
+
+
+# -- 2. a DEAD link's poller freed before the link --------------------------------------
+@pytest.fixture()
+def two_veths(kmod) -> Iterator[tuple[str, str]]:
+    """Two veth pairs in the init netns with GRO on (one NAPI each): kbpux, kbpua."""
+    sh("modprobe veth")
+    for a, b in (("kbpux", "kbpuy"), ("kbpua", "kbpub")):
+        sh(f"ip link add {a} type veth peer name {b}; ip link set {a} up; "
+           f"ip link set {b} up; ethtool -K {a} gro on")
+    yield "kbpux", "kbpua"
+    sh("ip link del kbpux; ip link del kbpua", check=False)
+
+
+def test_rmmod_right_after_a_napi_deletion(kmod, two_veths: tuple[str, str]) -> None:
+    """A NAPI deleted under the poller leaves a DEAD link until the reconcile work frees
+    it. rmmod in that window unbound the other device first, whose garbage collection
+    freed the (now empty) poller, then unlinked the DEAD link from it: a use after free
+    (with slub_debug poisoning, a spin on a poisoned lock). kbp_test_rtnl holds rtnl so
+    that rmmod runs right after the deletion, ahead of the reconcile work."""
+    ko = TEST_MODULES / "kbp_test_rtnl.ko"
+    if not ko.exists():
+        pytest.skip(reason=f"test module not built ({ko})")
+    first, victim = two_veths
+    kmod.attach(first, cpu=OTHER_CPU, mode="hybrid")      # unbound first by kbp_exit()
+    kmod.attach(victim, cpu=POLL_CPU, mode="hybrid")
+    mark = len(dmesg_lines())
+    holder = subprocess.Popen(["insmod", str(ko), f"gro_off={victim}", "before_ms=3000",
+                               "after_ms=300"])
+    try:
+        wait_for(lambda: any("kbp_test_rtnl: holding rtnl" in ln
+                             for ln in dmesg_since(mark)), 10, what="rtnl to be held")
+        rmmod = subprocess.Popen(["rmmod", "kbp"])
+        assert holder.wait(timeout=60) == 0
+        assert rmmod.wait(timeout=60) == 0, "rmmod kbp failed or hung"
+    finally:
+        sh("rmmod kbp_test_rtnl", check=False)
+        if holder.poll() is None:
+            holder.kill()
+    log = dmesg_since(mark)
+    assert any("replaced" in ln for ln in log), log     # the window was really opened
+    assert not module_loaded()
+    assert not kbp_threads()
+    load_module()
+
+
+# -- 3. 6.1: a livepatch transition under sustained load --------------------------------
+def test_livepatch_transition_completes_under_sustained_load(kmod, flow: Flow) -> None:
+    """Before 6.4 the poller naps to let a transition switch it; under load it always had
+    work and skipped the nap, so the transition never completed."""
+    ko = TEST_MODULES / "kbp_test_klp.ko"
+    if not ko.exists():
+        pytest.skip(reason=f"test livepatch module not built ({ko})")
+    kmod.attach(flow.t.nic0, cpu=POLL_CPU, mode="busy", quota=1)
+    flow.start_sink(timeout=300)
+    senders = [subprocess.Popen(["ip", "netns", "exec", NS, "taskset", "-c", str(OTHER_CPU),
+                                 sys.executable, str(Path(__file__).parent / "udpflow.py"),
+                                 "send", "--to", f"{flow.t.server_ip}:{flow.port}",
+                                 "--count", "0", "--rate", "20000", "--burst", "64"])
+               for _ in range(2)]
+    lp = Path("/sys/kernel/livepatch/kbp_test_klp")
+    try:
+        a = kmod.poller(POLL_CPU)
+        wait_for(lambda: kmod.poller(POLL_CPU).packets > a.packets + 500, 60,
+                 what="the load to reach the poller")
+        b = kmod.poller(POLL_CPU)
+        sh(f"insmod {ko}")
+        wait_for(lambda: (lp / "transition").read_text().strip() == "0", 60, 0.2,
+                 "the livepatch transition to complete under load")
+        assert Path("/proc/cmdline").read_text().strip() == "kbp test livepatch"
+        c = kmod.poller(POLL_CPU)
+        assert c.packets > b.packets
+    finally:
+        for s in senders:
+            s.kill()
+            s.wait()
+        if lp.exists():
+            (lp / "enabled").write_text("0")
+            wait_for(lambda: not lp.exists(), 60, 0.2, "the livepatch to be disabled")
+        sh("rmmod kbp_test_klp", check=False)
+
+
+# -- 4. a container with CAP_NET_ADMIN only ----------------------------------------------
+CONTAINER = """
+import errno, json, sys
+from kbp import kmod
+out = {}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = 0
+    except kmod.KbpError as e:
+        out[name] = e.errno
+        out[name + "_msg"] = e.message
+attempt("busy", lambda: kmod.attach("kbpcb", cpu=%(cpu)d, mode="busy"))
+attempt("fifo", lambda: kmod.attach("kbpcb", cpu=%(cpu)d, mode="hybrid", rt_prio=99))
+attempt("hybrid", lambda: kmod.attach("kbpcb", cpu=%(cpu)d, mode="hybrid", rt_prio=0))
+attempt("poller_set", lambda: kmod.poller_set(%(cpu)d, linger_us=7))
+out["pollers"] = [(p.cpu, p.pid) for p in kmod.pollers()]
+out["napi_pids"] = [n.pid for d in kmod.devices() for n in d.napis]
+attempt("detach", lambda: kmod.detach("kbpcb"))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture()
+def container_ns(kmod) -> Iterator[str]:
+    sh("modprobe veth; ip netns add kbpctr; "
+       "ip link add kbpca type veth peer name kbpcb netns kbpctr; ip link set kbpca up")
+    sh("ip link set kbpcb up; ip link set lo up; ethtool -K kbpcb gro on", ns="kbpctr")
+    yield "kbpctr"
+    sh("ip netns del kbpctr; ip link del kbpca", check=False)
+
+
+def run_as_container(ns: str, code: str, new_pidns: bool) -> dict:
+    """Python in netns ``ns`` holding only CAP_NET_ADMIN (Docker's --cap-add NET_ADMIN)."""
+    argv = ["ip", "netns", "exec", ns, "setpriv", "--bounding-set=-all,+net_admin",
+            "--inh-caps=-all", sys.executable, "-c", code]
+    if new_pidns:
+        argv = ["unshare", "--pid", "--fork", "--mount-proc", *argv]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                       env={"PYTHONPATH": ":".join(sys.path), "PATH": os.environ["PATH"]})
+    assert p.returncode == 0, p.stderr
+    return dict(json.loads(p.stdout.strip().splitlines()[-1]))
+
+
+def test_container_with_net_admin_cannot_take_a_cpu(kmod, topo: Topo,
+                                                      container_ns: str) -> None:
+    kmod.attach(topo.nic0, cpu=OTHER_CPU, mode="hybrid")     # the host's own poller
+    host_pid = kmod.poller(OTHER_CPU).pid
+    out = run_as_container(container_ns, CONTAINER % {"cpu": POLL_CPU}, new_pidns=False)
+    assert out["busy"] == errno.EPERM and "CAP_SYS_NICE" in out["busy_msg"], out
+    assert out["fifo"] == errno.EPERM and "CAP_SYS_NICE" in out["fifo_msg"], out
+    assert out["hybrid"] == 0, out                  # its own device, a SCHED_OTHER poller
+    assert out["poller_set"] == errno.EPERM and "initial network namespace" in \
+        out["poller_set_msg"], out
+    cpus = [c for c, _ in out["pollers"]]
+    assert cpus == [POLL_CPU], f"the container sees the host's pollers: {out['pollers']}"
+    assert out["detach"] == 0, out
+    assert kmod.poller(OTHER_CPU).linger_us == 0 and kmod.poller(OTHER_CPU).pid == host_pid
+    # in its own pid namespace, host pids mean nothing: they read 0
+    out = run_as_container(container_ns, CONTAINER % {"cpu": POLL_CPU}, new_pidns=True)
+    assert out["hybrid"] == 0 and out["pollers"] and all(pid == 0 for _, pid in out["pollers"])
+    assert out["napi_pids"] and all(pid == 0 for pid in out["napi_pids"]), out
+
+
+# -- 5. freq_ctl on a shared cpufreq policy ---------------------------------------------
+def test_freq_ctl_refused_on_a_shared_policy(kmod, topo: Topo) -> None:
+    ko = TEST_MODULES / "kbp_test_cpufreq.ko"
+    cpufreq = Path(f"/sys/devices/system/cpu/cpu{POLL_CPU}/cpufreq")
+    if not ko.exists():
+        pytest.skip(reason=f"test cpufreq driver not built ({ko})")
+    if cpufreq.exists():
+        pytest.skip(reason="this guest already has a cpufreq driver")
+    sh(f"insmod {ko} shared_policy=1; modprobe cpufreq_userspace")
+    try:
+        assert (cpufreq / "related_cpus").read_text().split() == ["0", "1"]
+        (cpufreq / "scaling_governor").write_text("userspace\n")
+        refused(kmod, errno.EOPNOTSUPP, "shares its cpufreq policy",
+                lambda: kmod.attach(topo.nic0, cpu=POLL_CPU, mode="hybrid", freq_ctl=True))
+    finally:
+        sh("rmmod kbp_test_cpufreq")
+
+
+# -- 6. detach from a poller that cannot run --------------------------------------------
+@pytest.fixture()
+def no_rt_throttling() -> Iterator[None]:
+    knob = Path("/proc/sys/kernel/sched_rt_runtime_us")
+    old = knob.read_text()
+    knob.write_text("-1\n")
+    yield
+    knob.write_text(old)
+
+
+@pytest.mark.skipif(RT_KERNEL, reason="PREEMPT_RT: a FIFO-99 hog also starves rcuc/N and "
+                    "the poller inside its RCU read-side section (an RCU stall by design); "
+                    "the bounded wait is exercised on the non-RT kernels")
+def test_detach_from_a_starved_poller_is_bounded(kmod, flow: Flow,
+                                                 no_rt_throttling: None) -> None:
+    """A FIFO-99 hog on the poller's CPU: before, detach waited forever under rtnl."""
+    flow.start_sink(timeout=300)
+    flow.start_sender(rate=500)
+    kmod.attach(flow.t.nic0, cpu=POLL_CPU, mode="busy", rt_prio=DEFAULT_PRIO)
+    p0 = kmod.poller(POLL_CPU).packets
+    wait_for(lambda: kmod.poller(POLL_CPU).packets > p0 + 100, 10, what="poller to carry")
+    mark = len(dmesg_lines())
+    hog = spin(POLL_CPU, fifo=99)
+    try:
+        wait_for(lambda: running_on(hog, POLL_CPU), 30, what="the FIFO-99 hog to run")
+        wait_for(lambda: not traffic_flows(flow.t, 1.0), 20,
+                 what="the starved poller to hold the NAPI")
+        t0 = time.monotonic()
+        det = subprocess.run([sys.executable, "-c",
+                              f"from kbp import kmod; kmod.detach({flow.t.nic0!r})"],
+                             timeout=40, capture_output=True, text=True)
+        took = time.monotonic() - t0
+        assert det.returncode == 0, det.stderr
+        assert took < 20, f"detach took {took:.1f}s"
+        assert traffic_flows(flow.t, 2.0), "stock NAPI does not carry the NAPI taken back"
+    finally:
+        kill(hog)
+    assert any("taken back from kbp/" in ln for ln in dmesg_since(mark))
+
+
+# -- 7. smaller ones ----------------------------------------------------------------------
+def test_dev_get_with_many_napis(kmod) -> None:
+    """DEV_GET fits a device with 100 NAPIs (NLMSG_GOODSIZE did not), the dump lists it."""
+    sh("modprobe veth; ip link add kbpmq numtxqueues 100 numrxqueues 100 type veth peer "
+       "name kbpmr numtxqueues 100 numrxqueues 100")
+    try:
+        sh("ip link set kbpmq up; ip link set kbpmr up; ethtool -K kbpmq gro on")
+        n = len(list(Path("/sys/class/net/kbpmq/queues").glob("rx-*")))
+        assert n == 100
+        kmod.attach("kbpmq", cpu=POLL_CPU, mode="hybrid")
+        d = kmod.device("kbpmq")
+        assert d is not None and d.napi_count == n and len(d.napis) == n
+        assert [x.napi_count for x in kmod.devices() if x.ifname == "kbpmq"] == [n]
+    finally:
+        sh("ip link del kbpmq", check=False)
+
+
+def test_wakeups_count_only_wakeups_with_work(kmod, flow: Flow) -> None:
+    kmod.attach(flow.t.nic0, cpu=POLL_CPU, mode="hybrid")
+    wait_for(lambda: task_state(kmod.poller(POLL_CPU).pid) == "S", 5, what="sleep")
+    a = kmod.poller(POLL_CPU)
+    for linger in (1, 2, 3, 0):      # a knob change wakes the poller with nothing to do
+        kmod.poller_set(POLL_CPU, linger_us=linger)
+        time.sleep(0.2)
+    flow.start_sink(expect=20)
+    flow.send(20, rate=10)
+    assert flow.result()["unique"] == 20
+    b = kmod.poller(POLL_CPU)
+    assert b.sleeps - a.sleeps >= 4 + 1
+    assert 1 <= b.wakeups - a.wakeups <= 20 + 2
+    assert b.wakeups - a.wakeups < b.sleeps - a.sleeps
+
+
+def test_threaded_turned_on_while_attached(kmod, flow: Flow) -> None:
+    """sysfs threaded=1 while kbp holds the device: the NAPIs go to the kernel's NAPI
+    kthreads (before: after detach they ran on softirq while sysfs read 1)."""
+    dev = flow.t.nic0
+    threaded = Path(f"/sys/class/net/{dev}/threaded")
+    kmod.attach(dev, cpu=POLL_CPU, mode="hybrid")
+    threaded.write_text("1\n")
+    try:
+        wait_for(lambda: kmod.device(dev).napi_count == 0, 5,
+                 what="kbp to hand the NAPIs to threaded NAPI")
+        assert threaded.read_text().strip() == "1"
+        assert threads_named(f"napi/{dev}-"), "no threaded-NAPI kthread"
+        flow.start_sink(expect=200)
+        flow.send(200, rate=200)
+        assert flow.result()["unique"] == 200
+        kmod.detach(dev)
+        assert threaded.read_text().strip() == "1"
+        assert threads_named(f"napi/{dev}-")
+    finally:
+        threaded.write_text("0\n")
+
+
+def cpu_online(cpu: int, on: bool) -> None:
+    Path(f"/sys/devices/system/cpu/cpu{cpu}/online").write_text("1\n" if on else "0\n")
+
+
+def test_cpu_hotplug_hands_back_and_returns(kmod, flow: Flow) -> None:
+    """Offlining a busy poller's CPU: no FIFO spinner left on another CPU, the device on
+    softirq meanwhile; online again: attached again on that CPU."""
+    if not Path(f"/sys/devices/system/cpu/cpu{POLL_CPU}/online").exists():
+        pytest.skip(reason=f"CPU {POLL_CPU} cannot be offlined in this guest")
+    dev = flow.t.nic0
+    flow.start_sink(timeout=300)
+    flow.start_sender(rate=300)
+    kmod.attach(dev, cpu=POLL_CPU, mode="busy", rt_prio=DEFAULT_PRIO)
+    cpu_online(POLL_CPU, False)
+    try:
+        wait_for(lambda: not kbp_threads(), 10, what="the poller of the offline CPU to stop")
+        d = kmod.device(dev)
+        assert d is not None and d.napi_count == 0
+        assert traffic_flows(flow.t, 1.0)
+    finally:
+        cpu_online(POLL_CPU, True)
+        pin_irqs(dev, POLL_CPU)
+    d = wait_for(lambda: (x := kmod.device(dev)) and x.napi_count and x, 10,
+                 what="the device to be attached again")
+    assert all(n.cpu == POLL_CPU for n in d.napis)
+    p0 = kmod.poller(POLL_CPU).packets
+    wait_for(lambda: kmod.poller(POLL_CPU).packets > p0 + 50, 10, what="poller to carry")
+    assert udp_seen() > 0

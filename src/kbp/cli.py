@@ -6,15 +6,16 @@ import argparse
 import importlib
 import json
 import sys
+import textwrap
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 from kbp import backends, names
 from kbp.backends import DEFAULT_RT_PRIO, EnableRequest
 from kbp.errors import EXIT_OK, EXIT_USAGE, InvalidInput, KbpctlError
-from kbp.sysinfo import format_cpulist, parse_cpulist
+from kbp.sysinfo import format_cpulist, online_cpus, parse_cpulist
 
 PROG = "kbpctl"
 
@@ -197,6 +198,31 @@ def _out(text: str) -> None:
     sys.stdout.flush()
 
 
+def busy_notice(backend: str, cpus: Iterable[int], rt_prio: int) -> str:
+    """What a busy poller does to its CPU, in one short paragraph (for stderr)."""
+    cpu_list = sorted(set(cpus))
+    many = len(cpu_list) != 1
+    where = f"CPU{'s' if many else ''} {format_cpulist(cpu_list)}"
+    if backend == names.BACKEND_STOCK:
+        who = f"busy NAPI thread{'s' if many else ''}"
+        when = (f"at SCHED_FIFO {rt_prio} that means lower-priority tasks wait for the "
+                "kernel's RT throttling")
+    else:
+        who = f"busy poller{'s' if many else ''} " + ", ".join(f"kbp/{c}" for c in cpu_list)
+        when = ("for ~50 us when it finds no work, or after holding the CPU a millisecond while "
+                "others wait: counter 'yields'")
+    owns = f"own {where}: each spins" if many else f"owns {where}: it spins"
+    text = (f"{PROG}: note: the {who} {owns} at ~100% of its CPU, and other tasks pinned "
+            f"there get the CPU only when it yields ({when}). Place applications on other "
+            "CPUs, or use --mode hybrid, which sleeps when idle.")
+    return textwrap.fill(text, width=100)
+
+
+def _warn(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
 # -- commands -------------------------------------------------------------------------
 def cmd_status(args: argparse.Namespace) -> int:
     from kbp.netdev import check_netns
@@ -252,6 +278,8 @@ def cmd_enable(args: argparse.Namespace) -> int:
              f"CPU {format_cpulist(d.cpus)}, "
              f"{f'SCHED_FIFO {req.rt_prio}' if req.rt_prio else 'SCHED_NORMAL'} "
              f"({d.changes} change{'s' if d.changes != 1 else ''} journaled)")
+    if req.mode == names.MODE_BUSY and res.devices:
+        _warn(busy_notice(be.name, (c for d in res.devices for c in d.cpus), req.rt_prio))
     return EXIT_OK
 
 
@@ -287,6 +315,13 @@ def cmd_apply(args: argparse.Namespace) -> int:
             _out(f"{a.dev}{where}: {verb}{a.op} ({a.backend}): {a.why}")
     if not actions:
         _out(f"{cfg.path} lists no device and kbpctl serves none: nothing to do")
+    busy = [a for a in actions if a.op in ("enable", "reenable") and a.request is not None
+            and a.request.mode == names.MODE_BUSY]
+    if busy and not args.dry_run:
+        for bname in sorted({a.backend for a in busy}):
+            reqs = [a.request for a in busy if a.backend == bname and a.request is not None]
+            cpus = {c for r in reqs for c in (r.cpus or online_cpus())}
+            _warn(busy_notice(bname, cpus, reqs[0].rt_prio))
     return EXIT_OK
 
 

@@ -81,6 +81,7 @@ KBP_A_RT_PRIO = 25
 KBP_A_STATE = 26
 KBP_A_FREQ_CTL = 27
 KBP_A_FREQ_CHANGES = 28
+KBP_A_YIELDS = 29
 
 # enum kbp_map_attr
 KBP_MAP_A_UNSPEC = 0
@@ -163,6 +164,7 @@ class kbpmsg(genlmsg):
         (KBP_A_STATE, "KBP_A_STATE", "uint32"),
         (KBP_A_FREQ_CTL, "KBP_A_FREQ_CTL", "uint32"),
         (KBP_A_FREQ_CHANGES, "KBP_A_FREQ_CHANGES", "uint64"),
+        (KBP_A_YIELDS, "KBP_A_YIELDS", "uint64"),
     )
     queue_map = kbp_queue_map
     map_entry = kbp_map_entry
@@ -218,7 +220,7 @@ class Poller:
     """One poller kthread (``kbp/<cpu>``)."""
 
     cpu: int
-    pid: int | None = None
+    pid: int | None = None  # 0: the caller is outside the initial pid namespace (unknown)
     mode: str | None = None
     linger_us: int | None = None
     quota: int | None = None
@@ -233,6 +235,7 @@ class Poller:
     sleep_ns: int | None = None
     poll_ns: int | None = None
     freq_changes: int | None = None
+    yields: int | None = None
     respawns: int | None = None
     repairs: int | None = None
 
@@ -247,7 +250,7 @@ class NapiInfo:
     index: int | None = None
     id: int | None = None
     cpu: int | None = None
-    pid: int | None = None  # the poller serving it
+    pid: int | None = None  # the poller serving it (0: as for Poller.pid)
     packets: int | None = None
     polls: int | None = None
 
@@ -283,8 +286,8 @@ def _poller_from(msg: Any) -> Poller:
                   passes=g("KBP_A_PASSES"), empty_passes=g("KBP_A_EMPTY_PASSES"),
                   packets=g("KBP_A_PACKETS"), wakeups=g("KBP_A_WAKEUPS"), sleeps=g("KBP_A_SLEEPS"),
                   sleep_ns=g("KBP_A_SLEEP_NS"), poll_ns=g("KBP_A_POLL_NS"),
-                  freq_changes=g("KBP_A_FREQ_CHANGES"), respawns=g("KBP_A_RESPAWNS"),
-                  repairs=g("KBP_A_REPAIRS"))
+                  freq_changes=g("KBP_A_FREQ_CHANGES"), yields=g("KBP_A_YIELDS"),
+                  respawns=g("KBP_A_RESPAWNS"), repairs=g("KBP_A_REPAIRS"))
 
 
 def _napi_from(nest: Any) -> NapiInfo:

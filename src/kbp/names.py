@@ -29,6 +29,7 @@ POLLER_COUNTERS: Final = (
     "sleep_ns",      # time spent asleep
     "poll_ns",       # time spent inside NAPI poll (protocol processing included)
     "freq_changes",  # CPU frequency changes made by freq_ctl (hybrid)
+    "yields",        # times a poller that was not going to sleep gave its CPU to other tasks
     "respawns",      # poller threads replaced after a driver deleted a NAPI under it
     "repairs",       # NAPIs put back on the poller after a driver's napi_disable/enable
 )

@@ -359,6 +359,13 @@ def get_link(dev: str | int, netns: str | None = None) -> Link | None:
                 rx_packets=stats["rx_packets"] if stats is not None else None)
 
 
+def link_names(netns: str | None = None) -> list[str]:
+    """The names of the links in ``netns`` (one rtnetlink dump)."""
+    check_netns(netns)
+    with _iproute(netns) as ipr:
+        return [str(m.get_attr("IFLA_IFNAME")) for m in ipr.get_links()]
+
+
 def list_links(netns: str | None = None) -> list[Link]:
     check_netns(netns)
     with _iproute(netns) as ipr:

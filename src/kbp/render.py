@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from rich.console import Group, RenderableType
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from kbp.backends import DeviceStatus, Status
-from kbp.sysinfo import format_cpulist
+from kbp.backends import DeviceStatus, PollingCpu, Status
+from kbp.sysinfo import CpuTask, format_cpulist
 
 
 def _ns(v: int | None) -> str:
@@ -70,7 +71,8 @@ def devices_table(st: Status) -> Table:
 def pollers_table(st: Status) -> Table:
     t = Table(title="kbp module pollers", title_justify="left")
     cols = ("CPU", "pid", "mode", "linger", "quota", "sched", "freq_ctl", "NAPIs", "passes",
-            "empty", "packets", "wakeups", "sleeps", "slept", "polled", "respawns", "repairs")
+            "empty", "packets", "wakeups", "sleeps", "slept", "yields", "polled", "respawns",
+            "repairs")
     for c in cols:
         t.add_column(c, no_wrap=True)
     for p in st.pollers:
@@ -81,8 +83,44 @@ def pollers_table(st: Status) -> Table:
                   _n(p.napis),
                   _n(c.get("passes")), _n(c.get("empty_passes")), _n(c.get("packets")),
                   _n(c.get("wakeups")), _n(c.get("sleeps")), _ns(c.get("sleep_ns")),
-                  _ns(c.get("poll_ns")), _n(c.get("respawns")), _n(c.get("repairs")))
+                  _n(c.get("yields")), _ns(c.get("poll_ns")), _n(c.get("respawns")),
+                  _n(c.get("repairs")))
     return t
+
+
+def _task_cells(t: CpuTask) -> list[str]:
+    who = str(t.pid) if t.pid == t.tid else f"{t.pid}/{t.tid}"
+    comm = f"[{t.comm}]" if t.kthread else t.comm
+    sched = f"{t.policy.replace('SCHED_', '')}/{t.priority}"
+    why = ", ".join(w for w, on in (("pinned", t.pinned), ("runnable here", t.state == "R"))
+                    if on)
+    return [who, escape(comm), t.state, sched, why]
+
+
+def cpu_tasks_block(cpus: list[PollingCpu]) -> RenderableType:
+    """Other tasks on the polling CPUs: what a busy poller makes wait."""
+    if not any(c.tasks for c in cpus):
+        return Text(f"polling CPUs {format_cpulist(c.cpu for c in cpus)}: no other task is "
+                    "pinned to them or runnable on them")
+    t = Table(title="other tasks on polling CPUs", title_justify="left")
+    for col in ("CPU", "pid/tid", "command", "state", "sched", "why listed"):
+        t.add_column(col, no_wrap=True)
+    for c in cpus:
+        cpu = f"{c.cpu} (busy)" if c.busy else str(c.cpu)
+        for i, task in enumerate(c.tasks):
+            t.add_row(cpu if i == 0 else "", *_task_cells(task))
+    return t
+
+
+def busy_warnings(cpus: list[PollingCpu]) -> list[Text]:
+    out = []
+    for c in cpus:
+        users = [t for t in c.tasks if not t.kthread]
+        if c.busy and users:
+            out.append(Text(f"! CPU {c.cpu}: a busy poller owns it; {len(users)} other task"
+                            f"{'s' if len(users) != 1 else ''} there run only when it yields: "
+                            "move them to other CPUs or use --mode hybrid", style="bold yellow"))
+    return out
 
 
 def freq_block(st: Status) -> RenderableType:
@@ -115,8 +153,12 @@ def status_view(st: Status) -> RenderableType:
                 for d in st.devices for p in d.problems if d.backend]
     for p in problems:
         parts.append(Text(f"! {p}", style="bold yellow"))
+    if st.polling_cpus:
+        parts.append(cpu_tasks_block(st.polling_cpus))
+        parts += busy_warnings(st.polling_cpus)
     parts.append(freq_block(st))
     parts.append(Text("threaded 0: softirq, 1: kthread, 2: kthread busy-polls. defer/gro: "
                       "napi_defer_hard_irqs/gro_flush_timeout. sleeps, ran: the thread's "
-                      "sleeps and CPU time.", style="dim"))
+                      "sleeps and CPU time. Other tasks: user tasks pinned to a polling CPU "
+                      "or runnable on it, [kernel threads] runnable on it.", style="dim"))
     return Group(*parts)

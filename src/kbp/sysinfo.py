@@ -155,6 +155,11 @@ def read_stat(pid: int, host: Host = HOST) -> TaskStat | None:
         raw = (host.proc / str(pid) / "stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return None
+    return parse_stat(pid, raw)
+
+
+def parse_stat(pid: int, raw: str) -> TaskStat:
+    """One /proc/PID/stat (or /proc/PID/task/TID/stat) line."""
     lpar, rpar = raw.index("("), raw.rindex(")")
     comm = raw[lpar + 1 : rpar]
     f = raw[rpar + 2 :].split()
@@ -204,6 +209,87 @@ def find_napi_threads(dev: str, host: Host = HOST) -> list[TaskStat]:
         if full or cut:
             found.append(st)
     return sorted(found, key=lambda s: s.pid)
+
+
+# -- other tasks on a polling CPU -------------------------------------------------------
+@dataclass
+class CpuTask:
+    """A task that competes with a polling thread for its CPU."""
+
+    pid: int  # the process (thread group)
+    tid: int  # the thread
+    comm: str
+    state: str  # /proc stat state: R running or waiting for the CPU, S sleeping, ...
+    pinned: bool  # its allowed CPU list is exactly this CPU
+    kthread: bool
+    policy: str
+    priority: int  # SCHED_FIFO/RR priority (0 for the others)
+
+
+def allowed_cpus(status_path: Path) -> list[int] | None:
+    """Cpus_allowed_list of a /proc .../status file (None when it is gone or unreadable)."""
+    try:
+        with status_path.open() as f:
+            for line in f:
+                if line.startswith("Cpus_allowed_list:"):
+                    return parse_cpulist(line.partition(":")[2])
+    except (OSError, InvalidInput):
+        return None
+    return None
+
+
+def _task_dirs(host: Host) -> Iterable[tuple[int, Path]]:
+    """(pid, /proc/PID/task/TID) of every thread this /proc shows."""
+    for name in os.listdir(host.proc):
+        if not name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(host.proc / name / "task"):
+                if tid.isdigit():
+                    yield int(name), host.proc / name / "task" / tid
+
+
+def _cpu_task(pid: int, tdir: Path, cpus: set[int]) -> tuple[int, CpuTask] | None:
+    """(CPU, task) when the thread in ``tdir`` is pinned to one of ``cpus`` or runnable on
+    one; kernel threads only when runnable (every CPU has its sleeping per-CPU kthreads)."""
+    try:
+        st = parse_stat(int(tdir.name), (tdir / "stat").read_text())
+    except (OSError, ValueError, IndexError):
+        return None
+    if st.state in ("Z", "X", "x"):
+        return None
+    kthread = bool(st.flags & PF_KTHREAD)
+    here = st.state == "R" and st.last_cpu in cpus
+    if kthread and not here:
+        return None
+    allowed = allowed_cpus(tdir / "status")
+    pinned = allowed is not None and len(allowed) == 1 and allowed[0] in cpus
+    if not (pinned or here):
+        return None
+    cpu = allowed[0] if pinned and allowed else st.last_cpu
+    return cpu, CpuTask(pid=pid, tid=st.pid, comm=st.comm, state=st.state,
+                        pinned=pinned, kthread=kthread,
+                        policy=POLICY_NAMES.get(st.policy, str(st.policy)),
+                        priority=st.rt_priority)
+
+
+def tasks_on_cpus(cpus: Iterable[int], exclude: Iterable[int] = (),
+                  host: Host = HOST) -> dict[int, list[CpuTask]]:
+    """The tasks competing for each of ``cpus``: user tasks pinned there (allowed on that CPU
+    only) or runnable there (state R, stat field 39 ``processor``), and kernel threads
+    runnable there. ``exclude``: pids or tids left out (the polling threads, kbpctl)."""
+    want = set(cpus)
+    out: dict[int, list[CpuTask]] = {c: [] for c in sorted(want)}
+    skip = set(exclude)
+    for pid, tdir in _task_dirs(host):
+        if pid in skip or int(tdir.name) in skip:
+            continue
+        found = _cpu_task(pid, tdir, want)
+        if found is not None:
+            out[found[0]].append(found[1])
+    for tasks in out.values():
+        tasks.sort(key=lambda t: (t.kthread, t.pid, t.tid))
+    return out
 
 
 @dataclass

@@ -184,9 +184,12 @@ def test_enable_status_traffic_disable_restores(bed: Bed) -> None:
     th = n["thread"]
     assert (th["policy"], th["priority"], th["cpus"]) == ("SCHED_FIFO", 50, [1])
     assert set(th["counters"]) == {"passes", "empty_passes", "packets", "wakeups", "sleeps",
-                                   "sleep_ns", "poll_ns", "freq_changes", "respawns",
-                                   "repairs"}
+                                   "sleep_ns", "poll_ns", "freq_changes", "yields",
+                                   "respawns", "repairs"}
     assert d["counters"]["packets"] >= 500
+    (pc,) = st["polling_cpus"]  # both NAPI threads poll on CPU 1, and are not listed there
+    assert pc["cpu"] == 1 and not pc["busy"]
+    assert th["pid"] not in {t["tid"] for t in pc["tasks"]}
     human = bed.kbpctl("status").stdout
     assert bed.link.dev_b in human and "FIFO/50" in human
 

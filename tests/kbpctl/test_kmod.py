@@ -143,29 +143,29 @@ def test_encode_small_requests() -> None:
 PAD = nla(kmod.KBP_A_PAD, b"")
 
 
-def poller_reply() -> bytes:
+def poller_reply(pid: int = 4242) -> bytes:
     counters = b"".join(PAD + u64(a, v) for a, v in (
         (kmod.KBP_A_PASSES, 10), (kmod.KBP_A_EMPTY_PASSES, 4), (kmod.KBP_A_PACKETS, 1 << 40),
         (kmod.KBP_A_WAKEUPS, 3), (kmod.KBP_A_SLEEPS, 3), (kmod.KBP_A_SLEEP_NS, 5000),
-        (kmod.KBP_A_POLL_NS, 7000), (kmod.KBP_A_FREQ_CHANGES, 6), (kmod.KBP_A_RESPAWNS, 0),
-        (kmod.KBP_A_REPAIRS, 1)))
+        (kmod.KBP_A_POLL_NS, 7000), (kmod.KBP_A_FREQ_CHANGES, 6), (kmod.KBP_A_YIELDS, 9),
+        (kmod.KBP_A_RESPAWNS, 0), (kmod.KBP_A_REPAIRS, 1)))
     return genl(kmod.KBP_CMD_POLLER_GET,
-                u32(kmod.KBP_A_CPU, 1) + u32(kmod.KBP_A_PID, 4242) + u32(kmod.KBP_A_MODE, 2)
+                u32(kmod.KBP_A_CPU, 1) + u32(kmod.KBP_A_PID, pid) + u32(kmod.KBP_A_MODE, 2)
                 + u32(kmod.KBP_A_LINGER_US, 20) + u32(kmod.KBP_A_QUOTA, 64)
                 + u32(kmod.KBP_A_RT_PRIO, 50) + u32(kmod.KBP_A_FREQ_CTL, 1)
                 + u32(kmod.KBP_A_NAPIS, 2) + counters)
 
 
-def dev_reply() -> bytes:
+def dev_reply(pid: int = 4242, name: bytes = b"eth1", inum: int = 4026531840) -> bytes:
     def napi(i: int, nid: int) -> bytes:
         return nla(kmod.KBP_A_NAPI | NESTED,
                    u32(kmod.KBP_NAPI_A_INDEX, i) + u32(kmod.KBP_NAPI_A_ID, nid)
-                   + u32(kmod.KBP_NAPI_A_CPU, 1) + u32(kmod.KBP_NAPI_A_PID, 4242)
+                   + u32(kmod.KBP_NAPI_A_CPU, 1) + u32(kmod.KBP_NAPI_A_PID, pid)
                    + nla(kmod.KBP_NAPI_A_PAD, b"") + u64(kmod.KBP_NAPI_A_PACKETS, 100 + i)
                    + u64(kmod.KBP_NAPI_A_POLLS, 10 + i))
     return genl(kmod.KBP_CMD_DEV_GET,
-                u32(kmod.KBP_A_IFINDEX, 5) + nla(kmod.KBP_A_IFNAME, b"eth1\0")
-                + u32(kmod.KBP_A_NETNS_INUM, 4026531840)
+                u32(kmod.KBP_A_IFINDEX, 5) + nla(kmod.KBP_A_IFNAME, name + b"\0")
+                + u32(kmod.KBP_A_NETNS_INUM, inum)
                 + u32(kmod.KBP_A_STATE, kmod.KBP_STATE_ACTIVE) + u32(kmod.KBP_A_CPU, 1)
                 + u32(kmod.KBP_A_MODE, 1) + napi(0, 8193) + napi(1, 8194)
                 + u32(kmod.KBP_A_NAPIS, 2) + PAD + u64(kmod.KBP_A_PACKETS, 201)
@@ -184,8 +184,28 @@ def test_decode_poller() -> None:
         (1, 4242, "hybrid", 20, 64, 50, True, 2)
     assert p.counters() == {"passes": 10, "empty_passes": 4, "packets": 1 << 40, "wakeups": 3,
                             "sleeps": 3, "sleep_ns": 5000, "poll_ns": 7000, "freq_changes": 6,
-                            "respawns": 0, "repairs": 1}
+                            "yields": 9, "respawns": 0, "repairs": 1}
     assert list(p.counters()) == list(names.POLLER_COUNTERS)
+
+
+def test_pid_zero_means_unknown(tmp_path: Path) -> None:
+    """Outside the initial pid namespace the module reports pids as 0: kmod passes that on,
+    status shows no pid and no thread."""
+    assert kmod._poller_from(decode(poller_reply(pid=0))).pid == 0
+    dev = kmod._device_from(decode(dev_reply(pid=0)))
+    assert [n.pid for n in dev.napis] == [0, 0]
+
+    class PidNs(NetnsModule):
+        def devices(self) -> list[kmod.Device]:
+            return [dev]
+
+        def pollers(self) -> list[kmod.Poller]:
+            return [kmod._poller_from(decode(poller_reply(pid=0)))]
+
+    be = kmod_backend.KmodBackend(state=StateDir(tmp_path), client=PidNs())
+    (d,), (p,) = be.describe(None, None, [])
+    assert p.pid is None and p.policy is None and p.priority == 50
+    assert [n.thread for n in d.napis] == [None, None]
 
 
 def test_decode_device() -> None:
@@ -373,3 +393,157 @@ def test_attachment_values() -> None:
         "freq_ctl"] is True
     assert kmod_backend.attachment(r, [1, 2], 3)["queue_map"] == [[0, 1], [1, 2], [2, 1]]
     assert kmod_backend.attachment(r, [1, 2], None)["queue_map"] == [[0, 1], [1, 2]]
+
+
+# -- status of a device in another netns, from any netns ------------------------------
+class NetnsModule:
+    """The module as a process outside the initial netns and outside ``blue`` sees it: the
+    DEV_GET dump answers for the caller's netns only, DEV_GET doit with a netns fd answers
+    for that netns (ENOENT: not attached; ENODEV: no such device there)."""
+
+    BLUE = 4026532300
+
+    def __init__(self, dump_sees_blue: bool = False, error: int | None = None) -> None:
+        self.blue = {"eth1": kmod._device_from(decode(dev_reply(inum=self.BLUE)))}
+        self.dump_sees_blue = dump_sees_blue
+        self.error = error
+        self.asked: list[tuple[str, str | None]] = []
+
+    def __call__(self) -> NetnsModule:
+        return self
+
+    def close(self) -> None:
+        pass
+
+    def devices(self) -> list[kmod.Device]:
+        return list(self.blue.values()) if self.dump_sees_blue else []
+
+    def device(self, dev: str, netns: str | None = None) -> kmod.Device | None:
+        self.asked.append((dev, netns))
+        if self.error is not None:
+            raise kmod.KbpError(self.error, "", f"dev-get {dev}")
+        if netns != "blue":
+            raise kmod.KbpError(errno.ENODEV, "no device of that name or index in this netns")
+        if dev not in self.blue:
+            raise kmod.KbpError(errno.ENOENT, "device is not attached")
+        return self.blue[dev]
+
+    def pollers(self) -> list[kmod.Poller]:
+        return [kmod._poller_from(decode(poller_reply()))]
+
+
+def journaled(tmp_path: Path, dev: str = "eth1", netns: str | None = "blue") -> StateDir:
+    st = StateDir(tmp_path / "run")
+    j = st.begin("kmod", dev, netns, 5, EnableRequest([dev], netns=netns, mode="busy").settings())
+    j.done()
+    j.close()
+    return st
+
+
+def describe(mod: NetnsModule, st: StateDir, netns: str | None,
+             devices: list[str] | None) -> list[backends.DeviceStatus]:
+    be = kmod_backend.KmodBackend(state=st, client=mod)
+    return be.describe(netns, devices, [r for r in st.records() if r.backend == "kmod"])[0]
+
+
+def test_status_of_another_netns_is_the_same_from_anywhere(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    monkeypatch.setattr(kmod_backend, "_netns_inum",
+                        lambda ns: NetnsModule.BLUE if ns == "blue" else 4026531833)
+    st = journaled(tmp_path)
+    for devices in (["eth1"], None):
+        outside = NetnsModule(dump_sees_blue=False)   # e.g. ip netns exec red kbpctl status
+        inside = NetnsModule(dump_sees_blue=True)     # initial netns, or blue itself
+        (a,), (b,) = describe(outside, st, "blue", devices), describe(inside, st, "blue",
+                                                                      devices)
+        assert a == b
+        assert a.managed and a.netns == "blue" and a.problems == []
+        assert a.counters == {"packets": 201, "polls": 21}
+        assert [(n.id, n.counters["packets"]) for n in a.napis] == [(8193, 100), (8194, 101)]
+        assert outside.asked == [("eth1", "blue")] and inside.asked == []
+
+
+def test_unmanaged_device_of_another_netns(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kmod_backend, "_netns_inum",
+                        lambda ns: NetnsModule.BLUE if ns == "blue" else 4026531833)
+    monkeypatch.setattr(kmod_backend, "link_names", lambda ns: ["lo", "eth1"])
+    st = StateDir(tmp_path / "run")
+    mod = NetnsModule()
+    (d,) = describe(mod, st, "blue", ["eth1"])
+    assert (d.name, d.netns, d.managed, len(d.napis)) == ("eth1", "blue", False, 2)
+    (d,) = describe(mod, st, "blue", None)   # every link of blue is asked about
+    assert (d.name, d.netns, d.managed) == ("eth1", "blue", False)
+    assert ("lo", "blue") in mod.asked
+    assert describe(mod, st, None, ["eth1"]) == []   # this netns: the dump is the answer
+
+
+def test_status_says_why_the_module_cannot_answer(tmp_path: Path) -> None:
+    st = journaled(tmp_path)
+    (d,) = describe(NetnsModule(error=errno.EPERM), st, "blue", ["eth1"])
+    assert d.napis == [] and len(d.problems) == 1
+    assert d.problems[0].startswith("the kbp module did not say how it serves eth1: "
+                                    "dev-get eth1: Operation not permitted")
+    class Unprivileged(NetnsModule):
+        def devices(self) -> list[kmod.Device]:
+            raise kmod.KbpError(errno.EPERM, "", "dev-get")
+
+    (d,) = describe(Unprivileged(), st, None, None)
+    assert "'sudo kbpctl status'" in d.problems[0] and "EPERM" in d.problems[0]
+    (d,) = describe(NetnsModule(), journaled(tmp_path, "eth9"), "blue", ["eth9"])
+    assert d.problems == ["eth9 is not attached to the module any more: 'kbpctl apply' or "
+                          "enable again"]
+
+
+# -- enable: a busy poller owns its CPU -----------------------------------------------
+class EnablingBackend:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def enable(self, req: EnableRequest) -> backends.EnableResult:
+        cpus = req.cpus or [0]
+        return backends.EnableResult(self.name, "", [backends.DeviceResult(
+            d, req.netns, self.name, 2, cpus, 1) for d in req.devices])
+
+
+@pytest.mark.parametrize("backend", ["kmod", "stock"])
+def test_enable_busy_says_the_poller_owns_its_cpu(backend: str, capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from kbp import cli
+    monkeypatch.setattr(backends, "get", lambda name, state=None: EnablingBackend(name))
+    assert cli.main(["enable", "eth1", "eth2", "--backend", backend, "--mode", "busy",
+                     "--cpus", "2-3"]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("enabled eth") == 2 and "note" not in out
+    assert err.startswith("kbpctl: note: ") and err.count("kbpctl: note") == 1
+    flat = " ".join(err.split())
+    assert "own CPUs 2-3" in flat and "~100%" in flat and "only when it yields" in flat
+    assert "other CPUs" in flat and "--mode hybrid" in flat
+    assert ("kbp/2, kbp/3" in flat) == (backend == "kmod")
+    assert len(err.splitlines()) <= 5
+    assert cli.main(["enable", "eth1", "--backend", backend, "--cpus", "2"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_busy_notice_names_one_cpu() -> None:
+    from kbp.cli import busy_notice
+    flat = " ".join(busy_notice("kmod", [3, 3], 50).split())
+    assert flat.startswith("kbpctl: note: the busy poller kbp/3 owns CPU 3: it spins")
+
+
+def test_apply_of_a_busy_device_says_it_too(capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from kbp import cli, config
+    acts = [config.Action("enable", "eth1", None, "kmod", "listed",
+                          EnableRequest(["eth1"], mode="busy", cpus=[1])),
+            config.Action("keep", "eth2", None, "kmod", "",
+                          EnableRequest(["eth2"], mode="busy", cpus=[2])),
+            config.Action("enable", "eth3", None, "kmod", "listed", EnableRequest(["eth3"]))]
+    monkeypatch.setattr(config, "load", lambda path: type("Cfg", (), {"path": path})())
+    monkeypatch.setattr(config, "converge", lambda cfg, dry_run=False: acts)
+    assert cli.main(["apply"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "the busy poller kbp/1 owns CPU 1" in err and "kbp/2" not in err
+    assert cli.main(["apply", "--dry-run"]) == 0
+    assert capsys.readouterr().err == ""

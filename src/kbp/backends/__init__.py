@@ -27,7 +27,7 @@ from kbp import names
 from kbp.errors import InvalidInput, NotRoot, OperationFailed
 from kbp.netdev import get_link
 from kbp.state import StateDir
-from kbp.sysinfo import RT_PRIO_MAX, RT_PRIO_MIN, FreqReport
+from kbp.sysinfo import HOST, RT_PRIO_MAX, RT_PRIO_MIN, CpuTask, FreqReport, Host
 
 DEFAULT_RT_PRIO = 50  # the priority of threaded IRQ handlers; NAPI threads run at it too
 MAX_LINGER_US = 1_000_000
@@ -198,6 +198,15 @@ class PollerStatus:
 
 
 @dataclass
+class PollingCpu:
+    """A CPU a polling thread runs on, and the other tasks that compete for it."""
+
+    cpu: int
+    busy: bool  # a busy poller polls here (it never sleeps: the tasks get only its yields)
+    tasks: list[CpuTask] = field(default_factory=list)
+
+
+@dataclass
 class BackendInfo:
     available: bool
     reason: str
@@ -212,6 +221,7 @@ class Status:
     devices: list[DeviceStatus]
     pollers: list[PollerStatus]
     cpufreq: FreqReport
+    polling_cpus: list[PollingCpu] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -222,6 +232,7 @@ class Status:
             "devices": [asdict(d) for d in self.devices],
             "pollers": [asdict(p) for p in self.pollers],
             "cpufreq": self.cpufreq.to_json(),
+            "polling_cpus": [asdict(c) for c in self.polling_cpus],
         }
 
 
@@ -310,8 +321,26 @@ def disable(devices: Sequence[str] | None = None, netns: str | None = None,
     return result
 
 
+def polling_cpus(devs: Sequence[DeviceStatus], pollers: Sequence[PollerStatus],
+                 host: Host = HOST) -> list[PollingCpu]:
+    """Each CPU that polls for kbp (module pollers, threads of served devices) with the other
+    tasks pinned to it or runnable on it (the polling threads and kbpctl left out)."""
+    from kbp import sysinfo
+    napis = [n for d in devs if d.backend for n in d.napis]
+    cpus = {n.cpu for n in napis if n.cpu is not None} | {p.cpu for p in pollers}
+    if not cpus:
+        return []
+    busy = {p.cpu for p in pollers if p.mode == names.MODE_BUSY}
+    busy |= {n.cpu for d in devs if d.backend and d.mode == names.MODE_BUSY for n in d.napis
+             if n.cpu is not None}
+    mine = {os.getpid()} | {p.pid for p in pollers if p.pid} | {
+        n.thread.pid for n in napis if n.thread}
+    tasks = sysinfo.tasks_on_cpus(cpus, mine, host)
+    return [PollingCpu(cpu=c, busy=c in busy, tasks=t) for c, t in tasks.items()]
+
+
 def status(netns: str | None = None, devices: Sequence[str] | None = None,
-           state: StateDir | None = None) -> Status:
+           state: StateDir | None = None, host: Host = HOST) -> Status:
     """Everything ``kbpctl status`` shows, for the devices of ``netns`` and every device kbp
     serves (in any netns)."""
     from kbp import sysinfo
@@ -334,6 +363,7 @@ def status(netns: str | None = None, devices: Sequence[str] | None = None,
     pollers = kp
     used = sorted({c for d in devs if d.backend for n in d.napis
                    if n.cpu is not None for c in [n.cpu]} | {p.cpu for p in pollers})
-    freq = sysinfo.cpufreq(used or None)
+    freq = sysinfo.cpufreq(used or None, host)
     return Status(kernel=sysinfo.kernel_release(), auto=auto, backends=infos, devices=devs,
-                  pollers=pollers, cpufreq=freq)
+                  pollers=pollers, cpufreq=freq,
+                  polling_cpus=polling_cpus(devs, pollers, host))

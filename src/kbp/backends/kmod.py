@@ -31,7 +31,7 @@ from kbp.backends import (
 )
 from kbp.backends.stock import thread_status
 from kbp.errors import InvalidInput, KbpctlError, OperationFailed, Unavailable
-from kbp.netdev import NETNS_DIR, NetdevClient, check_netns
+from kbp.netdev import NETNS_DIR, NetdevClient, check_netns, link_names
 from kbp.state import (
     MISSING,
     Executor,
@@ -290,47 +290,77 @@ class KmodBackend:
             client = self.client_factory()
         except (kmod.KbpError, OSError):
             client = None
-        out: list[DeviceStatus] = []
-        pollers: list[PollerStatus] = []
+        wanted = [r for r in records
+                  if devices is None or (r.dev in devices and r.netns == netns)]
+        if client is None:
+            return [self._status(r.dev, r.netns, r, None, False) for r in wanted], []
         try:
-            attached = client.devices() if client else []
-            by_key: dict[tuple[str | None, int | None], Any] = {
-                (d.ifname, d.netns_inum): d for d in attached}
-            seen = set()
-            for r in records:
-                if devices is not None and not (r.dev in devices and r.netns == netns):
-                    continue
-                d = by_key.get((r.dev, _netns_inum(r.netns)))
-                if d is not None:
-                    seen.add(id(d))
-                out.append(self._status(r.dev, r.netns, r, d, client is not None))
-            for d in attached:
-                if id(d) in seen:
-                    continue
-                if devices is not None and d.ifname not in devices:
-                    continue
-                ds = self._status(d.ifname or f"ifindex {d.ifindex}", None, None, d, True)
-                ds.managed = False
-                ds.netns = next((n for n in _known_netns() if _netns_inum(n) == d.netns_inum),
-                                None)
-                out.append(ds)
-            for p in (client.pollers() if client else []):
-                pol, prio = None, p.rt_prio
-                if p.pid:
-                    with contextlib.suppress(OSError):
-                        s = sysinfo.get_sched(p.pid)
-                        pol, prio = s.policy, s.priority
-                pollers.append(PollerStatus(cpu=p.cpu, pid=p.pid, mode=p.mode,
-                                            linger_us=p.linger_us, quota=p.quota, napis=p.napis,
-                                            policy=pol, priority=prio, counters=p.counters(),
-                                            freq_ctl=p.freq_ctl))
+            return self._devices(client, netns, devices, wanted), self._pollers(client)
+        except kmod.KbpError as e:
+            if e.errno != errno.EPERM:
+                raise
+            why = f"{e}: the module answers CAP_NET_ADMIN only ('sudo kbpctl status')"
+            return [self._status(r.dev, r.netns, r, None, True, why) for r in wanted], []
         finally:
-            if client is not None:
-                client.close()
-        return out, pollers
+            client.close()
+
+    def _devices(self, client: Any, netns: str | None, devices: Sequence[str] | None,
+                 records: Sequence[Record]) -> list[DeviceStatus]:
+        """The journaled devices, then the ones attached outside kbpctl.
+
+        The module's DEV_GET dump answers for the caller's netns only (for every netns from
+        the initial one), so a device the dump does not show is asked for by name in its
+        own netns (DEV_GET with KBP_A_NETNS_FD): status shows the same from any netns."""
+        attached = client.devices()
+        by_key = {(d.ifname, d.netns_inum): d for d in attached}
+        seen: set[tuple[str | None, int | None]] = set()
+        out = []
+        for r in records:
+            d, why = by_key.get((r.dev, _netns_inum(r.netns))), None
+            if d is None:
+                d, why = _lookup(client, r.dev, r.netns)
+            if d is not None:
+                seen.add((d.ifname, d.netns_inum))
+            out.append(self._status(r.dev, r.netns, r, d, True, why))
+        here = _netns_inum(netns)
+        for d in attached:
+            if (d.ifname, d.netns_inum) in seen or (devices is not None and (
+                    d.ifname not in devices or d.netns_inum != here)):
+                continue
+            seen.add((d.ifname, d.netns_inum))
+            ns = next((n for n in _known_netns() if _netns_inum(n) == d.netns_inum), None)
+            out.append(self._unmanaged(d, ns))
+        for name in _probe_names(netns, devices):
+            if (name, here) in seen or (name, here) in by_key:
+                continue
+            d, _ = _lookup(client, name, netns)
+            if d is not None and (d.ifname, d.netns_inum) not in seen:
+                seen.add((d.ifname, d.netns_inum))
+                out.append(self._unmanaged(d, netns))
+        return out
+
+    def _unmanaged(self, d: Any, netns: str | None) -> DeviceStatus:
+        ds = self._status(d.ifname or f"ifindex {d.ifindex}", netns, None, d, True)
+        ds.managed = False
+        return ds
+
+    def _pollers(self, client: Any) -> list[PollerStatus]:
+        out = []
+        for p in client.pollers():
+            pol, prio = None, p.rt_prio
+            if p.pid:
+                with contextlib.suppress(OSError):
+                    s = sysinfo.get_sched(p.pid)
+                    pol, prio = s.policy, s.priority
+            # pid 0: the module does not show pids outside the initial pid namespace
+            out.append(PollerStatus(cpu=p.cpu, pid=p.pid or None, mode=p.mode,
+                                    linger_us=p.linger_us,
+                                    quota=p.quota, napis=p.napis, policy=pol, priority=prio,
+                                    counters=p.counters(), freq_ctl=p.freq_ctl))
+        return out
 
     def _status(self, dev: str, netns: str | None, rec: Record | None, d: Any,
-                loaded: bool) -> DeviceStatus:
+                loaded: bool, why: str | None = None) -> DeviceStatus:
         req = rec.request if rec else {}
         ds = DeviceStatus(name=dev, netns=netns, ifindex=d.ifindex if d else None, kind=None,
                           backend=NAME, mode=(d.mode if d else None) or req.get("mode"),
@@ -354,6 +384,8 @@ class KmodBackend:
         elif not loaded:
             ds.problems.append("the kbp module is not loaded: 'kbpctl disable "
                                f"{dev}' forgets this device")
+        elif why:
+            ds.problems.append(f"the kbp module did not say how it serves {dev}: {why}")
         else:
             ds.problems.append(f"{dev} is not attached to the module any more: 'kbpctl "
                                "apply' or enable again")
@@ -371,6 +403,30 @@ class _Gone:
 
     def set(self, key: Mapping[str, Any], value: Any) -> None:
         raise TargetGone("kbp module not loaded")
+
+
+def _lookup(client: Any, dev: str, netns: str | None) -> tuple[Any, str | None]:
+    """DEV_GET for one device in its netns: (the device or None when it is not attached,
+    why the module could not be asked)."""
+    try:
+        return client.device(dev, netns), None
+    except kmod.KbpError as e:
+        if e.errno in (errno.ENOENT, errno.ENODEV):
+            return None, None
+        return None, str(e)
+
+
+def _probe_names(netns: str | None, devices: Sequence[str] | None) -> list[str]:
+    """Devices of another netns to ask the module about by name (the dump may not show
+    them): the ones named, else every link there."""
+    if netns is None:
+        return []
+    if devices is not None:
+        return list(devices)
+    try:
+        return link_names(netns)
+    except (KbpctlError, OSError):
+        return []
 
 
 def _known_netns() -> list[str]:

@@ -92,17 +92,27 @@ class Aborted(Exception):
 
 
 _MAIN_PID = [0]
+_INTERRUPTED = [False]
 
 
-def _sigterm(sig: int, _frm: Any) -> None:
-    """SIGTERM in the benchmark process: unwind like Ctrl-C, so everything is restored.
-    A forked helper (pyroute2 forks to enter namespaces) inherits this handler: it must just
-    die, never run the benchmark's cleanup."""
+def _interrupt(sig: int, _frm: Any) -> None:
+    """SIGINT or SIGTERM in the benchmark process: unwind like Ctrl-C, so everything is
+    restored.  Python drops an exception raised while it runs an at-fork callback (pyroute2
+    forks to enter namespaces; logging registers one: "Exception ignored in _releaseLock"),
+    and the benchmark then ran to its end: the flag makes the next checkpoint raise it again.
+    A forked helper inherits this handler: it must just die, never run the cleanup."""
     if os.getpid() != _MAIN_PID[0]:
         signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
         return
+    _INTERRUPTED[0] = True
     raise KeyboardInterrupt
+
+
+def _checkpoint() -> None:
+    """Raise the interrupt again if its first KeyboardInterrupt was swallowed."""
+    if _INTERRUPTED[0]:
+        raise KeyboardInterrupt
 
 
 @dataclass
@@ -177,7 +187,11 @@ class Bench:
         cfg = self.cfg
         self.check()
         _MAIN_PID[0] = os.getpid()
-        old_term = signal.signal(signal.SIGTERM, _sigterm)
+        _INTERRUPTED[0] = False
+        old_term = signal.signal(signal.SIGTERM, _interrupt)
+        old_int = signal.getsignal(signal.SIGINT)
+        if old_int is signal.default_int_handler:       # not when SIGINT is ignored
+            signal.signal(signal.SIGINT, _interrupt)
         old_aff = os.sched_getaffinity(0)
         emulated = machine.is_qemu_guest() if cfg.emulated is None else cfg.emulated
         self.results = {
@@ -225,6 +239,7 @@ class Bench:
             with _testbed() as tb:
                 self.tb = tb
                 self._run_all(tb)
+                _checkpoint()
         except KeyboardInterrupt:
             self.results["interrupted"] = True
             raise
@@ -239,6 +254,8 @@ class Bench:
             except trace.TraceFsError as e:
                 self.results.setdefault("restore_problems", []).append(str(e))
             signal.signal(signal.SIGTERM, old_term)
+            if old_int is signal.default_int_handler:
+                signal.signal(signal.SIGINT, old_int)
             self.tb = None
         return self.results
 
@@ -457,10 +474,12 @@ class Bench:
         return waited
 
     def _note(self, msg: str) -> None:
+        _checkpoint()                   # called as each run, trial and flood starts
         if self.progress:
             self.progress.note(msg)
 
     def _advance(self, planned_s: float, desc: str) -> None:
+        _checkpoint()
         if self.progress:
             self.progress.advance(planned_s, desc)
 

@@ -1,0 +1,46 @@
+"""A Ctrl-C that reaches the benchmark while Python runs an at-fork callback is not lost.
+
+pyroute2 forks to enter namespaces and logging registers an at-fork callback; a
+KeyboardInterrupt raised there is swallowed by Python ("Exception ignored in ..."), and the
+benchmark used to run to its end (exit 0, test_ctrl_c_cleans_up failed now and then).  The
+runner's handler also sets a flag that its next checkpoint turns into KeyboardInterrupt.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+SCRIPT = r"""
+import os, signal, sys
+from kbp.bench import runner
+
+runner._MAIN_PID[0] = os.getpid()
+signal.signal(signal.SIGINT, runner._interrupt)
+
+def after_in_parent():
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(1000):       # the handler runs here, and Python drops its exception
+        pass
+
+os.register_at_fork(after_in_parent=after_in_parent)
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+print("fork returned", flush=True)
+try:
+    runner._checkpoint()
+except KeyboardInterrupt:
+    print("raised at the checkpoint")
+    sys.exit(0)
+sys.exit(3)
+"""
+
+
+def test_interrupt_swallowed_in_an_at_fork_callback_is_raised_again() -> None:
+    p = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+                       timeout=60)
+    assert "Exception ignored" in p.stderr and "KeyboardInterrupt" in p.stderr, p.stderr
+    assert p.stdout.splitlines() == ["fork returned", "raised at the checkpoint"], p.stdout
+    assert p.returncode == 0, p.stderr

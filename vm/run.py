@@ -194,9 +194,12 @@ def run(spec: RunSpec) -> RunResult:
     clock = Stopwatch()  # restarted when QEMU starts (after waiting for the VM lock)
 
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    test_timeouts: list[str] = []   # the guest suite's KBP-TEST-TIMEOUT lines
 
     def on_line(line: str) -> bool:
         tail.append(line)
+        if line.startswith("KBP-TEST-TIMEOUT") and "rebooting the guest" in line:
+            test_timeouts.append(line)
         watcher.feed(line, clock())
         return watcher.exit_code is not None
 
@@ -215,6 +218,8 @@ def run(spec: RunSpec) -> RunResult:
             outcome = qemu.supervise(machine.argv(), on_line=on_line, sink=sink, log=log,
                                      timeout=spec.timeout)
     result = _result(spec, tree.kver, watcher, outcome, clock())
+    if result.command_rc is None and test_timeouts and not result.interrupted:
+        result.reason = f"a guest test stayed stuck past its timeout: {test_timeouts[-1]}"
     result.tail, result.quiet = list(tail), spec.quiet
     return result
 

@@ -16,10 +16,12 @@ import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,6 +44,21 @@ SPLAT = re.compile(
 
 T = TypeVar("T")
 
+#: Per-test time limit (setup + call + teardown), seconds.  The slowest tests take about
+#: a minute under TCG on a loaded host; a hang must fail well inside the rig's 20 minutes.
+#: ``@pytest.mark.timeout(N)`` raises it for one test, $KBP_TEST_TIMEOUT for all.
+DEFAULT_TIMEOUT = float(os.environ.get("KBP_TEST_TIMEOUT", "240"))
+#: After the limit the test gets this long to unwind; a test still stuck then (blocked in
+#: the kernel, where no signal reaches it) gets a second dump and the guest is rebooted
+#: (sysrq-b), which ends the VM run at once instead of at the rig's timeout.
+TIMEOUT_GRACE = float(os.environ.get("KBP_TEST_TIMEOUT_GRACE", "60"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"timeout(seconds): this test's time limit in the guest "
+                   f"(default {DEFAULT_TIMEOUT:.0f} s, $KBP_TEST_TIMEOUT)")
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if IN_VM:
@@ -49,6 +66,121 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="in-guest test: runs inside the VM rig (python3 -m vm test)")
     for item in items:
         item.add_marker(skip)
+
+
+# -- per-test timeout ------------------------------------------------------------------
+def _console(text: str) -> None:
+    """Straight to the serial console: pytest captures fds 1 and 2 during a test."""
+    try:
+        with open("/dev/console", "w") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+    except OSError:
+        sys.__stderr__.write(text + "\n")
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def task_states() -> str:
+    """Every task (pid, state, wchan, comm) and the kernel stack of each D and R task."""
+    rows, stacks = [], []
+    for d in sorted((p for p in Path("/proc").iterdir() if p.name.isdigit()),
+                    key=lambda p: int(p.name)):
+        for t in sorted(d.glob("task/*"), key=lambda p: int(p.name)):
+            stat = _read(f"{t}/stat")
+            if ")" not in stat:
+                continue
+            comm, state = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2]
+            wchan = _read(f"{t}/wchan")
+            rows.append(f"{t.name:>6} {state} {wchan or '-':28} {comm}")
+            if state in "DR" and int(t.name) != threading.get_native_id():
+                stacks.append(f"--- {t.name} {comm} ({state})\n{_read(f'{t}/stack')}")
+    return "\n".join(["   pid S wchan                        comm", *rows,
+                      "kernel stacks of D and R tasks:", *stacks])
+
+
+def dump_task_states(why: str) -> None:
+    """Task states on the console: /proc first (works even when printk does not), then
+    the kernel's own sysrq-w (blocked tasks with their stacks, busy workqueues) from
+    dmesg.  Not sysrq-t: a thousand console lines at 115200 baud for little more."""
+    _console(f"KBP-TEST-TIMEOUT {why}; task states follow")
+    _console(task_states())
+    try:
+        before = len(sh("dmesg", timeout=30).stdout.splitlines())
+        Path("/proc/sysrq-trigger").write_text("w")
+        # without timestamps: these are a dump, not splats for the rig's console scan
+        lines = sh("dmesg --notime", timeout=30).stdout.splitlines()[before:]
+        _console("sysrq-w (dmesg):\n" + "\n".join(lines))
+    except (OSError, AssertionError, subprocess.SubprocessError) as exc:
+        _console(f"sysrq dump failed: {exc!r}")
+    _console(f"KBP-TEST-TIMEOUT end of task states ({why})")
+
+
+class _Timeout(Exception):
+    """Raised in the main thread when a test exceeds its limit."""
+
+
+class _Watchdog:
+    """A thread that, after ``seconds``, dumps task states and interrupts the test with
+    SIGALRM; if the test is still stuck ``TIMEOUT_GRACE`` later, dumps again and
+    reboots the guest.  Threads, not only an alarm: a SIGALRM handler cannot run while
+    the main thread is blocked in the kernel, which is when the dump matters most."""
+
+    def __init__(self, nodeid: str, seconds: float) -> None:
+        self.nodeid, self.seconds = nodeid, seconds
+        self.done = threading.Event()
+        self.fired = False
+        self.main = threading.main_thread().ident
+        self.thread = threading.Thread(target=self._run, name="kbp-test-timeout",
+                                       daemon=True)
+
+    def _run(self) -> None:
+        if self.done.wait(self.seconds):
+            return
+        self.fired = True
+        dump_task_states(f"{self.nodeid} exceeded its {self.seconds:.0f} s timeout")
+        if self.done.is_set():
+            return
+        assert self.main is not None
+        signal.pthread_kill(self.main, signal.SIGALRM)
+        if self.done.wait(TIMEOUT_GRACE):
+            return
+        dump_task_states(f"{self.nodeid} still stuck {TIMEOUT_GRACE:.0f} s after its "
+                         f"timeout (blocked in the kernel?)")
+        _console(f"KBP-TEST-TIMEOUT {self.nodeid}: rebooting the guest (sysrq-b)")
+        with contextlib.suppress(OSError):
+            Path("/proc/sysrq-trigger").write_text("b")
+
+    def alarm(self, _signum: int, _frame: object) -> None:
+        if self.fired and not self.done.is_set():
+            raise _Timeout(f"{self.nodeid} exceeded its {self.seconds:.0f} s timeout "
+                           f"(task states on the console, KBP-TEST-TIMEOUT)")
+
+
+def time_limit(item: pytest.Item) -> float:
+    m = item.get_closest_marker("timeout")
+    return float(m.args[0]) if m else DEFAULT_TIMEOUT
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item,
+                            nextitem: pytest.Item | None) -> Generator[None, None, None]:
+    """Setup, call and teardown of every in-guest test run under its time limit."""
+    if not IN_VM:
+        yield
+        return
+    dog = _Watchdog(item.nodeid, time_limit(item))
+    old = signal.signal(signal.SIGALRM, dog.alarm)
+    dog.thread.start()
+    try:
+        yield
+    finally:
+        dog.done.set()
+        signal.signal(signal.SIGALRM, old)
 
 
 # -- shell helpers ----------------------------------------------------------------------

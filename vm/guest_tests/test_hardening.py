@@ -172,12 +172,23 @@ def test_rmmod_right_after_a_napi_deletion(kmod, two_veths: tuple[str, str]) -> 
 
 
 # -- 3. 6.1: a livepatch transition under sustained load --------------------------------
+def has_klp_cond_resched() -> bool:
+    """6.4+: a running task switches itself to a pending livepatch (no nap involved)."""
+    return any(ln.split()[2] == "__klp_sched_try_switch"
+               for ln in Path("/proc/kallsyms").read_text().splitlines())
+
+
 def test_livepatch_transition_completes_under_sustained_load(kmod, flow: Flow) -> None:
     """Before 6.4 the poller naps to let a transition switch it; under load it always had
     work and skipped the nap, so the transition never completed."""
     ko = TEST_MODULES / "kbp_test_klp.ko"
     if not ko.exists():
         pytest.skip(reason=f"test livepatch module not built ({ko})")
+    if has_klp_cond_resched():
+        pytest.skip(reason="6.4+: the poller switches itself (__klp_sched_try_switch), no nap "
+                    "to test; and under QEMU TCG, starting a transition rewrites the "
+                    "cond_resched static calls, which under interrupt load oopses on a "
+                    "stale translation (int3 in irqentry_exit; design.md section 2)")
     kmod.attach(flow.t.nic0, cpu=POLL_CPU, mode="busy", quota=1)
     flow.start_sink(timeout=300)
     senders = [subprocess.Popen(["ip", "netns", "exec", NS, "taskset", "-c", str(OTHER_CPU),

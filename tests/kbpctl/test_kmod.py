@@ -547,3 +547,11 @@ def test_apply_of_a_busy_device_says_it_too(capsys: pytest.CaptureFixture[str],
     assert "the busy poller kbp/1 owns CPU 1" in err and "kbp/2" not in err
     assert cli.main(["apply", "--dry-run"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_cap_sys_nice_refusal_says_what_a_container_may_do() -> None:
+    from kbp.backends.kmod import _hint
+    e = kmod.KbpError(errno.EPERM, "kbp: mode busy and rt_prio > 0 need CAP_SYS_NICE")
+    assert "--mode hybrid --rt-prio 0" in _hint(e)
+    assert _hint(kmod.KbpError(errno.EPERM, "Operation not permitted")) == ""
+    assert _hint(kmod.KbpError(errno.EBUSY, "CAP_SYS_NICE")) == ""

@@ -215,8 +215,8 @@ class KmodBackend:
                             with contextlib.suppress(RestoreError):
                                 self._restore(r, eff)
                     raise OperationFailed(f"enabling {started[-1] if started else '?'} with "
-                                          f"the kbp module failed: {e}; every change was "
-                                          "rolled back") from e
+                                          f"the kbp module failed: {e}{_hint(e)}; every "
+                                          "change was rolled back") from e
         finally:
             client.close()
         return result
@@ -403,6 +403,14 @@ class _Gone:
 
     def set(self, key: Mapping[str, Any], value: Any) -> None:
         raise TargetGone("kbp module not loaded")
+
+
+def _hint(e: Exception) -> str:
+    """What to do about a refusal the operator can fix by asking for less."""
+    if isinstance(e, kmod.KbpError) and e.errno == errno.EPERM and "CAP_SYS_NICE" in e.message:
+        return (" (a process without CAP_SYS_NICE, e.g. a container with only NET_ADMIN, "
+                "may attach with --mode hybrid --rt-prio 0)")
+    return ""
 
 
 def _lookup(client: Any, dev: str, netns: str | None) -> tuple[Any, str | None]:

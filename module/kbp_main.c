@@ -175,7 +175,13 @@ static bool kbp_cpu_named(int cpu)
 	return false;
 }
 
-/* Stop the pollers nothing needs any more.  rtnl and kbp_lock held. */
+/*
+ * Stop the pollers nothing needs any more.  rtnl and kbp_lock held.  A
+ * poller that did not run for seconds (KBP_POLLER_STUCK: starved by a
+ * higher-priority task) is left alone: kthread_stop() would wait for it
+ * with rtnl held.  It clears the bit and kicks the reconcile work when it
+ * runs again; module exit stops it after dropping rtnl.
+ */
 static void kbp_pollers_gc(void)
 {
 	unsigned int cpu;
@@ -185,7 +191,8 @@ static void kbp_pollers_gc(void)
 	for (cpu = 0; cpu < nr_cpu_ids; cpu++) {
 		struct kbp_poller *p = kbp_pollers[cpu];
 
-		if (!p || !list_empty(&p->napis))
+		if (!p || !list_empty(&p->napis) ||
+		    test_bit(KBP_POLLER_STUCK, &p->flags))
 			continue;
 		if (!kbp_exiting && !test_bit(KBP_POLLER_FAILED, &p->flags) &&
 		    cpu_active(cpu) && kbp_cpu_named(cpu))
@@ -917,6 +924,7 @@ err_free:
 static void __exit kbp_exit(void)
 {
 	struct kbp_dev *kd, *tmp;
+	unsigned int cpu;
 
 	kbp_genl_exit();	/* no new requests */
 
@@ -928,6 +936,14 @@ static void __exit kbp_exit(void)
 	kbp_pollers_gc();
 	mutex_unlock(&kbp_lock);
 	rtnl_unlock();
+
+	/* stuck pollers, which gc left: no NAPIs, nothing else refers to them */
+	for (cpu = 0; cpu < nr_cpu_ids; cpu++) {
+		if (kbp_pollers[cpu]) {
+			kbp_poller_destroy(kbp_pollers[cpu]);
+			kbp_pollers[cpu] = NULL;
+		}
+	}
 
 	cpuhp_remove_state_nocalls(kbp_cpuhp_state);
 	cancel_delayed_work_sync(&kbp_reconcile_work);

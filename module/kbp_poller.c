@@ -363,6 +363,11 @@ static int kbp_poller_fn(void *data)
 		int work;
 		u64 now;
 
+		if (unlikely(test_bit(KBP_POLLER_STUCK, &p->flags))) {
+			/* running again: kbp_pollers_gc() may stop us now */
+			clear_bit(KBP_POLLER_STUCK, &p->flags);
+			kbp_reconcile_soon();
+		}
 		kbp_freq_wake(p, &freq);
 		work = kbp_pass(p, &more);
 		now = local_clock();
@@ -584,6 +589,8 @@ void kbp_poller_wait_released(struct kbp_napi *kn)
 				pr_warn("kbp: %s: NAPI #%u taken back from kbp/%d, which did not release it within %u ms (starved?)\n",
 					name, kn->index, p->cpu,
 					jiffies_to_msecs(KBP_RELEASE_WAIT));
+				/* nor would it stop: kthread_stop() waits for it */
+				set_bit(KBP_POLLER_STUCK, &p->flags);
 				break;
 			}
 			if (!boosted && p->task) {

@@ -56,6 +56,9 @@ struct kbp_conf {
 enum {
 	KBP_POLLER_STOPPING,	/* kbp itself is stopping the thread */
 	KBP_POLLER_FAILED,	/* respawn failed: no thread, NAPIs handed back */
+	KBP_POLLER_STUCK,	/* did not give a NAPI back in time (starved): not
+				 * stopped under rtnl until it runs again
+				 */
 };
 
 struct kbp_poller {

@@ -26,7 +26,8 @@ POLL = re.compile(r"for device (\S+) work (\d+) budget (\d+)")
 def gro_veth(kmod) -> Iterator[str]:
     """kbpga (init netns, GRO on: one NAPI) <- kbpgb (peer netns), 198.18.103.0/24."""
     sh(f"modprobe veth; ip link add {DEV} type veth peer name {PEER} netns {NS}")
-    sh(f"ip addr add {ADDR}/24 dev {DEV}; ip link set {DEV} up; ethtool -K {DEV} gro on")
+    sh(f"ip addr add {ADDR}/24 dev {DEV}; ip link set {DEV} up; "
+       f"ethtool -K {DEV} gro on rx-udp-gro-forwarding on")
     sh(f"ip addr add 198.18.103.2/24 dev {PEER}; ip link set {PEER} up; ip link set lo up",
        ns=NS)
     yield DEV

@@ -237,6 +237,16 @@ def task_state(pid: int) -> str:
     return stat[stat.rindex(")") + 2]
 
 
+def spinning(pid: int, seconds: float = 2.0) -> bool:
+    """The task is running (R) in most samples over ``seconds``: a busy poller gives its
+    CPU away for 50 us now and then when another task is runnable there (design.md 2)."""
+    running = 0
+    for _ in range(20):
+        running += task_state(pid) == "R"
+        time.sleep(seconds / 20)
+    return running >= 10
+
+
 def task_cpu_ticks(pid: int) -> int:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])          # utime + stime

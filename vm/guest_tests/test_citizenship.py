@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import POLL_CPU, Topo, sh, task_state, wait_for
+from conftest import POLL_CPU, Topo, sh, spinning, wait_for
 
 TRACING = Path("/sys/kernel/tracing")
 
@@ -21,7 +21,7 @@ def test_rcu_tasks_grace_periods_complete_with_busy_poller(kmod, topo: Topo) -> 
     kmod.attach(topo.nic0, cpu=POLL_CPU, mode="busy")
     pid = kmod.poller(POLL_CPU).pid
     time.sleep(0.3)
-    assert task_state(pid) == "R"
+    assert spinning(pid)
     t0 = time.monotonic()
     (TRACING / "set_ftrace_filter").write_text("cmdline_proc_show\n")
     (TRACING / "current_tracer").write_text("function\n")
@@ -52,4 +52,4 @@ def test_livepatch_transition_completes_with_busy_poller(kmod, topo: Topo) -> No
             wait_for(lambda: not lp.exists(), 60, 0.2, "the livepatch to be disabled")
         sh("rmmod kbp_test_klp", check=False)
     assert Path("/proc/cmdline").read_text().strip() != "kbp test livepatch"
-    assert task_state(kmod.poller(POLL_CPU).pid) == "R"
+    assert spinning(kmod.poller(POLL_CPU).pid)

@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 
-from conftest import NS, POLL_CPU, Flow, Topo, task_state
+from conftest import NS, POLL_CPU, Flow, Topo, spinning
 
 
 def kbpctl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -27,7 +27,7 @@ def test_auto_picks_the_module_and_round_trips(kmod, flow: Flow) -> None:
     dev = kmod.device(nic)
     assert dev is not None and dev.napi_count and all(n.cpu == POLL_CPU for n in dev.napis)
     poller = kmod.poller(POLL_CPU)
-    assert poller.mode == "busy" and task_state(poller.pid) == "R"
+    assert poller.mode == "busy" and spinning(poller.pid)
 
     flow.start_sink(expect=300)
     flow.send(300, rate=500)

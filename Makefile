@@ -5,11 +5,15 @@
 #   make setup       install packages, .venv, checkpatch (scripts/setup.sh)
 #   make lint        ruff + checkpatch --strict
 #   make test-host   pytest on this machine's kernel (unit + netns integration)
-#   make test-vm     the in-guest suite on Debian 6.12, 6.12-rt and 6.1 under QEMU
+#   make test-vm     the in-guest suite on Debian 6.12 (slub_debug), 6.12-rt and 6.1 under QEMU
 #   make module      build kbp.ko against the headers of KDIR (default: running kernel)
 
 PY      := .venv/bin/python
-FLAVOURS ?= 6.12-amd64 6.12-rt-amd64 6.1-amd64
+# The VM suite: one flavour with SLUB debugging (poisoned frees, red zones, sanity checks:
+# a use after free in kbp.ko fails the run), the others as users boot them.
+DEBUG_FLAVOUR ?= 6.12-amd64
+DEBUG_APPEND  ?= slub_debug=FZPU
+FLAVOURS ?= 6.12-rt-amd64 6.1-amd64
 
 .PHONY: all setup lint test test-host test-vm demo module clean
 
@@ -26,7 +30,10 @@ test-host: setup
 	$(PY) -m pytest -q -ra tests vm/tests
 
 test-vm: setup
-	$(PY) -m vm test $(FLAVOURS)
+	@rc=0; \
+	$(PY) -m vm test $(DEBUG_FLAVOUR) --append "$(DEBUG_APPEND)" || rc=1; \
+	$(PY) -m vm test $(FLAVOURS) || rc=1; \
+	exit $$rc
 
 test: lint test-host test-vm
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * Differences between the kernels kbp builds against (Debian 6.1, 6.12,
- * 6.12-rt).  Everything kernel-dependent lives here; the KBP_HAVE_* macros
+ * 6.12-rt, 7.2, 7.2-rt).  Everything kernel-dependent lives here; the KBP_HAVE_* macros
  * come from feature probes of the headers in Kbuild.
  */
 #ifndef _KBP_COMPAT_H
@@ -12,6 +12,9 @@
 #include <linux/netdevice.h>
 #include <linux/netlink.h>
 #include <linux/sched.h>
+#ifdef KBP_HAVE_GRO_NODE
+#include <net/gro.h>
+#endif
 
 /* 6.11 added the per-task BPF net context that NAPI pollers set up. */
 #ifdef KBP_HAVE_BPF_NET_CTX
@@ -53,9 +56,73 @@ static inline int kbp_napi_irq(const struct napi_struct *n)
 }
 
 /*
+ * The GRO part of the tail of __napi_poll() for a poll that used its whole
+ * budget: flush GRO packets held for more than a jiffy (all of them if
+ * HZ < 1000), then deliver the GRO_NORMAL skbs batched on rx_list.  After
+ * 6.12 upstream moved this state out of napi_struct into struct gro_node
+ * napi->gro, and __napi_poll() now calls gro_flush_normal(&n->gro, HZ >= 1000), i.e.
+ * gro_flush() + gro_normal_list().  gro_normal_list() calls
+ * netif_receive_skb_list_internal(), which is not exported: deliver through
+ * netif_receive_skb_list(), the exported wrapper (the same work plus its
+ * tracepoints), as kbp does on every kernel.
+ */
+#ifdef KBP_HAVE_GRO_NODE
+static inline void kbp_gro_flush_old(struct napi_struct *n)
+{
+	gro_flush(&n->gro, HZ >= 1000);
+}
+
+static inline void kbp_gro_deliver_rx_list(struct napi_struct *n)
+{
+	struct gro_node *gro = &n->gro;
+
+	if (!gro->rx_count)
+		return;
+	netif_receive_skb_list(&gro->rx_list);
+	INIT_LIST_HEAD(&gro->rx_list);
+	gro->rx_count = 0;
+}
+#else
+static inline void kbp_gro_flush_old(struct napi_struct *n)
+{
+	if (n->gro_bitmask)
+		napi_gro_flush(n, HZ >= 1000);
+}
+
+static inline void kbp_gro_deliver_rx_list(struct napi_struct *n)
+{
+	if (!n->rx_count)
+		return;
+	netif_receive_skb_list(&n->rx_list);
+	INIT_LIST_HEAD(&n->rx_list);
+	n->rx_count = 0;
+}
+#endif
+
+/*
+ * dev_set_threaded() took a bool until upstream, adding threaded busy
+ * polling, made it take enum netdev_napi_threaded (0 disabled, 1 enabled,
+ * 2 busy-poll), the values dev->threaded now holds.  @mode is such a value; a kernel with the
+ * bool reads it as on/off.
+ */
+static inline int kbp_dev_set_threaded(struct net_device *dev,
+				       unsigned int mode)
+{
+#ifdef KBP_HAVE_NAPI_THREADED_MODE
+	return dev_set_threaded(dev, (enum netdev_napi_threaded)mode);
+#else
+	return dev_set_threaded(dev, mode != 0);
+#endif
+}
+
+/*
  * Since 6.4 a running task can switch itself to a pending livepatch
  * (__klp_sched_try_switch(), which cond_resched() calls during a transition);
- * KBP_HAVE_KLP_COND_RESCHED says the kernel has it.
+ * KBP_HAVE_KLP_COND_RESCHED says the kernel has it.  Later kernels (7.2
+ * does) moved the switch into __schedule(): a task switches when it enters a sleep
+ * whose state has TASK_FREEZABLE (klp_sched_try_switch(prev)), and
+ * __klp_sched_try_switch() is no longer exported; KBP_HAVE_KLP_SCHED_SWITCH
+ * says so.
  */
 #ifdef KBP_HAVE_KLP_COND_RESCHED
 #include <linux/livepatch_sched.h>

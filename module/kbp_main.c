@@ -392,12 +392,13 @@ static void kbp_napi_free(struct kbp_dev *kd, struct kbp_napi *kn)
  */
 static void kbp_dev_restore_threaded(struct net_device *dev)
 {
+	unsigned int mode = dev->threaded;
 	int err;
 
-	if (!dev->threaded || dev->reg_state != NETREG_REGISTERED)
+	if (!mode || dev->reg_state != NETREG_REGISTERED)
 		return;
-	dev_set_threaded(dev, false);
-	err = dev_set_threaded(dev, true);
+	kbp_dev_set_threaded(dev, 0);
+	err = kbp_dev_set_threaded(dev, mode);
 	pr_info("%s: threaded NAPI was turned on while attached: %s\n",
 		dev->name, err ? "could not start its kthreads, softirq" :
 				 "NAPIs handed to their threaded-NAPI kthreads");

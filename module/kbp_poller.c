@@ -69,15 +69,9 @@ static bool kbp_napi_repoll(struct kbp_napi *kn, struct napi_struct *n,
 		return false;
 	}
 
-	if (n->gro_bitmask)
-		napi_gro_flush(n, HZ >= 1000);
-
-	/* gro_normal_list(), whose callee is not exported */
-	if (n->rx_count) {
-		netif_receive_skb_list(&n->rx_list);
-		INIT_LIST_HEAD(&n->rx_list);
-		n->rx_count = 0;
-	}
+	/* gro_flush_normal(&n->gro, HZ >= 1000) where napi->gro exists */
+	kbp_gro_flush_old(n);
+	kbp_gro_deliver_rx_list(n);
 
 	if (unlikely(!list_empty(&n->poll_list))) {
 		pr_warn_once("kbp: %s: budget exhausted after napi rescheduled\n",
@@ -298,7 +292,7 @@ static void kbp_yield(struct kbp_poller *p)
  * pending (a poller under sustained load always has some) and even if a
  * NAPI schedule wakes us, or the transition never completes.
  */
-#ifndef KBP_HAVE_KLP_COND_RESCHED
+#if !defined(KBP_HAVE_KLP_COND_RESCHED) && !defined(KBP_HAVE_KLP_SCHED_SWITCH)
 /*
  * Be off the CPU for at least one full jiffy, whatever wakes us meanwhile
  * (a busy poller letting a livepatch transition switch it, before 6.4).
@@ -317,10 +311,31 @@ static void kbp_nap(void)
 }
 #endif
 
+#ifdef KBP_HAVE_KLP_SCHED_SWITCH
+/*
+ * Where __schedule() switches a task that enters a freezable sleep: sleep
+ * for a microsecond in KBP_SLEEP_STATE (a NAPI schedule may end it early;
+ * if that happens before schedule(), the next pass tries again).
+ */
+static void kbp_klp_sleep(void)
+{
+	ktime_t t = ns_to_ktime(NSEC_PER_USEC);
+
+	set_current_state(KBP_SLEEP_STATE);
+	if (kthread_should_stop()) {
+		__set_current_state(TASK_RUNNING);
+		return;
+	}
+	schedule_hrtimeout(&t, HRTIMER_MODE_REL);
+}
+#endif
+
 static void kbp_klp_switch(struct kbp_poller *p)
 {
-#ifdef KBP_HAVE_KLP_COND_RESCHED
+#if defined(KBP_HAVE_KLP_COND_RESCHED)
 	__klp_sched_try_switch();
+#elif defined(KBP_HAVE_KLP_SCHED_SWITCH)
+	kbp_klp_sleep();
 #else
 	kbp_nap();
 #endif

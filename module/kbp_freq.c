@@ -149,7 +149,7 @@ int kbp_freq_check(int cpu, const struct kbp_conf *c,
 	 * restore would interleave.  Only per-CPU policies are ours to drive.
 	 */
 	if (cpumask_weight(pol->related_cpus) > 1) {
-		kbp_refuse(extack, "freq_ctl needs a per-CPU cpufreq policy",
+		kbp_refuse(extack, "freq_ctl: the CPU shares its cpufreq policy with others",
 			   "freq_ctl: CPU %d shares its cpufreq policy (CPUs %*pbl)",
 			   cpu, cpumask_pr_args(pol->related_cpus));
 		cpufreq_cpu_put(pol);

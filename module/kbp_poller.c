@@ -272,9 +272,13 @@ static bool kbp_should_yield(bool work, u64 now, u64 *contended_since)
 	return !work || now - *contended_since >= KBP_SLICE_NS;
 }
 
-static void kbp_yield(struct kbp_poller *p)
+/*
+ * Sleep up to @ns in KBP_SLEEP_STATE: a NAPI schedule, a knob change or
+ * kthread_stop() ends it early.
+ */
+static void kbp_sleep_ns(u64 ns)
 {
-	ktime_t t = ns_to_ktime(KBP_YIELD_NS);
+	ktime_t t = ns_to_ktime(ns);
 
 	set_current_state(KBP_SLEEP_STATE);
 	if (kthread_should_stop()) {
@@ -282,6 +286,11 @@ static void kbp_yield(struct kbp_poller *p)
 		return;
 	}
 	schedule_hrtimeout(&t, HRTIMER_MODE_REL);
+}
+
+static void kbp_yield(struct kbp_poller *p)
+{
+	kbp_sleep_ns(KBP_YIELD_NS);
 	kbp_stat_add(p, &p->yields, 1);
 }
 
@@ -311,31 +320,17 @@ static void kbp_nap(void)
 }
 #endif
 
-#ifdef KBP_HAVE_KLP_SCHED_SWITCH
-/*
- * Where __schedule() switches a task that enters a freezable sleep: sleep
- * for a microsecond in KBP_SLEEP_STATE (a NAPI schedule may end it early;
- * if that happens before schedule(), the next pass tries again).
- */
-static void kbp_klp_sleep(void)
-{
-	ktime_t t = ns_to_ktime(NSEC_PER_USEC);
-
-	set_current_state(KBP_SLEEP_STATE);
-	if (kthread_should_stop()) {
-		__set_current_state(TASK_RUNNING);
-		return;
-	}
-	schedule_hrtimeout(&t, HRTIMER_MODE_REL);
-}
-#endif
-
 static void kbp_klp_switch(struct kbp_poller *p)
 {
 #if defined(KBP_HAVE_KLP_COND_RESCHED)
 	__klp_sched_try_switch();
 #elif defined(KBP_HAVE_KLP_SCHED_SWITCH)
-	kbp_klp_sleep();
+	/*
+	 * __schedule() switches a task that enters a freezable sleep: sleep
+	 * a microsecond (a NAPI schedule may end it before schedule(); then
+	 * the next pass tries again).
+	 */
+	kbp_sleep_ns(NSEC_PER_USEC);
 #else
 	kbp_nap();
 #endif

@@ -19,15 +19,12 @@ import struct
 import sys
 import time
 
+from udpflow import _addr  # same directory: run as a script, like udpflow
+
 SOL_UDP = 17
 UDP_GRO = 104
 HDR = struct.Struct("!II")
 SIZE = 200
-
-
-def _addr(s: str) -> tuple[str, int]:
-    host, port = s.rsplit(":", 1)
-    return host, int(port)
 
 
 def recv(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ from conftest import (
     POLL_CPU,
     Flow,
     Topo,
+    detach_all,
     dmesg_lines,
     dmesg_since,
     kbp_threads,
@@ -301,6 +302,8 @@ def test_freq_ctl_refused_on_a_shared_policy(kmod, topo: Topo) -> None:
         refused(kmod, errno.EOPNOTSUPP, "shares its cpufreq policy",
                 lambda: kmod.attach(topo.nic0, cpu=POLL_CPU, mode="hybrid", freq_ctl=True))
     finally:
+        detach_all()            # a module that accepted it keeps freq_ctl on the CPU's knobs
+        kmod.poller_set(POLL_CPU, freq_ctl=False)
         sh("rmmod kbp_test_cpufreq")
 
 

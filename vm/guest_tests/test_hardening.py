@@ -372,13 +372,14 @@ def test_detach_from_a_starved_poller_is_bounded(kmod, topo: Topo, veth_flow: st
 
 # -- 7. smaller ones ----------------------------------------------------------------------
 def test_dev_get_with_many_napis(kmod) -> None:
-    """DEV_GET fits a device with 100 NAPIs (NLMSG_GOODSIZE did not), the dump lists it."""
-    sh("modprobe veth; ip link add kbpmq numtxqueues 100 numrxqueues 100 type veth peer "
-       "name kbpmr numtxqueues 100 numrxqueues 100")
+    """DEV_GET fits a device with 256 NAPIs (an NLMSG_GOODSIZE reply held about 110), the
+    dump lists it."""
+    sh("modprobe veth; ip link add kbpmq numtxqueues 256 numrxqueues 256 type veth peer "
+       "name kbpmr numtxqueues 256 numrxqueues 256")
     try:
         sh("ip link set kbpmq up; ip link set kbpmr up; ethtool -K kbpmq gro on")
         n = len(list(Path("/sys/class/net/kbpmq/queues").glob("rx-*")))
-        assert n == 100
+        assert n == 256
         kmod.attach("kbpmq", cpu=POLL_CPU, mode="hybrid")
         d = kmod.device("kbpmq")
         assert d is not None and d.napi_count == n and len(d.napis) == n

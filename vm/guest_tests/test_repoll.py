@@ -23,7 +23,7 @@ POLL = re.compile(r"for device (\S+) work (\d+) budget (\d+)")
 
 
 @pytest.fixture()
-def gro_veth(kmod) -> Iterator[str]:
+def gro_veth(kmod, topo) -> Iterator[str]:
     """kbpga (init netns, GRO on: one NAPI) <- kbpgb (peer netns), 198.18.103.0/24."""
     sh(f"modprobe veth; ip link add {DEV} type veth peer name {PEER} netns {NS}")
     sh(f"ip addr add {ADDR}/24 dev {DEV}; ip link set {DEV} up; "

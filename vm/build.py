@@ -13,7 +13,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from vm import fetch, paths
+from vm import chroot, fetch, flavours, paths
 from vm.paths import KernelTree
 from vm.util import RigError, Stopwatch, file_lock, note, run
 
@@ -134,9 +134,17 @@ def build(flavour: str, module_dir: Path, *, jobs: int = 0) -> Built:
     with file_lock(build_dir.with_name(build_dir.name + ".lock"), "build"):
         sync_tree(module_dir, build_dir)
         (build_dir / "modules.order").unlink(missing_ok=True)
-        note(f"{flavour}: building {module_dir} against {tree.kver} in {build_dir}")
-        run(["make", "-C", tree.headers, f"M={build_dir}", f"-j{jobs or os.cpu_count() or 1}",
-             "modules"], what=f"module build for {tree.kver}", quiet=False)
+        argv = ["make", "-C", str(tree.headers), f"M={build_dir}",
+                f"-j{jobs or os.cpu_count() or 1}", "modules"]
+        what = f"module build for {tree.kver}"
+        release = flavours.get(flavour).release
+        if release.is_host:
+            note(f"{flavour}: building {module_dir} against {tree.kver} in {build_dir}")
+            run(argv, what=what, quiet=False)
+        else:
+            note(f"{flavour}: building {module_dir} against {tree.kver} in {build_dir}, "
+                 f"in the {release.name} build chroot")
+            chroot.make(release, fetch.build_tools(tree), argv, what=what)
     built = _collect(tree, module_dir, build_dir)
     if built is None:
         raise RigError(f"make succeeded but {build_dir}/modules.order names no built .ko")

@@ -12,27 +12,75 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class Release:
+    """Where a flavour's packages come from and what builds modules for it.
+
+    ``HOST`` is the host's own apt configuration (Debian 12) and compiler.  Any other
+    release has its own apt lists in the rig's cache (``sources`` lines, nothing added to
+    the host's sources) and builds in a debootstrap chroot of that release, because its
+    headers need its compiler (gcc-14, gcc-16) and its kbuild tools need its glibc.
+    """
+
+    name: str
+    sources: tuple[str, ...] = ()
+    #: debootstrap's script for the release (bookworm's debootstrap has none for forky;
+    #: sid's works for it).
+    debootstrap_script: str = ""
+
+    @property
+    def is_host(self) -> bool:
+        return not self.sources
+
+
+HOST = Release("bookworm")
+TRIXIE = Release("trixie", ("deb http://deb.debian.org/debian trixie main",
+                            "deb http://deb.debian.org/debian-security trixie-security main"),
+                 "trixie")
+FORKY = Release("forky", ("deb http://deb.debian.org/debian forky main",), "sid")
+RELEASES: dict[str, Release] = {r.name: r for r in (HOST, TRIXIE, FORKY)}
+
+
+@dataclass(frozen=True)
 class Flavour:
     name: str
     summary: str
     #: Matches the full name of the image package; group ``kver`` is the kernel release
     #: (``uname -r``) and group ``order`` the number that grows with each new release.
     image_re: re.Pattern[str]
+    release: Release = HOST
+    #: The image package of a kernel release: Debian 12 and 13 ship an ``-unsigned`` one;
+    #: from 7.x the image package is a metapackage of linux-binary/modules/base-<kver>.
+    image_suffix: str = "-unsigned"
+
+    def image_package(self, kver: str) -> str:
+        return f"linux-image-{kver}{self.image_suffix}"
+
+
+def _image_re(kver: str, suffix: str = "-unsigned") -> re.Pattern[str]:
+    return re.compile(rf"^linux-image-(?P<kver>{kver}){re.escape(suffix)}$")
 
 
 FLAVOURS: dict[str, Flavour] = {f.name: f for f in (
     Flavour("6.12-amd64", "Debian 12 security/updates kernel 6.12, generic amd64",
-            re.compile(r"^linux-image-(?P<kver>6\.12\.(?P<order>\d+)\+deb12-amd64)-unsigned$")),
+            _image_re(r"6\.12\.(?P<order>\d+)\+deb12-amd64")),
     Flavour("6.12-rt-amd64", "Debian 12 kernel 6.12 with PREEMPT_RT",
-            re.compile(r"^linux-image-(?P<kver>6\.12\.(?P<order>\d+)\+deb12-rt-amd64)-unsigned$")),
+            _image_re(r"6\.12\.(?P<order>\d+)\+deb12-rt-amd64")),
     Flavour("6.1-amd64", "Debian 12 stock kernel 6.1 (ABI-numbered), generic amd64",
-            re.compile(r"^linux-image-(?P<kver>6\.1\.0-(?P<order>\d+)-amd64)-unsigned$")),
+            _image_re(r"6\.1\.0-(?P<order>\d+)-amd64")),
+    Flavour("deb13-6.12-amd64", "Debian 13 (trixie) kernel 6.12, generic amd64, gcc-14",
+            _image_re(r"6\.12\.(?P<order>\d+)\+deb13(?:\.\d+)?-amd64"), TRIXIE),
+    Flavour("deb13-6.12-rt-amd64", "Debian 13 (trixie) kernel 6.12 with PREEMPT_RT, gcc-14",
+            _image_re(r"6\.12\.(?P<order>\d+)\+deb13(?:\.\d+)?-rt-amd64"), TRIXIE),
+    Flavour("7.2-amd64", "Debian forky kernel 7.2 (upstream's newest line), amd64, gcc-16",
+            _image_re(r"7\.2\.(?P<order>\d+)\+deb14-amd64", ""), FORKY, ""),
+    Flavour("7.2-rt-amd64", "Debian forky kernel 7.2 with PREEMPT_RT, gcc-16",
+            _image_re(r"7\.2\.(?P<order>\d+)\+deb14-rt-amd64", ""), FORKY, ""),
 )}
 
 DEFAULT_FLAVOURS: tuple[str, ...] = ("6.12-amd64", "6.12-rt-amd64", "6.1-amd64")
 
 #: What ``apt-cache search --names-only`` is asked for; the flavour regexes filter it.
-IMAGE_SEARCH = r"^linux-image-.*-unsigned$"
+IMAGE_SEARCH = r"^linux-image-"
 
 
 def get(name: str) -> Flavour:
@@ -41,10 +89,6 @@ def get(name: str) -> Flavour:
     except KeyError:
         known = ", ".join(FLAVOURS)
         raise KeyError(f"unknown flavour {name!r} (known: {known})") from None
-
-
-def image_package(kver: str) -> str:
-    return f"linux-image-{kver}-unsigned"
 
 
 def headers_package(kver: str) -> str:
@@ -147,3 +191,24 @@ def header_deps(depends: str) -> HeaderDeps:
     if common is None or kbuild is None:
         raise ValueError(f"headers package has no -common or linux-kbuild dependency: {depends}")
     return HeaderDeps(common, kbuild)
+
+
+def image_parts(depends: str, kver: str) -> list[Dep]:
+    """The packages of one kernel release that an image metapackage pins with ``=``
+    (7.x: ``linux-binary-<kver>``, ``linux-modules-<kver>``, ``linux-base-<kver>``).
+    Empty for Debian 12/13's ``-unsigned`` images, which hold the files themselves."""
+    return [dep for alts in parse_depends(depends) for dep in alts
+            if dep.op == "=" and dep.name.startswith("linux-") and kver in dep.name]
+
+
+def build_tools(*depends: str) -> list[str]:
+    """What a chroot needs to build against these headers: every dependency of the
+    headers and kbuild packages that is not itself a kernel package (the compiler,
+    pahole, the libraries of kbuild's host programs), first alternative of each."""
+    names = []
+    for value in depends:
+        for alts in parse_depends(value):
+            name = alts[0].name
+            if not name.startswith("linux-") and name not in names:
+                names.append(name)
+    return names

@@ -47,13 +47,20 @@ class KernelTree:
     def stamp(self) -> Path:
         return self.dir / "fetched.json"
 
+    def _boot_file(self, name: str) -> Path:
+        """``/boot/<name>-<kver>`` (Debian 12, 13), else ``/usr/lib/modules/<kver>/<name>``
+        (Debian from 7.x ships the image and config inside the modules directory)."""
+        boot = self.root / "boot" / f"{name}-{self.kver}"
+        inside = self.modules / name
+        return inside if not boot.exists() and inside.exists() else boot
+
     @property
     def vmlinuz(self) -> Path:
-        return self.root / "boot" / f"vmlinuz-{self.kver}"
+        return self._boot_file("vmlinuz")
 
     @property
     def config(self) -> Path:
-        return self.root / "boot" / f"config-{self.kver}"
+        return self._boot_file("config")
 
     @property
     def modules(self) -> Path:

@@ -83,7 +83,9 @@ static struct cpufreq_driver kbp_test_driver = {
 	.verify		= cpufreq_generic_frequency_table_verify,
 	.target_index	= kbp_test_target_index,
 	.get		= kbp_test_get,
+#ifdef KBP_HAVE_GENERIC_ATTR
 	.attr		= cpufreq_generic_attr,
+#endif
 };
 
 /* Ends the transition notifier chain: the hardware did not change. */

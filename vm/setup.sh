@@ -5,11 +5,12 @@
 #   VM + initramfs : qemu-system-x86 busybox-static kmod (depmod/insmod/modprobe)
 #   module build   : gcc-12 make libc6-dev dwarves (pahole: BTF for modules) libelf1
 #   fetch          : apt + dpkg-deb (always there), xz-utils (dpkg-deb's xz)
+#   newer releases : debootstrap (build chroots for Debian 13 and forky kernels)
 #   guest tools    : python3 python3-venv iproute2 iputils-ping ethtool sockperf iperf3
 #                    procps bpftrace  (the guest runs the host's binaries over 9p)
 set -eu
 
-PACKAGES="qemu-system-x86 busybox-static kmod xz-utils
+PACKAGES="qemu-system-x86 busybox-static kmod xz-utils debootstrap
 gcc-12 make libc6-dev dwarves libelf1
 python3 python3-venv iproute2 iputils-ping ethtool sockperf iperf3 procps bpftrace"
 

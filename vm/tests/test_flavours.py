@@ -105,3 +105,55 @@ def test_header_deps_rt_and_61() -> None:
 def test_header_deps_missing() -> None:
     with pytest.raises(ValueError, match="no -common or linux-kbuild"):
         flavours.header_deps("gcc-12")
+
+
+NEW_SEARCH = """\
+linux-image-6.12.115+deb13-amd64-unsigned - Linux 6.12 for 64-bit PCs
+linux-image-6.12.115+deb13.1-amd64-unsigned - Linux 6.12 for 64-bit PCs
+linux-image-6.12.117+deb13-rt-amd64-unsigned - Linux 6.12 for 64-bit PCs, PREEMPT_RT
+linux-image-6.12.117+deb13-cloud-amd64-unsigned - Linux 6.12 for x86-64 cloud
+linux-image-7.2.9+deb14-amd64 - Linux 7.2.9 for 64-bit PCs
+linux-image-7.2.12+deb14-amd64 - Linux 7.2.12 for 64-bit PCs
+linux-image-7.2.12+deb14-amd64-dbg - Linux 7.2.12 for 64-bit PCs (debug symbols)
+linux-image-7.2.12+deb14-rt-amd64 - Linux 7.2.12 for 64-bit PCs, PREEMPT_RT
+linux-image-amd64 - Linux for 64-bit PCs (meta-package)
+"""
+
+
+@pytest.mark.parametrize(("flavour", "kver", "release"), [
+    ("deb13-6.12-amd64", "6.12.115+deb13.1-amd64", "trixie"),
+    ("deb13-6.12-rt-amd64", "6.12.117+deb13-rt-amd64", "trixie"),
+    ("7.2-amd64", "7.2.12+deb14-amd64", "forky"),
+    ("7.2-rt-amd64", "7.2.12+deb14-rt-amd64", "forky"),
+])
+def test_newer_releases(flavour: str, kver: str, release: str) -> None:
+    fl = flavours.get(flavour)
+    assert flavours.newest_kver(fl, flavours.parse_search(NEW_SEARCH)) == kver
+    assert fl.release.name == release and not fl.release.is_host
+    assert flavours.parse_search(NEW_SEARCH).count(fl.image_package(kver)) == 1
+
+
+def test_debian12_flavours_use_the_host_lists() -> None:
+    for name in flavours.DEFAULT_FLAVOURS:
+        assert flavours.get(name).release.is_host
+
+
+def test_image_parts_of_a_7x_metapackage() -> None:
+    depends = ("dracut | initramfs-tools (>= 0.120+deb8u2) | linux-initramfs-tool, "
+               "linux-base-7.2.12+deb14-amd64 (= 7.2.12-1), "
+               "linux-binary-7.2.12+deb14-amd64 (= 7.2.12-1), "
+               "linux-modules-7.2.12+deb14-amd64 (= 7.2.12-1)")
+    parts = flavours.image_parts(depends, "7.2.12+deb14-amd64")
+    assert [p.apt_spec() for p in parts] == [
+        "linux-base-7.2.12+deb14-amd64=7.2.12-1", "linux-binary-7.2.12+deb14-amd64=7.2.12-1",
+        "linux-modules-7.2.12+deb14-amd64=7.2.12-1"]
+    # Debian 12's -unsigned image holds its files itself.
+    assert flavours.image_parts("kmod, linux-base (>= 4.12~)", "6.12.117+deb12-amd64") == []
+
+
+def test_build_tools_are_the_non_kernel_dependencies() -> None:
+    hdr = ("gcc-16-for-host, linux-base (>= 4.12~), linux-headers-7.2.12+deb14-common "
+           "(= 7.2.12-1), linux-kbuild-7.2.12+deb14")
+    kbuild = "pahole, libc6 (>= 2.38), libelf1t64 (>= 0.144), libssl3t64 | libssl3, zlib1g"
+    assert flavours.build_tools(hdr, kbuild) == [
+        "gcc-16-for-host", "pahole", "libc6", "libelf1t64", "libssl3t64", "zlib1g"]

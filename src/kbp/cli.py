@@ -41,6 +41,7 @@ examples:
   kbpctl enable eth1 eth2 --cpus 2-3          NAPI i of each device on CPU 2 + (i mod 2)
   kbpctl enable veth0 --netns blue --cpus 1 --rt-prio 60 --linger-us 20
   kbpctl enable eth1 --backend kmod --mode busy --cpus 3
+  kbpctl enable eth1 --keep-rps               leave eth1's RPS on (warns: see RPS below)
 
 modes: hybrid (EE-KBP: the polling thread sleeps when idle and the hardIRQ wakes it) and
 busy (KBP: it never sleeps; stock backend needs Linux 6.19+ for threaded busy polling).
@@ -51,6 +52,12 @@ the policy's min frequency before it sleeps and to max when it wakes, through th
 userspace governor (set it first: echo userspace > .../cpufreq/scaling_governor).
 With the stock backend, the schedutil governor does the same for SCHED_FIFO threads.
 Enabling a device that is already enabled reconfigures it (restore, then enable).
+
+RPS: a device with RPS on (queues/rx-*/rps_cpus non-zero, or RFS: rps_flow_cnt non-zero
+while net.core.rps_sock_flow_entries is) re-queues every packet its poller receives to the
+backlog softirq of the RPS CPUs -- the softirq path kbp takes receive work out of. enable
+turns RPS off for the devices it serves (both backends; journaled, says what it changed);
+disable puts the exact masks back. --keep-rps leaves RPS on, with a warning.
 """
 
 DISABLE_EPILOG = """\
@@ -71,7 +78,9 @@ examples:
   kbpctl status --netns blue veth0
 
 Shows the devices with NAPI instances in the netns (default: this one) plus every device
-kbp serves. --json output is stable (schema kbpctl-status/1, see docs/kbpctl.md).
+kbp serves. Column RPS: off, or the CPUs that RPS steers the device's packets to (+RFS:
+also to the receiving sockets' CPUs); "kept" when enabled with --keep-rps. --json output
+is stable (schema kbpctl-status/1, see docs/kbpctl.md).
 """
 
 APPLY_EPILOG = """\
@@ -143,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--freq-ctl", action="store_true",
                    help="kmod, hybrid: CPU frequency to min while a poller sleeps, max when "
                         "it wakes (EE-KBP; needs the userspace cpufreq governor)")
+    e.add_argument("--keep-rps", action="store_true",
+                   help="leave RPS on for the devices (default: turn it off, journaled, "
+                        "restored by disable); with RPS the poller's packets are re-queued "
+                        "to the backlog softirq")
     e.add_argument("--backend", choices=names.BACKENDS, default="auto",
                    help="auto (default): kmod if the module is loaded, else stock")
     e.add_argument("--netns", metavar="NAME", help="the devices live in this netns")
@@ -223,6 +236,17 @@ def _warn(text: str) -> None:
     sys.stderr.flush()
 
 
+def rps_notice(d: backends.DeviceResult, keep_rps: bool) -> None:
+    """One line on stderr when a device had RPS on: turned off, or kept (--keep-rps)."""
+    from kbp import rps
+    if d.rps is None or not d.rps.on:
+        return
+    if d.rps_off:
+        _warn(rps.off_notice(d.name, d.netns, d.rps))
+    elif keep_rps:
+        _warn(rps.kept_warning(d.name, d.netns, d.rps))
+
+
 # -- commands -------------------------------------------------------------------------
 def cmd_status(args: argparse.Namespace) -> int:
     from kbp.netdev import check_netns
@@ -258,7 +282,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_enable(args: argparse.Namespace) -> int:
     req = EnableRequest(devices=list(args.devices), netns=args.netns, mode=args.mode,
                         cpus=args.cpus, rt_prio=args.rt_prio, linger_us=args.linger_us,
-                        quota=args.quota, freq_ctl=args.freq_ctl)
+                        quota=args.quota, freq_ctl=args.freq_ctl, keep_rps=args.keep_rps)
     backends.validate_common(req, rt_prio_min=0)   # the backend checks its own minimum
     why = ""
     if args.backend == "auto":
@@ -278,6 +302,7 @@ def cmd_enable(args: argparse.Namespace) -> int:
              f"CPU {format_cpulist(d.cpus)}, "
              f"{f'SCHED_FIFO {req.rt_prio}' if req.rt_prio else 'SCHED_NORMAL'} "
              f"({d.changes} change{'s' if d.changes != 1 else ''} journaled)")
+        rps_notice(d, req.keep_rps)
     if req.mode == names.MODE_BUSY and res.devices:
         _warn(busy_notice(be.name, (c for d in res.devices for c in d.cpus), req.rt_prio))
     return EXIT_OK
@@ -313,6 +338,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
             _out(f"{a.dev}{where}: in sync ({a.backend})")
         else:
             _out(f"{a.dev}{where}: {verb}{a.op} ({a.backend}): {a.why}")
+        if a.result is not None and a.request is not None:
+            for d in a.result.devices:
+                rps_notice(d, a.request.keep_rps)
     if not actions:
         _out(f"{cfg.path} lists no device and kbpctl serves none: nothing to do")
     busy = [a for a in actions if a.op in ("enable", "reenable") and a.request is not None

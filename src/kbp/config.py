@@ -12,6 +12,7 @@ that is no longer listed. Example (also in kbp/data/kbp.toml.example)::
     cpus = "1"                  # CPU list; NAPIs round-robin over it (default: all online)
     linger_us = 20              # keep polling this long after the last packet (hybrid)
     freq_ctl = false            # kmod, hybrid: CPU to min frequency while a poller sleeps
+    keep_rps = false            # true: leave RPS on (default: enable turns it off)
 
     [[device]]
     name = "eth1"
@@ -31,14 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from kbp import names
-from kbp.backends import EnableRequest
+from kbp.backends import EnableRequest, EnableResult
 from kbp.errors import InvalidInput
 from kbp.state import Record
 from kbp.sysinfo import parse_cpulist
 
 DEFAULT_PATH = Path("/etc/kbp/kbp.toml")
 DEVICE_KEYS = {"name", "netns", "mode", "cpus", "rt_prio", "linger_us", "quota", "freq_ctl",
-               "backend"}
+               "keep_rps", "backend"}
 DEFAULT_KEYS = DEVICE_KEYS - {"name", "netns"}
 TOP_KEYS = {"backend", "defaults", "device"}
 
@@ -54,11 +55,12 @@ class DeviceConfig:
     linger_us: int | None = None
     quota: int | None = None
     freq_ctl: bool = False
+    keep_rps: bool = False
 
     def request(self) -> EnableRequest:
         return EnableRequest(devices=[self.name], netns=self.netns, mode=self.mode,
                              cpus=self.cpus, rt_prio=self.rt_prio, linger_us=self.linger_us,
-                             quota=self.quota, freq_ctl=self.freq_ctl)
+                             quota=self.quota, freq_ctl=self.freq_ctl, keep_rps=self.keep_rps)
 
 
 @dataclass
@@ -116,6 +118,8 @@ def _apply_keys(where: str, d: DeviceConfig, raw: Mapping[str, Any]) -> None:
             d.quota = _int(w, v)
         elif k == "freq_ctl":
             d.freq_ctl = _bool(w, v)
+        elif k == "keep_rps":
+            d.keep_rps = _bool(w, v)
 
 
 def parse(text: str, path: Path = DEFAULT_PATH) -> Config:
@@ -175,6 +179,7 @@ class Action:
     backend: str
     why: str = ""
     request: EnableRequest | None = None
+    result: EnableResult | None = None  # what enable did (after a real apply)
 
 
 def plan(cfg: Config, records: list[Record], backend_for: Mapping[str, str],
@@ -243,5 +248,5 @@ def converge(cfg: Config, dry_run: bool = False, state: Any = None) -> list[Acti
     for a in actions:
         if a.op in ("enable", "reenable"):
             assert a.request is not None
-            backends.get(a.backend, st).enable(a.request)
+            a.result = backends.get(a.backend, st).enable(a.request)
     return actions

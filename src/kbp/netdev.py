@@ -396,6 +396,19 @@ try:
             except FileNotFoundError:
                 out[name] = None
         print(json.dumps({"ok": out}))
+    elif op == "rxqueues":
+        out = {}
+        for q in sorted(os.listdir(path)):
+            if not q.startswith("rx-"):
+                continue
+            out[q] = {}
+            for name in sys.argv[3:]:
+                try:
+                    with open(os.path.join(path, q, name)) as f:
+                        out[q][name] = f.read()
+                except FileNotFoundError:
+                    out[q][name] = None
+        print(json.dumps({"ok": out}))
 except OSError as e:
     print(json.dumps({"errno": e.errno, "msg": e.strerror}))
 """
@@ -469,8 +482,43 @@ class NetFS:
         except OSError:
             return []
 
+    def rx_queues(self, dev: str, attrs: list[str]) -> dict[str, dict[str, str | None]]:
+        """``queues/rx-N/<attr>`` of every receive queue, by queue name (one helper run in
+        another netns); an attribute that does not exist is None, and a device without a
+        ``queues`` directory has no queues ({})."""
+        if self.netns:
+            try:
+                raw = self._helper("rxqueues", str(self.path(dev, "queues")), *attrs)
+            except OSError as e:
+                if e.errno == errno.ENOENT:
+                    return {}
+                raise
+        else:
+            raw = {}
+            try:
+                names = sorted(os.listdir(self.path(dev, "queues")))
+            except FileNotFoundError:
+                return {}
+            for q in names:
+                if not q.startswith("rx-"):
+                    continue
+                raw[q] = {}
+                for a in attrs:
+                    try:
+                        raw[q][a] = self.path(dev, f"queues/{q}/{a}").read_text()
+                    except FileNotFoundError:
+                        raw[q][a] = None
+        return {q: {a: (v.strip() if isinstance(v, str) else None) for a, v in vals.items()}
+                for q, vals in sorted(raw.items(), key=lambda kv: _queue_order(kv[0]))}
+
     def msi_irqs(self, dev: str) -> list[int]:
         return sorted(int(n) for n in self.listdir(dev, "device/msi_irqs") if n.isdigit())
+
+
+def _queue_order(name: str) -> tuple[int, str]:
+    """rx-2 before rx-10."""
+    tail = name.rpartition("-")[2]
+    return (int(tail) if tail.isdigit() else 1 << 30, name)
 
 
 def probe_napi_sysfs(fs: NetFS, dev: str) -> bool | None:

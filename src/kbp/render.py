@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from kbp import rps
 from kbp.backends import DeviceStatus, PollingCpu, Status
 from kbp.sysinfo import CpuTask, format_cpulist
 
@@ -40,16 +41,30 @@ def _backend_cell(d: DeviceStatus) -> str:
     return out
 
 
+def rps_cell(d: DeviceStatus) -> str:
+    """off, or where RPS steers the device's packets: "on: CPUs 0-1", "on: CPU 1 +RFS",
+    "on: RFS"; "kept on: ..." when enabled with --keep-rps."""
+    r = d.rps
+    if r is None:
+        return "-"
+    if not r.on:
+        return "off"
+    cpus = [f"CPU{'s' if len(r.cpus) != 1 else ''} {format_cpulist(r.cpus)}"] if r.cpus else []
+    where = " +".join(cpus + (["RFS"] if r.rfs else []))
+    return f"{'kept on' if d.keep_rps and d.backend else 'on'}: {where}"
+
+
 def devices_table(st: Status) -> Table:
     t = Table(title="devices and their NAPIs", title_justify="left", expand=False)
-    for col in ("device", "netns", "backend", "NAPI", "IRQ", "threaded", "defer/gro",
+    for col in ("device", "netns", "backend", "RPS", "NAPI", "IRQ", "threaded", "defer/gro",
                 "thread", "CPU", "sched", "sleeps", "ran", "rx pkts"):
         t.add_column(col, no_wrap=True)
     for d in st.devices:
         first = True
         rows = d.napis or [None]
         for n in rows:
-            dev_cells = [d.name, d.netns or "-", _backend_cell(d)] if first else ["", "", ""]
+            dev_cells = [d.name, d.netns or "-", _backend_cell(d), rps_cell(d)] if first \
+                else ["", "", "", ""]
             pk = _n(d.counters.get("packets")) if first else ""
             first = False
             if n is None:
@@ -153,11 +168,19 @@ def status_view(st: Status) -> RenderableType:
                 for d in st.devices for p in d.problems if d.backend]
     for p in problems:
         parts.append(Text(f"! {p}", style="bold yellow"))
+    for d in st.devices:
+        if d.backend and d.keep_rps and d.rps is not None and d.rps.on:
+            parts.append(Text(f"! {d.name}{' (' + d.netns + ')' if d.netns else ''}: RPS kept "
+                              f"on (--keep-rps): the poller's packets are re-queued to the "
+                              f"backlog softirq of {rps.where(d.rps.cpus, d.rps.rfs)}",
+                              style="bold yellow"))
     if st.polling_cpus:
         parts.append(cpu_tasks_block(st.polling_cpus))
         parts += busy_warnings(st.polling_cpus)
     parts.append(freq_block(st))
-    parts.append(Text("threaded 0: softirq, 1: kthread, 2: kthread busy-polls. defer/gro: "
+    parts.append(Text("RPS: off, or the CPUs whose backlog softirq RPS hands the device's "
+                      "packets to (kbpctl enable turns it off unless --keep-rps). "
+                      "threaded 0: softirq, 1: kthread, 2: kthread busy-polls. defer/gro: "
                       "napi_defer_hard_irqs/gro_flush_timeout. sleeps, ran: the thread's "
                       "sleeps and CPU time. Other tasks: user tasks pinned to a polling CPU "
                       "or runnable on it, [kernel threads] runnable on it.", style="dim"))

@@ -12,9 +12,11 @@ from typing import Any
 from kbp import sysinfo
 from kbp.errors import InvalidInput
 from kbp.netdev import NetdevClient, NetFS, get_link
+from kbp.rps import RPS_CPUS, RPS_FLOW_CNT
 from kbp.sysinfo import HOST, Host
 
 SYSFS_ATTRS = ["threaded", "napi_defer_hard_irqs", "gro_flush_timeout"]
+RPS_ATTRS = [RPS_CPUS, RPS_FLOW_CNT]  # per receive queue: queues/rx-N/<attr>
 
 
 def _task(pid: int, host: Host) -> dict[str, Any] | None:
@@ -35,7 +37,8 @@ def snapshot(dev: str, netns: str | None = None, host: Host = HOST) -> dict[str,
         raise InvalidInput(f"no device {dev} in {('netns ' + netns) if netns else 'this netns'}")
     fs = NetFS(netns)
     out: dict[str, Any] = {"dev": dev, "netns": netns, "ifindex": link.ifindex,
-                           "sysfs": fs.read_many(dev, SYSFS_ATTRS), "napis": [],
+                           "sysfs": fs.read_many(dev, SYSFS_ATTRS),
+                           "rps": fs.rx_queues(dev, RPS_ATTRS), "napis": [],
                            "threads": {}, "irqs": {}}
     pids: set[int] = set()
     irqs: set[int] = set()

@@ -466,3 +466,202 @@ def test_status_works_without_root(bed: Bed, user_kbpctl: UserKbpctl) -> None:
     d = device_status(json.loads(p.stdout), bed.link.dev_b)
     assert (d["backend"], d["mode"], d["rt_prio"]) == ("stock", "hybrid", 50)
     assert any("root" in x for x in d["problems"])
+
+
+# -- RPS on the served device -----------------------------------------------------------
+def rps_attr(ns: str, dev: str, attr: str, q: str = "rx-0") -> str:
+    return run(ns, ["cat", f"/sys/class/net/{dev}/queues/{q}/{attr}"]).stdout.strip()
+
+
+def set_rps_attr(ns: str, dev: str, attr: str, value: str, q: str = "rx-0") -> None:
+    run(ns, ["sh", "-c", f"echo {value} > /sys/class/net/{dev}/queues/{q}/{attr}"])
+
+
+def cpu_mask(cpus: list[int]) -> str:
+    return format(sum(1 << c for c in cpus), "x")
+
+
+def received_rps() -> dict[int, int]:
+    """Per CPU: RPS IPIs it received (/proc/net/softnet_stat column 10; 13 is the CPU)."""
+    out = {}
+    for line in Path("/proc/net/softnet_stat").read_text().splitlines():
+        f = [int(x, 16) for x in line.split()]
+        out[f[12] if len(f) > 12 else len(out)] = f[9]
+    return out
+
+
+def rps_changes(b: Bed) -> list[dict[str, Any]]:
+    return [c for p in b.journals() for c in map(json.loads, p.read_text().splitlines())
+            if c.get("kind") == "sysfs" and "/rps_" in c["key"]["attr"]]
+
+
+def status_row(text: str, dev: str) -> str:
+    (row,) = [ln for ln in text.splitlines() if ln.startswith(f"│ {dev} ")]
+    return row
+
+
+def test_rps_turned_off_and_restored_exactly(bed: Bed) -> None:
+    """RPS on the served device: enable turns it off (one line says so), status shows it
+    off, RPS set again behind kbpctl's back is a problem, disable puts the exact mask back."""
+    from kbp.rps import mask_cpus
+    ns, dev = bed.tb.server, bed.link.dev_b
+    cpus = sysinfo.online_cpus()
+    set_rps_attr(ns, dev, "rps_cpus", cpu_mask(cpus[:1]))
+    orig = rps_attr(ns, dev, "rps_cpus")
+    before = bed.snap()
+    assert before["server"]["rps"]["rx-0"]["rps_cpus"] == orig and mask_cpus(orig) == cpus[:1]
+    bed.echo_server()
+
+    p = bed.kbpctl("enable", dev, "--netns", ns, "--cpus", str(cpus[-1]))
+    assert p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith(f"kbpctl: note: turned RPS off on {dev} in netns {ns} "
+                               f"(rx-0: rps_cpus {orig} -> 0)"), p.stderr
+    assert f"'kbpctl disable {dev} --netns {ns}' restores it" in p.stderr
+    assert mask_cpus(rps_attr(ns, dev, "rps_cpus")) == []
+    (c,) = rps_changes(bed)
+    assert (c["key"]["attr"], c["old"], c["new"]) == ("queues/rx-0/rps_cpus", orig, "0")
+    d = device_status(bed.status(), dev)
+    assert d["keep_rps"] is False and d["problems"] == []
+    assert (d["rps"]["on"], d["rps"]["cpus"], d["rps"]["rfs"]) == (False, [], False)
+    assert [q["queue"] for q in d["rps"]["queues"]] == ["rx-0"]
+    assert " off " in status_row(bed.kbpctl("status", "--netns", ns).stdout, dev)
+    assert bed.ping(50)["ok"] >= 48
+
+    # RPS back on behind kbpctl's back: status says so, and what to do
+    set_rps_attr(ns, dev, "rps_cpus", cpu_mask(cpus))
+    d = device_status(bed.status(), dev)
+    assert d["rps"]["on"] and d["rps"]["cpus"] == cpus
+    assert any(x.startswith("RPS is on (rx-0: rps_cpus") and "kbpctl apply" in x
+               for x in d["problems"]), d["problems"]
+    human = bed.kbpctl("status").stdout
+    assert "RPS is on" in human and f"on: CPU{'s' if len(cpus) > 1 else ''}" in \
+        status_row(human, dev)
+
+    bed.kbpctl("disable", dev, "--netns", ns)
+    assert rps_attr(ns, dev, "rps_cpus") == orig
+    assert bed.snap() == before and bed.journals() == []
+
+
+def test_keep_rps_leaves_it_on_and_warns(bed: Bed) -> None:
+    """--keep-rps: the mask stays, enable warns on one line, status shows it kept, and the
+    poller's packets really go to the RPS CPU's backlog (RPS IPIs to that CPU)."""
+    ns, dev = bed.tb.server, bed.link.dev_b
+    cpus = sysinfo.online_cpus()
+    rps_cpu, poll_cpu = cpus[0], cpus[-1]
+    set_rps_attr(ns, dev, "rps_cpus", cpu_mask([rps_cpu]))
+    orig = rps_attr(ns, dev, "rps_cpus")
+    before = bed.snap()
+    bed.echo_server()
+
+    p = bed.kbpctl("enable", dev, "--netns", ns, "--cpus", str(poll_cpu), "--keep-rps")
+    assert p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith(f"kbpctl: warning: RPS stays on for {dev} in netns {ns} "
+                               f"(--keep-rps: rx-0: rps_cpus {orig})"), p.stderr
+    assert f"backlog softirq of CPU {rps_cpu}" in p.stderr
+    assert rps_attr(ns, dev, "rps_cpus") == orig and rps_changes(bed) == []
+    d = device_status(bed.status(), dev)
+    assert d["keep_rps"] is True and d["problems"] == []
+    assert (d["rps"]["on"], d["rps"]["cpus"]) == (True, [rps_cpu])
+    assert d["rps"]["queues"][0]["rps_cpus"] == orig
+    human = bed.kbpctl("status").stdout
+    assert f"kept on: CPU {rps_cpu}" in status_row(human, dev)
+    assert "RPS kept on (--keep-rps)" in human
+    if rps_cpu != poll_cpu:
+        ipis = received_rps()[rps_cpu]
+        assert bed.ping(200)["ok"] >= 190
+        assert received_rps()[rps_cpu] > ipis  # the poller handed packets to CPU 0's backlog
+
+    bed.kbpctl("disable", dev, "--netns", ns)
+    assert bed.snap() == before and bed.journals() == []
+
+
+def test_rps_per_queue_masks_restored(bed: Bed) -> None:
+    """Two receive queues with different masks (and an RFS flow table): each is turned off
+    and each gets its own mask back."""
+    from kbp.rps import mask_cpus, sock_flow_entries
+    c, s = bed.tb.client, bed.tb.server
+    run(None, ["ip", "link", "add", "rpsc0", "netns", c, "numtxqueues", "2", "numrxqueues",
+               "2", "type", "veth", "peer", "name", "rpss0", "netns", s, "numtxqueues", "2",
+               "numrxqueues", "2"])
+    for ns, dev in ((c, "rpsc0"), (s, "rpss0")):
+        run(ns, ["ip", "link", "set", dev, "up"])
+        run(ns, ["ethtool", "-K", dev, "gro", "on"])
+    cpus = sysinfo.online_cpus()
+    set_rps_attr(s, "rpss0", "rps_cpus", cpu_mask(cpus[:1]), q="rx-0")
+    set_rps_attr(s, "rpss0", "rps_cpus", cpu_mask(cpus), q="rx-1")
+    set_rps_attr(s, "rpss0", "rps_flow_cnt", "100", q="rx-1")
+    before = snapshot("rpss0", s)
+    assert before["rps"]["rx-1"]["rps_flow_cnt"] == "128"  # the kernel rounds up
+    p = bed.kbpctl("enable", "rpss0", "--netns", s, "--cpus", "0")
+    assert "turned RPS off on rpss0" in p.stderr and p.stderr.count("\n") == 1
+    assert [mask_cpus(rps_attr(s, "rpss0", "rps_cpus", q)) for q in ("rx-0", "rx-1")] == \
+        [[], []]
+    rfs = sock_flow_entries() != 0  # RFS on globally: the flow table steers too
+    assert rps_attr(s, "rpss0", "rps_flow_cnt", "rx-1") == ("0" if rfs else "128")
+    assert sorted(x["key"]["attr"] for x in rps_changes(bed)) == \
+        ["queues/rx-0/rps_cpus", "queues/rx-1/rps_cpus"] + \
+        (["queues/rx-1/rps_flow_cnt"] if rfs else [])
+    bed.kbpctl("disable", "--all")
+    assert snapshot("rpss0", s) == before
+
+
+def test_failed_enable_leaves_rps_as_it_was(bed: Bed, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An enable that fails after RPS was turned off rolls it back with the rest."""
+    from kbp.backends import EnableRequest
+    from kbp.backends.stock import StockBackend
+    from kbp.errors import OperationFailed
+    from kbp.state import StateDir
+    ns, dev = bed.tb.server, bed.link.dev_b
+    set_rps_attr(ns, dev, "rps_cpus", cpu_mask(sysinfo.online_cpus()))
+    before = bed.snap()
+
+    def no_thread(*_a: object, **_k: object) -> None:
+        raise OperationFailed(f"no NAPI thread of {dev} appeared")
+    monkeypatch.setattr(StockBackend, "_wait_threads", no_thread)
+    with pytest.raises(OperationFailed, match="every change was rolled back"):
+        StockBackend(state=StateDir(bed.run_dir)).enable(
+            EnableRequest([dev], netns=ns, cpus=[0]))
+    assert bed.snap() == before and bed.journals() == []
+
+
+def test_kmod_backend_turns_rps_off_too(bed: Bed) -> None:
+    """The kmod backend (against a fake module: it cannot load here) on a real veth: RPS
+    off before the attach, back on after the detach, and after a refused attach."""
+    import errno as errno_
+
+    from kbp.backends import EnableRequest
+    from kbp.backends.kmod import KmodBackend
+    from kbp.errors import OperationFailed
+    from kbp.rps import mask_cpus
+    from kbp.state import StateDir
+
+    from .test_kmod import FakeModule
+    ns, dev = bed.tb.server, bed.link.dev_b
+    set_rps_attr(ns, dev, "rps_cpus", cpu_mask(sysinfo.online_cpus()[:1]))
+    orig = rps_attr(ns, dev, "rps_cpus")
+    mod = FakeModule()
+    be = KmodBackend(state=StateDir(bed.run_dir), client=mod)
+    req = EnableRequest([dev], netns=ns, cpus=[0], rt_prio=0)
+
+    mod.fail_attach = errno_.EBUSY
+    with pytest.raises(OperationFailed, match="rolled back"):
+        be.enable(req)
+    assert rps_attr(ns, dev, "rps_cpus") == orig and bed.journals() == []
+
+    mod.fail_attach = None
+    (d,) = be.enable(req).devices
+    assert d.rps_off and d.rps is not None and d.rps.summary() == f"rx-0: rps_cpus {orig}"
+    assert mask_cpus(rps_attr(ns, dev, "rps_cpus")) == [] and dev in mod.attached
+    (rec,) = be.state.records()
+    assert [c.kind for c in rec.changes] == ["sysfs", "kmod_attach"]
+    (ds,), _ = be.describe(ns, [dev], be.state.records())
+    assert ds.rps is not None and not ds.rps.on and ds.keep_rps is False and not ds.problems
+    be.disable([dev], ns)
+    assert rps_attr(ns, dev, "rps_cpus") == orig and mod.attached == {}
+
+    (d,) = be.enable(EnableRequest([dev], netns=ns, cpus=[0], rt_prio=0,
+                                   keep_rps=True)).devices
+    assert not d.rps_off and rps_attr(ns, dev, "rps_cpus") == orig
+    (ds,), _ = be.describe(ns, [dev], be.state.records())
+    assert ds.rps is not None and ds.rps.on and ds.keep_rps is True and not ds.problems
+    be.disable([dev], ns)

@@ -19,13 +19,14 @@ called. ``enable``/``disable`` need root.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from kbp import names
-from kbp.errors import InvalidInput, NotRoot, OperationFailed
+from kbp.errors import InvalidInput, KbpctlError, NotRoot, OperationFailed
 from kbp.netdev import get_link
+from kbp.rps import Rps, RpsStatus
 from kbp.state import StateDir
 from kbp.sysinfo import HOST, RT_PRIO_MAX, RT_PRIO_MIN, CpuTask, FreqReport, Host
 
@@ -45,11 +46,13 @@ class EnableRequest:
     linger_us: int | None = None  # None: leave defer/gro settings as they are
     quota: int | None = None  # kmod only
     freq_ctl: bool = False  # kmod only: EE-KBP CPU-frequency control (hybrid)
+    keep_rps: bool = False  # leave RPS on (default: turn it off, journaled; see kbp.rps)
 
     def settings(self) -> dict[str, Any]:
         """The per-device part, as journaled (compared by ``apply``)."""
         return {"mode": self.mode, "cpus": self.cpus, "rt_prio": self.rt_prio,
-                "linger_us": self.linger_us, "quota": self.quota, "freq_ctl": self.freq_ctl}
+                "linger_us": self.linger_us, "quota": self.quota, "freq_ctl": self.freq_ctl,
+                "keep_rps": self.keep_rps}
 
 
 def validate_common(req: EnableRequest, rt_prio_min: int = RT_PRIO_MIN) -> None:
@@ -112,6 +115,34 @@ def require_root(what: str) -> None:
                       "(CAP_NET_ADMIN, CAP_SYS_NICE): run it with sudo")
 
 
+def read_rps(fs: Callable[[str | None], Any], dev: str, netns: str | None,
+             host: Host = HOST) -> Rps | None:
+    """The device's RPS settings for status (None: no RPS here, or not readable)."""
+    from kbp import rps
+    try:
+        return rps.read(fs(netns), dev, host)
+    except (KbpctlError, OSError):
+        return None
+
+
+def rps_off_plan(r: Rps | None, req: EnableRequest) -> list[tuple[str, str]]:
+    """(sysfs attribute, value) that turn RPS off, unless ``--keep-rps``."""
+    return [] if r is None or req.keep_rps else r.plan_off()
+
+
+def show_rps(ds: DeviceStatus, r: Rps | None, request: Mapping[str, Any] | None,
+             complete: bool) -> None:
+    """Fill ``rps``/``keep_rps`` of a device's status; RPS on where a complete enable turned
+    it off is a problem (drift: ``apply`` re-enables)."""
+    from kbp import rps
+    ds.rps = r.status() if r is not None else None
+    if request is None:
+        return
+    ds.keep_rps = bool(request.get("keep_rps", False))
+    if r is not None and r.on and complete and not ds.keep_rps:
+        ds.problems.append(rps.drift_problem(ds.name, r))
+
+
 # -- results and status ---------------------------------------------------------------
 @dataclass
 class DeviceResult:
@@ -122,6 +153,8 @@ class DeviceResult:
     cpus: list[int]
     changes: int
     note: str = ""
+    rps: Rps | None = None  # the device's RPS settings before enable (None: no RPS)
+    rps_off: bool = False  # enable turned RPS off (journaled)
 
 
 @dataclass
@@ -178,8 +211,10 @@ class DeviceStatus:
     cpus: list[int] | None = None
     complete: bool = True  # False: an enable was interrupted (disable restores)
     managed: bool = True  # kbpctl journals it (False: not served, or attached outside kbpctl)
+    keep_rps: bool | None = None  # enabled with --keep-rps (None: not served by kbpctl)
     napis: list[NapiStatus] = field(default_factory=list)
     counters: dict[str, int | None] = field(default_factory=dict)
+    rps: RpsStatus | None = None  # None: no RPS in this kernel, or it could not be read
     problems: list[str] = field(default_factory=list)
 
 

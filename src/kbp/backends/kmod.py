@@ -3,7 +3,9 @@
 ``enable`` attaches each device to the module's pollers (``kbp/<cpu>``) with the mode,
 linger, quota and rt_prio asked for. The module applies the pollers' scheduling itself
 (KBP_A_RT_PRIO, so a respawned poller keeps it) and stops a poller when no attached device
-needs it, so the only change to journal is the attachment: ``disable`` detaches.
+needs it, so the changes to journal are the attachment (``disable`` detaches) and, before
+it, RPS turned off on the device unless ``--keep-rps`` (:mod:`kbp.rps`: with RPS the poller
+would hand every packet back to the backlog softirq; ``disable`` restores the masks).
 A poller that already serves other devices with other knobs makes the module refuse the
 attach (EBUSY, with its extack message); kbpctl passes that on.
 """
@@ -16,7 +18,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kbp import kmod, names, sysinfo
+from kbp import kmod, names, rps, sysinfo
 from kbp.backends import (
     DeviceResult,
     DeviceStatus,
@@ -26,12 +28,16 @@ from kbp.backends import (
     NapiStatus,
     PollerStatus,
     lookup_device,
+    read_rps,
     require_root,
+    rps_off_plan,
+    show_rps,
     validate_common,
 )
-from kbp.backends.stock import thread_status
+from kbp.backends.stock import _safe, sysfs_key, thread_status
+from kbp.effects import SysfsHandler
 from kbp.errors import InvalidInput, KbpctlError, OperationFailed, Unavailable
-from kbp.netdev import NETNS_DIR, NetdevClient, check_netns, link_names
+from kbp.netdev import NETNS_DIR, NetdevClient, NetFS, check_netns, link_names
 from kbp.state import (
     MISSING,
     Executor,
@@ -222,7 +228,15 @@ class KmodBackend:
         return result
 
     def _effector(self, client: Any) -> dict[str, Any]:
-        return {"kmod_attach": AttachHandler(client)}
+        """Attachments through ``client`` (None: the module is gone), and sysfs (RPS)."""
+        fss: dict[str | None, NetFS] = {}
+
+        def fs(netns: str | None) -> NetFS:
+            if netns not in fss:
+                fss[netns] = NetFS(netns)
+            return fss[netns]
+        return {"kmod_attach": AttachHandler(client) if client is not None else _Gone(),
+                "sysfs": SysfsHandler(_safe(fs))}
 
     def _enable_one(self, client: Any, eff: Mapping[str, Any], hook: Callable[[str], None],
                     req: EnableRequest, dev: str, link: Any) -> DeviceResult:
@@ -234,13 +248,21 @@ class KmodBackend:
         changes = 0
         try:
             ex = Executor(journal, eff, hook)
+            # RPS first: the poller must not hand its packets back to the softirq
+            r = rps.read(NetFS(req.netns), dev, self.host)
+            rps_plan = rps_off_plan(r, req)
+            for attr, v in rps_plan:
+                if ex.apply("sysfs", sysfs_key(req.netns, dev, link.ifindex, attr),
+                            v) is not None:
+                    changes += 1
             key = {"dev": dev, "netns": req.netns, "ifindex": link.ifindex}
             if ex.apply("kmod_attach", key, attachment(req, cpus, napi_count)) is not None:
                 changes += 1
             journal.done()
         finally:
             journal.close()
-        return DeviceResult(dev, req.netns, NAME, napi_count or 0, sorted(set(cpus)), changes)
+        return DeviceResult(dev, req.netns, NAME, napi_count or 0, sorted(set(cpus)), changes,
+                            rps=r, rps_off=bool(rps_plan))
 
     def _restore(self, rec: Record, eff: Mapping[str, Any]) -> list[str]:
         notes = restore(rec, eff)
@@ -261,8 +283,7 @@ class KmodBackend:
                 recs = [r for r in self.state.records() if r.backend == NAME]
                 if devices is not None:
                     recs = [r for r in recs if r.dev in devices and r.netns == netns]
-                eff: dict[str, Any] = self._effector(client) if client else {
-                    "kmod_attach": _Gone()}
+                eff = self._effector(client)
                 errors = []
                 for rec in recs:
                     try:
@@ -392,6 +413,8 @@ class KmodBackend:
         if rec is not None and not rec.complete:
             ds.problems.append(f"enable was interrupted after {rec.steps} change(s): "
                                f"'kbpctl disable {dev}' restores")
+        show_rps(ds, read_rps(NetFS, dev, netns, self.host), rec.request if rec else None,
+                 rec.complete if rec else True)
         return ds
 
 

@@ -14,6 +14,10 @@ For each device:
    ``gro_flush_timeout`` (per NAPI where napi-set has them, else per device);
 5. ``--mode busy``: threaded busy polling (``threaded`` = 2, Linux 6.19+).
 
+Before all of these, RPS on the device is turned off (its receive queues' ``rps_cpus`` and
+``rps_flow_cnt``: :mod:`kbp.rps`) unless ``--keep-rps``: with RPS the NAPI thread would hand
+every packet back to the backlog softirq.
+
 Every change is journaled before it is made (:mod:`kbp.state`).
 
 ``KBP_STOCK_FEATURES`` (diagnostics and tests) hides kernel features so older paths can be
@@ -31,7 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kbp import names, sysinfo
+from kbp import names, rps, sysinfo
 from kbp.backends import (
     DeviceResult,
     DeviceStatus,
@@ -42,7 +46,10 @@ from kbp.backends import (
     PollerStatus,
     ThreadStatus,
     lookup_device,
+    read_rps,
     require_root,
+    rps_off_plan,
+    show_rps,
     validate_common,
 )
 from kbp.effects import system_effector, task_key
@@ -362,6 +369,12 @@ class StockBackend:
                     changes += 1
 
         try:
+            # RPS first: the NAPI thread must not hand its packets back to the softirq
+            r = rps.read(ctx.fs(p.netns), p.dev, self.host)
+            rps_plan = rps_off_plan(r, req)
+            run([Planned("sysfs", sysfs_key(p.netns, p.dev, p.link.ifindex, attr), v)
+                 for attr, v in rps_plan])
+
             value = THREADED_BUSY_POLL if req.mode == names.MODE_BUSY else THREADED_ON
             ids = [n.id for n in p.napis] if (p.napis is not None and feats.napi_threaded) \
                 else None
@@ -387,7 +400,7 @@ class StockBackend:
         finally:
             journal.close()
         return DeviceResult(p.dev, p.netns, NAME, len(threads), sorted(set(thread_cpus)),
-                            changes)
+                            changes, rps=r, rps_off=bool(rps_plan))
 
     def _wait_threads(self, ctx: _Ctx, p: _Prep, feats: NetdevFeatures,
                       timeout: float = 2.0) -> tuple[list[Napi], list[TaskStat]]:
@@ -503,6 +516,7 @@ class StockBackend:
             return ds
         ds.ifindex, ds.kind = link.ifindex, link.kind
         ds.counters = {"packets": link.rx_packets, "polls": None}
+        r = read_rps(ctx.fs, dev, ns, self.host)
         feats = self._features(client(ns))
         napis: list[Napi] = client(ns).napis(link.ifindex) if feats.napi_get else []
         if napis:
@@ -532,6 +546,7 @@ class StockBackend:
         if rec:
             ds.cpus = sorted({n.cpu for n in ds.napis if n.cpu is not None}) or ds.cpus
             ds.problems += self._problems(rec, ds)
+        show_rps(ds, r, rec.request if rec else None, rec.complete if rec else True)
         return ds
 
     def _describe_unprivileged(self, dev: str, ns: str | None, rec: Record | None
@@ -541,7 +556,8 @@ class StockBackend:
                           backend=NAME if rec else None, mode=req.get("mode"),
                           linger_us=req.get("linger_us"), rt_prio=req.get("rt_prio"),
                           cpus=req.get("cpus"), complete=rec.complete if rec else True,
-                          managed=rec is not None)
+                          managed=rec is not None,
+                          keep_rps=bool(req.get("keep_rps", False)) if rec else None)
         ds.problems.append(f"looking into netns {ns} needs root: run 'sudo kbpctl status' "
                            "for its NAPIs and threads")
         return ds

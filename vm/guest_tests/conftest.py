@@ -58,6 +58,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"timeout(seconds): this test's time limit in the guest "
                    f"(default {DEFAULT_TIMEOUT:.0f} s, $KBP_TEST_TIMEOUT)")
+    config.addinivalue_line(
+        "markers", "smoke: the smoke test of a flavour that does not run the whole suite in "
+                   "`make test` (vm/README.md, 'Which flavours run what'): load, attach at the "
+                   "defaults, traffic through the poller, driver and threaded changes, detach")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -122,6 +122,7 @@ def napi_kthreads(dev: str) -> list[str]:
     return threads_named(f"napi/{dev}-")
 
 
+@pytest.mark.smoke
 def test_threaded_device(kmod, topo: Topo) -> None:
     """Refused while threaded NAPI is on; once it is off, its idle kthreads are reaped."""
     threaded = Path(f"/sys/class/net/{topo.nic0}/threaded")

@@ -41,6 +41,7 @@ def assert_stock_carries(flow: Flow) -> None:
     assert net_rx_softirqs()[POLL_CPU] > rx0, "stock NAPI is not carrying the traffic"
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("mode", MODES)
 def test_detach_under_traffic(kmod, flow: Flow, mode: str) -> None:
     flow.start_sink(timeout=300)
@@ -189,6 +190,7 @@ def test_attach_detach_50_times_under_traffic(kmod, flow: Flow) -> None:
     wait_for(lambda: poller_packets(kmod) > p0 + 200, 10, what="poller to carry traffic")
 
 
+@pytest.mark.smoke
 def test_driver_disable_enable_is_repaired(kmod, flow: Flow) -> None:
     """A driver's own napi_disable()/napi_enable() (ring resize) must not lose the NAPI."""
     cur = sh(f"ethtool -g {flow.t.nic0}", check=False).stdout

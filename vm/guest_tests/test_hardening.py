@@ -79,6 +79,7 @@ def cpu_share(pid: int, seconds: float) -> float:
 
 
 # -- 1. a busy poller at kbpctl's default priority -------------------------------------
+@pytest.mark.smoke
 def test_busy_poller_at_default_priority_shares_its_cpu(kmod, flow: Flow) -> None:
     """busy at FIFO 50 with the NIC's IRQ on its CPU: the CPU's other tasks still run
     (before: 5 % in the RT-throttling window; on 6.12-rt the attach never returned and RCU
@@ -409,6 +410,7 @@ def test_wakeups_count_only_wakeups_with_work(kmod, flow: Flow) -> None:
     assert b.wakeups - a.wakeups < b.sleeps - a.sleeps
 
 
+@pytest.mark.smoke
 def test_threaded_turned_on_while_attached(kmod, flow: Flow) -> None:
     """sysfs threaded=1 while kbp holds the device: the NAPIs go to the kernel's NAPI
     kthreads (before: after detach they ran on softirq while sysfs read 1)."""

@@ -6,7 +6,9 @@ import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
+import pytest
 from conftest import NS, POLL_CPU, Flow, Topo, spinning
 
 
@@ -20,6 +22,7 @@ def kbpctl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return p
 
 
+@pytest.mark.smoke
 def test_auto_picks_the_module_and_round_trips(kmod, flow: Flow) -> None:
     nic = flow.t.nic0
     out = kbpctl("enable", nic, "--mode", "busy", "--cpus", str(POLL_CPU), "--rt-prio", "0")
@@ -52,3 +55,80 @@ def test_netns_device_and_conflict(kmod, topo: Topo) -> None:
     assert kmod.device(topo.nic0) is None
     kbpctl("disable", "--all")
     assert kmod.devices() == []
+
+
+# -- RPS on the attached NIC ------------------------------------------------------------
+def rx_queues(nic: str) -> list[Path]:
+    return sorted(Path(f"/sys/class/net/{nic}/queues").glob("rx-*"))
+
+
+def rps_masks(nic: str) -> dict[str, str]:
+    return {q.name: (q / "rps_cpus").read_text().strip() for q in rx_queues(nic)}
+
+
+def received_rps(cpu: int) -> int:
+    """RPS IPIs ``cpu`` received (/proc/net/softnet_stat: column 10; column 13 is the CPU)."""
+    for i, line in enumerate(Path("/proc/net/softnet_stat").read_text().splitlines()):
+        f = [int(x, 16) for x in line.split()]
+        if (f[12] if len(f) > 12 else i) == cpu:
+            return f[9]
+    raise AssertionError(f"CPU {cpu} is not in /proc/net/softnet_stat")
+
+
+def nic_status(nic: str) -> dict:
+    st = json.loads(kbpctl("status", "--json").stdout)
+    (d,) = [d for d in st["devices"] if d["name"] == nic and d["netns"] is None]
+    return d
+
+
+def test_rps_turned_off_and_restored(kmod, flow: Flow) -> None:
+    """RPS on the NIC makes the poller hand every packet to a backlog softirq: enable turns
+    it off (one line says so), status shows it, disable puts the exact masks back;
+    --keep-rps keeps it, warns, and the packets really go through CPU 0's backlog."""
+    nic, other = flow.t.nic0, 1 - POLL_CPU
+    kmod_args = ["--backend", "kmod", "--mode", "hybrid", "--cpus", str(POLL_CPU),
+                 "--rt-prio", "0"]
+    orig = rps_masks(nic)
+    assert orig, f"{nic} has no rx queues with rps_cpus (CONFIG_RPS?)"
+    try:
+        for q in rx_queues(nic):
+            (q / "rps_cpus").write_text(format(1 << other, "x"))
+        masks = rps_masks(nic)
+
+        p = kbpctl("enable", nic, *kmod_args)
+        assert p.stderr.count("\n") == 1, p.stderr
+        assert p.stderr.startswith(f"kbpctl: note: turned RPS off on {nic} ("), p.stderr
+        assert f"'kbpctl disable {nic}' restores it" in p.stderr
+        assert all(int(m.replace(",", ""), 16) == 0 for m in rps_masks(nic).values())
+        assert kmod.device(nic) is not None
+        d = nic_status(nic)
+        assert (d["backend"], d["keep_rps"], d["rps"]["on"], d["problems"]) == \
+            ("kmod", False, False, [])
+        ipis = received_rps(other)
+        flow.start_sink(expect=200)
+        flow.send(200, rate=400)
+        assert flow.result()["unique"] == 200
+        assert received_rps(other) == ipis  # nothing steered away from the poller
+        kbpctl("disable", nic)
+        assert rps_masks(nic) == masks and kmod.device(nic) is None
+
+        p = kbpctl("enable", nic, *kmod_args, "--keep-rps")
+        assert p.stderr.count("\n") == 1, p.stderr
+        assert p.stderr.startswith(f"kbpctl: warning: RPS stays on for {nic} (--keep-rps"), \
+            p.stderr
+        assert f"backlog softirq of CPU {other}" in p.stderr
+        assert rps_masks(nic) == masks
+        d = nic_status(nic)
+        assert (d["keep_rps"], d["rps"]["on"], d["rps"]["cpus"], d["problems"]) == \
+            (True, True, [other], [])
+        ipis = received_rps(other)
+        flow.start_sink(expect=200)
+        flow.send(200, rate=400)
+        assert flow.result()["unique"] == 200
+        assert received_rps(other) > ipis  # the poller's packets went to CPU 0's backlog
+        kbpctl("disable", nic)
+        assert rps_masks(nic) == masks
+    finally:
+        kbpctl("disable", "--all", check=False)
+        for q in rx_queues(nic):
+            (q / "rps_cpus").write_text(orig[q.name])

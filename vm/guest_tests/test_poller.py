@@ -26,6 +26,7 @@ from conftest import (
 MODES = ["busy", "hybrid"]
 
 
+@pytest.mark.smoke
 def test_module_loads_and_family_resolves(kmod) -> None:
     assert os.path.isdir("/sys/module/kbp")
     assert kmod.pollers() == []
@@ -51,6 +52,7 @@ def test_sockperf_pingpong(kmod, topo: Topo, mode: str) -> None:
     assert (kmod.poller(POLL_CPU).packets or 0) - before >= int(m.group(1))
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("mode", MODES)
 def test_poller_carries_traffic_not_softirq(kmod, flow: Flow, mode: str) -> None:
     """The poller's packet counter grows by the packets sent while NET_RX does not."""
@@ -81,6 +83,7 @@ def test_poller_carries_traffic_not_softirq(kmod, flow: Flow, mode: str) -> None
     assert rx1[POLL_CPU] - rx0[POLL_CPU] < max(20, stock_softirqs // 20), (rx0, rx1)
 
 
+@pytest.mark.smoke
 def test_hybrid_sleeps_when_idle_and_wakes_per_burst(kmod, flow: Flow) -> None:
     kmod.attach(flow.t.nic0, cpu=POLL_CPU, mode="hybrid")
     p = kmod.poller(POLL_CPU)

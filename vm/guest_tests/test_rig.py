@@ -44,6 +44,7 @@ def test_environment() -> None:
     assert Path(f"/lib/modules/{os.environ['KBP_KVER']}/modules.dep").exists()
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("var", ["KBP_NIC0", "KBP_NIC1"])
 def test_nic_is_virtio_net(var: str) -> None:
     nic = os.environ[var]
@@ -52,6 +53,7 @@ def test_nic_is_virtio_net(var: str) -> None:
     assert "driver: virtio_net" in info, info
 
 
+@pytest.mark.smoke
 def test_insmod_built_module() -> None:
     """KBP_KO loads (and unloads again, unless another test had it loaded already)."""
     ko = Path(os.environ["KBP_KO"])

@@ -100,6 +100,7 @@ class Testbed:
     """
 
     links_wanted: int = 1
+    link_names: Sequence[str] = ()    # name pairs by role: "rt" -> rt-c-<tag>, rt-s-<tag>
     gro: bool = True
     udp_gro_forwarding: bool = True   # with gro: local UDP goes through veth's NAPI too
     prefix: str = DEFAULT_PREFIX
@@ -114,7 +115,7 @@ class Testbed:
         try:
             self.client = self.add_netns("c")
             self.server = self.add_netns("s")
-            for i in range(self.links_wanted):
+            for i in range(max(self.links_wanted, len(self.link_names))):
                 self.add_link(i)
         except BaseException:
             self._stack.close()
@@ -138,11 +139,17 @@ class Testbed:
         return name
 
     def add_link(self, i: int) -> VethLink:
-        """Create veth pair number ``i`` between client and server (198.18.<i>.1/.2)."""
-        link = VethLink(
-            ns_a=self.client, dev_a=f"{self.prefix}{i}c{self.tag[:4]}", ip_a=f"198.18.{i}.1",
-            ns_b=self.server, dev_b=f"{self.prefix}{i}s{self.tag[:4]}", ip_b=f"198.18.{i}.2",
-        )
+        """Create veth pair number ``i`` between client and server (198.18.<i>.1/.2),
+        named ``<role>-c-<tag>`` / ``<role>-s-<tag>`` when ``link_names`` names it, else
+        ``<prefix><i>c<tag>`` / ``<prefix><i>s<tag>``."""
+        t = self.tag[:4]
+        if i < len(self.link_names):
+            role = self.link_names[i]
+            dev_a, dev_b = f"{role}-c-{t}", f"{role}-s-{t}"
+        else:
+            dev_a, dev_b = f"{self.prefix}{i}c{t}", f"{self.prefix}{i}s{t}"
+        link = VethLink(ns_a=self.client, dev_a=dev_a, ip_a=f"198.18.{i}.1",
+                        ns_b=self.server, dev_b=dev_b, ip_b=f"198.18.{i}.2")
         with IPRoute() as ipr:
             ipr.link("add", ifname=link.dev_a, kind="veth",
                      peer={"ifname": link.dev_b, "net_ns_fd": link.ns_b})
@@ -170,6 +177,10 @@ class Testbed:
         self.links.remove(link)
         self.links[i] = link
         return link
+
+    def link(self, name: str) -> VethLink:
+        """The veth pair ``link_names`` calls ``name``."""
+        return self.links[list(self.link_names).index(name)]
 
     # -- helpers ---------------------------------------------------------------------
     def run(self, ns: str | None, argv: Sequence[str], check: bool = True,

@@ -74,7 +74,7 @@ def test_short_bench_napi_and_stock_kbp(tmp_path: Path) -> None:
     _skip_unless_ready()
     before_ns, before_set = _ours(), _settings()
     cfg = BenchConfig(modes=["napi", "stock-kbp"], reps=1, duration=1.0, warmup=0.2,
-                      scenarios=["rtt", "rfc2544"], rfc_frames=[64], rfc_reps=1,
+                      parts=["rtt", "rfc2544"], rfc_frames=[64], rfc_reps=1,
                       rfc_trial=0.3, rfc_resolution=0.25, rfc_max_pps=20000.0,
                       out=tmp_path, command="pytest")
     bench = Bench(cfg)
@@ -86,7 +86,12 @@ def test_short_bench_napi_and_stock_kbp(tmp_path: Path) -> None:
     res = json.loads(text)
 
     assert took < 60
-    assert res["schema"] == "kbp-bench/1" and not res["interrupted"]
+    assert res["schema"] == "kbp-bench/2" and not res["interrupted"]
+    assert res["scenario"]["name"] == "veth-inline"
+    roles = res["placement"]["cpus"]
+    assert roles["rt"] != roles["tester"] and roles["app"] == roles["rt"]
+    names = {d["dev_b"] for d in res["testbed_devices"].values()}
+    assert {n.split("-")[0] for n in names} == {"rt", "flood"}     # pairs named by role
     assert res["modes"]["napi"]["status"] == "ok"
     assert res["modes"]["stock-kbp"]["status"] == "ok", res["modes"]["stock-kbp"]
     assert res["machine"]["power_meter"]
@@ -117,7 +122,8 @@ def test_short_bench_napi_and_stock_kbp(tmp_path: Path) -> None:
         if r["mode"] == "stock-kbp":
             assert r["mode_setup"]["threads"], "stock-kbp must report its poller thread"
             th = r["mode_setup"]["threads"][0]
-            assert th["policy"] == "SCHED_FIFO" and th["cpus"] == [cfg.rt_cpu]
+            assert th["policy"] == "SCHED_FIFO" and th["cpus"] == [roles["rt"]]
+            assert r["poller"].get("poll_ns", 0) > 0, r["poller"]   # counters via probe
         if r["condition"] == "load-on":
             assert r["flood_block"]["rx_pps"] > 1000
     rfc = {s["mode"]: s for s in res["rfc2544"]}
@@ -127,7 +133,7 @@ def test_short_bench_napi_and_stock_kbp(tmp_path: Path) -> None:
     summ = res["summary"]
     for cond in ("load-off", "load-on"):
         kbp = summ["rtt"][cond]["stock-kbp"]
-        for key, _, _ in report.LATENCY_COLUMNS:
+        for key, _, _ in report.latency_columns(report.placement_of(res)):
             if key.startswith("xmit") and not traced:
                 continue
             assert kbp[key]["median"] is not None, (cond, key)

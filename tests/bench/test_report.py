@@ -7,12 +7,15 @@ from pathlib import Path
 import pytest
 
 from kbp import names
-from kbp.bench import report, sysstat, trace, workloads
+from kbp.bench import placement, report, sysstat, trace, workloads
 from kbp.bench.modes import all_modes
+
+TWO_CPUS = placement.plan([0, 1])
 
 
 def _run(mode: str, rep: int, p99_ns: float, cond: str = "load-off") -> dict:
-    return {"rep": rep, "mode": mode, "scenario": "rtt", "condition": cond,
+    return {"rep": rep, "mode": mode, "scenario": "veth-inline", "part": "rtt",
+            "condition": cond,
             "rtt_ns": {"n": 100, "p50": 50_000, "p99": p99_ns, "p99.9": 2 * p99_ns,
                        "max": 3 * p99_ns, "mean": 60_000, "sd": 10_000},
             "rtt_user_ns": {"p50": 90_000, "p99": 200_000, "max": 900_000},
@@ -29,7 +32,7 @@ def test_summary_medians_and_per_rep_ratios() -> None:
     runs = []
     for rep, (base, kbp) in enumerate([(100e3, 50e3), (200e3, 50e3), (400e3, 400e3)]):
         runs += [_run("napi", rep, base), _run("stock-kbp", rep, kbp)]
-    s = report.summarize_runs(runs)
+    s = report.summarize_runs(runs, TWO_CPUS)
     napi = s["rtt"]["load-off"]["napi"]
     kbp = s["rtt"]["load-off"]["stock-kbp"]
     assert napi["rtt_p99_us"]["median"] == 200.0
@@ -38,17 +41,21 @@ def test_summary_medians_and_per_rep_ratios() -> None:
     # per-repetition ratios 0.5, 0.25, 1.0 -> median 0.5 (ratio of medians would be 0.25)
     assert kbp["rtt_p99_us"]["ratio_to_napi"]["median"] == 0.5
     assert kbp["rtt_p99_us"]["ratio_to_napi"]["min"] == 0.25
-    assert kbp["net_rx_cpu0_per_s"]["median"] == 100.0
+    assert kbp["net_rx_tester_per_s"]["median"] == 100.0     # CPU 0: tester, flood, heavy
+    assert kbp["net_rx_rt_per_s"]["median"] == 5.0           # CPU 1: the RT CPU
+    assert kbp["cpu_rt_busy_pct"]["median"] == 20.0
     assert kbp["lost_pct"]["median"] == 1.0
     assert kbp["poller_packets"]["median"] == 200.0
-    for key, _, _ in report.LATENCY_COLUMNS:
+    for key, _, _ in [*report.latency_columns(TWO_CPUS), *report.cost_columns(TWO_CPUS)]:
         assert key in kbp, key
 
 
 def test_markdown_tables() -> None:
     runs = [_run("napi", 0, 100e3), _run("stock-kbp", 0, 50e3),
             _run("napi", 0, 1e6, "load-on"), _run("stock-kbp", 0, 2e5, "load-on")]
-    res = {"runs": runs, "config": {"reps": 1, "rate": 2000.0, "poisson": True, "frame": 64,
+    res = {"schema": "kbp-bench/2", "scenario": {"name": "veth-inline", "title": "t"},
+           "placement": TWO_CPUS.to_json(),
+           "runs": runs, "config": {"reps": 1, "rate": 2000.0, "poisson": True, "frame": 64,
                                     "duration": 5.0, "rfc_trial": 1.0, "rfc_resolution": 0.05},
            "testbed": "test", "machine": {"power_meter": "no power meter"},
            "modes": {"busy": {"status": "skipped", "reason": "kbp module not loaded"}},

@@ -1,6 +1,13 @@
 """``kbpctl bench`` and ``python -m kbp.bench``: run the comparison, print the table, write
 results.json, samples.json.gz, results.md and the PNG plots.
 
+Scenarios (``--scenario``; the first is the default):
+
+=============  =================================================================================
+veth-inline    RT flow over veth with and without a UDP flood on a second veth pair; in napi mode
+               the RT NAPI runs inline in the tester's send(), on the tester's CPU
+=============  =================================================================================
+
 Presets (explicit options override them):
 
 =========  =====================================================================================
@@ -10,6 +17,11 @@ demo       every mode (unrunnable ones are reported as skipped), 5 repetitions o
            load off/on, RFC 2544 at 64 B once per mode; under 5 minutes (``make demo``)
 smoke      napi and stock-kbp, 1 repetition of 1 s runs, coarse RFC 2544: a functional check
 =========  =====================================================================================
+
+CPUs by role (``--cpus ROLE=CPU,...``; roles tester, rt, flood, heavy, app, harness): on 4 or
+more usable CPUs every role gets its own; on 3 the tester and the flood sender share one; on 2
+tester, flood sender and heavy receiver share one and the RT CPU is the other.  The RT CPU is
+never shared (except with the RT app, there by default).  See kbp.bench.placement.
 """
 
 from __future__ import annotations
@@ -26,16 +38,16 @@ from pathlib import Path
 from typing import Any
 
 from kbp import names
-from kbp.bench import plots, report, runner, tester, workloads
+from kbp.bench import placement, plots, report, runner, scenarios, tester, workloads
 from kbp.bench.runner import Aborted, Bench, BenchConfig, Progress
 from kbp.testbed import remove_stale, stale_namespaces
 
 PRESETS: dict[str, dict[str, Any]] = {
     "full": {},
-    "demo": {"reps": 5, "duration": 4.0, "scenarios": ["rtt", "rfc2544"], "rfc_frames": [64],
+    "demo": {"reps": 5, "duration": 4.0, "parts": ["rtt", "rfc2544"], "rfc_frames": [64],
              "rfc_reps": 1, "rfc_trial": 1.0, "rfc_resolution": 0.1},
     "smoke": {"modes": ["napi", "stock-kbp"], "reps": 1, "duration": 1.0, "warmup": 0.2,
-              "scenarios": ["rtt", "rfc2544"], "rfc_frames": [64], "rfc_reps": 1,
+              "parts": ["rtt", "rfc2544"], "rfc_frames": [64], "rfc_reps": 1,
               "rfc_trial": 0.3, "rfc_resolution": 0.25, "rfc_max_pps": 20000.0},
 }
 FULL_RFC_FRAMES = [64, 512, 1518]
@@ -52,9 +64,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="same as --preset demo (make demo)")
     p.add_argument("--smoke", dest="preset", action="store_const", const="smoke",
                    help="same as --preset smoke")
+    p.add_argument("--scenario", default=scenarios.DEFAULT,
+                   help=f"what to measure: {', '.join(scenarios.all_scenarios())} "
+                        f"(default {scenarios.DEFAULT}; see above)")
     p.add_argument("--modes", type=_csv, help=f"comma list of {','.join(names.BENCH_MODES)}")
     p.add_argument("--reps", type=int, help="repetitions (modes interleaved in each)")
-    p.add_argument("--scenarios", type=_csv, help="comma list of rtt,table2,rfc2544")
+    p.add_argument("--parts", type=_csv,
+                   help="comma list of the scenario's parts (veth-inline: rtt,table2,rfc2544)")
+    p.add_argument("--scenarios", type=_csv, dest="parts_deprecated",
+                   help="deprecated: the old name of --parts")
     p.add_argument("--loads", type=_csv, help="competing load for rtt: off,on")
     p.add_argument("--duration", type=float, help="seconds per RT latency run")
     p.add_argument("--rate", type=float, help="RT requests per second (mean)")
@@ -70,14 +88,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rfc-reps", type=int)
     p.add_argument("--rfc-resolution", type=float, help="search stops at this fraction of hi")
     p.add_argument("--rfc-max-pps", type=float, help="search ceiling (default: probe it)")
-    p.add_argument("--rt-cpu", type=int, help="CPU of the RT receive path and app (1)")
-    p.add_argument("--load-cpu", type=int, help="CPU of the tester and the flood (0)")
+    p.add_argument("--cpus", metavar="ROLE=CPU,...",
+                   help="pin roles to CPUs (roles: " + ", ".join(placement.ALL_ROLES) +
+                        "); the others are placed by rule on the CPUs left")
+    p.add_argument("--rt-cpu", type=int, help="deprecated: --cpus rt=N")
+    p.add_argument("--load-cpu", type=int,
+                   help="deprecated: --cpus tester=N,flood=N,heavy=N,harness=N")
     p.add_argument("--tester-prio", type=int, help="SCHED_FIFO priority of the tester (50)")
     p.add_argument("--rt-prio", type=int, help="SCHED_FIFO priority of kbp pollers (50)")
     p.add_argument("--busy-app", choices=("fifo", "elsewhere", "same"),
                    help="the app in busy mode, whose poller never sleeps: fifo (default) = "
-                        "on the RT CPU at SCHED_FIFO rt-prio+1, so it preempts the spinner; "
-                        "elsewhere = on the load CPU; same = unchanged (starves)")
+                        "on its CPU at SCHED_FIFO rt-prio+1, so it preempts the spinner; "
+                        "elsewhere = on the tester's CPU; same = unchanged (starves)")
     p.add_argument("--no-trace", action="store_true", help="skip the bpftrace kernel delays")
     p.add_argument("--emulated", action="store_true",
                    help="label results as emulated (VM rig guest); detected under QEMU")
@@ -99,13 +121,26 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         cfg.rfc_frames = list(FULL_RFC_FRAMES)
     for k, v in PRESETS[a.preset].items():
         setattr(cfg, k, v)
-    simple = ("modes", "reps", "scenarios", "loads", "duration", "rate", "frame", "flood_len",
-              "table2_scale", "table2_duration", "rfc_frames", "rfc_trial", "rfc_reps",
-              "rfc_resolution", "rfc_max_pps", "rt_cpu", "load_cpu", "tester_prio", "rt_prio")
+    simple = ("scenario", "modes", "reps", "parts", "loads", "duration", "rate", "frame",
+              "flood_len", "table2_scale", "table2_duration", "rfc_frames", "rfc_trial",
+              "rfc_reps", "rfc_resolution", "rfc_max_pps", "tester_prio", "rt_prio")
     for k in simple:
         v = getattr(a, k, None)
         if v is not None:
             setattr(cfg, k, v)
+    deprecated: list[str] = []
+    if getattr(a, "parts_deprecated", None) is not None:
+        deprecated.append("--scenarios (now --parts)")
+        if a.parts is None:
+            cfg.parts = a.parts_deprecated
+    try:
+        pins = placement.Pins(placement.parse_pins(a.cpus) if getattr(a, "cpus", None)
+                              else {})
+    except placement.PlacementError as e:
+        raise Aborted(str(e)) from e
+    pins.add_legacy(getattr(a, "rt_cpu", None), getattr(a, "load_cpu", None))
+    cfg.cpus = pins.roles
+    cfg.deprecated = deprecated + pins.deprecated
     if a.constant:
         cfg.poisson = False
     if a.no_trace:
@@ -117,12 +152,6 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
     if a.emulated:
         cfg.emulated = True
     cfg.out = a.out or runner.default_out_dir()
-    bad = [s for s in cfg.scenarios if s not in ("rtt", "table2", "rfc2544")]
-    if bad:
-        raise Aborted(f"unknown scenario {bad[0]!r}: use rtt, table2, rfc2544")
-    badl = [x for x in cfg.loads if x not in ("off", "on")]
-    if badl:
-        raise Aborted(f"unknown load {badl[0]!r}: use off, on")
     return cfg
 
 
@@ -143,9 +172,16 @@ def run_bench(a: argparse.Namespace) -> int:
     con = _console()
     try:
         cfg = config_from_args(a)
+        bench = Bench(cfg)
+        place = bench.plan()          # refuses bad input before anything changes
     except Aborted as e:
         print(f"kbpctl bench: {e}", file=sys.stderr)
         return 2
+    for d in cfg.deprecated:
+        con.print(f"[yellow]deprecated:[/] {d}")
+    assert bench.scenario is not None
+    con.print(f"scenario {bench.scenario.name}: {bench.scenario.title}")
+    con.print(f"{place.summary()}\n  " + "\n  ".join(place.lines()))
     cfg.command = getattr(a, "_command", None) or shlex.join([Path(sys.argv[0]).name,
                                                               *sys.argv[1:]])
     stale = stale_namespaces("kbpb")
@@ -167,7 +203,6 @@ def run_bench(a: argparse.Namespace) -> int:
     bar = RichProgress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                        TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
                        console=con, transient=False)
-    bench = Bench(cfg)
     with bar:
         task = bar.add_task("preparing", total=None)
         t0 = time.monotonic()

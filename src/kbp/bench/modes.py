@@ -15,14 +15,23 @@ nothing else; the client ends and the competing flood's devices stay stock NAPI 
                         only where the module is loaded (the VM rig), skipped elsewhere.
 ======================  =================================================================
 
-A mode whose poller never sleeps (``spins``: busy) owns its CPU: a SCHED_FIFO spinner leaves a
-SCHED_OTHER application on the same CPU only the RT-throttling window (50 ms per second);
-measured in the VM rig: p99 ~ 850 ms and lost requests.  KBP gives the poller a dedicated core
-and runs applications on other cores; with two CPUs the only other core is the tester's and
-the flood's (VM rig: p50 ~ 90 ms, the app starved by the SCHED_FIFO tester).  So by default
-the runner keeps the application on the RT CPU for busy but runs it SCHED_FIFO one priority
-above the poller: a packet the poller delivers wakes the application, which preempts the
-poller, answers, and sleeps again (``--busy-app`` chooses otherwise).
+A mode owns its quirks; the runner only asks:
+
+* ``app_place(home, env)``: where the RT application runs while the mode is on.  A mode
+  whose poller never sleeps (``spins``: busy) owns its CPU: a SCHED_FIFO spinner leaves a
+  SCHED_OTHER application on the same CPU only the RT-throttling window (50 ms per second);
+  measured in the VM rig: p99 ~ 850 ms and lost requests.  KBP gives the poller a dedicated
+  core and runs applications on other cores; with two CPUs the only other core is the
+  tester's and the flood's (VM rig: p50 ~ 90 ms, the app starved by the SCHED_FIFO tester).
+  So by default busy keeps the application on its CPU but runs it SCHED_FIFO one priority
+  above the poller: a packet the poller delivers wakes the application, which preempts the
+  poller, answers, and sleeps again (``--busy-app`` chooses otherwise).  Every other mode
+  leaves the application where the placement put it.
+* ``needs_fresh_device(target)``: the module modes want an RT device whose NAPI has no
+  kthread (kernels before ~6.15 keep it after ``threaded`` goes back to 0, and the module
+  refuses such a NAPI: EBUSY); the runner then recreates the RT veth pair.
+* ``threads()`` / ``counters()``: read through :mod:`kbp.backends.probe` (the polling threads
+  of one device once after setup, their counters around each run), not ``status()``.
 """
 
 from __future__ import annotations
@@ -37,6 +46,26 @@ from kbp import names
 from kbp.testbed import run as ns_run
 
 VM_HINT = "runs in the VM rig: python -m kbp.bench vm --smoke"
+
+
+@dataclass(frozen=True)
+class AppPlace:
+    """Where the RT application runs: a CPU and a SCHED_FIFO priority (0: default policy)."""
+
+    cpu: int
+    fifo: int = 0
+
+
+@dataclass(frozen=True)
+class AppEnv:
+    """What a mode may consult to place the application (``--busy-app``, the placement)."""
+
+    spin_app: str = "fifo"         # fifo | elsewhere | same
+    elsewhere_cpu: int = 0         # "elsewhere": the tester's CPU
+    rt_prio: int = 50
+
+
+SPIN_APP_CHOICES = ("fifo", "elsewhere", "same")
 
 
 @dataclass
@@ -55,6 +84,12 @@ class Mode(Protocol):
 
     def unavailable(self) -> str | None:
         """Why this mode cannot run here (None: it can)."""
+
+    def app_place(self, home: AppPlace, env: AppEnv) -> AppPlace:
+        """Where the RT application runs while this mode is on (``home``: the placement's)."""
+
+    def needs_fresh_device(self, t: Target) -> bool:
+        """True: recreate the RT device before ``setup`` (see the module docstring)."""
 
     def setup(self, t: Target) -> None: ...
 
@@ -107,9 +142,19 @@ def thread_placement(pid: int) -> dict[str, Any]:
     return {"pid": pid, "policy": pname, "priority": prio, "cpus": cpus}
 
 
+class _Defaults:
+    """The quirks of a mode that has none: the app stays home, any device will do."""
+
+    def app_place(self, home: AppPlace, env: AppEnv) -> AppPlace:
+        return home
+
+    def needs_fresh_device(self, t: Target) -> bool:
+        return False
+
+
 # -- napi ------------------------------------------------------------------------------------
 @dataclass
-class NapiMode:
+class NapiMode(_Defaults):
     name: str = "napi"
     target: Target | None = None
     spins: bool = False
@@ -139,7 +184,7 @@ class NapiMode:
 
 # -- threaded --------------------------------------------------------------------------------
 @dataclass
-class ThreadedMode:
+class ThreadedMode(_Defaults):
     name: str = "threaded"
     target: Target | None = None
     spins: bool = False
@@ -190,6 +235,16 @@ class BackendMode:
     enabled: bool = False
     _threads: dict[int, str] = field(default_factory=dict)
 
+    def app_place(self, home: AppPlace, env: AppEnv) -> AppPlace:
+        if not self.spins or env.spin_app == "same":
+            return home
+        if env.spin_app == "elsewhere":
+            return AppPlace(env.elsewhere_cpu)
+        return AppPlace(home.cpu, env.rt_prio + 1)      # fifo: preempts the spinning poller
+
+    def needs_fresh_device(self, t: Target) -> bool:
+        return self.backend == names.BACKEND_KMOD and bool(napi_kthreads(t.dev))
+
     def unavailable(self) -> str | None:
         try:
             b = _backends()
@@ -228,24 +283,11 @@ class BackendMode:
             self.target = None
             self._threads = {}
 
-    def _status(self) -> Any:
-        assert self.target is not None
-        return _backends().status(netns=self.target.netns, devices=[self.target.dev])
-
     def _read_threads(self) -> dict[int, str]:
         assert self.target is not None
-        st = self._status()
-        out: dict[int, str] = {}
-        for d in st.devices:
-            if d.name != self.target.dev:
-                continue
-            for n in d.napis:
-                if n.thread is not None:
-                    out[n.thread.pid] = n.thread.comm
-        for p in st.pollers:
-            if p.pid is not None and p.cpu == self.target.cpu:
-                out.setdefault(p.pid, f"kbp/{p.cpu}")
-        return out
+        from kbp.backends import probe
+        return probe.poller_threads(self.backend, self.target.dev, self.target.netns,
+                                    self.target.cpu)
 
     def threads(self) -> dict[int, str]:
         return dict(self._threads)
@@ -253,20 +295,8 @@ class BackendMode:
     def counters(self) -> dict[str, int | None]:
         if self.target is None:
             return {}
-        st = self._status()
-        total: dict[str, int | None] = {}
-        sources: list[dict[str, int | None]] = [p.counters for p in st.pollers
-                                                 if p.cpu == self.target.cpu]
-        if not sources:
-            for d in st.devices:
-                if d.name == self.target.dev:
-                    sources += [n.thread.counters for n in d.napis if n.thread is not None]
-        for c in sources:
-            for k in names.POLLER_COUNTERS:
-                v = c.get(k)
-                if v is not None:
-                    total[k] = (total.get(k) or 0) + int(v)
-        return total
+        from kbp.backends import probe
+        return dict(probe.poller_counters(self.backend, self._threads, [self.target.cpu]))
 
     def describe(self) -> dict[str, Any]:
         return {"how": f"kbpctl backend {self.backend}, mode {self.kbp_mode}, "

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kbp.bench.report import _modes_in
+from kbp.bench.placement import Placement
+from kbp.bench.report import _modes_in, placement_of
 
 CPU_PARTS = ("user", "system", "softirq", "irq", "steal")
 COLORS = {"napi": "#444444", "threaded": "#1f77b4", "stock-kbp": "#2ca02c",
@@ -19,18 +20,21 @@ def _plt() -> Any:
     return plt
 
 
-def latency_cdf(samples: dict[str, list[int]], out: Path, title: str) -> Path | None:
-    """CDF (log x) and CCDF (log-log, the tail) of kernel RTTs per mode, one column per load."""
-    conds = sorted({k.split("|")[1] for k in samples if k.startswith("rtt|")})
+def latency_cdf(samples: dict[str, list[int]], out: Path, title: str, part: str = "rtt",
+                titles: dict[str, str] | None = None) -> Path | None:
+    """CDF (log x) and CCDF (log-log, the tail) of kernel RTTs per mode, one column per
+    condition of ``part`` (in the order of ``titles`` when given)."""
+    found = {k.split("|")[1] for k in samples if k.startswith(f"{part}|")}
+    conds = [c for c in (titles or {}) if c in found] + sorted(found - set(titles or {}))
     if not conds:
         return None
     plt = _plt()
     fig, axes = plt.subplots(2, len(conds), figsize=(6 * len(conds), 8), squeeze=False)
     for j, cond in enumerate(conds):
         modes = _modes_in({k.split("|")[2]: 1 for k in samples
-                           if k.startswith(f"rtt|{cond}|")})
+                           if k.startswith(f"{part}|{cond}|")})
         for mode in modes:
-            xs = sorted(samples[f"rtt|{cond}|{mode}"])
+            xs = sorted(samples[f"{part}|{cond}|{mode}"])
             if not xs:
                 continue
             n = len(xs)
@@ -89,12 +93,15 @@ def throughput_bars(summary: dict[str, Any], out: Path, title: str) -> Path | No
     return path
 
 
-def cpu_bars(summary: dict[str, Any], out: Path, title: str) -> Path | None:
+def cpu_bars(summary: dict[str, Any], pl: Placement, out: Path, title: str) -> Path | None:
+    """CPU time by kind on each CPU a role claims, per mode, labelled by role."""
     rtt = summary.get("rtt")
     if not rtt:
         return None
     plt = _plt()
     conds = sorted(rtt)
+    cpus = list(pl.role_cpus().items())
+    step = len(cpus) + 0.6
     fig, axes = plt.subplots(1, len(conds), figsize=(6 * len(conds), 4.5), squeeze=False)
     part_colors = {"user": "#1f77b4", "system": "#ff7f0e", "softirq": "#d62728",
                    "irq": "#9467bd", "steal": "#7f7f7f"}
@@ -103,15 +110,15 @@ def cpu_bars(summary: dict[str, Any], out: Path, title: str) -> Path | None:
         ax = axes[0][j]
         labels, xs = [], []
         for i, mode in enumerate(modes):
-            for c in (0, 1):
-                labels.append(f"{mode}\nCPU{c}")
-                xs.append(i * 2.6 + c)
+            for k, (_role, c) in enumerate(cpus):
+                labels.append(f"{mode}\n{pl.cpu_label(c)}")
+                xs.append(i * step + k)
         bottoms = [0.0] * len(xs)
         for part in CPU_PARTS:
             vals = []
             for mode in modes:
-                for c in (0, 1):
-                    agg = rtt[cond][mode].get(f"cpu{c}_{part}_pct") or {}
+                for role, _c in cpus:
+                    agg = rtt[cond][mode].get(f"cpu_{role}_{part}_pct") or {}
                     vals.append(agg.get("median") or 0.0)
             ax.bar(xs, vals, bottom=bottoms, color=part_colors[part], label=part, width=0.9)
             bottoms = [b + v for b, v in zip(bottoms, vals, strict=True)]
@@ -160,9 +167,21 @@ def kernel_delay_bars(summary: dict[str, Any], out: Path, title: str) -> Path | 
     return path
 
 
-def all_plots(results: dict[str, Any], samples: dict[str, list[int]], out: Path) -> list[Path]:
-    title = f"kbp bench · {results.get('testbed')} · {results.get('started')}"
+def standard(results: dict[str, Any], samples: dict[str, list[int]], out: Path,
+             titles: dict[str, str]) -> list[Path]:
+    """The plots of a scenario with the rtt part (conditions ``titles``) and RFC 2544."""
+    scen = (results.get("scenario") or {}).get("name")
+    title = f"kbp bench {scen} · {results.get('testbed')} · {results.get('started')}"
     summ = results.get("summary") or {}
-    made = [latency_cdf(samples, out, title), throughput_bars(summ, out, title),
-            cpu_bars(summ, out, title), kernel_delay_bars(summ, out, title)]
+    made = [latency_cdf(samples, out, title, "rtt", titles),
+            throughput_bars(summ, out, title),
+            cpu_bars(summ, placement_of(results), out, title),
+            kernel_delay_bars(summ, out, title)]
     return [p for p in made if p is not None]
+
+
+def all_plots(results: dict[str, Any], samples: dict[str, list[int]], out: Path) -> list[Path]:
+    """The plots of the results' scenario."""
+    from kbp.bench.report import scenario_of, upgrade
+    upgrade(results)
+    return scenario_of(results).plots(results, samples, out)

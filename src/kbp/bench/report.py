@@ -1,5 +1,15 @@
 """From raw runs to the summary: per-metric median and spread over repetitions, ratios to napi
-of the same repetition, and the markdown tables."""
+of the same repetition, and the markdown tables.
+
+CPUs are reported by role, never by number: per-CPU metrics are keyed by the first role on
+the CPU (``cpu_rt_busy_pct``, ``net_rx_tester_per_s``; :meth:`Placement.role_cpus`) and
+column headings name every role on it ("tester+flood+heavy CPU busy").  The placement
+itself (which number each role had) heads every report.
+
+Scenarios (:mod:`kbp.bench.scenarios`) compose their report from the sections here
+(``rtt_sections``, ``table2_section``, ``rfc_section``); ``markdown`` adds the header and
+footer every scenario shares.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +18,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from kbp import names
+from kbp.bench.placement import Placement
 from kbp.bench.stats import aggregate, pct_key, ratios_to_baseline
 
 BASELINE = "napi"
+Column = tuple[str, str, str]      # (metric key, heading, unit)
 
-# (key, label, unit, lower_is_better) of the latency tables, in order
-LATENCY_COLUMNS: tuple[tuple[str, str, str], ...] = (
+# the latency tables, in order; the per-CPU columns follow (latency_columns)
+LATENCY_COLUMNS: tuple[Column, ...] = (
     ("rtt_p50_us", "p50", "us"),
     ("rtt_p99_us", "p99", "us"),
     ("rtt_p99.9_us", "p99.9", "us"),
@@ -22,31 +34,49 @@ LATENCY_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("rtt_sd_us", "SD", "us"),
     ("lost", "lost", ""),
     ("xmit_to_poll_p99_us", "xmit→poll p99", "us"),
-    ("cpu0_busy_pct", "CPU0 busy", "%"),
-    ("cpu1_busy_pct", "CPU1 busy", "%"),
 )
 
 
-# CPU and interrupt cost of the same runs
-COST_COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("cpu0_softirq_pct", "CPU0 softirq", "%"),
-    ("cpu1_softirq_pct", "CPU1 softirq", "%"),
-    ("poller_cpu_pct", "poller thread", "% CPU"),
-    ("net_rx_cpu0_per_s", "NET_RX CPU0", "/s"),
-    ("net_rx_cpu1_per_s", "NET_RX CPU1", "/s"),
-    ("hardirqs_cpu0_per_s", "hardIRQ+IPI CPU0", "/s"),
-    ("hardirqs_cpu1_per_s", "hardIRQ+IPI CPU1", "/s"),
-    ("poller_wake_to_run_p99_us", "poller wake p99", "us"),
-    ("app_wake_to_run_p99_us", "app wake p99", "us"),
-)
+def placement_of(results: dict[str, Any]) -> Placement:
+    """The placement a results.json recorded (also the two-CPU form before roles)."""
+    return Placement.from_json(results.get("placement") or {})
+
+
+def _per_cpu(pl: Placement, key: str, heading: str, unit: str) -> list[Column]:
+    """One column per CPU a role claims: key "cpu_{role}_busy_pct" style, heading by role."""
+    return [(key.format(role=r), f"{pl.cpu_label(c)} CPU {heading}".strip(), unit)
+            for r, c in pl.role_cpus().items()]
+
+
+def latency_columns(pl: Placement) -> list[Column]:
+    return [*LATENCY_COLUMNS, *_per_cpu(pl, "cpu_{role}_busy_pct", "busy", "%")]
+
+
+def cost_columns(pl: Placement) -> list[Column]:
+    """CPU and interrupt cost of the same runs."""
+    return [*_per_cpu(pl, "cpu_{role}_softirq_pct", "softirq", "%"),
+            ("poller_cpu_pct", "poller thread", "% CPU"),
+            *_per_cpu(pl, "net_rx_{role}_per_s", "NET_RX", "/s"),
+            *_per_cpu(pl, "hardirqs_{role}_per_s", "hardIRQ+IPI", "/s"),
+            ("poller_wake_to_run_p99_us", "poller wake p99", "us"),
+            ("app_wake_to_run_p99_us", "app wake p99", "us")]
+
+
+def table2_columns(pl: Placement) -> list[Column]:
+    rt = {"rt": pl.role_cpus()["rt"]} if "rt" in pl.role_cpus() else {}
+    return [("rtt_p99_us", "p99", "us"), ("rtt_p99.9_us", "p99.9", "us"),
+            ("rtt_max_us", "max", "us"), ("lost", "lost", ""),
+            ("xmit_to_poll_p99_us", "xmit→poll p99", "us"),
+            *[(f"cpu_{r}_busy_pct", f"{pl.cpu_label(c)} CPU busy", "%") for r, c in rt.items()]]
 
 
 def _us(v: Any) -> float | None:
     return None if v is None else float(v) / 1000.0
 
 
-def run_metrics(rec: dict[str, Any]) -> dict[str, float | None]:
-    """The scalar metrics of one latency run (latencies in microseconds)."""
+def run_metrics(rec: dict[str, Any], pl: Placement) -> dict[str, float | None]:
+    """The scalar metrics of one latency run (latencies in microseconds; per-CPU metrics by
+    the role of the CPU)."""
     m: dict[str, float | None] = {}
     rtt = rec.get("rtt_ns") or {}
     for p in ("p50", "p90", "p99", "p99.9", "max", "mean", "sd", "min"):
@@ -62,19 +92,21 @@ def run_metrics(rec: dict[str, Any]) -> dict[str, float | None]:
         s = kd.get(kname) or {}
         for p in ("p50", "p99", "p99.9", "max"):
             m[f"{kname}_{p}_us"] = _us(s.get(p))
-    for cpu, s in (kd.get("netrx_raise_to_entry") or {}).items():
-        m[f"netrx_raise_to_entry_cpu{cpu}_p99_us"] = _us(s.get("p99"))
-        m[f"netrx_raise_to_entry_cpu{cpu}_max_us"] = _us(s.get("max"))
+    netrx = kd.get("netrx_raise_to_entry") or {}
     sysd = rec.get("sys") or {}
     wall = sysd.get("wall_s") or 0
-    for cpu, c in (sysd.get("cpu") or {}).items():
-        m[f"cpu{cpu}_busy_pct"] = c.get("busy_pct")
+    cpus = sysd.get("cpu") or {}
+    net_rx, hard = sysd.get("net_rx") or [], sysd.get("hardirqs_total") or []
+    for role, cpu in pl.role_cpus().items():
+        s = netrx.get(str(cpu)) or {}
+        m[f"netrx_raise_to_entry_{role}_p99_us"] = _us(s.get("p99"))
+        m[f"netrx_raise_to_entry_{role}_max_us"] = _us(s.get("max"))
+        c = cpus.get(str(cpu)) or {}
+        m[f"cpu_{role}_busy_pct"] = c.get("busy_pct")
         for k in ("softirq", "irq", "system", "user", "steal"):
-            m[f"cpu{cpu}_{k}_pct"] = (c.get("pct") or {}).get(k)
-    for i, v in enumerate(sysd.get("net_rx") or []):
-        m[f"net_rx_cpu{i}_per_s"] = v / wall if wall else None
-    for i, v in enumerate(sysd.get("hardirqs_total") or []):
-        m[f"hardirqs_cpu{i}_per_s"] = v / wall if wall else None
+            m[f"cpu_{role}_{k}_pct"] = (c.get("pct") or {}).get(k)
+        m[f"net_rx_{role}_per_s"] = net_rx[cpu] / wall if wall and cpu < len(net_rx) else None
+        m[f"hardirqs_{role}_per_s"] = hard[cpu] / wall if wall and cpu < len(hard) else None
     for k, v in (rec.get("poller") or {}).items():
         m[f"poller_{k}"] = float(v)
     thr = [t for t in (sysd.get("threads") or {}).values() if t.get("name") != "sockperf"]
@@ -84,13 +116,13 @@ def run_metrics(rec: dict[str, Any]) -> dict[str, float | None]:
     return m
 
 
-def summarize_runs(runs: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """{scenario: {condition: {mode: {metric: aggregate + ratio_to_napi}}}}."""
+def summarize_runs(runs: Iterable[dict[str, Any]], pl: Placement) -> dict[str, Any]:
+    """{part: {condition: {mode: {metric: aggregate + ratio_to_napi}}}}."""
     per: dict[tuple[str, str, str], dict[str, dict[int, float | None]]] = defaultdict(
         lambda: defaultdict(dict))
     for rec in runs:
-        key = (rec["scenario"], rec["condition"], rec["mode"])
-        for metric, v in run_metrics(rec).items():
+        key = (rec["part"], rec["condition"], rec["mode"])
+        for metric, v in run_metrics(rec, pl).items():
             per[key][metric][rec["rep"]] = v
     out: dict[str, Any] = {}
     for (scen, cond, mode), metrics in per.items():
@@ -104,7 +136,7 @@ def summarize_runs(runs: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def summarize_rfc(searches: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def summarize_rfc(searches: Iterable[dict[str, Any]], pl: Placement) -> dict[str, Any]:
     """{frame: {mode: {throughput_pps, throughput_mbps: aggregate + ratio, bounds}}}."""
     per: dict[tuple[int, str], dict[int, dict[str, Any]]] = defaultdict(dict)
     for s in searches:
@@ -122,8 +154,9 @@ def summarize_rfc(searches: Iterable[dict[str, Any]]) -> dict[str, Any]:
             dst[metric] = agg
         dst["bounds"] = sorted({s["bound"] for s in by_rep.values()})
         cpu = [s["sys"]["cpu"] for s in by_rep.values() if s.get("sys")]
-        for c in ("0", "1"):
-            dst[f"cpu{c}_busy_pct"] = aggregate(x[c]["busy_pct"] for x in cpu if c in x)
+        for role, c in pl.role_cpus().items():
+            dst[f"cpu_{role}_busy_pct"] = aggregate(x[str(c)]["busy_pct"] for x in cpu
+                                                    if str(c) in x)
     return out
 
 
@@ -160,10 +193,14 @@ def _modes_in(d: dict[str, Any]) -> list[str]:
     return sorted(d, key=lambda m: order.index(m) if m in order else len(order))
 
 
-def latency_table(cond: dict[str, Any], columns: Iterable[tuple[str, str, str]] = LATENCY_COLUMNS,
-                  ) -> str:
+def _heading(col: Column) -> str:
+    _, lab, u = col
+    return f"{lab} ({u})" if u else lab
+
+
+def latency_table(cond: dict[str, Any], columns: Iterable[Column]) -> str:
     cols = list(columns)
-    head = "| mode | " + " | ".join(f"{lab} ({u})" if u else lab for _, lab, u in cols) + " |"
+    head = "| mode | " + " | ".join(_heading(c) for c in cols) + " |"
     sep = "|---|" + "---|" * len(cols)
     rows = [head, sep]
     for mode in _modes_in(cond):
@@ -172,29 +209,25 @@ def latency_table(cond: dict[str, Any], columns: Iterable[tuple[str, str, str]] 
     return "\n".join(rows)
 
 
-def rfc_table(rfc: dict[str, Any]) -> str:
-    rows = ["| frame | mode | zero-loss rate (pkt/s) | Mbit/s (frame) | bound | CPU0 busy (%) "
-            "| CPU1 busy (%) |", "|---|---|---|---|---|---|---|"]
+def rfc_table(rfc: dict[str, Any], pl: Placement) -> str:
+    cpus = list(pl.role_cpus().items())
+    rows = ["| frame | mode | zero-loss rate (pkt/s) | Mbit/s (frame) | bound | " +
+            " | ".join(f"{pl.cpu_label(c)} CPU busy (%)" for _, c in cpus) + " |",
+            "|---|---|---|---|---|" + "---|" * len(cpus)]
     for frame in sorted(rfc, key=int):
         for mode in _modes_in(rfc[frame]):
             d = rfc[frame][mode]
             rows.append(f"| {frame} B | {mode} | {cell(d['throughput_pps'])} | "
                         f"{cell(d['throughput_mbps'], spread=False)} | "
-                        f"{', '.join(d['bounds'])} | {cell(d.get('cpu0_busy_pct'), False)} | "
-                        f"{cell(d.get('cpu1_busy_pct'), False)} |")
+                        f"{', '.join(d['bounds'])} | " +
+                        " | ".join(cell(d.get(f"cpu_{r}_busy_pct"), False) for r, _ in cpus)
+                        + " |")
     return "\n".join(rows)
 
 
-TABLE2_COLUMNS = (("rtt_p99_us", "p99", "us"), ("rtt_p99.9_us", "p99.9", "us"),
-                  ("rtt_max_us", "max", "us"), ("lost", "lost", ""),
-                  ("xmit_to_poll_p99_us", "xmit→poll p99", "us"),
-                  ("cpu1_busy_pct", "CPU1 busy", "%"))
-
-
-def table2_table(t2: dict[str, Any]) -> str:
-    cols = TABLE2_COLUMNS
-    head = "| condition | mode | " + " | ".join(f"{lab} ({u})" if u else lab
-                                               for _, lab, u in cols) + " |"
+def table2_table(t2: dict[str, Any], pl: Placement) -> str:
+    cols = table2_columns(pl)
+    head = "| condition | mode | " + " | ".join(_heading(c) for c in cols) + " |"
     rows = [head, "|---|---|" + "---|" * len(cols)]
     for cond in t2:
         for mode in _modes_in(t2[cond]):
@@ -203,35 +236,67 @@ def table2_table(t2: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+# -- sections a scenario composes ---------------------------------------------------------
+def rtt_sections(results: dict[str, Any], titles: dict[str, str]) -> list[str]:
+    """The RT latency table and its cost table for each condition in ``titles`` that ran."""
+    cfg = results.get("config") or {}
+    rtt = (results.get("summary") or {}).get("rtt") or {}
+    pl = placement_of(results)
+    out: list[str] = []
+    for cond, title in titles.items():
+        if cond not in rtt:
+            continue
+        short = title.split(",")[0].split("(")[0].strip()
+        out += [f"**{title}** — {cfg.get('rate'):g} req/s "
+                f"{'random (exponential)' if cfg.get('poisson') else 'constant'} "
+                f"inter-arrival, {cfg.get('frame')} B frames, {cfg.get('duration'):g} s "
+                "per run", "", latency_table(rtt[cond], latency_columns(pl)), "",
+                f"CPU and interrupt cost, {short} ({cond}):", "",
+                latency_table(rtt[cond], cost_columns(pl)), ""]
+    return out
+
+
+def table2_section(results: dict[str, Any]) -> list[str]:
+    cfg = results.get("config") or {}
+    t2 = (results.get("summary") or {}).get("table2")
+    if not t2:
+        return []
+    return [f"**EE-KBP Table 2 conditions, scaled x{cfg.get('table2_scale'):g}** "
+            "(constant inter-arrival, no competing load)", "",
+            table2_table(t2, placement_of(results)), ""]
+
+
+def rfc_section(results: dict[str, Any]) -> list[str]:
+    cfg = results.get("config") or {}
+    rfc = (results.get("summary") or {}).get("rfc2544")
+    if not rfc:
+        return []
+    return [f"**RFC 2544 zero-loss throughput** (binary search, {cfg.get('rfc_trial'):g} s "
+            f"trials, stops within {100 * cfg.get('rfc_resolution', 0):g} % of the result)",
+            "", rfc_table(rfc, placement_of(results)), ""]
+
+
+# -- the whole report ---------------------------------------------------------------------
+def scenario_of(results: dict[str, Any]) -> Any:
+    from kbp.bench import scenarios
+    name = (results.get("scenario") or {}).get("name") or scenarios.DEFAULT
+    return scenarios.get(name)
+
+
 def markdown(results: dict[str, Any]) -> str:
-    s = results.get("summary") or {}
+    upgrade(results)
     cfg = results.get("config") or {}
     reps = cfg.get("reps")
-    out = [f"Testbed: {results.get('testbed')}. Kernel-timestamped round trips (SO_TIMESTAMPING"
+    pl = placement_of(results)
+    scen = results.get("scenario") or {}
+    out = [f"Scenario `{scen.get('name')}`: {scen.get('title', '')}.", "",
+           f"Testbed: {results.get('testbed')}. Kernel-timestamped round trips (SO_TIMESTAMPING"
            f" software stamps), microseconds. Cells: median of {reps} repetitions [min-max] "
-           "xratio to napi (median of per-repetition ratios).", ""]
+           "xratio to napi (median of per-repetition ratios).", "",
+           f"{pl.summary()}.", ""]
     skipped = {m: v.get("reason") for m, v in (results.get("modes") or {}).items()
                if v.get("status") == "skipped"}
-    rtt = s.get("rtt") or {}
-    for cond, title in (("load-off", "RT flow, no competing load (idle baseline)"),
-                        ("load-on", "RT flow with the competing flood (iperf3 UDP on the "
-                                    "load CPU)")):
-        if cond in rtt:
-            out += [f"**{title}** — {cfg.get('rate'):g} req/s "
-                    f"{'random (exponential)' if cfg.get('poisson') else 'constant'} "
-                    f"inter-arrival, {cfg.get('frame')} B frames, {cfg.get('duration'):g} s "
-                    "per run", "", latency_table(rtt[cond]), "",
-                    f"CPU and interrupt cost, {title.split(',')[0].split('(')[0].strip()}"
-                    f" ({cond}):", "", latency_table(rtt[cond], COST_COLUMNS), ""]
-    if s.get("table2"):
-        out += [f"**EE-KBP Table 2 conditions, scaled x{cfg.get('table2_scale'):g}** "
-                "(constant inter-arrival, no competing load)", "", table2_table(s["table2"]),
-                ""]
-    if s.get("rfc2544"):
-        out += [f"**RFC 2544 zero-loss throughput** (binary search, {cfg.get('rfc_trial'):g} s "
-                f"trials, stops within {100 * cfg.get('rfc_resolution', 0):g} % of the "
-                "result)",
-                "", rfc_table(s["rfc2544"]), ""]
+    out.append(scenario_of(results).render(results))
     if skipped:
         out += ["Skipped modes:", ""] + [f"- {m}: {why}" for m, why in skipped.items()] + [""]
     meter = (results.get("machine") or {}).get("power_meter")
@@ -239,12 +304,40 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def add_summary(results: dict[str, Any]) -> dict[str, Any]:
-    runs = results.get("runs") or []
-    summ = summarize_runs(runs)
+def upgrade(results: dict[str, Any]) -> dict[str, Any]:
+    """A results.json of schema kbp-bench/1 (one scenario, CPUs 0/1, ``scenario`` meaning
+    the part) in today's shape, in place; newer ones are left alone."""
+    if results.get("schema") != "kbp-bench/1":
+        return results
+    from kbp.bench import scenarios
+    cfg = results.setdefault("config", {})
+    if "scenarios" in cfg:
+        cfg["parts"] = cfg.pop("scenarios")
+    results["scenario"] = {"name": scenarios.DEFAULT,
+                           "title": scenarios.get(scenarios.DEFAULT).title,
+                           "parts": cfg.get("parts")}
+    for r in results.get("runs") or []:
+        if "part" not in r:
+            r["part"], r["scenario"] = r.get("scenario"), scenarios.DEFAULT
+    for s in results.get("rfc2544") or []:
+        s.setdefault("part", "rfc2544")
+    results["placement"] = Placement.from_json(results.get("placement") or {}).to_json()
+    results["schema"] = "kbp-bench/2"
+    return results
+
+
+def summarize(results: dict[str, Any]) -> dict[str, Any]:
+    """The summary every part shares: latency runs by part, RFC 2544 searches."""
+    pl = placement_of(results)
+    summ = summarize_runs(results.get("runs") or [], pl)
     if results.get("rfc2544"):
-        summ["rfc2544"] = summarize_rfc(results["rfc2544"])
-    results["summary"] = summ
+        summ["rfc2544"] = summarize_rfc(results["rfc2544"], pl)
+    return summ
+
+
+def add_summary(results: dict[str, Any]) -> dict[str, Any]:
+    upgrade(results)
+    results["summary"] = scenario_of(results).summarize(results)
     results["percentile_definition"] = (
         "nearest rank: the smallest sample with at least p% of samples <= it; SD is the "
         "sample SD (n-1); across repetitions: median, min-max, nearest-rank quartiles; ratios "
@@ -253,4 +346,4 @@ def add_summary(results: dict[str, Any]) -> dict[str, Any]:
 
 
 __all__ = ["add_summary", "latency_table", "markdown", "pct_key", "run_metrics",
-           "summarize_rfc", "summarize_runs"]
+           "summarize", "summarize_rfc", "summarize_runs", "upgrade"]

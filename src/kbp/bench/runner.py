@@ -1,14 +1,16 @@
-"""Plan and run a benchmark: modes interleaved within each repetition, repeated.
+"""Plan and run a benchmark: one scenario (:mod:`kbp.bench.scenarios`), its modes
+interleaved within each repetition, repeated.
 
-Order (rep = 1..N): for each load condition (alternating which comes first), for each mode
-(rotated by one position every repetition, so no mode always runs first or right after the
-flood starts): one RT latency run.  Then, in the same repetition, the Table 2 conditions and
-the RFC 2544 search, again with the modes rotated.  Every run records its own CPU time,
-interrupts, softirqs, poller counters and kernel-side delays.
+The runner does what every scenario shares: it refuses bad input before anything changes
+(unknown scenario, part or mode, a placement that cannot be made), places the roles on CPUs
+(:mod:`kbp.bench.placement`), builds the testbed with the scenario's veth pairs named by role,
+starts the RT application on the RT pair, and offers the scenario one latency run
+(``latency_run``) and one RFC 2544 search (``rfc2544``) with every mode, each recording its
+own CPU time, interrupts, softirqs, poller counters and kernel-side delays.  The scenario
+decides the order (:mod:`kbp.bench.parts`: modes rotated by one position every repetition).
 
-Placement (docs/results.md explains it): the RT CPU runs the RT application (sockperf
-server) and, in the kbp modes, the RT device's receive poller; the load CPU runs the tester
-(SCHED_FIFO), the competing flood (iperf3 client and server), bpftrace and this program.
+A mode owns its quirks (:mod:`kbp.bench.modes`): where the application runs while it is on
+(``app_place``) and whether it needs a fresh RT device (``needs_fresh_device``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import contextlib
 import datetime as dt
 import errno
 import json
-import math
 import os
 import signal
 import sys
@@ -30,8 +31,20 @@ from typing import Any
 from pyroute2.netlink.exceptions import NetlinkError
 
 from kbp import names
-from kbp.bench import machine, rfc2544, sysstat, tester, trace, workloads
-from kbp.bench.modes import Mode, Target, all_modes, napi_kthreads
+from kbp.bench import (
+    machine,
+    netstats,
+    parts,
+    rfc2544,
+    scenarios,
+    sysstat,
+    tester,
+    trace,
+    workloads,
+)
+from kbp.bench import placement as placement_
+from kbp.bench.modes import SPIN_APP_CHOICES, AppEnv, AppPlace, Mode, Target, all_modes
+from kbp.bench.placement import Placement, PlacementError
 from kbp.bench.stats import summarize
 from kbp.testbed import Testbed
 
@@ -39,11 +52,15 @@ LABEL_HOST = "netns+veth on the host kernel (real timings)"
 LABEL_EMULATED = "netns+veth in the VM rig guest: timings emulated (QEMU TCG), not real"
 
 
+SCHEMA = "kbp-bench/2"
+
+
 @dataclass
 class BenchConfig:
+    scenario: str = scenarios.DEFAULT
     modes: list[str] = field(default_factory=lambda: list(names.BENCH_MODES))
     reps: int = 5
-    scenarios: list[str] = field(default_factory=lambda: ["rtt", "table2", "rfc2544"])
+    parts: list[str] | None = None  # None: every part the scenario has (rtt, table2, rfc2544)
     loads: list[str] = field(default_factory=lambda: ["off", "on"])
     # RT request/response flow
     duration: float = 10.0
@@ -65,14 +82,13 @@ class BenchConfig:
     rfc_reps: int = 3
     rfc_max_pps: float | None = None  # None: probe the tester's ceiling first
     rfc_loss_tolerance: float = 0.0
-    # placement
-    rt_cpu: int = 1
-    load_cpu: int = 0
+    # placement: {role: CPU} pins (kbp.bench.placement); the other roles are placed by rule
+    cpus: dict[str, int] = field(default_factory=dict)
     tester_prio: int = 50
     rt_prio: int = 50
-    # busy (a poller that never sleeps): "fifo" = the app stays on the RT CPU at SCHED_FIFO
+    # busy (a poller that never sleeps): "fifo" = the app stays on its CPU at SCHED_FIFO
     # rt_prio+1, so a wake-up preempts the spinning poller; "elsewhere" = the app moves to the
-    # load CPU; "same" = nothing changes (the app only runs in RT-throttling windows)
+    # tester's CPU; "same" = nothing changes (the app only runs in RT-throttling windows)
     spin_app: str = "fifo"
     trace: bool = True
     wait_quiet_s: float = 0.0        # before each run, wait up to this long while QEMU runs
@@ -80,6 +96,7 @@ class BenchConfig:
     emulated: bool | None = None     # None: detect (QEMU guest)
     out: Path = Path("out/bench")
     command: str = ""
+    deprecated: list[str] = field(default_factory=list)   # deprecated options used
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -139,53 +156,89 @@ class Bench:
     flood: workloads.Flood | None = None
     trace_reason: str | None = None
     tfs: trace.TraceFs = field(default_factory=trace.TraceFs)
+    cpus_available: Callable[[], list[int]] = placement_.available_cpus
+    scenario: scenarios.Scenario | None = None
+    placement: Placement | None = None
 
     # -- planning ------------------------------------------------------------------------
-    def check(self) -> None:
+    def plan(self) -> Placement:
+        """Everything decided from the configuration and the CPU layout alone (no root, no
+        system change): the scenario, its parts, the modes, the placement.  Refuses bad
+        input with the reason (Aborted)."""
         cfg = self.cfg
-        if os.geteuid() != 0:
-            raise Aborted("kbpctl bench builds network namespaces and changes kernel "
-                          "settings: run it as root")
-        bad = [m for m in cfg.modes if m not in names.BENCH_MODES]
+        try:
+            self.scenario = scenarios.get(cfg.scenario)
+        except scenarios.UnknownScenario as e:
+            raise Aborted(str(e)) from e
+        if cfg.parts is None:
+            cfg.parts = list(self.scenario.parts)
+        bad = [p for p in cfg.parts if p not in self.scenario.parts]
         if bad:
-            raise Aborted(f"unknown mode {bad[0]!r}: choose from {', '.join(names.BENCH_MODES)}")
+            raise Aborted(f"unknown part {bad[0]!r} for scenario {self.scenario.name}: choose "
+                          f"from {', '.join(self.scenario.parts)}")
+        badm = [m for m in cfg.modes if m not in names.BENCH_MODES]
+        if badm:
+            raise Aborted(f"unknown mode {badm[0]!r}: choose from "
+                          f"{', '.join(names.BENCH_MODES)}")
         if "napi" not in cfg.modes:
             raise Aborted("mode napi is the baseline every ratio refers to: keep it in --modes")
-        online = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-        for c in (cfg.rt_cpu, cfg.load_cpu):
-            if c not in online:
-                raise Aborted(f"CPU {c} is not available here (online/allowed: {online}); "
-                              "choose --rt-cpu and --load-cpu among them")
-        if cfg.rt_cpu == cfg.load_cpu:
-            raise Aborted("--rt-cpu and --load-cpu must differ: the RT receive path gets a "
-                          "CPU of its own (KBP Sect. 4.1)")
-        tools = ["ip", "ethtool", "taskset", "sockperf"]
-        if "on" in cfg.loads and "rtt" in cfg.scenarios:
-            tools.append("iperf3")
-        workloads.require_tools(tools)
+        if cfg.spin_app not in SPIN_APP_CHOICES:
+            raise Aborted(f"unknown --busy-app {cfg.spin_app!r}: use "
+                          f"{', '.join(SPIN_APP_CHOICES)}")
         if cfg.reps < 1:
             raise Aborted("--reps must be at least 1")
         rfc2544.udp_payload(cfg.frame)
         for f in cfg.rfc_frames:
             rfc2544.udp_payload(f)
+        self.scenario.check(cfg)
+        try:
+            self.placement = placement_.plan(self.cpus_available(), cfg.cpus,
+                                             self.scenario.roles(cfg))
+        except PlacementError as e:
+            raise Aborted(str(e)) from e
+        return self.placement
+
+    def check(self) -> None:
+        """plan(), then what this machine must offer (root, tools)."""
+        self.plan()
+        assert self.scenario is not None
+        if os.geteuid() != 0:
+            raise Aborted("kbpctl bench builds network namespaces and changes kernel "
+                          "settings: run it as root")
+        workloads.require_tools(["ip", "ethtool", "taskset", "sockperf",
+                                 *self.scenario.tools(self.cfg)])
 
     def plan_seconds(self) -> float:
         """Planned duration of the whole benchmark (for the progress bar)."""
-        cfg = self.cfg
-        n = max(len(self.runnable), 1)
-        s = 0.0
-        if "rtt" in cfg.scenarios:
-            s += cfg.reps * len(cfg.loads) * n * self._latency_plan(cfg.duration)
-        if "table2" in cfg.scenarios:
-            s += (cfg.table2_reps or cfg.reps) * 6 * n * self._latency_plan(cfg.table2_duration)
-        if "rfc2544" in cfg.scenarios:
-            s += min(cfg.rfc_reps, cfg.reps) * len(cfg.rfc_frames) * n * self._rfc_plan()
-        return s
+        assert self.scenario is not None
+        return self.scenario.plan_seconds(self.cfg, max(len(self.runnable), 1))
+
+    def order(self, rep: int) -> list[str]:
+        """The runnable modes in repetition ``rep``'s order (rotated by one each time)."""
+        return _rotate(self.runnable, rep)
+
+    def _placement_json(self) -> dict[str, Any]:
+        assert self.placement is not None
+        p, cfg = self.placement, self.cfg
+        d = p.to_json()
+        d["runs"] = {
+            "rt": "the RT device's poller in threaded (unpinned: where the scheduler puts "
+                  "it), stock-kbp, busy, hybrid",
+            "app": "sockperf server (the RT application), default policy; busy: "
+                   f"--busy-app {cfg.spin_app}",
+            "tester": f"kbp-rtt (SCHED_FIFO {cfg.tester_prio})",
+            "harness": "this program, bpftrace",
+        }
+        for role, what in (self.scenario.role_doc if self.scenario else {}).items():
+            d["runs"][role] = f"{d['runs'][role]}; {what}" if role in d["runs"] else what
+        return d
 
     # -- the whole run -----------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
         self.check()
+        assert self.scenario is not None and self.placement is not None
+        pl = self.placement
         _MAIN_PID[0] = os.getpid()
         _INTERRUPTED[0] = False
         old_term = signal.signal(signal.SIGTERM, _interrupt)
@@ -195,25 +248,18 @@ class Bench:
         old_aff = os.sched_getaffinity(0)
         emulated = machine.is_qemu_guest() if cfg.emulated is None else cfg.emulated
         self.results = {
-            "schema": "kbp-bench/1",
+            "schema": SCHEMA,
             "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "command": cfg.command,
             "config": cfg.to_json(),
+            "scenario": {"name": self.scenario.name, "title": self.scenario.title,
+                         "parts": list(cfg.parts or [])},
             "testbed": LABEL_EMULATED if emulated else LABEL_HOST,
             "emulated": emulated,
             "machine": machine.describe(),
             "tools": machine.tool_versions(),
             "quiet_before": machine.quiet_report(),
-            "placement": {
-                "rt_cpu": cfg.rt_cpu, "load_cpu": cfg.load_cpu,
-                "rt_cpu_runs": "sockperf server (RT app); the RT device's poller in "
-                               "threaded/stock-kbp/busy/hybrid (busy: the poller alone, the "
-                               f"app placement: {cfg.spin_app})",
-                "load_cpu_runs": "tester kbp-rtt (SCHED_FIFO "
-                                 f"{cfg.tester_prio}), iperf3 flood client+server, bpftrace, "
-                                 "the benchmark itself; in napi mode also the RT device's "
-                                 "NAPI (veth polls on the transmitting CPU)",
-            },
+            "placement": self._placement_json(),
             "modes": {}, "runs": [], "rfc2544": [], "interrupted": False,
         }
         self.modes = all_modes()
@@ -235,10 +281,11 @@ class Bench:
         try:
             if not self.trace_reason:
                 tfs.ensure()
-            os.sched_setaffinity(0, {cfg.load_cpu})
-            with _testbed() as tb:
+            os.sched_setaffinity(0, {pl.cpu(placement_.HARNESS)})
+            with _testbed(self.scenario.links) as tb:
                 self.tb = tb
-                self._run_all(tb)
+                self._start(tb)
+                self.scenario.run(self)
                 _checkpoint()
         except KeyboardInterrupt:
             self.results["interrupted"] = True
@@ -259,80 +306,49 @@ class Bench:
             self.tb = None
         return self.results
 
-    def _run_all(self, tb: Testbed) -> None:
-        cfg = self.cfg
-        rt, fl = tb.links[0], tb.links[1]
-        self.results["testbed_devices"] = {"rt": asdict(rt), "flood": asdict(fl)}
-        self.server = workloads.SockperfServer(tb.server, rt.ip_b, cfg.rt_cpu)
+    def _start(self, tb: Testbed) -> None:
+        """The RT application on the RT pair; every scenario has it."""
+        assert self.placement is not None
+        rt = tb.link("rt")
+        self.results["testbed_devices"] = {name: asdict(tb.link(name)) for name in tb.link_names}
+        self.server = workloads.SockperfServer(tb.server, rt.ip_b,
+                                               self.placement.cpu(placement_.APP))
         self.server.start()
         tb.defer(self.server.stop)
-        if "on" in cfg.loads and "rtt" in cfg.scenarios:
-            self.flood = workloads.Flood(tb.client, tb.server, fl.ip_b, fl.dev_b, cfg.load_cpu,
-                                         length=cfg.flood_len, bitrate=cfg.flood_bitrate)
-            self.flood.start_server()
-            tb.defer(self.flood.stop_server)
-            tb.defer(self.flood.stop)
-        target = Target(tb.server, rt.dev_b, cfg.rt_cpu, cfg.rt_prio)
-        for rep in range(cfg.reps):
-            order = _rotate(self.runnable, rep)
-            if "rtt" in cfg.scenarios:
-                loads = cfg.loads if rep % 2 == 0 else list(reversed(cfg.loads))
-                for load in loads:
-                    flood_stats: dict[str, Any] = {}
-                    if load == "on":
-                        assert self.flood is not None
-                        self._note(f"rep {rep + 1}: starting the competing flood")
-                        self.flood.start()
-                    block: list[dict[str, Any]] = []
-                    try:
-                        for m in order:
-                            block.append(self._latency_run(
-                                m, target, rep, scenario="rtt", condition=f"load-{load}",
-                                size=rfc2544.udp_payload(cfg.frame), rate=cfg.rate,
-                                poisson=cfg.poisson, duration=cfg.duration))
-                    finally:
-                        if load == "on" and self.flood is not None:
-                            flood_stats = self.flood.stop()
-                    for r in block:
-                        r["flood_block"] = flood_stats
-            if "table2" in cfg.scenarios and rep < (cfg.table2_reps or cfg.reps):
-                for cond in workloads.table2(cfg.table2_scale):
-                    for m in order:
-                        r = self._latency_run(
-                            m, target, rep, scenario="table2", condition=cond.label,
-                            size=rfc2544.udp_payload(cond.frame), rate=cond.pps, poisson=False,
-                            duration=cfg.table2_duration)
-                        r["table2"] = cond.to_json()
-            if "rfc2544" in cfg.scenarios and rep < cfg.rfc_reps:
-                for frame in cfg.rfc_frames:
-                    for m in order:
-                        self._rfc2544(m, target, rep, frame)
+
+    def target(self) -> Target:
+        """The device every mode serves: the server end of the RT pair, on the RT CPU."""
+        assert self.tb is not None and self.placement is not None
+        return Target(self.tb.server, self.tb.link("rt").dev_b,
+                      self.placement.cpu(placement_.RT), self.cfg.rt_prio)
 
     # -- one latency run -------------------------------------------------------------------
-    def _latency_run(self, mode_name: str, target: Target, rep: int, *, scenario: str,
-                     condition: str, size: int, rate: float, poisson: bool,
-                     duration: float) -> dict[str, Any]:
+    def latency_run(self, mode_name: str, rep: int, *, part: str, condition: str, size: int,
+                    rate: float, poisson: bool, duration: float) -> dict[str, Any]:
+        """One RT latency run of ``mode_name``: the record, also appended to results."""
         cfg = self.cfg
         assert self.tb is not None and self.binary is not None and self.server is not None
+        assert self.placement is not None and self.scenario is not None
+        pl = self.placement
         mode = self.modes[mode_name]
-        desc = f"rep {rep + 1}/{cfg.reps} · {scenario} {condition} · {mode_name}"
+        desc = f"rep {rep + 1}/{cfg.reps} · {part} {condition} · {mode_name}"
         self._note(desc)
-        rec: dict[str, Any] = {"rep": rep, "mode": mode_name, "scenario": scenario,
-                               "condition": condition, "rate": rate, "poisson": poisson,
-                               "payload": size, "duration": duration}
+        rec: dict[str, Any] = {"rep": rep, "mode": mode_name, "scenario": self.scenario.name,
+                               "part": part, "condition": condition, "rate": rate,
+                               "poisson": poisson, "payload": size, "duration": duration}
         rec["waited_for_quiet_s"] = self._wait_quiet(desc)
         rec["quiet"] = machine.quiet_report()
         t_start = time.monotonic()
         kt: trace.KernelTrace | None = None
-        with self._mode(mode, target):
+        with self._mode(mode):
             threads = mode.threads()
             app = self.server.pids()
             rec["mode_setup"] = mode.describe()
             rec["app_cpu"] = self.server.cpu_now
             rec["app_fifo"] = self.server.fifo_now
             if not self.trace_reason:
-                kt = self.tfs.track(trace.KernelTrace(poller_pids=list(threads),
-                                                      app_pids=app, cpu=cfg.load_cpu))
+                kt = self.tfs.track(trace.KernelTrace(poller_pids=list(threads), app_pids=app,
+                                                      cpu=pl.cpu(placement_.HARNESS)))
                 try:
                     kt.start()
                 except RuntimeError as e:
@@ -344,7 +360,7 @@ class Bench:
                 res = tester.run_rtt(self.binary, self.tb.client, target_ip(self.tb), port=
                                      workloads.SOCKPERF_PORT, size=size, rate=rate,
                                      poisson=poisson, duration=duration, warmup=cfg.warmup,
-                                     cpu=cfg.load_cpu, fifo=cfg.tester_prio,
+                                     cpu=pl.cpu(placement_.TESTER), fifo=cfg.tester_prio,
                                      seed=cfg.seed * 1000 + rep)
                 s1 = sysstat.Snapshot.take(list(threads) + app)
                 c1 = mode.counters()
@@ -370,18 +386,20 @@ class Bench:
         else:
             rec["kernel_delay"] = None
             rec["kernel_delay_skipped"] = self.trace_reason or rec.get("kernel_delay_error")
-        key = f"{scenario}|{condition}|{mode_name}"
+        key = f"{part}|{condition}|{mode_name}"
         self.samples.setdefault(key, []).extend(res.kernel_ns)
         self.results["runs"].append(rec)
         rec["took_s"] = time.monotonic() - t_start
-        self._advance(self._latency_plan(duration), desc)
+        self._advance(self.latency_plan(duration), desc)
         return rec
 
     # -- one RFC 2544 search -----------------------------------------------------------------
-    def _rfc2544(self, mode_name: str, target: Target, rep: int, frame: int) -> None:
+    def rfc2544(self, mode_name: str, rep: int, frame: int) -> dict[str, Any]:
+        """One RFC 2544 zero-loss search of ``mode_name``: the record, also in results."""
         cfg = self.cfg
-        assert self.tb is not None and self.binary is not None
+        assert self.tb is not None and self.binary is not None and self.placement is not None
         mode = self.modes[mode_name]
+        tester_cpu = self.placement.cpu(placement_.TESTER)
         size = rfc2544.udp_payload(frame)
         desc = f"rep {rep + 1}/{cfg.reps} · rfc2544 {frame}B · {mode_name}"
         self._note(desc)
@@ -392,17 +410,17 @@ class Bench:
 
         def trial(rate: float) -> rfc2544.Trial:
             self._note(f"{desc} · trial {rate:,.0f} pps")
-            d0 = _drops(self.tb, target)
+            d0 = _drops(self.tb)
             r = tester.run_rate(self.binary, self.tb.client if self.tb else None, ip,
                                 port=workloads.SOCKPERF_PORT, size=size, rate=rate,
-                                duration=cfg.rfc_trial, cpu=cfg.load_cpu, fifo=cfg.tester_prio)
-            d1 = _drops(self.tb, target)
+                                duration=cfg.rfc_trial, cpu=tester_cpu, fifo=cfg.tester_prio)
+            d1 = _drops(self.tb)
             return rfc2544.Trial(rate=rate, sent=int(r["sent"]), received=int(r["received"]),
                                  achieved_rate=float(r["achieved_pps"]),
                                  duration_s=float(r["elapsed_s"]),
                                  extra={"drops": {k: d1[k] - d0.get(k, 0) for k in d1}})
 
-        with self._mode(mode, target):
+        with self._mode(mode):
             s0 = sysstat.Snapshot.take()
             hi = cfg.rfc_max_pps
             probe = None
@@ -412,7 +430,7 @@ class Bench:
             res = rfc2544.search(trial, hi=hi, resolution=cfg.rfc_resolution,
                                  loss_tolerance=cfg.rfc_loss_tolerance)
             s1 = sysstat.Snapshot.take()
-        out = {"rep": rep, "mode": mode_name, "frame": frame, "payload": size,
+        out = {"rep": rep, "mode": mode_name, "part": "rfc2544", "frame": frame, "payload": size,
                "throughput_pps": res.throughput,
                "throughput_mbps": rfc2544.frame_mbps(res.throughput, frame),
                "bound": res.bound, "hi": hi, "resolution": cfg.rfc_resolution,
@@ -424,30 +442,30 @@ class Bench:
                "waited_for_quiet_s": waited, "quiet": quiet}
         self.results["rfc2544"].append(out)
         out["took_s"] = time.monotonic() - t_start
-        self._advance(self._rfc_plan(), desc)
+        self._advance(self.rfc_plan(), desc)
+        return out
 
     # -- helpers -------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def _mode(self, mode: Mode, target: Target) -> Iterator[None]:
-        if getattr(mode, "backend", None) == names.BACKEND_KMOD and napi_kthreads(target.dev):
+    def _mode(self, mode: Mode) -> Iterator[None]:
+        """The mode on, with its quirks: a fresh RT device if it needs one, the application
+        where the mode wants it; afterwards the mode off and the application home again."""
+        assert self.server is not None and self.placement is not None
+        if mode.needs_fresh_device(self.target()):
             self._fresh_rt_link()
-        spin = mode.spins and self.server is not None
+        home = AppPlace(self.placement.cpu(placement_.APP))
+        env = AppEnv(spin_app=self.cfg.spin_app,
+                     elsewhere_cpu=self.placement.cpu(placement_.TESTER),
+                     rt_prio=self.cfg.rt_prio)
         try:
-            if spin and self.cfg.spin_app == "elsewhere":
-                self.server.move(self.cfg.load_cpu)
-            elif spin and self.cfg.spin_app == "fifo":
-                self.server.set_fifo(self.cfg.rt_prio + 1)
-            mode.setup(target)
+            self.server.place(mode.app_place(home, env))
+            mode.setup(self.target())
             yield
         finally:
             try:
                 mode.teardown()
             finally:
-                if self.server is not None:
-                    if self.server.cpu_now != self.cfg.rt_cpu:
-                        self.server.move(self.cfg.rt_cpu)
-                    if self.server.fifo_now:
-                        self.server.set_fifo(0)
+                self.server.place(home)
 
     def _fresh_rt_link(self) -> None:
         """Kernels before ~6.15 keep a NAPI's kthread after threaded=0, and the module refuses
@@ -455,7 +473,7 @@ class Bench:
         assert self.tb is not None and self.server is not None
         self._note("recreating the RT veth pair (a NAPI kthread outlived threaded=0)")
         self.server.stop()
-        self.tb.recreate_link(0)
+        self.tb.recreate_link(list(self.tb.link_names).index("rt"))
         self.server.start()
         self.results.setdefault("rt_link_recreated", 0)
         self.results["rt_link_recreated"] += 1
@@ -473,31 +491,31 @@ class Bench:
         self.results["waited_for_quiet_s"] = spent + waited
         return waited
 
-    def _note(self, msg: str) -> None:
-        _checkpoint()                   # called as each run, trial and flood starts
+    def note(self, msg: str) -> None:
+        """Say what starts now (and honour a pending Ctrl-C)."""
+        _checkpoint()                   # called as each run, trial and load starts
         if self.progress:
             self.progress.note(msg)
+
+    _note = note
 
     def _advance(self, planned_s: float, desc: str) -> None:
         _checkpoint()
         if self.progress:
             self.progress.advance(planned_s, desc)
 
-    def _latency_plan(self, duration: float) -> float:
-        return duration + self.cfg.warmup + 1.6
+    def latency_plan(self, duration: float) -> float:
+        return parts.latency_seconds(self.cfg, duration)
 
-    def _rfc_plan(self) -> float:
-        cfg = self.cfg
-        # ceiling probe + ceiling + ~4 halvings (the RT path carries far less than the
-        # sender can offer) + refinements down to the resolution
-        trials = 6 + max(1, math.ceil(-math.log2(cfg.rfc_resolution)))
-        return trials * (cfg.rfc_trial + 0.8)
+    def rfc_plan(self) -> float:
+        return parts.rfc_seconds(self.cfg)
 
 
 @contextlib.contextmanager
-def _testbed() -> Iterator[Testbed]:
-    """The benchmark's testbed: RT pair (0) and flood pair (1), namespaces kbpb-<tag>-c/s."""
-    tb = Testbed(links_wanted=2, prefix="kbpb")
+def _testbed(links: tuple[str, ...]) -> Iterator[Testbed]:
+    """The benchmark's testbed: namespaces kbpb-<tag>-c/s, one veth pair per name in
+    ``links`` (devices <name>-c-<tag> / <name>-s-<tag>; the first is the RT pair)."""
+    tb = Testbed(link_names=links, prefix="kbpb")
     try:
         tb.__enter__()
     except NetlinkError as e:
@@ -512,10 +530,10 @@ def _testbed() -> Iterator[Testbed]:
 
 
 def target_ip(tb: Testbed) -> str:
-    return tb.links[0].ip_b
+    return tb.link("rt").ip_b
 
 
-def _drops(tb: Testbed | None, target: Target) -> dict[str, int]:
+def _drops(tb: Testbed | None) -> dict[str, int]:
     """Where packets were dropped: UDP socket buffers in both namespaces, veth counters."""
     if tb is None:
         return {}
@@ -528,13 +546,14 @@ def _drops(tb: Testbed | None, target: Target) -> dict[str, int]:
             out[f"{tag}_udp_rcvbuf_errors"] = row.get("RcvbufErrors", 0)
             out[f"{tag}_udp_sndbuf_errors"] = row.get("SndbufErrors", 0)
             out[f"{tag}_udp_in_errors"] = row.get("InErrors", 0)
-    link = tb.links[0]
+    link = tb.link("rt")
     for ns, dev, tag in ((link.ns_a, link.dev_a, "client_dev"),
                          (link.ns_b, link.dev_b, "server_dev")):
-        for stat in ("rx_dropped", "tx_dropped"):
-            p = tb.run(ns, ["cat", f"/sys/class/net/{dev}/statistics/{stat}"], check=False)
-            with contextlib.suppress(ValueError):
-                out[f"{tag}_{stat}"] = int(p.stdout.strip())
+        st = netstats.link_stats(ns, dev)
+        for way in ("rx", "tx"):
+            v = (st.get(way) or {}).get("dropped")
+            if v is not None:
+                out[f"{tag}_{way}_dropped"] = int(v)
     return out
 
 

@@ -20,6 +20,10 @@ Four delays, each aggregated in the kernel into log-linear buckets (two signific
 
 Why not ``napi:napi_poll``: it fires after the poll *returns*, and bpftrace 0.17 misreads its
 ``dev_name``; the tracepoints above mark the start of the work instead.
+
+bpftrace runs with ``-f json``: one JSON object a line (``printf`` output, then a ``map``
+object per map at exit); :func:`parse` also reads the text dump (``@h[0, 312, 2800]: 10``)
+of bpftrace without ``-f json``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import json
 import os
 import re
 import selectors
@@ -108,22 +113,59 @@ def program(poller_pids: Sequence[int] = (), app_pids: Sequence[int] = (),
 _LINE = re.compile(r"^@(h|mx|sm)\[([^\]]*)\]:\s*(-?\d+)\s*$")
 
 
+def _entries(output: str) -> list[tuple[str, list[int], int]]:
+    """(map name without @, key ints, value) of every map entry bpftrace printed, from its
+    JSON lines (``-f json``: {"type": "map", "data": {"@h": {"0,312,2800": 10}}}) or its text
+    dump (``@h[0, 312, 2800]: 10``)."""
+    out: list[tuple[str, list[int], int]] = []
+    for line in output.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(obj, dict) or obj.get("type") != "map":
+                continue
+            for name, entries in (obj.get("data") or {}).items():
+                if not isinstance(entries, dict):
+                    continue
+                for key, val in entries.items():
+                    with contextlib.suppress(ValueError, TypeError):
+                        parts = key if isinstance(key, list) else str(key).split(",")
+                        out.append((name.lstrip("@"), [int(str(k).strip()) for k in parts],
+                                    int(val)))
+            continue
+        m = _LINE.match(line)
+        if m:
+            out.append((m.group(1), [int(k.strip()) for k in m.group(2).split(",")],
+                        int(m.group(3))))
+    return out
+
+
+def is_ready(line: str) -> bool:
+    """The program's BEGIN line ("READY"), as text or as a JSON printf object."""
+    line = line.strip()
+    if line == "READY":
+        return True
+    if line.startswith("{"):
+        with contextlib.suppress(json.JSONDecodeError, AttributeError):
+            obj = json.loads(line)
+            return bool(obj.get("type") == "printf" and str(obj.get("data")).strip() == "READY")
+    return False
+
+
 def parse(output: str) -> dict[str, Any]:
-    """Parse bpftrace's map dump into {delay name: {key: summary}} (key: napi_id / cpu / 0)."""
+    """Parse bpftrace's maps into {delay name: {key: summary}} (key: napi_id / cpu / 0)."""
     hist: dict[tuple[int, int], dict[int, int]] = defaultdict(dict)
     mx: dict[tuple[int, int], int] = {}
     sm: dict[tuple[int, int], int] = {}
-    for line in output.splitlines():
-        m = _LINE.match(line.strip())
-        if not m:
-            continue
-        keys = [int(k.strip()) for k in m.group(2).split(",")]
-        val = int(m.group(3))
-        if m.group(1) == "h":
+    for name, keys, val in _entries(output):
+        if name == "h" and len(keys) == 3:
             hist[(keys[0], keys[1])][keys[2]] = val
-        elif m.group(1) == "mx":
+        elif name == "mx" and len(keys) == 2:
             mx[(keys[0], keys[1])] = val
-        else:
+        elif name == "sm" and len(keys) == 2:
             sm[(keys[0], keys[1])] = val
     out: dict[str, Any] = {}
     for (kind, key), buckets in sorted(hist.items()):
@@ -284,7 +326,7 @@ class KernelTrace:
 
     def start(self, timeout: float = 60.0) -> None:
         self.script = program(self.poller_pids, self.app_pids)
-        argv = ["bpftrace", "-e", self.script]
+        argv = ["bpftrace", "-f", "json", "-e", self.script]
         if shutil.which("nice"):
             # a large CFS weight: loading the program took > 20 s with both CPUs saturated
             # (TCG, busy + flood).  Not SCHED_FIFO: pinned next to this (SCHED_OTHER) process,
@@ -306,7 +348,7 @@ class KernelTrace:
                 if sel.select(timeout=0.2):
                     line = self.proc.stdout.readline()
                     buf += line
-                    if line.strip() == "READY":
+                    if is_ready(line):
                         self.started_ns = time.monotonic_ns()
                         return
         except BaseException:

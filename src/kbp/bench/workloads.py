@@ -1,10 +1,11 @@
 """The traffic of the benchmark: the RT application, the competing flood, EE-KBP's Table 2.
 
 * RT application: an unmodified ``sockperf server`` (UDP echo of sockperf's ping-pong
-  messages), pinned to the RT CPU, default scheduling policy.
+  messages), pinned to the app's CPU (the RT CPU by default), default scheduling policy.
 * Competing load ("heavy receiver", rt-socket-outsourcing Sect. IV-A): an ``iperf3`` UDP flood
-  at full speed through a second veth pair, client and server pinned to the load CPU.  Its
-  receive NAPI runs in NET_RX softirq on the load CPU (veth polls on the transmitting CPU).
+  at full speed through a second veth pair, the client on the flood sender's CPU, the server
+  on the heavy receiver's.  Its receive NAPI runs in NET_RX softirq on the flood sender's CPU
+  (veth polls on the transmitting CPU).
 * EE-KBP Table 2: six constant-interval traffic conditions (80 Mbit/s and 1 Gbit/s, frames
   of 1518 / 512 / 64 bytes), scaled by one factor to what this machine can carry.
 """
@@ -20,7 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kbp.bench import procs
+from kbp.bench import netstats, procs
+from kbp.bench.modes import AppPlace
 from kbp.testbed import run as ns_run
 
 SOCKPERF_PORT = 11111
@@ -111,6 +113,14 @@ class SockperfServer:
                     os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
         self.fifo_now = prio
 
+    def place(self, where: AppPlace) -> None:
+        """Run on ``where.cpu`` at ``where.fifo`` (0: default policy), changing only what
+        differs from now."""
+        if self.cpu_now != where.cpu:
+            self.move(where.cpu)
+        if self.fifo_now != where.fifo:
+            self.set_fifo(where.fifo)
+
     def stop(self) -> None:
         if self.proc is not None:
             procs.stop(self.proc)
@@ -125,7 +135,8 @@ class Flood:
     server_ns: str
     server_ip: str
     server_dev: str
-    cpu: int
+    sender_cpu: int             # the iperf3 client (flood sender role)
+    receiver_cpu: int           # the iperf3 server (heavy receiver role)
     length: int = 64            # UDP payload bytes: small datagrams = most softirq work
     bitrate: str = "0"          # iperf3 -b: 0 = as fast as it can
     server: subprocess.Popen[str] | None = None
@@ -134,9 +145,9 @@ class Flood:
     _t0: float = 0.0
 
     def start_server(self) -> None:
-        self.server = procs.start(self.server_ns, ["taskset", "-c", str(self.cpu), "iperf3",
-                                                   "-s", "-B", self.server_ip, "-p",
-                                                   str(IPERF_PORT)], stdout=subprocess.DEVNULL)
+        self.server = procs.start(self.server_ns, [
+            "taskset", "-c", str(self.receiver_cpu), "iperf3", "-s", "-B", self.server_ip,
+            "-p", str(IPERF_PORT)], stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             out = ns_run(self.server_ns, ["cat", "/proc/net/tcp"], check=False).stdout
@@ -146,12 +157,11 @@ class Flood:
         raise RuntimeError("iperf3 server did not listen")
 
     def rx_packets(self) -> int:
-        return int(ns_run(self.server_ns, ["cat", f"/sys/class/net/{self.server_dev}/"
-                                           "statistics/rx_packets"]).stdout)
+        return netstats.rx_packets(self.server_ns, self.server_dev)
 
     def start(self, warm: float = 1.0) -> None:
         self.client = procs.start(self.client_ns, [
-            "taskset", "-c", str(self.cpu), "iperf3", "-c", self.server_ip, "-p",
+            "taskset", "-c", str(self.sender_cpu), "iperf3", "-c", self.server_ip, "-p",
             str(IPERF_PORT), "-u", "-b", self.bitrate, "-l", str(self.length), "-t", "86400",
             "-J"])
         time.sleep(warm)

@@ -1,0 +1,31 @@
+"""Device counters from iproute2's JSON (``ip -j -s link``), inside a network namespace."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kbp.testbed import run as ns_run
+
+
+def link_stats(ns: str | None, dev: str) -> dict[str, Any]:
+    """``stats64`` of a device: {"rx": {"packets", "bytes", "dropped", ...}, "tx": {...}};
+    {} when the device is gone or ip prints nothing usable."""
+    p = ns_run(ns, ["ip", "-j", "-s", "link", "show", "dev", dev], check=False)
+    return parse_link_stats(p.stdout)
+
+
+def parse_link_stats(text: str) -> dict[str, Any]:
+    try:
+        rows = json.loads(text or "[]")
+    except json.JSONDecodeError:
+        return {}
+    if not rows or not isinstance(rows, list):
+        return {}
+    st = rows[0].get("stats64") or rows[0].get("stats") or {}
+    return st if isinstance(st, dict) else {}
+
+
+def rx_packets(ns: str | None, dev: str) -> int:
+    """Packets the device received (0 when it cannot be read)."""
+    return int((link_stats(ns, dev).get("rx") or {}).get("packets") or 0)

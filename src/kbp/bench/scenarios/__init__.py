@@ -1,0 +1,78 @@
+"""Scenarios of the benchmark: what testbed, load and measurements one ``kbpctl bench`` runs.
+
+A scenario is one file in this package with one class implementing :class:`Scenario`, added
+to :func:`all_scenarios`.  The runner (:mod:`kbp.bench.runner`) does what every scenario
+shares: checks, the placement of roles to CPUs, the testbed (veth pairs named by the
+scenario's ``links``; the first, ``rt``, carries the RT flow), the RT application (sockperf
+server) on the RT pair, the modes, tracefs, Ctrl-C.  It hands itself to ``run`` as the
+session: ``order(rep)``, ``latency_run(...)``, ``rfc2544(...)``, ``note(...)``,
+``placement``, ``tb``.  Reusable measurements (the RT latency block, Table 2, RFC 2544) and
+tables live in :mod:`kbp.bench.parts` and :mod:`kbp.bench.report`.
+
+=============  =================================================================================
+veth-inline    the default: RT flow over veth, with and without an iperf3 UDP flood; on veth the
+               RT NAPI runs inline at the end of the tester's send() (on the tester's CPU), so in
+               napi mode the flood reaches it only where tester and flood sender share a CPU
+=============  =================================================================================
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from kbp.bench.runner import Bench, BenchConfig
+
+DEFAULT = "veth-inline"
+
+
+class UnknownScenario(ValueError):
+    pass
+
+
+class Scenario(Protocol):
+    name: str
+    title: str                  # what it measures, one line (results.md, --help)
+    links: tuple[str, ...]      # veth pairs by role; the first is the RT pair ("rt")
+    parts: tuple[str, ...]      # the measurements it can run (--parts), in order
+    role_doc: dict[str, str]    # what runs in each role it adds (results' placement.runs)
+
+    def roles(self, cfg: BenchConfig) -> tuple[str, ...]:
+        """The roles (kbp.bench.placement.ROLES) this configuration places on CPUs."""
+
+    def tools(self, cfg: BenchConfig) -> list[str]:
+        """Programs it needs besides the runner's (ip, ethtool, taskset, sockperf)."""
+
+    def check(self, cfg: BenchConfig) -> None:
+        """Refuse a configuration it cannot run (raise runner.Aborted with the reason)."""
+
+    def plan_seconds(self, cfg: BenchConfig, n_modes: int) -> float:
+        """Planned run time (the progress bar's total)."""
+
+    def run(self, bench: Bench) -> None:
+        """Every repetition of every part; records land in bench.results / bench.samples."""
+
+    def summarize(self, results: dict[str, Any]) -> dict[str, Any]:
+        """results["summary"] from results["runs"] and the other raw records."""
+
+    def render(self, results: dict[str, Any]) -> str:
+        """The scenario's markdown tables (the runner adds the header and footer)."""
+
+    def plots(self, results: dict[str, Any], samples: dict[str, list[int]], out: Path,
+              ) -> list[Path]:
+        """PNG plots written to ``out``."""
+
+
+def all_scenarios() -> dict[str, Scenario]:
+    """Every scenario, by name (the first is the default)."""
+    from kbp.bench.scenarios.veth_inline import VethInline
+    return {s.name: s for s in (VethInline(),)}
+
+
+def get(name: str) -> Scenario:
+    """The scenario called ``name``; unknown names are refused with the known ones."""
+    known = all_scenarios()
+    if name not in known:
+        raise UnknownScenario(f"unknown scenario {name!r}: choose from {', '.join(known)}")
+    return known[name]

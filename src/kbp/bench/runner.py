@@ -153,7 +153,6 @@ class Bench:
     binary: Path | None = None
     tb: Testbed | None = None
     server: workloads.SockperfServer | None = None
-    flood: workloads.Flood | None = None
     trace_reason: str | None = None
     tfs: trace.TraceFs = field(default_factory=trace.TraceFs)
     cpus_available: Callable[[], list[int]] = placement_.available_cpus

@@ -134,8 +134,10 @@ def build(flavour: str, module_dir: Path, *, jobs: int = 0) -> Built:
     with file_lock(build_dir.with_name(build_dir.name + ".lock"), "build"):
         sync_tree(module_dir, build_dir)
         (build_dir / "modules.order").unlink(missing_ok=True)
+        # -Werror: a warning from a new compiler or kernel fails the flavour, as it fails
+        # DKMS on an operator's machine where the distribution builds with -Werror.
         argv = ["make", "-C", str(tree.headers), f"M={build_dir}",
-                f"-j{jobs or os.cpu_count() or 1}", "modules"]
+                f"-j{jobs or os.cpu_count() or 1}", "KCFLAGS=-Werror", "modules"]
         what = f"module build for {tree.kver}"
         release = flavours.get(flavour).release
         if release.is_host:

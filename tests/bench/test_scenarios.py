@@ -32,6 +32,29 @@ def test_registry_default_and_lookup() -> None:
         assert all(len(f"{link}-s-abcd") <= 15 for link in s.links)   # IFNAMSIZ
 
 
+def test_a_new_scenario_is_one_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module defining SCENARIO next to the others is registered, --help lists it, and the
+    refusal of unknown names names it; nothing else is edited."""
+    (tmp_path / "zz_probe.py").write_text(
+        "from kbp.bench.scenarios.veth_inline import VethInline\n"
+        "class Probe(VethInline):\n"
+        "    name = 'zz-probe'\n"
+        "    title = 'a probe scenario for the test'\n"
+        "SCENARIO = Probe()\n")
+    monkeypatch.setattr(scenarios, "__path__", [*scenarios.__path__, str(tmp_path)])
+    scenarios.all_scenarios.cache_clear()
+    try:
+        assert list(scenarios.all_scenarios()) == ["veth-inline", "zz-probe"]
+        with pytest.raises(scenarios.UnknownScenario, match="veth-inline, zz-probe"):
+            scenarios.get("nope")
+        from kbp.bench.cli import description
+        assert "zz-probe       a probe scenario for the test" in description()
+        assert Bench(BenchConfig(scenario="zz-probe"), cpus_available=lambda: [0, 1]).plan()
+    finally:
+        scenarios.all_scenarios.cache_clear()
+        sys.modules.pop("kbp.bench.scenarios.zz_probe", None)
+
+
 def test_unknown_scenario_refused_with_the_known_ones() -> None:
     with pytest.raises(scenarios.UnknownScenario, match="choose from veth-inline"):
         scenarios.get("shared-cpu-typo")

@@ -3,10 +3,7 @@ results.json, samples.json.gz, results.md and the PNG plots.
 
 Scenarios (``--scenario``; the first is the default):
 
-=============  =================================================================================
-veth-inline    RT flow over veth with and without a UDP flood on a second veth pair; in napi mode
-               the RT NAPI runs inline in the tester's send(), on the tester's CPU
-=============  =================================================================================
+{scenarios}
 
 Presets (explicit options override them):
 
@@ -70,8 +67,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", type=_csv, help=f"comma list of {','.join(names.BENCH_MODES)}")
     p.add_argument("--reps", type=int, help="repetitions (modes interleaved in each)")
     p.add_argument("--parts", type=_csv,
-                   help="comma list of the scenario's parts (veth-inline: rtt,table2,rfc2544)")
-    p.add_argument("--scenarios", type=_csv, dest="parts_deprecated",
+                   help="comma list of the scenario's parts (" + "; ".join(
+                       f"{n}: {','.join(s.parts)}" for n, s in scenarios.all_scenarios().items())
+                   + "; default: all)")
+    p.add_argument("--scenarios", type=_csv, dest="parts_deprecated", metavar="PARTS",
                    help="deprecated: the old name of --parts")
     p.add_argument("--loads", type=_csv, help="competing load for rtt: off,on")
     p.add_argument("--duration", type=float, help="seconds per RT latency run")
@@ -153,6 +152,16 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         cfg.emulated = True
     cfg.out = a.out or runner.default_out_dir()
     return cfg
+
+
+def description() -> str:
+    """This module's docstring with the registered scenarios filled in."""
+    import textwrap
+    rows = []
+    for name, scen in scenarios.all_scenarios().items():
+        lines = textwrap.wrap(scen.title, 80) or [""]
+        rows += [f"{name:<13}  {lines[0]}", *(" " * 15 + x for x in lines[1:])]
+    return (__doc__ or "").replace("{scenarios}", "\n".join(rows))
 
 
 def _console() -> Any:
@@ -364,7 +373,7 @@ def register(subparsers: Any) -> None:
     """Add ``bench`` to kbpctl (called by kbp.cli)."""
     p = subparsers.add_parser("bench", help="compare receive modes against NAPI "
                               "(latency, zero-loss throughput, CPU cost)",
-                              description=__doc__,
+                              description=description(),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     p.set_defaults(func=run_bench, handler=run_bench)
@@ -383,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         rp = argparse.ArgumentParser(prog="python -m kbp.bench report")
         rp.add_argument("dir", type=Path)
         return run_report(rp.parse_args(argv[1:]))
-    p = argparse.ArgumentParser(prog="python -m kbp.bench", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m kbp.bench", description=description(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     a = p.parse_args(argv)

@@ -1,10 +1,12 @@
 """Scenarios of the benchmark: what testbed, load and measurements one ``kbpctl bench`` runs.
 
-A scenario is one file in this package with one class implementing :class:`Scenario`, added
-to :func:`all_scenarios`.  The runner (:mod:`kbp.bench.runner`) does what every scenario
-shares: checks, the placement of roles to CPUs, the testbed (veth pairs named by the
-scenario's ``links``; the first, ``rt``, carries the RT flow), the RT application (sockperf
-server) on the RT pair, the modes, tracefs, Ctrl-C.  It hands itself to ``run`` as the
+A scenario is one file in this package defining ``SCENARIO``, an object implementing
+:class:`Scenario`; :func:`all_scenarios` finds every such file (the default first, then by
+name), and ``--help``, ``--scenario`` and the refusal of unknown names follow from it.
+The runner (:mod:`kbp.bench.runner`) does what every scenario shares: checks, the placement
+of roles to CPUs, the testbed (veth pairs named by the scenario's ``links``; the first,
+``rt``, carries the RT flow), the RT application (sockperf server) on the RT pair, the modes,
+tracefs, Ctrl-C.  It hands itself to ``run`` as the
 session: ``order(rep)``, ``latency_run(...)``, ``rfc2544(...)``, ``note(...)``,
 ``placement``, ``tb``.  Reusable measurements (the RT latency block, Table 2, RFC 2544) and
 tables live in :mod:`kbp.bench.parts` and :mod:`kbp.bench.report`.
@@ -14,10 +16,18 @@ veth-inline    the default: RT flow over veth, with and without an iperf3 UDP fl
                RT NAPI runs inline at the end of the tester's send() (on the tester's CPU), so in
                napi mode the flood reaches it only where tester and flood sender share a CPU
 =============  =================================================================================
+
+The placement rules (:mod:`kbp.bench.placement`) place only the roles ``roles(cfg)`` names;
+the RT pair, the RT app and the tester are the runner's, everything else (a load, RPS
+steering, extra tracepoints) the scenario's own ``run`` sets up and registers for undoing
+with ``bench.tb.defer`` so Ctrl-C or a crash leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -64,10 +74,17 @@ class Scenario(Protocol):
         """PNG plots written to ``out``."""
 
 
+@cache
 def all_scenarios() -> dict[str, Scenario]:
-    """Every scenario, by name (the first is the default)."""
-    from kbp.bench.scenarios.veth_inline import VethInline
-    return {s.name: s for s in (VethInline(),)}
+    """Every scenario of this package (a module defining ``SCENARIO``), by name; the
+    default first, then alphabetical."""
+    found: dict[str, Scenario] = {}
+    for info in pkgutil.iter_modules(__path__):
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        scen = getattr(mod, "SCENARIO", None)
+        if scen is not None:
+            found[scen.name] = scen
+    return {k: found[k] for k in sorted(found, key=lambda n: (n != DEFAULT, n))}
 
 
 def get(name: str) -> Scenario:

@@ -103,3 +103,6 @@ class VethInline:
     def plots(self, results: dict[str, Any], samples: dict[str, list[int]], out: Path,
               ) -> list[Path]:
         return plots.standard(results, samples, out, CONDITIONS)
+
+
+SCENARIO = VethInline()

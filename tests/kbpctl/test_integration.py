@@ -665,3 +665,24 @@ def test_kmod_backend_turns_rps_off_too(bed: Bed) -> None:
     (ds,), _ = be.describe(ns, [dev], be.state.records())
     assert ds.rps is not None and ds.rps.on and ds.keep_rps is True and not ds.problems
     be.disable([dev], ns)
+
+
+def test_apply_turns_rps_off_and_keep_rps_in_the_config(bed: Bed, tmp_path: Path) -> None:
+    ns, dev = bed.tb.server, bed.link.dev_b
+    set_rps_attr(ns, dev, "rps_cpus", cpu_mask(sysinfo.online_cpus()[:1]))
+    orig = rps_attr(ns, dev, "rps_cpus")
+    before = bed.snap()
+    cfg = tmp_path / "kbp.toml"
+    dev_cfg = f'backend = "stock"\n[[device]]\nname = "{dev}"\nnetns = "{ns}"\ncpus = "0"\n'
+    cfg.write_text(dev_cfg)
+    p = bed.kbpctl("apply", "--config", str(cfg))
+    assert ": enable (stock)" in p.stdout and f"turned RPS off on {dev}" in p.stderr
+    assert rps_attr(ns, dev, "rps_cpus") != orig
+    cfg.write_text(dev_cfg + "keep_rps = true\n")
+    p = bed.kbpctl("apply", "--config", str(cfg))
+    assert "reenable (stock): keep_rps changed" in p.stdout
+    assert f"RPS stays on for {dev}" in p.stderr and rps_attr(ns, dev, "rps_cpus") == orig
+    assert "in sync" in bed.kbpctl("apply", "--config", str(cfg)).stdout
+    cfg.write_text('backend = "stock"\n')
+    bed.kbpctl("apply", "--config", str(cfg))
+    assert bed.snap() == before and bed.journals() == []

@@ -41,7 +41,6 @@ def assert_stock_carries(flow: Flow) -> None:
     assert net_rx_softirqs()[POLL_CPU] > rx0, "stock NAPI is not carrying the traffic"
 
 
-@pytest.mark.smoke
 @pytest.mark.parametrize("mode", MODES)
 def test_detach_under_traffic(kmod, flow: Flow, mode: str) -> None:
     flow.start_sink(timeout=300)

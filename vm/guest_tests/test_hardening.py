@@ -79,7 +79,6 @@ def cpu_share(pid: int, seconds: float) -> float:
 
 
 # -- 1. a busy poller at kbpctl's default priority -------------------------------------
-@pytest.mark.smoke
 def test_busy_poller_at_default_priority_shares_its_cpu(kmod, flow: Flow) -> None:
     """busy at FIFO 50 with the NIC's IRQ on its CPU: the CPU's other tasks still run
     (before: 5 % in the RT-throttling window; on 6.12-rt the attach never returned and RCU

@@ -8,7 +8,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 from conftest import NS, POLL_CPU, Flow, Topo, spinning
 
 
@@ -22,7 +21,6 @@ def kbpctl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return p
 
 
-@pytest.mark.smoke
 def test_auto_picks_the_module_and_round_trips(kmod, flow: Flow) -> None:
     nic = flow.t.nic0
     out = kbpctl("enable", nic, "--mode", "busy", "--cpus", str(POLL_CPU), "--rt-prio", "0")

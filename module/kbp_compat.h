@@ -116,6 +116,186 @@ static inline int kbp_dev_set_threaded(struct net_device *dev,
 }
 
 /*
+ * The device's instance lock.  Linux 6.14 added netdev_lock(dev) (dev->lock);
+ * on 7.2 it, not rtnl, protects dev->napi_list, dev->threaded and the NAPI
+ * fields from napi->thread on, and sysfs "threaded" and netlink "napi-set"
+ * change threaded NAPI under it alone.  kbp takes it inside rtnl and kbp_lock
+ * (the kernel's order: after rtnl) around its walks of dev->napi_list and its
+ * writes of napi->thread, the THREADED bits and napi->config->threaded.
+ * Before 6.14 rtnl covered all of that: nothing to take.
+ */
+#ifdef KBP_HAVE_NETDEV_LOCK
+static inline void kbp_netdev_lock(struct net_device *dev)
+{
+	netdev_lock(dev);
+}
+
+static inline void kbp_netdev_unlock(struct net_device *dev)
+{
+	netdev_unlock(dev);
+}
+
+static inline void kbp_netdev_assert_locked(struct net_device *dev)
+{
+	lockdep_assert_held(&dev->lock);
+}
+#else
+static inline void kbp_netdev_lock(struct net_device *dev)
+{
+}
+
+static inline void kbp_netdev_unlock(struct net_device *dev)
+{
+}
+
+static inline void kbp_netdev_assert_locked(struct net_device *dev)
+{
+}
+#endif
+
+/*
+ * dev->threaded, read under rtnl: on 7.2 it is written under the instance
+ * lock alone (sysfs), so read it once; 6.1 has it as a bit-field.
+ */
+static inline unsigned int kbp_dev_threaded(const struct net_device *dev)
+{
+#ifdef KBP_HAVE_NETDEV_LOCK
+	return READ_ONCE(dev->threaded);
+#else
+	return dev->threaded;
+#endif
+}
+
+/*
+ * Drivers with instance-lock ops (queue API, shapers, request_ops_lock: 6.15+)
+ * add, enable, disable and delete NAPIs under the instance lock, possibly
+ * without rtnl, and their netdevice notifiers run with that lock held.  kbp
+ * refuses them (docs/design.md, section 7).
+ */
+#ifdef KBP_HAVE_NETDEV_OPS_LOCK
+#include <net/netdev_lock.h>
+
+static inline bool kbp_dev_needs_ops_lock(const struct net_device *dev)
+{
+	return netdev_need_ops_lock(dev);
+}
+#else
+static inline bool kbp_dev_needs_ops_lock(const struct net_device *dev)
+{
+	return false;
+}
+#endif
+
+/*
+ * Threaded busy polling (7.x): NAPI_STATE_THREADED_BUSY_POLL asks the NAPI's
+ * kthread to busy poll.  kbp's poller ignores it; a detach clears it with
+ * THREADED, and the bit set on an attached NAPI means someone asked for the
+ * kernel's threaded busy polling there (netlink "napi-set threaded busy-poll").
+ */
+static inline void kbp_napi_clear_threaded(struct napi_struct *n)
+{
+#ifdef KBP_HAVE_NAPI_THREADED_BUSY_POLL
+	clear_bit(NAPI_STATE_THREADED_BUSY_POLL, &n->state);
+#endif
+	clear_bit(NAPI_STATE_THREADED, &n->state);
+}
+
+static inline bool kbp_napi_busy_poll_asked(const struct napi_struct *n)
+{
+#ifdef KBP_HAVE_NAPI_THREADED_BUSY_POLL
+	return test_bit(NAPI_STATE_THREADED_BUSY_POLL, &n->state);
+#else
+	return false;
+#endif
+}
+
+/*
+ * The persistent per-NAPI threaded mode (7.x): a NAPI added with
+ * netif_napi_add_config() (virtio-net's rx NAPIs) has napi->config, whose
+ * threaded field napi_enable() applies with napi_set_threaded() before it
+ * enables the NAPI.  Set to disabled while napi->thread is kbp's poller, that
+ * calls napi_stop_kthread(), which waits forever for a disabled NAPI to become
+ * idle: so while kbp holds a NAPI its config says enabled, and the detach puts
+ * back what it said before (unless someone changed it meanwhile).
+ * napi_set_threaded() itself and sysfs "threaded" turned off stop
+ * napi->thread: kbp_napi_threaded_dropped() says a NAPI the poller owns
+ * has to go to the softirq for that.  Before, config->threaded did not exist
+ * and turning threaded NAPI off only cleared THREADED: nothing to do.
+ * Instance lock held (kbp_netdev_lock()) for the claim and the release.
+ */
+#ifdef KBP_HAVE_NAPI_CONFIG_THREADED
+struct kbp_napi_cfg {
+	struct napi_config *config;	/* in dev->napi_config[]: lives with the device */
+	u8 saved;			/* config->threaded before kbp's claim */
+};
+
+static inline void kbp_napi_cfg_claim(struct kbp_napi_cfg *c,
+				      struct napi_struct *n)
+{
+	if (!n->config)
+		return;
+	if (c->config != n->config) {
+		c->config = n->config;
+		c->saved = READ_ONCE(n->config->threaded);
+	}
+	WRITE_ONCE(n->config->threaded, NETDEV_NAPI_THREADED_ENABLED);
+}
+
+static inline void kbp_napi_cfg_release(struct kbp_napi_cfg *c)
+{
+	if (c->config &&
+	    READ_ONCE(c->config->threaded) == NETDEV_NAPI_THREADED_ENABLED)
+		WRITE_ONCE(c->config->threaded, c->saved);
+	c->config = NULL;
+}
+
+/* Someone asked for the kernel's threaded busy polling in the config. */
+static inline bool kbp_napi_cfg_busy_poll(const struct kbp_napi_cfg *c)
+{
+	return c->config && READ_ONCE(c->config->threaded) ==
+			    NETDEV_NAPI_THREADED_BUSY_POLL;
+}
+
+/* What napi_enable() will apply: the config's mode (0 without a config). */
+static inline unsigned int kbp_napi_cfg_threaded(const struct napi_struct *n)
+{
+	return n->config ? READ_ONCE(n->config->threaded) : 0;
+}
+
+static inline bool kbp_napi_threaded_dropped(const struct napi_struct *n)
+{
+	return !test_bit(NAPI_STATE_THREADED, &n->state);
+}
+#else
+struct kbp_napi_cfg {
+};
+
+static inline void kbp_napi_cfg_claim(struct kbp_napi_cfg *c,
+				      struct napi_struct *n)
+{
+}
+
+static inline void kbp_napi_cfg_release(struct kbp_napi_cfg *c)
+{
+}
+
+static inline bool kbp_napi_cfg_busy_poll(const struct kbp_napi_cfg *c)
+{
+	return false;
+}
+
+static inline unsigned int kbp_napi_cfg_threaded(const struct napi_struct *n)
+{
+	return 0;
+}
+
+static inline bool kbp_napi_threaded_dropped(const struct napi_struct *n)
+{
+	return false;
+}
+#endif
+
+/*
  * Since 6.4 a running task can switch itself to a pending livepatch
  * (__klp_sched_try_switch(), which cond_resched() calls during a transition);
  * KBP_HAVE_KLP_COND_RESCHED says the kernel has it.  Later kernels (7.2

@@ -252,6 +252,11 @@ int kbp_poller_configure(int cpu, const struct kbp_knobs *req,
 
 /* --- NAPI <-> poller -------------------------------------------------- */
 
+/*
+ * dev->napi_list is walked with rtnl and (6.14+) the device's instance lock
+ * held: on 7.2 the list is the instance lock's, and drivers change it under
+ * rtnl too (kbp refuses those that do not, kbp_dev_needs_ops_lock()).
+ */
 static unsigned int kbp_napi_count(struct net_device *dev)
 {
 	struct napi_struct *n;
@@ -322,13 +327,16 @@ static int kbp_napi_cpu(struct kbp_dev *kd, struct napi_struct *n,
 /*
  * A kthread left on a NAPI by threaded NAPI that was turned off again: until
  * the NAPI is deleted the kernel keeps napi->thread (dev_set_threaded(false)
- * only clears NAPI_STATE_THREADED).  With THREADED and SCHED_THREADED clear
- * no schedule can reach it and it owns nothing: it sleeps in
- * napi_thread_wait().  rtnl held, which dev_set_threaded() needs too.
+ * only clears NAPI_STATE_THREADED; 7.2 stops it instead).  With THREADED and
+ * SCHED_THREADED clear no schedule can reach it and it owns nothing: it
+ * sleeps in napi_thread_wait().  On 7.2 the NAPI's persistent config must say
+ * disabled too: a disabled NAPI of per-NAPI threaded mode has THREADED clear
+ * until napi_enable() sets it again.  rtnl and the instance lock held, which
+ * dev_set_threaded() needs too.
  */
 static bool kbp_thread_is_stale(struct net_device *dev, struct napi_struct *n)
 {
-	return !dev->threaded &&
+	return !kbp_dev_threaded(dev) && !kbp_napi_cfg_threaded(n) &&
 	       !test_bit(NAPI_STATE_THREADED, &n->state) &&
 	       !test_bit(NAPI_STATE_SCHED_THREADED, &n->state);
 }
@@ -388,11 +396,12 @@ static void kbp_napi_free(struct kbp_dev *kd, struct kbp_napi *kn)
  * Someone turned threaded NAPI on (sysfs "threaded") while kbp held the
  * device: dev_set_threaded() found our poller in napi->thread, created no
  * kthread and set dev->threaded.  Once we hand the NAPIs back, give the
- * operator what sysfs says: the kernel's own NAPI kthreads.  rtnl held.
+ * operator what sysfs says: the kernel's own NAPI kthreads.  rtnl held, not
+ * the instance lock: dev_set_threaded() takes it.
  */
 static void kbp_dev_restore_threaded(struct net_device *dev)
 {
-	unsigned int mode = dev->threaded;
+	unsigned int mode = kbp_dev_threaded(dev);
 	int err;
 
 	if (!mode || dev->reg_state != NETREG_REGISTERED)
@@ -404,27 +413,31 @@ static void kbp_dev_restore_threaded(struct net_device *dev)
 				 "NAPIs handed to their threaded-NAPI kthreads");
 }
 
-/* Hand every NAPI of @kd back to stock NAPI.  rtnl and kbp_lock held. */
-static void kbp_dev_deactivate(struct kbp_dev *kd)
+/*
+ * Hand every NAPI of @kd back to stock NAPI.  rtnl, kbp_lock and the
+ * device's instance lock held: neither sysfs "threaded" nor netlink
+ * "napi-set" (7.2) changes napi->thread or the THREADED bits meanwhile.
+ * The caller gives the operator the threaded mode sysfs says once it has
+ * dropped the instance lock (kbp_dev_restore_threaded()).
+ */
+static void __kbp_dev_deactivate(struct kbp_dev *kd)
 {
 	struct kbp_napi *kn, *tmp;
 	bool any = false;
 
 	ASSERT_RTNL();
 	lockdep_assert_held(&kbp_lock);
-	list_for_each_entry(kn, &kd->napis, dev_node) {
-		if (test_bit(KBP_NAPI_DEAD, &kn->flags))
-			continue;
-		set_bit(KBP_NAPI_DETACHING, &kn->flags);
-		clear_bit(NAPI_STATE_THREADED, &kn->napi->state);
-		any = true;
-	}
+	kbp_netdev_assert_locked(kd->dev);
+	list_for_each_entry(kn, &kd->napis, dev_node)
+		if (!test_bit(KBP_NAPI_DEAD, &kn->flags))
+			any |= kbp_poller_unhook_napi(kn);
 	if (any)	/* every ____napi_schedule() that saw THREADED is done */
 		synchronize_rcu();
 
 	/* the poller completes each NAPI or hands it to the softirq */
 	list_for_each_entry(kn, &kd->napis, dev_node)
-		if (!test_bit(KBP_NAPI_DEAD, &kn->flags))
+		if (!test_bit(KBP_NAPI_DEAD, &kn->flags) &&
+		    !test_bit(KBP_NAPI_FOREIGN, &kn->flags))
 			kbp_poller_wait_released(kn);
 
 	list_for_each_entry_safe(kn, tmp, &kd->napis, dev_node) {
@@ -432,8 +445,17 @@ static void kbp_dev_deactivate(struct kbp_dev *kd)
 		kbp_napi_free(kd, kn);
 	}
 	kd->active = false;
-	kbp_dev_restore_threaded(kd->dev);
 	kbp_pollers_gc();
+}
+
+/* The same, taking the instance lock.  rtnl and kbp_lock held. */
+static void kbp_dev_deactivate(struct kbp_dev *kd)
+{
+	/* after rtnl and kbp_lock; see kbp_priv.h */
+	kbp_netdev_lock(kd->dev);
+	__kbp_dev_deactivate(kd);
+	kbp_netdev_unlock(kd->dev);
+	kbp_dev_restore_threaded(kd->dev);
 }
 
 /* Every NAPI of @kd would be served by an active CPU (no log, no extack). */
@@ -464,7 +486,8 @@ static bool kbp_dev_on_inactive_cpu(struct kbp_dev *kd)
 
 /*
  * Hook every NAPI of a running device.  All or nothing: on error nothing is
- * left hooked.  rtnl and kbp_lock held.
+ * left hooked.  rtnl, kbp_lock and the device's instance lock held (the
+ * NAPI list, napi->thread and the THREADED bits stay as we see them).
  */
 static int kbp_dev_activate(struct kbp_dev *kd, struct netlink_ext_ack *extack)
 {
@@ -475,6 +498,7 @@ static int kbp_dev_activate(struct kbp_dev *kd, struct netlink_ext_ack *extack)
 
 	ASSERT_RTNL();
 	lockdep_assert_held(&kbp_lock);
+	kbp_netdev_assert_locked(dev);
 	if (!nr) {
 		kbp_refuse(extack, "device has no NAPI instance",
 			   "%s has no NAPI instance", dev->name);
@@ -516,7 +540,7 @@ static int kbp_dev_activate(struct kbp_dev *kd, struct netlink_ext_ack *extack)
 		if (err) {
 			NL_SET_ERR_MSG_MOD(extack, "out of memory starting a poller");
 			pr_warn("%s: cannot hook NAPI #%u: %d\n", dev->name, i, err);
-			kbp_dev_deactivate(kd);
+			__kbp_dev_deactivate(kd);
 			goto out;
 		}
 	}
@@ -639,6 +663,7 @@ int kbp_dev_bind(struct kbp_attach_req *req, struct netlink_ext_ack *extack)
 	struct net_device *dev = req->dev;
 	struct kbp_conf *saved;
 	struct kbp_dev *kd;
+	unsigned int nr;
 	int err;
 
 	ASSERT_RTNL();
@@ -648,7 +673,13 @@ int kbp_dev_bind(struct kbp_attach_req *req, struct netlink_ext_ack *extack)
 			   "%s is already attached", dev->name);
 		return -EEXIST;
 	}
-	if (dev->threaded) {
+	if (kbp_dev_needs_ops_lock(dev)) {
+		kbp_refuse(extack, "driver changes NAPIs under the instance lock without rtnl",
+			   "%s: its driver changes NAPIs under the device's instance lock without rtnl (netdev ops lock): not supported",
+			   dev->name);
+		return -EOPNOTSUPP;
+	}
+	if (kbp_dev_threaded(dev)) {
 		kbp_refuse(extack, "device runs threaded NAPI",
 			   "%s runs threaded NAPI: write 0 to /sys/class/net/%s/threaded first",
 			   dev->name, dev->name);
@@ -676,15 +707,18 @@ int kbp_dev_bind(struct kbp_attach_req *req, struct netlink_ext_ack *extack)
 	kd->knobs = req->knobs;
 	INIT_LIST_HEAD(&kd->napis);
 
+	/* after rtnl and kbp_lock: the NAPI list and threaded state hold still */
+	kbp_netdev_lock(dev);
 	err = kbp_req_check_cpus(req, kd, extack);
 	if (err)
-		goto err_free;
+		goto err_unlock;
 
 	netdev_hold(dev, &kd->tracker, GFP_KERNEL);
 	list_add_tail(&kd->node, &kbp_devs);
 	if (netif_running(dev)) {
 		err = kbp_dev_activate(kd, extack);
 		if (err) {
+			kbp_netdev_unlock(dev);
 			kd->map = NULL;		/* still the request's */
 			kbp_dev_free(kd);
 			kbp_conf_restore(saved);
@@ -693,14 +727,17 @@ int kbp_dev_bind(struct kbp_attach_req *req, struct netlink_ext_ack *extack)
 			return err;
 		}
 	}
+	nr = kd->active ? kbp_napi_count(dev) : 0;
+	kbp_netdev_unlock(dev);
 	req->map = NULL;			/* now kd's */
 	kfree(saved);
 	pr_info("%s: attached (%s, %u NAPIs)\n", dev->name,
-		kd->active ? "active" : "standby until up",
-		kd->active ? kbp_napi_count(dev) : 0);
+		kd->active ? "active" : "standby until up", nr);
 	kbp_reconcile_later();
 	return 0;
 
+err_unlock:
+	kbp_netdev_unlock(dev);
 err_free:
 	kfree(saved);
 	kfree(kd);
@@ -726,51 +763,101 @@ int kbp_dev_unbind_by_dev(struct net_device *dev, struct netlink_ext_ack *extack
 /* --- keeping attachments true ----------------------------------------- */
 
 /*
- * napi_disable() clears NAPI_STATE_THREADED and napi_enable() sets it back
- * only when dev->threaded is set, which kbp leaves alone; drivers that
- * disable and enable a NAPI on their own (virtio-net's refill work, for
- * example) therefore drop it back to softirq until we set the bit again.
- * Setting it is safe at any time: napi_disable() clears it in the same
- * cmpxchg that takes the NAPI, and a disabled NAPI cannot be scheduled.
+ * Why @kd's NAPIs must go back to stock NAPI now, or NULL; sets @retry if
+ * they come back by themselves (a CPU going offline).  Frees DEAD links and
+ * drops links whose NAPI was deleted unseen on the way.  rtnl, kbp_lock and
+ * the instance lock held.
  */
-static void kbp_dev_reconcile(struct kbp_dev *kd)
+static const char *kbp_dev_handback_reason(struct kbp_dev *kd, bool *retry)
 {
-	struct net_device *dev = kd->dev;
 	struct kbp_napi *kn, *tmp;
-	struct napi_struct *n;
-	unsigned int nr, i;
-	int cpu;
 
-	if (kd->active && (dev->threaded || kbp_dev_on_inactive_cpu(kd))) {
-		if (!dev->threaded) {
-			pr_info("%s: a poller's CPU is going offline: NAPIs back to softirq until it is back\n",
-				dev->name);
-			kd->retry = true;
-		}
-		kbp_dev_deactivate(kd);
-		return;
+	*retry = false;
+	if (kbp_dev_threaded(kd->dev))
+		return "threaded NAPI was turned on";
+	if (kbp_dev_on_inactive_cpu(kd)) {
+		*retry = true;
+		return "a poller's CPU is going offline";
 	}
-	if (!kd->active && kd->retry && netif_running(dev) &&
-	    kbp_dev_cpus_active(kd)) {
-		if (!kbp_dev_activate(kd, NULL))
-			pr_info("%s: its CPUs are online again, %u NAPIs attached\n",
-				dev->name, kbp_napi_count(dev));
-		return;
-	}
-
 	list_for_each_entry_safe(kn, tmp, &kd->napis, dev_node) {
+		if (!test_bit(KBP_NAPI_DEAD, &kn->flags) &&
+		    !test_bit(NAPI_STATE_LISTED, &kn->napi->state))
+			kbp_poller_drop_napi(kn);
 		if (test_bit(KBP_NAPI_DEAD, &kn->flags)) {
 			kbp_napi_free(kd, kn);
 			continue;
 		}
-		if (READ_ONCE(kn->napi->thread) == kn->poller->task &&
-		    !test_bit(NAPI_STATE_THREADED, &kn->napi->state)) {
-			set_bit(NAPI_STATE_THREADED, &kn->napi->state);
-			atomic64_inc(&kn->poller->repairs);
+		/* netlink "napi-set threaded busy-poll" (7.2) */
+		if (kbp_napi_busy_poll_asked(kn->napi) ||
+		    kbp_napi_cfg_busy_poll(&kn->cfg))
+			return "threaded busy polling was asked for one of its NAPIs";
+	}
+	return NULL;
+}
+
+/*
+ * Keep an attachment true, every reconcile_ms and when kicked:
+ *  - hand the device back when threaded NAPI was turned on (sections 5 and 7
+ *    of docs/design.md), a poller's CPU goes offline, or (7.2) one of its
+ *    NAPIs was given the kernel's threaded busy polling or a kthread of its
+ *    own;
+ *  - napi_disable() clears NAPI_STATE_THREADED and napi_enable() sets it
+ *    back only when dev->threaded is set, which kbp leaves alone; drivers
+ *    that disable and enable a NAPI on their own (virtio-net's refill work,
+ *    for example) therefore drop it back to softirq until we set the bit
+ *    again.  Setting it is safe at any time: napi_disable() clears it in the
+ *    same cmpxchg that takes the NAPI, and a disabled NAPI cannot be
+ *    scheduled;
+ *  - on 7.2 turning threaded NAPI off stops napi->thread, our poller: hook
+ *    such a NAPI again;
+ *  - hook NAPIs the driver added since.
+ * rtnl and kbp_lock held.
+ */
+static void kbp_dev_reconcile(struct kbp_dev *kd)
+{
+	struct net_device *dev = kd->dev;
+	const char *why = NULL;
+	struct kbp_napi *kn;
+	struct napi_struct *n;
+	unsigned int nr, i;
+	bool retry;
+	int cpu;
+
+	/* after rtnl and kbp_lock: the NAPIs' threaded state holds still */
+	kbp_netdev_lock(dev);
+	if (!kd->active) {
+		if (kd->retry && netif_running(dev) &&
+		    kbp_dev_cpus_active(kd) && !kbp_dev_activate(kd, NULL))
+			pr_info("%s: its CPUs are online again, %u NAPIs attached\n",
+				dev->name, kbp_napi_count(dev));
+		goto out;
+	}
+
+	why = kbp_dev_handback_reason(kd, &retry);
+	list_for_each_entry(kn, &kd->napis, dev_node) {
+		if (why)
+			break;
+		switch (kbp_poller_check_napi(kn)) {
+		case KBP_NAPI_OK:
+		case KBP_NAPI_REPAIRED:
+			break;
+		case KBP_NAPI_REHOOKED:
+			pr_info_ratelimited("%s: NAPI #%u lost its poller (threaded NAPI turned off): hooked again\n",
+					    dev->name, kn->index);
+			break;
+		case KBP_NAPI_LOST:
+			why = "one of its NAPIs was given a threaded-NAPI kthread";
+			break;
 		}
 	}
-	if (!kd->active)
-		return;
+	if (why) {
+		pr_info("%s: %s: NAPIs back to %s\n", dev->name, why,
+			retry ? "softirq until it is back" : "the kernel");
+		kd->retry = retry;
+		__kbp_dev_deactivate(kd);
+		goto out;
+	}
+
 	/* NAPIs the driver added since (re-created after a delete, new channels) */
 	nr = kbp_napi_count(dev);
 	for (i = 0; i < nr; i++) {
@@ -785,6 +872,10 @@ static void kbp_dev_reconcile(struct kbp_dev *kd)
 			pr_info("%s: hooked new NAPI #%u to kbp/%d\n", dev->name,
 				i, cpu);
 	}
+out:
+	kbp_netdev_unlock(dev);
+	if (why)
+		kbp_dev_restore_threaded(dev);
 }
 
 static void kbp_reconcile_fn(struct work_struct *work)
@@ -813,6 +904,13 @@ static int kbp_netdev_event(struct notifier_block *nb, unsigned long event,
 	if (event != NETDEV_GOING_DOWN && event != NETDEV_UP &&
 	    event != NETDEV_UNREGISTER)
 		return NOTIFY_DONE;
+	/*
+	 * Never attached (kbp_dev_bind() refuses them), and their UP and
+	 * GOING_DOWN events come with the instance lock held, which kbp takes
+	 * after kbp_lock: do not take kbp_lock under it.
+	 */
+	if (kbp_dev_needs_ops_lock(dev))
+		return NOTIFY_DONE;
 
 	mutex_lock(&kbp_lock);
 	kd = kbp_dev_find(dev);
@@ -825,20 +923,23 @@ static int kbp_netdev_event(struct notifier_block *nb, unsigned long event,
 		pr_info("%s: down, NAPIs back to softirq until up\n", dev->name);
 		break;
 	case NETDEV_UP:
+		/* rtnl and kbp_lock held, then the instance lock (kbp_priv.h) */
+		kbp_netdev_lock(dev);
 		if (!kbp_dev_cpus_active(kd)) {
 			/* the reconcile work attaches it once they are */
 			kd->retry = true;
 			pr_info("%s: up; a CPU it uses is offline: standby until it is online\n",
 				dev->name);
-			break;
+		} else {
+			err = kbp_dev_activate(kd, NULL);
+			if (err)
+				pr_warn("%s: up, but cannot attach its NAPIs (%d); stays in standby\n",
+					dev->name, err);
+			else
+				pr_info("%s: up, %u NAPIs attached\n", dev->name,
+					kbp_napi_count(dev));
 		}
-		err = kbp_dev_activate(kd, NULL);
-		if (err)
-			pr_warn("%s: up, but cannot attach its NAPIs (%d); stays in standby\n",
-				dev->name, err);
-		else
-			pr_info("%s: up, %u NAPIs attached\n", dev->name,
-				kbp_napi_count(dev));
+		kbp_netdev_unlock(dev);
 		break;
 	case NETDEV_UNREGISTER:
 		kbp_dev_unbind(kd);

@@ -44,6 +44,18 @@
  */
 #define KBP_SLEEP_STATE	(TASK_INTERRUPTIBLE | TASK_FREEZABLE)
 
+/*
+ * This thread owns @n: it is scheduled in threaded mode, for this thread.
+ * napi->thread is checked as napi_threaded_poll() implies it (one thread per
+ * NAPI): on 7.2 the kernel may stop the poller on a NAPI and give it a
+ * kthread of its own before the reconcile work drops the link.
+ */
+static bool kbp_owns(const struct napi_struct *n)
+{
+	return test_bit(NAPI_STATE_SCHED_THREADED, &n->state) &&
+	       READ_ONCE(n->thread) == current;
+}
+
 static void kbp_stat_add(struct kbp_poller *p, u64_stats_t *c, u64 v)
 {
 	u64_stats_update_begin(&p->syncp);
@@ -79,11 +91,14 @@ static bool kbp_napi_repoll(struct kbp_napi *kn, struct napi_struct *n,
 		return false;
 	}
 
-	if (unlikely(test_bit(KBP_NAPI_DETACHING, &kn->flags))) {
+	if (unlikely(test_bit(KBP_NAPI_DETACHING, &kn->flags) ||
+		     kbp_napi_threaded_dropped(n))) {
 		/*
 		 * Hand the NAPI to the softirq: NAPI_STATE_THREADED is already
-		 * clear, so __napi_schedule() queues it on this CPU's poll list.
-		 * We keep NAPI_STATE_SCHED: ownership moves, it is not dropped.
+		 * clear (by our detach, or on 7.2 by napi_stop_kthread(), which
+		 * waits for it), so __napi_schedule() queues it on this CPU's
+		 * poll list.  We keep NAPI_STATE_SCHED: ownership moves, it is
+		 * not dropped.
 		 */
 		clear_bit(NAPI_STATE_SCHED_THREADED, &n->state);
 		__napi_schedule(n);
@@ -148,7 +163,7 @@ static int kbp_pass(struct kbp_poller *p, bool *more)
 
 	rcu_read_lock();
 	list_for_each_entry_rcu(kn, &p->napis, poll_node) {
-		if (!test_bit(NAPI_STATE_SCHED_THREADED, &kn->napi->state))
+		if (!kbp_owns(kn->napi))
 			continue;
 		if (test_and_set_bit_lock(KBP_NAPI_POLLING, &kn->flags))
 			continue;	/* taken back by a detach */
@@ -166,7 +181,7 @@ static bool kbp_has_work(struct kbp_poller *p)
 
 	rcu_read_lock();
 	list_for_each_entry_rcu(kn, &p->napis, poll_node) {
-		if (test_bit(NAPI_STATE_SCHED_THREADED, &kn->napi->state)) {
+		if (kbp_owns(kn->napi)) {
 			ret = true;
 			break;
 		}
@@ -469,14 +484,19 @@ struct kbp_poller *kbp_poller_create(int cpu, const struct kbp_conf *conf)
 	return p;
 }
 
-/* Caller holds rtnl and kbp_lock; the poller has no NAPIs left. */
+/*
+ * Caller holds rtnl and kbp_lock; the poller has no NAPIs left, so no NAPI
+ * points at it and nobody else can be stopping (respawning) it.
+ */
 void kbp_poller_destroy(struct kbp_poller *p)
 {
+	struct task_struct *t = p->task;
+
 	WARN_ON_ONCE(!list_empty(&p->napis));
-	if (p->task) {
+	if (t) {
 		set_bit(KBP_POLLER_STOPPING, &p->flags);
-		kthread_stop(p->task);
-		put_task_struct(p->task);
+		kthread_stop(t);
+		put_task_struct(t);
 	}
 	kfree(p);
 }
@@ -498,46 +518,168 @@ void kbp_poller_apply(struct kbp_poller *p, const struct kbp_conf *conf)
 }
 
 /*
- * Caller holds rtnl and kbp_lock.  Once napi->thread and THREADED are set
- * the next napi_schedule() of this NAPI wakes the poller; a schedule already
- * queued on a softnet poll list is finished by the softirq, as with
- * dev_set_threaded().
+ * Point @n at @p's thread, then set THREADED (7.2: and claim the NAPI's
+ * persistent config, kbp_compat.h).  p->lock held: a respawn moves
+ * napi->thread of every NAPI on the list and p->task together.
  */
-void kbp_poller_add_napi(struct kbp_poller *p, struct kbp_napi *kn)
+static void kbp_napi_point_at(struct kbp_poller *p, struct kbp_napi *kn)
 {
 	struct napi_struct *n = kn->napi;
 
-	kn->poller = p;
-	spin_lock(&p->lock);
-	list_add_tail_rcu(&kn->poll_node, &p->napis);
-	spin_unlock(&p->lock);
-
+	lockdep_assert_held(&p->lock);
+	kbp_napi_cfg_claim(&kn->cfg, n);
 	WRITE_ONCE(n->thread, p->task);
 	/* napi->thread before THREADED, as in dev_set_threaded() */
 	smp_mb__before_atomic();
 	set_bit(NAPI_STATE_THREADED, &n->state);
+}
+
+/*
+ * Caller holds rtnl, kbp_lock and the NAPI's instance lock.  Once
+ * napi->thread and THREADED are set the next napi_schedule() of this NAPI
+ * wakes the poller; a schedule already queued on a softnet poll list is
+ * finished by the softirq, as with dev_set_threaded().
+ */
+void kbp_poller_add_napi(struct kbp_poller *p, struct kbp_napi *kn)
+{
+	kn->poller = p;
+	spin_lock(&p->lock);
+	list_add_tail_rcu(&kn->poll_node, &p->napis);
+	kbp_napi_point_at(p, kn);
+	spin_unlock(&p->lock);
 	if (p->task)
 		wake_up_process(p->task);
 }
 
 /*
- * Caller holds rtnl and kbp_lock, has cleared THREADED, waited for an RCU
- * grace period (no hardIRQ path can still be about to wake us for this NAPI)
- * and for the poller to release the NAPI (kbp_poller_wait_released()).
- * A DEAD link was unlinked by kbp_poller_respawn() already, and its poller
- * may be gone: kbp_pollers_gc() frees a poller whose list is empty.  DEAD
- * is stable here: it is set only by the respawn, which runs while the
- * driver deleting the NAPI holds rtnl, as we do.
+ * The reconcile work's look at a NAPI of an active device.  Caller holds
+ * rtnl, kbp_lock and the NAPI's instance lock (so the kernel changes neither
+ * napi->thread nor THREADED meanwhile); @kn is not DEAD.
+ *  - napi->thread is the poller's, THREADED clear: a driver's
+ *    napi_disable()/napi_enable() cycle cleared it (napi_enable() sets it
+ *    only for dev->threaded): set it again.
+ *  - napi->thread is NULL (7.2: sysfs "threaded" 0 or netlink "napi-set
+ *    threaded disabled" stopped the poller on this NAPI, which respawned,
+ *    and cleared napi->thread): hook it again, config claimed again.
+ *  - napi->thread is another task: the kernel gave the NAPI its own
+ *    kthread after stopping ours (threaded turned off, then on again).  The
+ *    caller hands the device back.
+ */
+enum kbp_napi_check kbp_poller_check_napi(struct kbp_napi *kn)
+{
+	struct kbp_poller *p = kn->poller;
+	struct napi_struct *n = kn->napi;
+	enum kbp_napi_check ret = KBP_NAPI_OK;
+	struct task_struct *t;
+
+	spin_lock(&p->lock);
+	t = READ_ONCE(n->thread);
+	if (test_bit(KBP_NAPI_DEAD, &kn->flags) || !p->task) {
+		/* a respawn unlinked it meanwhile */
+	} else if (t && t != p->task) {
+		ret = KBP_NAPI_LOST;
+	} else if (!t) {
+		kbp_napi_point_at(p, kn);
+		ret = KBP_NAPI_REHOOKED;
+	} else if (!test_bit(NAPI_STATE_THREADED, &n->state)) {
+		set_bit(NAPI_STATE_THREADED, &n->state);
+		ret = KBP_NAPI_REPAIRED;
+	}
+	spin_unlock(&p->lock);
+	if (ret == KBP_NAPI_REPAIRED || ret == KBP_NAPI_REHOOKED) {
+		atomic64_inc(&p->repairs);
+		wake_up_process(p->task);
+	}
+	return ret;
+}
+
+/*
+ * First step of a detach: no new schedule of @kn's NAPI may reach the
+ * poller.  Caller holds rtnl, kbp_lock and the instance lock; @kn is not
+ * DEAD.  Returns false (and marks it FOREIGN) if napi->thread is not the
+ * poller's (7.2, kbp_poller_check_napi()): then its THREADED bits and its
+ * thread are not ours to clear, and the poller does not poll it.
+ */
+bool kbp_poller_unhook_napi(struct kbp_napi *kn)
+{
+	struct kbp_poller *p = kn->poller;
+	struct napi_struct *n = kn->napi;
+	bool hooked;
+
+	set_bit(KBP_NAPI_DETACHING, &kn->flags);
+	spin_lock(&p->lock);
+	hooked = !test_bit(KBP_NAPI_DEAD, &kn->flags) &&
+		 READ_ONCE(n->thread) == p->task;
+	if (hooked)
+		kbp_napi_clear_threaded(n);
+	else
+		set_bit(KBP_NAPI_FOREIGN, &kn->flags);
+	spin_unlock(&p->lock);
+	return hooked;
+}
+
+/*
+ * Caller holds rtnl, kbp_lock and the instance lock, has cleared THREADED
+ * (kbp_poller_unhook_napi()), waited for an RCU grace period (no hardIRQ
+ * path can still be about to wake us for this NAPI) and for the poller to
+ * release the NAPI (kbp_poller_wait_released()).  Puts back the NAPI's
+ * persistent config (7.2), then clears napi->thread: napi_enable() cannot run
+ * in between (instance lock).  A DEAD link was unlinked by
+ * kbp_poller_respawn() or kbp_poller_drop_napi() already, and its poller may
+ * be gone: kbp_pollers_gc() frees a poller whose list is empty.  A link seen
+ * not DEAD under kbp_lock has a live poller (gc needs kbp_lock and frees
+ * only pollers with empty lists); a respawn may mark it DEAD until we hold
+ * p->lock, so look again there.
  */
 void kbp_poller_del_napi(struct kbp_napi *kn)
+{
+	struct kbp_poller *p = kn->poller;
+	struct napi_struct *n = kn->napi;
+	struct task_struct *t;
+
+	if (test_bit(KBP_NAPI_DEAD, &kn->flags))
+		return;
+	spin_lock(&p->lock);
+	if (!test_bit(KBP_NAPI_DEAD, &kn->flags)) {
+		list_del_rcu(&kn->poll_node);
+		t = READ_ONCE(n->thread);
+		/* not a kthread the kernel gave the NAPI after stopping ours */
+		if (!t || t == p->task)
+			kbp_napi_cfg_release(&kn->cfg);
+		if (t && t == p->task)
+			WRITE_ONCE(n->thread, NULL);
+	}
+	spin_unlock(&p->lock);
+}
+
+/* Unlink a deleted NAPI's link: DEAD, freed by the reconcile work. */
+static void kbp_napi_unlink_dead(struct kbp_napi *kn)
+{
+	set_bit(KBP_NAPI_DEAD, &kn->flags);
+	list_del_rcu(&kn->poll_node);
+	/*
+	 * The config array lives with the device: a NAPI the driver adds again
+	 * with that config must not find kbp's "enabled" there, or
+	 * napi_enable() would give it a kthread of its own.
+	 */
+	kbp_napi_cfg_release(&kn->cfg);
+}
+
+/*
+ * @kn's NAPI was deleted (NAPI_STATE_LISTED clear) while its napi->thread was
+ * not the poller (7.2: after the kernel stopped it), so no respawn saw it.
+ * Caller holds rtnl, kbp_lock and the instance lock, under which the driver
+ * deleted it.
+ */
+void kbp_poller_drop_napi(struct kbp_napi *kn)
 {
 	struct kbp_poller *p = kn->poller;
 
 	if (test_bit(KBP_NAPI_DEAD, &kn->flags))
 		return;
 	spin_lock(&p->lock);
-	list_del_rcu(&kn->poll_node);
-	WRITE_ONCE(kn->napi->thread, NULL);
+	if (!test_bit(KBP_NAPI_DEAD, &kn->flags))
+		kbp_napi_unlink_dead(kn);
 	spin_unlock(&p->lock);
 }
 
@@ -617,65 +759,92 @@ void kbp_poller_wait_released(struct kbp_napi *kn)
 }
 
 /*
- * The poller was stopped by someone else: __netif_napi_del() calls
- * kthread_stop(napi->thread) for a NAPI that a driver deletes while its
- * device stays up (veth on "ethtool -K gro off" or a channel change, for
- * example).  The deleter holds rtnl and waits for us to exit, so nothing of
- * ours can run concurrently.  Drop the NAPIs that lost NAPI_STATE_LISTED,
- * move the others to a new thread, and exit.
+ * No new thread: every NAPI of the poller falls back to softirq, its links
+ * DEAD; the reconcile work hooks the NAPIs again with a new poller.
+ */
+static void kbp_poller_respawn_failed(struct kbp_poller *p, long err)
+{
+	struct kbp_napi *kn, *tmp;
+
+	pr_err("kbp: kbp/%d stopped by the kernel and cannot respawn (%ld); its NAPIs fall back to softirq\n",
+	       p->cpu, err);
+	spin_lock(&p->lock);
+	list_for_each_entry(kn, &p->napis, poll_node)
+		if (READ_ONCE(kn->napi->thread) == current)
+			kbp_napi_clear_threaded(kn->napi);
+	spin_unlock(&p->lock);
+	synchronize_rcu();
+	spin_lock(&p->lock);
+	list_for_each_entry_safe(kn, tmp, &p->napis, poll_node) {
+		struct napi_struct *n = kn->napi;
+
+		if (READ_ONCE(n->thread) == current) {
+			if (test_and_clear_bit(NAPI_STATE_SCHED_THREADED,
+					       &n->state)) {
+				local_bh_disable();
+				__napi_schedule(n);
+				local_bh_enable();
+			}
+			WRITE_ONCE(n->thread, NULL);
+		}
+		kbp_napi_unlink_dead(kn);
+	}
+	set_bit(KBP_POLLER_FAILED, &p->flags);
+	p->task = NULL;
+	spin_unlock(&p->lock);
+	WRITE_ONCE(p->pid, 0);
+}
+
+/*
+ * The poller was stopped by someone else.  kthread_stop(napi->thread) comes
+ * from __netif_napi_del() for a NAPI that a driver deletes while its device
+ * stays up (veth on "ethtool -K gro off" or a channel change, for example),
+ * with rtnl held by the deleter; on 7.2 also from napi_stop_kthread() when
+ * threaded NAPI is turned off (sysfs "threaded" 0, netlink "napi-set
+ * threaded disabled"), under that NAPI's instance lock only.  The stopper
+ * waits for us to exit while holding its locks, so take none of ours that
+ * can sleep: only p->lock, which orders us against kbp's hooks and unhooks
+ * (they hold it to change the list, napi->thread and p->task).  Start a new
+ * thread, move the NAPIs that point at us to it, drop the ones that lost
+ * NAPI_STATE_LISTED, and exit.
  */
 static void kbp_poller_respawn(struct kbp_poller *p)
 {
 	struct task_struct *old = current, *t;
 	struct kbp_napi *kn, *tmp;
 
-	spin_lock(&p->lock);
-	list_for_each_entry_safe(kn, tmp, &p->napis, poll_node) {
-		if (!test_bit(NAPI_STATE_LISTED, &kn->napi->state)) {
-			set_bit(KBP_NAPI_DEAD, &kn->flags);
-			list_del_rcu(&kn->poll_node);
-			kn->poller = NULL;
-		}
-	}
-	spin_unlock(&p->lock);
-
 	t = kbp_poller_spawn(p);
 	if (IS_ERR(t)) {
-		pr_err("kbp: kbp/%d stopped by a NAPI deletion and cannot respawn (%ld); its NAPIs fall back to softirq\n",
-		       p->cpu, PTR_ERR(t));
-		spin_lock(&p->lock);
-		list_for_each_entry(kn, &p->napis, poll_node)
-			clear_bit(NAPI_STATE_THREADED, &kn->napi->state);
-		spin_unlock(&p->lock);
-		synchronize_rcu();
+		kbp_poller_respawn_failed(p, PTR_ERR(t));
+	} else {
 		spin_lock(&p->lock);
 		list_for_each_entry_safe(kn, tmp, &p->napis, poll_node) {
 			struct napi_struct *n = kn->napi;
 
-			if (test_and_clear_bit(NAPI_STATE_SCHED_THREADED, &n->state)) {
-				local_bh_disable();
-				__napi_schedule(n);
-				local_bh_enable();
-			}
-			WRITE_ONCE(n->thread, NULL);
-			set_bit(KBP_NAPI_DEAD, &kn->flags);
-			list_del_rcu(&kn->poll_node);
-			kn->poller = NULL;
+			/*
+			 * Only NAPIs that point at us: one the kernel stopped
+			 * us on keeps napi->thread until we exit (then it
+			 * clears it), and one it had stopped us on before
+			 * (NULL) waits for the reconcile work.
+			 */
+			if (READ_ONCE(n->thread) == old)
+				WRITE_ONCE(n->thread, t);
+			/*
+			 * napi->thread before LISTED; __netif_napi_del_locked()
+			 * clears LISTED (a full barrier), then reads
+			 * napi->thread to stop it: either we see the deletion
+			 * here, or the deleter stops @t, whose respawn sees it.
+			 */
+			smp_mb();
+			if (!test_bit(NAPI_STATE_LISTED, &n->state))
+				kbp_napi_unlink_dead(kn);
 		}
-		spin_unlock(&p->lock);
-		set_bit(KBP_POLLER_FAILED, &p->flags);
-		p->task = NULL;
-		WRITE_ONCE(p->pid, 0);
-	} else {
-		spin_lock(&p->lock);
-		list_for_each_entry(kn, &p->napis, poll_node)
-			WRITE_ONCE(kn->napi->thread, t);
-		spin_unlock(&p->lock);
 		p->task = t;
+		spin_unlock(&p->lock);
 		WRITE_ONCE(p->pid, t->pid);
 		atomic64_inc(&p->respawns);
 		wake_up_process(t);
-		pr_info("kbp: kbp/%d replaced (pid %d -> %d) after a driver deleted one of its NAPIs\n",
+		pr_info("kbp: kbp/%d replaced (pid %d -> %d) after the kernel stopped it (NAPI deleted or threaded NAPI turned off)\n",
 			p->cpu, old->pid, t->pid);
 	}
 	/* no hardIRQ path still holds the old task from napi->thread */

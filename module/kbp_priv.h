@@ -20,10 +20,20 @@
  *   kbp_lock (mutex)   the registries: kbp_devs, kbp_pollers[], kbp_conf[],
  *                      every kbp_dev and its napis list.  Taken after rtnl;
  *                      never taken by a poller thread.
- *   poller->lock       (spinlock, process context only) writers of
- *                      poller->napis.  Taken under kbp_lock, or alone by the
- *                      poller thread itself when it respawns.  The poller
- *                      thread reads the list under rcu_read_lock().
+ *   dev->lock          the device's instance lock (kbp_netdev_lock(), 6.14+;
+ *                      nothing before).  On 7.2 sysfs "threaded" and netlink
+ *                      "napi-set" change napi->thread, the THREADED bits and
+ *                      napi->config under it without rtnl.  Taken after
+ *                      kbp_lock, one device at a time, around kbp's walks of
+ *                      dev->napi_list and its writes of those fields; never
+ *                      by a poller thread.  Devices whose driver needs it for
+ *                      its ops (netdev_need_ops_lock()) are refused.
+ *   poller->lock       (spinlock, process context only) poller->napis,
+ *                      poller->task and napi->thread of the NAPIs on the list
+ *                      change only under it.  Taken under kbp_lock (and the
+ *                      NAPI's instance lock), or alone by the poller thread
+ *                      itself when it respawns.  The poller thread reads the
+ *                      list under rcu_read_lock().
  */
 #ifndef _KBP_PRIV_H
 #define _KBP_PRIV_H
@@ -37,6 +47,7 @@
 #include <linux/u64_stats_sync.h>
 
 #include "uapi/kbp.h"
+#include "kbp_compat.h"
 
 #define KBP_QUOTA_MAX		NAPI_POLL_WEIGHT
 #define KBP_LINGER_US_MAX	1000000U	/* 1 s */
@@ -64,9 +75,10 @@ enum {
 struct kbp_poller {
 	int cpu;
 	/*
-	 * The running thread.  Written by kbp_poller_create() and by the
-	 * thread itself when it respawns; both happen with rtnl held (by us,
-	 * or by the driver deleting a NAPI), so rtnl holders may use it.
+	 * The running thread.  Written by kbp_poller_create() and, under
+	 * @lock, by the thread itself when it respawns (which on 7.2 may run
+	 * without rtnl: sysfs "threaded" 0 and netlink "napi-set" stop it under
+	 * the device's instance lock only).
 	 */
 	struct task_struct *task;
 	pid_t pid;			/* for reporting; READ_ONCE */
@@ -102,11 +114,16 @@ struct kbp_poller {
 enum {
 	KBP_NAPI_DETACHING,	/* being handed back to stock NAPI */
 	KBP_NAPI_DEAD,		/* its napi_struct was deleted; never touch ->napi
-				 * (->poller is NULL: the poller may be gone too)
+				 * nor ->poller (the poller may be gone too).
+				 * Set under poller->lock with the unlinking
 				 */
 	KBP_NAPI_POLLING,	/* claimed for a poll: by the poller around each
 				 * poll, for good by a detach that takes the NAPI
 				 * back from a poller that cannot run
+				 */
+	KBP_NAPI_FOREIGN,	/* at detach napi->thread was not the poller's
+				 * (7.2: the kernel stopped it, maybe gave the
+				 * NAPI its own kthread): nothing to hand back
 				 */
 };
 
@@ -119,6 +136,7 @@ struct kbp_napi {
 	unsigned int index;
 	unsigned int napi_id;
 	unsigned long flags;
+	struct kbp_napi_cfg cfg;	/* 7.2: the NAPI's persistent config */
 	/* written only by the poller thread */
 	struct u64_stats_sync syncp;
 	u64_stats_t packets;
@@ -186,8 +204,20 @@ struct kbp_poller *kbp_poller_create(int cpu, const struct kbp_conf *conf);
 void kbp_poller_destroy(struct kbp_poller *p);
 void kbp_poller_apply(struct kbp_poller *p, const struct kbp_conf *conf);
 void kbp_poller_add_napi(struct kbp_poller *p, struct kbp_napi *kn);
+bool kbp_poller_unhook_napi(struct kbp_napi *kn);
 void kbp_poller_del_napi(struct kbp_napi *kn);
+void kbp_poller_drop_napi(struct kbp_napi *kn);
 void kbp_poller_wait_released(struct kbp_napi *kn);
+
+/* what kbp_poller_check_napi() found (and did) */
+enum kbp_napi_check {
+	KBP_NAPI_OK,		/* hooked as it should be */
+	KBP_NAPI_REPAIRED,	/* THREADED set again */
+	KBP_NAPI_REHOOKED,	/* napi->thread was NULL: hooked again */
+	KBP_NAPI_LOST,		/* napi->thread is someone else's kthread */
+};
+
+enum kbp_napi_check kbp_poller_check_napi(struct kbp_napi *kn);
 
 struct kbp_poller_snapshot {
 	u64 passes, empty_passes, packets, wakeups, sleeps, sleep_ns, poll_ns;

@@ -12,6 +12,7 @@
 #include <linux/netdevice.h>
 #include <linux/netlink.h>
 #include <linux/sched.h>
+#include <linux/workqueue.h>
 #ifdef KBP_HAVE_GRO_NODE
 #include <net/gro.h>
 #endif
@@ -294,6 +295,20 @@ static inline bool kbp_napi_threaded_dropped(const struct napi_struct *n)
 	return false;
 }
 #endif
+
+/*
+ * The workqueue of the reconcile work, which needs no particular CPU.  7.x
+ * deprecates system_wq (a warning in dmesg at the first use) in favour of
+ * system_percpu_wq and the unbound system_dfl_wq.
+ */
+static inline struct workqueue_struct *kbp_wq(void)
+{
+#ifdef KBP_HAVE_SYSTEM_DFL_WQ
+	return system_dfl_wq;
+#else
+	return system_wq;
+#endif
+}
 
 /*
  * Since 6.4 a running task can switch itself to a pending livepatch

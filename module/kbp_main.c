@@ -583,14 +583,14 @@ static void kbp_dev_unbind(struct kbp_dev *kd)
 
 void kbp_reconcile_soon(void)
 {
-	mod_delayed_work(system_wq, &kbp_reconcile_work, 0);
+	mod_delayed_work(kbp_wq(), &kbp_reconcile_work, 0);
 }
 
 static void kbp_reconcile_later(void)
 {
 	lockdep_assert_held(&kbp_lock);
 	if (!kbp_exiting && !list_empty(&kbp_devs))
-		queue_delayed_work(system_wq, &kbp_reconcile_work,
+		queue_delayed_work(kbp_wq(), &kbp_reconcile_work,
 				   msecs_to_jiffies(max(reconcile_ms, 10U)));
 }
 

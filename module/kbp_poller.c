@@ -485,6 +485,23 @@ struct kbp_poller *kbp_poller_create(int cpu, const struct kbp_conf *conf)
 }
 
 /*
+ * The poller's thread, with a reference (put_task_struct()), or NULL.  On 7.2
+ * a respawn may replace it (and drop the old one) while we look: read it
+ * under p->lock.
+ */
+static struct task_struct *kbp_poller_task(struct kbp_poller *p)
+{
+	struct task_struct *t;
+
+	spin_lock(&p->lock);
+	t = p->task;
+	if (t)
+		get_task_struct(t);
+	spin_unlock(&p->lock);
+	return t;
+}
+
+/*
  * Caller holds rtnl and kbp_lock; the poller has no NAPIs left, so no NAPI
  * points at it and nobody else can be stopping (respawning) it.
  */
@@ -504,17 +521,22 @@ void kbp_poller_destroy(struct kbp_poller *p)
 /* Caller holds rtnl and kbp_lock. */
 void kbp_poller_apply(struct kbp_poller *p, const struct kbp_conf *conf)
 {
+	struct task_struct *t;
+
 	WRITE_ONCE(p->linger_us, conf->linger_us);
 	WRITE_ONCE(p->quota, conf->quota);
 	WRITE_ONCE(p->mode, conf->mode);
 	WRITE_ONCE(p->freq_ctl, conf->freq_ctl);
+	t = kbp_poller_task(p);
 	if (p->rt_prio != conf->rt_prio) {
 		WRITE_ONCE(p->rt_prio, conf->rt_prio);
-		if (p->task)
-			kbp_apply_prio(p->task, conf->rt_prio);
+		if (t)
+			kbp_apply_prio(t, conf->rt_prio);
 	}
-	if (p->task)
-		wake_up_process(p->task);
+	if (t) {
+		wake_up_process(t);
+		put_task_struct(t);
+	}
 }
 
 /*
@@ -546,9 +568,9 @@ void kbp_poller_add_napi(struct kbp_poller *p, struct kbp_napi *kn)
 	spin_lock(&p->lock);
 	list_add_tail_rcu(&kn->poll_node, &p->napis);
 	kbp_napi_point_at(p, kn);
-	spin_unlock(&p->lock);
 	if (p->task)
 		wake_up_process(p->task);
+	spin_unlock(&p->lock);
 }
 
 /*
@@ -573,10 +595,13 @@ enum kbp_napi_check kbp_poller_check_napi(struct kbp_napi *kn)
 	struct task_struct *t;
 
 	spin_lock(&p->lock);
-	t = READ_ONCE(n->thread);
 	if (test_bit(KBP_NAPI_DEAD, &kn->flags) || !p->task) {
 		/* a respawn unlinked it meanwhile */
-	} else if (t && t != p->task) {
+		spin_unlock(&p->lock);
+		return KBP_NAPI_OK;
+	}
+	t = READ_ONCE(n->thread);
+	if (t && t != p->task) {
 		ret = KBP_NAPI_LOST;
 	} else if (!t) {
 		kbp_napi_point_at(p, kn);
@@ -585,11 +610,11 @@ enum kbp_napi_check kbp_poller_check_napi(struct kbp_napi *kn)
 		set_bit(NAPI_STATE_THREADED, &n->state);
 		ret = KBP_NAPI_REPAIRED;
 	}
-	spin_unlock(&p->lock);
 	if (ret == KBP_NAPI_REPAIRED || ret == KBP_NAPI_REHOOKED) {
 		atomic64_inc(&p->repairs);
 		wake_up_process(p->task);
 	}
+	spin_unlock(&p->lock);
 	return ret;
 }
 
@@ -731,11 +756,15 @@ void kbp_poller_wait_released(struct kbp_napi *kn)
 	unsigned long deadline = jiffies + KBP_RELEASE_WAIT;
 	struct kbp_poller *p = kn->poller;
 	const char *name = kn->kdev->dev->name;
+	struct task_struct *t = NULL;
 	bool boosted = false;
 
 	while (kbp_napi_held(kn)) {
-		if (p->task)
-			wake_up_process(p->task);
+		if (t)
+			put_task_struct(t);
+		t = kbp_poller_task(p);
+		if (t)
+			wake_up_process(t);
 		if (time_after(jiffies, deadline)) {
 			if (kbp_poller_release(kn)) {
 				pr_warn("kbp: %s: NAPI #%u taken back from kbp/%d, which did not release it within %u ms (starved?)\n",
@@ -745,17 +774,20 @@ void kbp_poller_wait_released(struct kbp_napi *kn)
 				set_bit(KBP_POLLER_STUCK, &p->flags);
 				break;
 			}
-			if (!boosted && p->task) {
+			if (!boosted && t) {
 				pr_warn("kbp: %s: kbp/%d is stuck in a poll of NAPI #%u; raising it to finish\n",
 					name, p->cpu, kn->index);
-				kbp_apply_prio(p->task, KBP_RT_PRIO_MAX);
+				kbp_apply_prio(t, KBP_RT_PRIO_MAX);
 				boosted = true;
 			}
 		}
 		usleep_range(50, 200);
 	}
-	if (boosted && p->task)
-		kbp_apply_prio(p->task, READ_ONCE(p->rt_prio));
+	if (t) {
+		if (boosted)
+			kbp_apply_prio(t, READ_ONCE(p->rt_prio));
+		put_task_struct(t);
+	}
 }
 
 /*

@@ -42,6 +42,15 @@ BACKEND_KMOD: Final = "kmod"
 BACKEND_STOCK: Final = "stock"
 BACKENDS: Final = ("auto", BACKEND_KMOD, BACKEND_STOCK)
 
-# Benchmark mode names (bench output): stock NAPI, stock threaded NAPI, kbpctl's stock
-# backend, and the module's poller modes.
-BENCH_MODES: Final = ("napi", "threaded", "stock-kbp", MODE_BUSY, MODE_HYBRID)
+# Benchmark mode names (bench output, docs, --help), in table order: stock NAPI, stock
+# threaded NAPI, what users tune today (socket busy polling as tuned's network-latency profile
+# sets it; the kernel's IRQ deferral), kbpctl's stock backend (--mode hybrid; --mode busy =
+# upstream threaded busy polling, Linux 6.19+), and the module's poller modes.
+BENCH_NAPI: Final = "napi"
+BENCH_THREADED: Final = "threaded"
+BENCH_BUSYPOLL: Final = "busypoll"
+BENCH_DEFER: Final = "defer"
+BENCH_STOCK_KBP: Final = "stock-kbp"
+BENCH_STOCK_BUSY: Final = "stock-busy"
+BENCH_MODES: Final = (BENCH_NAPI, BENCH_THREADED, BENCH_BUSYPOLL, BENCH_DEFER, BENCH_STOCK_KBP,
+                      BENCH_STOCK_BUSY, MODE_BUSY, MODE_HYBRID)

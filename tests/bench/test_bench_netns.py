@@ -54,7 +54,20 @@ def _procs() -> list[str]:
 
 def _settings() -> dict[str, str]:
     """Global settings a benchmark could touch (other engineers' tests may change other
-    things on this shared machine concurrently: only our own traces are compared)."""
+    things on this shared machine concurrently: only our own traces are compared).  Read
+    under the lock a benchmark holds while a mode has global sysctls changed (busypoll), so
+    a benchmark running concurrently is never caught half-way."""
+    import fcntl
+
+    from kbp.bench import knobs
+    lock = knobs.GLOBAL_LOCK
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        return _settings_now()
+
+
+def _settings_now() -> dict[str, str]:
     snap: dict[str, str] = {}
     for d in (Path("/proc/sys/net/core"), Path("/proc/sys/kernel")):
         for f in sorted(d.glob("sched_rt_*")) + sorted(d.glob("netdev_*")) + \

@@ -5,11 +5,21 @@ Scenarios (``--scenario``; the first is the default):
 
 {scenarios}
 
+Modes (``--modes``, default all; napi is the baseline; a mode this kernel cannot run is
+skipped with the reason):
+
+{modes}
+
+Parts of every scenario besides its own: ``idle`` (idle cost: each mode on with no traffic
+for ``--idle-duration`` s, CPU time per poller thread) and ``rtt-tcp`` (RT latency under an
+iperf3 TCP heavy sender, condition load-tcp).
+
 Presets (explicit options override them):
 
 =========  =====================================================================================
-full       every mode, 5 repetitions of 10 s runs, load off/on, Table 2 (5 s runs), RFC 2544 at
-           64/512/1518 B (3 searches per mode); about 30 minutes with three runnable modes
+full       every mode and part, 5 repetitions of 10 s runs, load off/on and TCP, Table 2 (5 s
+           runs), RFC 2544 at 64/512/1518 B (3 searches per mode), idle cost 10 s per mode;
+           about 57 minutes with the five modes a host without kbp.ko runs
 demo       every mode (unrunnable ones are reported as skipped), 5 repetitions of 4 s runs,
            load off/on, RFC 2544 at 64 B once per mode; under 5 minutes (``make demo``)
 smoke      napi and stock-kbp, 1 repetition of 1 s runs, coarse RFC 2544: a functional check
@@ -35,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from kbp import names
-from kbp.bench import placement, plots, report, runner, scenarios, tester, workloads
+from kbp.bench import modes, parts, placement, plots, report, runner, scenarios, tester, workloads
 from kbp.bench.runner import Aborted, Bench, BenchConfig, Progress
 from kbp.testbed import remove_stale, stale_namespaces
 
@@ -64,12 +74,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", default=scenarios.DEFAULT,
                    help=f"what to measure: {', '.join(scenarios.all_scenarios())} "
                         f"(default {scenarios.DEFAULT}; see above)")
-    p.add_argument("--modes", type=_csv, help=f"comma list of {','.join(names.BENCH_MODES)}")
+    p.add_argument("--modes", type=_csv, help=f"comma list of {','.join(names.BENCH_MODES)} "
+                   "(see above)")
     p.add_argument("--reps", type=int, help="repetitions (modes interleaved in each)")
     p.add_argument("--parts", type=_csv,
                    help="comma list of the scenario's parts (" + "; ".join(
                        f"{n}: {','.join(s.parts)}" for n, s in scenarios.all_scenarios().items())
-                   + "; default: all)")
+                   + f"; every scenario: {','.join(parts.COMMON)}; default: all)")
+    p.add_argument("--idle-duration", type=float,
+                   help="seconds of no traffic per mode in the idle part (default 10)")
+    p.add_argument("--tcp-len", type=int,
+                   help="rtt-tcp: iperf3 TCP write size in bytes (default: iperf3's 128 KiB)")
     p.add_argument("--scenarios", type=_csv, dest="parts_deprecated", metavar="PARTS",
                    help="deprecated: the old name of --parts")
     p.add_argument("--loads", type=_csv, help="competing load for rtt: off,on")
@@ -96,7 +111,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tester-prio", type=int, help="SCHED_FIFO priority of the tester (50)")
     p.add_argument("--rt-prio", type=int, help="SCHED_FIFO priority of kbp pollers (50)")
     p.add_argument("--busy-app", choices=("fifo", "elsewhere", "same"),
-                   help="the app in busy mode, whose poller never sleeps: fifo (default) = "
+                   help="the app in busy and stock-busy, whose pollers never sleep: fifo "
+                        "(default) = "
                         "on its CPU at SCHED_FIFO rt-prio+1, so it preempts the spinner; "
                         "elsewhere = on the tester's CPU; same = unchanged (starves)")
     p.add_argument("--no-trace", action="store_true", help="skip the bpftrace kernel delays")
@@ -121,8 +137,9 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
     for k, v in PRESETS[a.preset].items():
         setattr(cfg, k, v)
     simple = ("scenario", "modes", "reps", "parts", "loads", "duration", "rate", "frame",
-              "flood_len", "table2_scale", "table2_duration", "rfc_frames", "rfc_trial",
-              "rfc_reps", "rfc_resolution", "rfc_max_pps", "tester_prio", "rt_prio")
+              "flood_len", "idle_duration", "tcp_len", "table2_scale", "table2_duration",
+              "rfc_frames", "rfc_trial", "rfc_reps", "rfc_resolution", "rfc_max_pps",
+              "tester_prio", "rt_prio")
     for k in simple:
         v = getattr(a, k, None)
         if v is not None:
@@ -161,7 +178,8 @@ def description() -> str:
     for name, scen in scenarios.all_scenarios().items():
         lines = textwrap.wrap(scen.title, 80) or [""]
         rows += [f"{name:<13}  {lines[0]}", *(" " * 15 + x for x in lines[1:])]
-    return (__doc__ or "").replace("{scenarios}", "\n".join(rows))
+    return (__doc__ or "").replace("{scenarios}", "\n".join(rows)).replace(
+        "{modes}", "\n".join(f"{name:<13}  {line}" for name, line in modes.SUMMARY.items()))
 
 
 def _console() -> Any:

@@ -5,6 +5,15 @@ repetition's rotated order, so no mode always runs first or right after a load s
              (a :class:`Load`, e.g. the iperf3 flood) running for the whole block
 ``table2``   EE-KBP's Table 2 traffic conditions, scaled (``table2``)
 ``rfc2544``  RFC 2544 zero-loss throughput searches (``rfc2544``)
+
+and the parts the runner offers in every scenario (``COMMON``), after the scenario's own:
+
+``idle``     idle cost: each mode on with no traffic at all for ``--idle-duration`` (10 s),
+             the CPU time of every poller thread (and of the RT app, where busypoll polls),
+             the RT CPU's busy and softirq share, the poller counters (``idle``)
+``rtt-tcp``  RT latency runs under a TCP heavy sender: an iperf3 TCP stream at full speed
+             through its own veth pair (``tcp``) from the flood sender's CPU to the heavy
+             receiver's, condition ``load-tcp`` (``tcp_block``)
 """
 
 from __future__ import annotations
@@ -19,6 +28,12 @@ if TYPE_CHECKING:
     from kbp.bench.runner import Bench, BenchConfig
 
 RTT, TABLE2, RFC2544 = "rtt", "table2", "rfc2544"
+IDLE, RTT_TCP = "idle", "rtt-tcp"
+COMMON: tuple[str, ...] = (IDLE, RTT_TCP)     # the runner's, in every scenario
+TCP_LINK = "tcp"                             # the veth pair rtt-tcp adds to the testbed
+TCP_CONDITION = "load-tcp"
+TCP_TITLE = ("RT flow with a TCP heavy sender (iperf3 TCP at full speed from the flood "
+             "sender's CPU to the heavy receiver's)")
 TABLE2_CONDITIONS = len(workloads.TABLE2)
 
 
@@ -48,6 +63,25 @@ def table2_reps(cfg: BenchConfig) -> int:
 
 def rfc_reps(cfg: BenchConfig) -> int:
     return min(cfg.rfc_reps, cfg.reps)
+
+
+def idle_seconds(cfg: BenchConfig) -> float:
+    """Planned seconds of one idle-cost run (settle, measure, mode on and off)."""
+    return cfg.idle_duration + IDLE_SETTLE_S + 1.0
+
+
+IDLE_SETTLE_S = 0.5
+
+
+def common_seconds(cfg: BenchConfig, n_modes: int) -> float:
+    """Planned seconds of the runner's own parts in cfg.parts."""
+    ps = cfg.parts or []
+    s = 0.0
+    if IDLE in ps:
+        s += n_modes * idle_seconds(cfg)
+    if RTT_TCP in ps:
+        s += cfg.reps * n_modes * latency_seconds(cfg, cfg.duration)
+    return s
 
 
 def plan_seconds(cfg: BenchConfig, n_modes: int, rtt_conditions: int) -> float:
@@ -108,3 +142,15 @@ def rfc2544(bench: Bench, rep: int) -> None:
     for frame in cfg.rfc_frames:
         for m in bench.order(rep):
             bench.rfc2544(m, rep, frame)
+
+
+def idle(bench: Bench) -> None:
+    """The idle cost of every mode, once (the first repetition's order)."""
+    for m in bench.order(0):
+        bench.idle_run(m)
+
+
+def tcp_block(bench: Bench, rep: int) -> None:
+    """RT latency runs of every mode under the TCP heavy sender."""
+    load = bench.tcp_load()
+    latency_block(bench, rep, TCP_CONDITION, load=load, load_name="TCP heavy sender")

@@ -8,7 +8,8 @@ itself (which number each role had) heads every report.
 
 Scenarios (:mod:`kbp.bench.scenarios`) compose their report from the sections here
 (``rtt_sections``, ``table2_section``, ``rfc_section``); ``markdown`` adds the header and
-footer every scenario shares.
+footer every scenario shares, with the runner's own parts (:data:`kbp.bench.parts.COMMON`):
+the RT latency under the TCP heavy sender (``load-tcp``) and the idle cost per mode.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kbp import names
+from kbp.bench import parts as parts_
 from kbp.bench.placement import Placement
 from kbp.bench.stats import aggregate, pct_key, ratios_to_baseline
 
@@ -161,6 +163,68 @@ def summarize_rfc(searches: Iterable[dict[str, Any]], pl: Placement) -> dict[str
 
 
 # -- markdown -------------------------------------------------------------------------------
+# -- idle cost (the runner's idle part) -----------------------------------------------------
+IDLE_COLUMNS: tuple[Column, ...] = (
+    ("poller_threads", "poller threads", ""),
+    ("poller_cpu_pct_per_thread", "CPU per poller thread", "%"),
+    ("poller_cpu_pct", "all pollers", "% CPU"),
+    ("app_cpu_pct", "RT app", "% CPU"),
+    ("cpu_rt_busy_pct", "RT CPU busy", "%"),
+    ("cpu_rt_softirq_pct", "RT CPU softirq", "%"),
+    ("net_rx_rt_per_s", "RT CPU NET_RX", "/s"),
+    ("poller_passes_per_s", "poller passes", "/s"),       # kbp.ko
+    ("poller_sleeps_per_s", "poller sleeps", "/s"),       # kbp.ko; stock: voluntary switches
+)
+
+
+def idle_metrics(rec: dict[str, Any], pl: Placement) -> dict[str, float | None]:
+    """The scalar metrics of one idle-cost run: CPU time of the poller threads (each and
+    in all, % of one CPU over the window), of the RT app, the RT CPU's share, counters/s."""
+    sysd = rec.get("sys") or {}
+    wall = sysd.get("wall_s") or 0
+    threads = sysd.get("threads") or {}
+    pollers = [t["cpu_pct"] for pid, t in threads.items()
+               if pid in (rec.get("poller_threads") or {})]
+    app = [t["cpu_pct"] for pid, t in threads.items() if pid in (rec.get("app_threads") or [])]
+    m: dict[str, float | None] = {
+        "poller_threads": float(len(rec.get("poller_threads") or {})),
+        "poller_cpu_pct": sum(pollers) if pollers else None,
+        "poller_cpu_pct_per_thread": sum(pollers) / len(pollers) if pollers else None,
+        "poller_cpu_pct_max_thread": max(pollers) if pollers else None,
+        "app_cpu_pct": sum(app) if app else None,
+    }
+    rt = pl.role_cpus().get("rt")
+    c = (sysd.get("cpu") or {}).get(str(rt)) or {}
+    m["cpu_rt_busy_pct"] = c.get("busy_pct")
+    m["cpu_rt_softirq_pct"] = (c.get("pct") or {}).get("softirq")
+    net_rx = sysd.get("net_rx") or []
+    m["net_rx_rt_per_s"] = net_rx[rt] / wall if wall and rt is not None and rt < len(net_rx) \
+        else None
+    for k, v in (rec.get("poller") or {}).items():
+        m[f"poller_{k}_per_s"] = float(v) / wall if wall else None
+    return m
+
+
+def summarize_idle(recs: Iterable[dict[str, Any]], pl: Placement) -> dict[str, Any]:
+    """{mode: {metric: aggregate}} over the idle-cost runs."""
+    per: dict[str, dict[str, list[float | None]]] = defaultdict(lambda: defaultdict(list))
+    for rec in recs:
+        for metric, v in idle_metrics(rec, pl).items():
+            per[rec["mode"]][metric].append(v)
+    return {mode: {k: aggregate(v) for k, v in ms.items()} for mode, ms in per.items()}
+
+
+def idle_section(results: dict[str, Any]) -> list[str]:
+    idle = (results.get("summary") or {}).get("idle")
+    if not idle:
+        return []
+    cfg = results.get("config") or {}
+    return [f"**Idle cost** — each mode on, no traffic, {cfg.get('idle_duration', 10):g} s: "
+            "CPU time of the polling threads (% of one CPU; busypoll polls in the RT app's "
+            "own calls, so see the RT app column)", "",
+            latency_table(idle, IDLE_COLUMNS), ""]
+
+
 def fmt(v: float | None) -> str:
     if v is None:
         return "-"
@@ -297,11 +361,18 @@ def markdown(results: dict[str, Any]) -> str:
     skipped = {m: v.get("reason") for m, v in (results.get("modes") or {}).items()
                if v.get("status") == "skipped"}
     out.append(scenario_of(results).render(results))
+    out += common_sections(results)
     if skipped:
         out += ["Skipped modes:", ""] + [f"- {m}: {why}" for m, why in skipped.items()] + [""]
     meter = (results.get("machine") or {}).get("power_meter")
     out.append(f"Energy: {meter}.")
     return "\n".join(out) + "\n"
+
+
+def common_sections(results: dict[str, Any]) -> list[str]:
+    """The runner's parts: RT latency under the TCP heavy sender, idle cost."""
+    return [*rtt_sections(results, {parts_.TCP_CONDITION: parts_.TCP_TITLE}),
+            *idle_section(results)]
 
 
 def upgrade(results: dict[str, Any]) -> dict[str, Any]:
@@ -337,7 +408,13 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
 
 def add_summary(results: dict[str, Any]) -> dict[str, Any]:
     upgrade(results)
-    results["summary"] = scenario_of(results).summarize(results)
+    summ = results["summary"] = scenario_of(results).summarize(results)
+    pl = placement_of(results)
+    tcp = [r for r in results.get("runs") or [] if r.get("condition") == parts_.TCP_CONDITION]
+    if tcp and parts_.TCP_CONDITION not in (summ.get(parts_.RTT) or {}):
+        summ.setdefault(parts_.RTT, {}).update(summarize_runs(tcp, pl).get(parts_.RTT, {}))
+    if results.get("idle"):
+        summ["idle"] = summarize_idle(results["idle"], pl)
     results["percentile_definition"] = (
         "nearest rank: the smallest sample with at least p% of samples <= it; SD is the "
         "sample SD (n-1); across repetitions: median, min-max, nearest-rank quartiles; ratios "

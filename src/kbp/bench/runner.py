@@ -10,7 +10,12 @@ own CPU time, interrupts, softirqs, poller counters and kernel-side delays.  The
 decides the order (:mod:`kbp.bench.parts`: modes rotated by one position every repetition).
 
 A mode owns its quirks (:mod:`kbp.bench.modes`): where the application runs while it is on
-(``app_place``) and whether it needs a fresh RT device (``needs_fresh_device``).
+(``app_place``) and whether it needs a fresh RT device (``needs_fresh_device``).  A mode that
+cannot put back what it changed stops the benchmark (``restore_problems`` in the results).
+
+Besides the scenario's parts the runner offers two of its own in every scenario
+(:data:`kbp.bench.parts.COMMON`): ``idle`` (idle cost per mode, run first) and ``rtt-tcp``
+(RT latency under a TCP heavy sender on a veth pair of its own, ``tcp``, run last).
 """
 
 from __future__ import annotations
@@ -43,7 +48,16 @@ from kbp.bench import (
     workloads,
 )
 from kbp.bench import placement as placement_
-from kbp.bench.modes import SPIN_APP_CHOICES, AppEnv, AppPlace, Mode, Target, all_modes
+from kbp.bench.modes import (
+    SPIN_APP_CHOICES,
+    AppEnv,
+    AppPlace,
+    KnobError,
+    Mode,
+    Target,
+    all_modes,
+    availability,
+)
 from kbp.bench.placement import Placement, PlacementError
 from kbp.bench.stats import summarize
 from kbp.testbed import Testbed
@@ -61,6 +75,7 @@ class BenchConfig:
     modes: list[str] = field(default_factory=lambda: list(names.BENCH_MODES))
     reps: int = 5
     parts: list[str] | None = None  # None: every part the scenario has (rtt, table2, rfc2544)
+    #                                 and the runner's (idle, rtt-tcp)
     loads: list[str] = field(default_factory=lambda: ["off", "on"])
     # RT request/response flow
     duration: float = 10.0
@@ -71,6 +86,9 @@ class BenchConfig:
     # competing load
     flood_len: int = 64
     flood_bitrate: str = "0"
+    tcp_len: int = 0                 # rtt-tcp: iperf3 TCP write size (0: iperf3's 128 KiB)
+    # idle cost: seconds each mode stays on with no traffic
+    idle_duration: float = 10.0
     # EE-KBP Table 2
     table2_scale: float = 0.02
     table2_duration: float = 5.0
@@ -158,6 +176,7 @@ class Bench:
     cpus_available: Callable[[], list[int]] = placement_.available_cpus
     scenario: scenarios.Scenario | None = None
     placement: Placement | None = None
+    _tcp: workloads.Flood | None = None
 
     # -- planning ------------------------------------------------------------------------
     def plan(self) -> Placement:
@@ -169,12 +188,15 @@ class Bench:
             self.scenario = scenarios.get(cfg.scenario)
         except scenarios.UnknownScenario as e:
             raise Aborted(str(e)) from e
-        if cfg.parts is None:
-            cfg.parts = list(self.scenario.parts)
-        bad = [p for p in cfg.parts if p not in self.scenario.parts]
+        known = [*self.scenario.parts, *parts.COMMON]
+        if cfg.parts is None:       # rtt-tcp is a competing load: only when loads are on
+            cfg.parts = [p for p in known if p != parts.RTT_TCP or "on" in cfg.loads]
+        bad = [p for p in cfg.parts if p not in known]
         if bad:
             raise Aborted(f"unknown part {bad[0]!r} for scenario {self.scenario.name}: choose "
-                          f"from {', '.join(self.scenario.parts)}")
+                          f"from {', '.join(known)}")
+        if cfg.idle_duration <= 0:
+            raise Aborted("--idle-duration must be positive")
         badm = [m for m in cfg.modes if m not in names.BENCH_MODES]
         if badm:
             raise Aborted(f"unknown mode {badm[0]!r}: choose from "
@@ -192,7 +214,7 @@ class Bench:
         self.scenario.check(cfg)
         try:
             self.placement = placement_.plan(self.cpus_available(), cfg.cpus,
-                                             self.scenario.roles(cfg))
+                                             self.roles())
         except PlacementError as e:
             raise Aborted(str(e)) from e
         return self.placement
@@ -204,13 +226,29 @@ class Bench:
         if os.geteuid() != 0:
             raise Aborted("kbpctl bench builds network namespaces and changes kernel "
                           "settings: run it as root")
-        workloads.require_tools(["ip", "ethtool", "taskset", "sockperf",
-                                 *self.scenario.tools(self.cfg)])
+        tcp = ["iperf3"] if parts.RTT_TCP in (self.cfg.parts or []) else []
+        workloads.require_tools(sorted({"ip", "ethtool", "taskset", "sockperf", *tcp,
+                                        *self.scenario.tools(self.cfg)}))
+
+    def roles(self) -> tuple[str, ...]:
+        """The scenario's roles, plus the flood sender and heavy receiver for rtt-tcp."""
+        assert self.scenario is not None
+        roles = tuple(self.scenario.roles(self.cfg))
+        if parts.RTT_TCP in (self.cfg.parts or []):
+            roles += tuple(r for r in (placement_.FLOOD, placement_.HEAVY) if r not in roles)
+        return roles
+
+    def links(self) -> tuple[str, ...]:
+        """The scenario's veth pairs, plus ``tcp`` for rtt-tcp."""
+        assert self.scenario is not None
+        extra = (parts.TCP_LINK,) if parts.RTT_TCP in (self.cfg.parts or []) else ()
+        return (*self.scenario.links, *extra)
 
     def plan_seconds(self) -> float:
         """Planned duration of the whole benchmark (for the progress bar)."""
         assert self.scenario is not None
-        return self.scenario.plan_seconds(self.cfg, max(len(self.runnable), 1))
+        n = max(len(self.runnable), 1)
+        return self.scenario.plan_seconds(self.cfg, n) + parts.common_seconds(self.cfg, n)
 
     def order(self, rep: int) -> list[str]:
         """The runnable modes in repetition ``rep``'s order (rotated by one each time)."""
@@ -222,8 +260,9 @@ class Bench:
         d = p.to_json()
         d["runs"] = {
             "rt": "the RT device's poller in threaded (unpinned: where the scheduler puts "
-                  "it), stock-kbp, busy, hybrid",
-            "app": "sockperf server (the RT application), default policy; busy: "
+                  "it), stock-kbp, stock-busy, busy, hybrid",
+            "app": "sockperf server (the RT application), default policy; busypoll: it "
+                   "busy-polls the RT NAPI itself; busy, stock-busy: "
                    f"--busy-app {cfg.spin_app}",
             "tester": f"kbp-rtt (SCHED_FIFO {cfg.tester_prio})",
             "harness": "this program, bpftrace",
@@ -259,11 +298,10 @@ class Bench:
             "tools": machine.tool_versions(),
             "quiet_before": machine.quiet_report(),
             "placement": self._placement_json(),
-            "modes": {}, "runs": [], "rfc2544": [], "interrupted": False,
+            "modes": {}, "runs": [], "rfc2544": [], "idle": [], "interrupted": False,
         }
         self.modes = all_modes()
-        for m in cfg.modes:
-            why = self.modes[m].unavailable()
+        for m, why in availability(cfg.modes, self.modes).items():
             self.results["modes"][m] = {"status": "skipped", "reason": why} if why else \
                 {"status": "ok"}
             if not why:
@@ -281,10 +319,15 @@ class Bench:
             if not self.trace_reason:
                 tfs.ensure()
             os.sched_setaffinity(0, {pl.cpu(placement_.HARNESS)})
-            with _testbed(self.scenario.links) as tb:
+            with _testbed(self.links()) as tb:
                 self.tb = tb
                 self._start(tb)
+                if parts.IDLE in (cfg.parts or []):
+                    parts.idle(self)
                 self.scenario.run(self)
+                if parts.RTT_TCP in (cfg.parts or []):
+                    for rep in range(cfg.reps):
+                        parts.tcp_block(self, rep)
                 _checkpoint()
         except KeyboardInterrupt:
             self.results["interrupted"] = True
@@ -444,6 +487,53 @@ class Bench:
         self._advance(self.rfc_plan(), desc)
         return out
 
+    # -- idle cost ---------------------------------------------------------------------------
+    def idle_run(self, mode_name: str) -> dict[str, Any]:
+        """``mode_name`` on, no traffic for cfg.idle_duration: CPU time of its poller threads
+        and the RT app, the CPUs' time and interrupts, the poller counters."""
+        cfg = self.cfg
+        assert self.server is not None
+        mode = self.modes[mode_name]
+        desc = f"idle cost · {mode_name} ({cfg.idle_duration:g} s, no traffic)"
+        self._note(desc)
+        rec: dict[str, Any] = {"mode": mode_name, "part": parts.IDLE,
+                               "duration": cfg.idle_duration,
+                               "waited_for_quiet_s": self._wait_quiet(desc),
+                               "quiet": machine.quiet_report()}
+        with self._mode(mode):
+            threads = mode.threads()
+            app = self.server.pids()
+            rec["mode_setup"] = mode.describe()
+            time.sleep(parts.IDLE_SETTLE_S)       # setup's own work out of the window
+            c0 = mode.counters()
+            s0 = sysstat.Snapshot.take(list(threads) + app)
+            time.sleep(cfg.idle_duration)
+            s1 = sysstat.Snapshot.take(list(threads) + app)
+            c1 = mode.counters()
+        rec["poller_threads"] = {str(p): n for p, n in threads.items()}
+        rec["app_threads"] = [str(p) for p in app]
+        rec["sys"] = sysstat.delta(s0, s1, {**threads, **{p: "sockperf" for p in app}})
+        rec["poller"] = {k: (c1[k] - (c0.get(k) or 0)) for k in c1 if c1[k] is not None}
+        self.results["idle"].append(rec)
+        self._advance(parts.idle_seconds(cfg), desc)
+        return rec
+
+    # -- the TCP heavy sender ------------------------------------------------------------------
+    def tcp_load(self) -> workloads.Flood:
+        """The TCP heavy sender (started once, its server stopped with the testbed)."""
+        if self._tcp is None:
+            assert self.tb is not None and self.placement is not None
+            link = self.tb.link(parts.TCP_LINK)
+            self._tcp = workloads.Flood(
+                self.tb.client, self.tb.server, link.ip_b, link.dev_b,
+                sender_cpu=self.placement.cpu(placement_.FLOOD),
+                receiver_cpu=self.placement.cpu(placement_.HEAVY),
+                length=self.cfg.tcp_len, proto="tcp", port=workloads.IPERF_TCP_PORT)
+            self._tcp.start_server()
+            self.tb.defer(self._tcp.stop_server)
+            self.tb.defer(self._tcp.stop)
+        return self._tcp
+
     # -- helpers -------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _mode(self, mode: Mode) -> Iterator[None]:
@@ -463,6 +553,10 @@ class Bench:
         finally:
             try:
                 mode.teardown()
+            except KnobError as e:
+                self.results.setdefault("restore_problems", []).append(f"{mode.name}: {e}")
+                raise Aborted(f"mode {mode.name} could not put back what it changed: {e}") \
+                    from e
             finally:
                 self.server.place(home)
 

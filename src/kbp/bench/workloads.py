@@ -6,6 +6,8 @@
   at full speed through a second veth pair, the client on the flood sender's CPU, the server
   on the heavy receiver's.  Its receive NAPI runs in NET_RX softirq on the flood sender's CPU
   (veth polls on the transmitting CPU).
+* TCP heavy sender (``rtt-tcp``): the same with an iperf3 TCP stream at full speed
+  (``Flood(proto="tcp")``): fewer, larger segments, GRO and ACKs back to the sender.
 * EE-KBP Table 2: six constant-interval traffic conditions (80 Mbit/s and 1 Gbit/s, frames
   of 1518 / 512 / 64 bytes), scaled by one factor to what this machine can carry.
 """
@@ -27,6 +29,7 @@ from kbp.testbed import run as ns_run
 
 SOCKPERF_PORT = 11111
 IPERF_PORT = 5201
+IPERF_TCP_PORT = 5202           # the TCP heavy sender's server (its own, next to the flood's)
 
 
 class MissingTool(RuntimeError):
@@ -129,7 +132,8 @@ class SockperfServer:
 
 @dataclass
 class Flood:
-    """iperf3 UDP flood from the client namespace to a heavy receiver in the server one."""
+    """iperf3 flood from the client namespace to a heavy receiver in the server one: UDP
+    (``proto`` "udp", the default) or a TCP heavy sender (``proto`` "tcp")."""
 
     client_ns: str
     server_ns: str
@@ -139,6 +143,8 @@ class Flood:
     receiver_cpu: int           # the iperf3 server (heavy receiver role)
     length: int = 64            # UDP payload bytes: small datagrams = most softirq work
     bitrate: str = "0"          # iperf3 -b: 0 = as fast as it can
+    proto: str = "udp"          # "udp" or "tcp" (length: TCP write size; 0 = iperf3's own)
+    port: int = IPERF_PORT
     server: subprocess.Popen[str] | None = None
     client: subprocess.Popen[str] | None = None
     _rx0: int = 0
@@ -147,11 +153,11 @@ class Flood:
     def start_server(self) -> None:
         self.server = procs.start(self.server_ns, [
             "taskset", "-c", str(self.receiver_cpu), "iperf3", "-s", "-B", self.server_ip,
-            "-p", str(IPERF_PORT)], stdout=subprocess.DEVNULL)
+            "-p", str(self.port)], stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             out = ns_run(self.server_ns, ["cat", "/proc/net/tcp"], check=False).stdout
-            if f":{IPERF_PORT:04X}" in out:
+            if f":{self.port:04X}" in out:
                 return
             time.sleep(0.05)
         raise RuntimeError("iperf3 server did not listen")
@@ -159,11 +165,18 @@ class Flood:
     def rx_packets(self) -> int:
         return netstats.rx_packets(self.server_ns, self.server_dev)
 
+    def client_argv(self) -> list[str]:
+        argv = ["taskset", "-c", str(self.sender_cpu), "iperf3", "-c", self.server_ip,
+                "-p", str(self.port), "-t", "86400", "-J"]
+        if self.proto == "udp":
+            return [*argv, "-u", "-b", self.bitrate, "-l", str(self.length)]
+        if self.proto != "tcp":
+            raise ValueError(f"unknown flood protocol {self.proto!r}: udp or tcp")
+        extra = ["-b", self.bitrate] if self.bitrate != "0" else []
+        return [*argv, *extra, *(["-l", str(self.length)] if self.length else [])]
+
     def start(self, warm: float = 1.0) -> None:
-        self.client = procs.start(self.client_ns, [
-            "taskset", "-c", str(self.sender_cpu), "iperf3", "-c", self.server_ip, "-p",
-            str(IPERF_PORT), "-u", "-b", self.bitrate, "-l", str(self.length), "-t", "86400",
-            "-J"])
+        self.client = procs.start(self.client_ns, self.client_argv())
         time.sleep(warm)
         if self.client.poll() is not None:
             out, err = procs.stop(self.client)
@@ -178,19 +191,35 @@ class Flood:
         out, _err = procs.stop(self.client, signal.SIGINT, timeout=10)
         self.client = None
         res: dict[str, Any] = {"rx_pps": (rx1 - self._rx0) / max(t1 - self._t0, 1e-9),
-                               "payload_bytes": self.length, "bitrate": self.bitrate}
-        try:
-            end = json.loads(out).get("end", {}).get("sum", {})
-            res.update({k: end.get(k) for k in ("packets", "lost_packets", "lost_percent",
-                                                "bits_per_second") if k in end})
-        except (json.JSONDecodeError, AttributeError):
-            pass
+                               "proto": self.proto, "payload_bytes": self.length,
+                               "bitrate": self.bitrate}
+        res.update(iperf_summary(out, self.proto))
         return res
 
     def stop_server(self) -> None:
         if self.server is not None:
             procs.stop(self.server)
             self.server = None
+
+
+def iperf_summary(out: str, proto: str) -> dict[str, Any]:
+    """What an iperf3 -J client reported at its end (empty when it did not)."""
+    try:
+        end = json.loads(out).get("end", {})
+    except (json.JSONDecodeError, AttributeError):
+        return {}
+    if not isinstance(end, dict):
+        return {}
+    if proto == "tcp":
+        got = end.get("sum_received") or {}
+        sent = end.get("sum_sent") or {}
+        res = {k: got.get(k) for k in ("bytes", "bits_per_second") if k in got}
+        if "retransmits" in sent:
+            res["retransmits"] = sent["retransmits"]
+        return res
+    s = end.get("sum") or {}
+    return {k: s.get(k) for k in ("packets", "lost_packets", "lost_percent",
+                                  "bits_per_second") if k in s}
 
 
 # -- EE-KBP Table 2 --------------------------------------------------------------------------

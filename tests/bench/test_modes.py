@@ -1,0 +1,362 @@
+"""What users run today, as modes (issue 12, item 3), without root: busypoll and defer set
+exactly their values and put back exactly the values found, also after an exception or Ctrl-C
+half-way; a mode the kernel cannot run is skipped with the reason (kernel too old), and on a
+7.2 kernel (the VM rig's 7.2-amd64 guest) stock-busy, busy and hybrid are available."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from kbp import names, sysinfo
+from kbp.bench import knobs, modes, runner
+from kbp.bench.knobs import Changes, Knob, KnobError
+from kbp.bench.modes import (
+    AppEnv,
+    AppPlace,
+    BusyPollMode,
+    DeferMode,
+    Target,
+    all_modes,
+    availability,
+)
+from kbp.bench.runner import Aborted, Bench, BenchConfig
+
+BUSY_READ = "/proc/sys/net/core/busy_read"
+BUSY_POLL = "/proc/sys/net/core/busy_poll"
+NS = "kbpb-test-s"
+DEV = "rt-s-test"
+GFT = f"/sys/class/net/{DEV}/gro_flush_timeout"
+NDHI = f"/sys/class/net/{DEV}/napi_defer_hard_irqs"
+
+
+@dataclass
+class FakeKernel:
+    """Files by (netns, path); a write may fail (``fail_writes``: knob -> how many more
+    writes succeed first) or be clamped (``clamp``)."""
+
+    files: dict[tuple[str | None, str], str] = field(default_factory=dict)
+    fail_writes: dict[tuple[str | None, str], int] = field(default_factory=dict)
+    clamp: dict[tuple[str | None, str], str] = field(default_factory=dict)
+    log: list[tuple[str | None, str, str]] = field(default_factory=list)
+
+    def exists(self, k: Knob) -> bool:
+        return (k.netns, k.path) in self.files
+
+    def read(self, k: Knob) -> str:
+        if (k.netns, k.path) not in self.files:
+            raise KnobError(f"cannot read {k}: no such file")
+        return self.files[(k.netns, k.path)]
+
+    def write(self, k: Knob, value: str) -> None:
+        key = (k.netns, k.path)
+        if key in self.fail_writes:
+            if self.fail_writes[key] <= 0:
+                raise KnobError(f"cannot write {value} to {k}: Permission denied")
+            self.fail_writes[key] -= 1
+        if key not in self.files:
+            raise KnobError(f"cannot write {value} to {k}: no such file")
+        self.log.append((k.netns, k.path, value))
+        self.files[key] = self.clamp.get(key, value)
+
+
+def _host(busy_read: str = "7", busy_poll: str = "0") -> FakeKernel:
+    """A kernel with the busy-poll sysctls global (as 6.18: not in other namespaces) and the
+    RT device's IRQ-deferral attributes in its namespace, at unusual values."""
+    return FakeKernel(files={(None, BUSY_READ): busy_read, (None, BUSY_POLL): busy_poll,
+                             (NS, GFT): "1234", (NS, NDHI): "3"})
+
+
+T = Target(NS, DEV, 1)
+
+
+@pytest.fixture(autouse=True)
+def _own_lock(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lock of the test's own, not the machine's (a real benchmark may hold that)."""
+    monkeypatch.setattr(knobs, "GLOBAL_LOCK", tmp_path / "knobs.lock")
+
+
+def test_global_knobs_are_taken_in_turns() -> None:
+    """Two benchmarks on one machine: the second waits until the first has put the global
+    value back, so it finds (and restores) the true original."""
+    import threading
+    k = FakeKernel(files={(None, "/g"): "0"})
+    a, b = Changes(k), Changes(k)
+    a.apply([(Knob("/g"), "50")])
+    done = threading.Event()
+
+    def second() -> None:
+        b.apply([(Knob("/g"), "50")])
+        done.set()
+
+    th = threading.Thread(target=second)
+    th.start()
+    assert not done.wait(0.3)                       # blocked while a holds the knob
+    a.restore()
+    assert done.wait(5)
+    th.join()
+    assert b.as_json() == {"/g": "0"}               # b found the original, not a's 50
+    b.restore()
+    assert k.files[(None, "/g")] == "0"
+    # knobs inside a namespace are the namespace's own: no lock
+    c, d = Changes(k), Changes(k)
+    k.files[("ns", "/n")] = "1"
+    c.apply([(Knob("/n", "ns"), "2")])
+    d.apply([(Knob("/g", None), "3")])             # not blocked by c
+    d.restore()
+    c.restore()
+
+
+# -- knobs --------------------------------------------------------------------------------
+def test_changes_put_back_exactly_what_was_found_last_first() -> None:
+    k = FakeKernel(files={(None, "/a"): "1", (None, "/b"): "x y"})
+    ch = Changes(k)
+    ch.apply([(Knob("/a"), "5"), (Knob("/b"), "6")])
+    assert k.files == {(None, "/a"): "5", (None, "/b"): "6"}
+    assert ch.as_json() == {"/a": "1", "/b": "x y"}
+    ch.restore()
+    assert k.files == {(None, "/a"): "1", (None, "/b"): "x y"}
+    assert [v for _, _, v in k.log] == ["5", "6", "x y", "1"]      # reverse order
+    ch.restore()                                                   # idempotent
+    assert len(k.log) == 4
+
+
+def test_changes_half_done_apply_restores_what_it_changed() -> None:
+    k = FakeKernel(files={(None, "/a"): "1", (None, "/b"): "2"},
+                   fail_writes={(None, "/b"): 0})
+    ch = Changes(k)
+    with pytest.raises(KnobError, match="/b"):
+        ch.apply([(Knob("/a"), "5"), (Knob("/b"), "6")])
+    assert k.files[(None, "/a")] == "5"
+    k.fail_writes.clear()
+    ch.restore()
+    assert k.files == {(None, "/a"): "1", (None, "/b"): "2"}
+
+
+def test_changes_a_clamped_value_is_an_error_and_still_restored() -> None:
+    k = FakeKernel(files={(None, "/a"): "1"}, clamp={(None, "/a"): "3"})
+    ch = Changes(k)
+    with pytest.raises(KnobError, match="reads '3' after writing '5'"):
+        ch.apply([(Knob("/a"), "5")])
+    k.clamp.clear()
+    ch.restore()
+    assert k.files[(None, "/a")] == "1"
+
+
+def test_changes_restore_tries_every_knob_and_names_the_failed() -> None:
+    k = FakeKernel(files={(None, "/a"): "1", (None, "/b"): "2"})
+    ch = Changes(k)
+    ch.apply([(Knob("/a"), "5"), (Knob("/b"), "6")])
+    k.fail_writes[(None, "/b")] = 0
+    with pytest.raises(KnobError, match="not restored: cannot write 2 to /b"):
+        ch.restore()
+    assert k.files[(None, "/a")] == "1"                 # the other one is back
+
+
+def test_net_core_sysctl_where_the_app_sees_it() -> None:
+    k = _host()
+    assert knobs.net_core_sysctl("busy_read", NS, k) == Knob(BUSY_READ)   # global (6.18)
+    k.files[(NS, BUSY_READ)] = "0"                                        # per-netns kernel
+    assert knobs.net_core_sysctl("busy_read", NS, k) == Knob(BUSY_READ, NS)
+
+
+# -- busypoll -------------------------------------------------------------------------------
+def test_busypoll_sets_50_and_restores_the_values_found() -> None:
+    k = _host(busy_read="7", busy_poll="0")
+    m = BusyPollMode(io=k)
+    assert m.unavailable() is None
+    m.setup(T)
+    assert k.files[(None, BUSY_READ)] == "50" and k.files[(None, BUSY_POLL)] == "50"
+    d = m.describe()
+    assert "global (not per namespace" in d["how"] and "tuned" in d["how"]
+    assert d["found"] == {BUSY_READ: "7", BUSY_POLL: "0"}
+    m.teardown()
+    assert k.files == _host(busy_read="7", busy_poll="0").files
+    assert m.threads() == {} and m.counters() == {} and not m.spins
+
+
+def test_busypoll_per_namespace_kernel_sets_the_apps_namespace_only() -> None:
+    k = _host()
+    k.files[(NS, BUSY_READ)] = "0"
+    k.files[(NS, BUSY_POLL)] = "0"
+    m = BusyPollMode(io=k)
+    m.setup(T)
+    assert k.files[(NS, BUSY_READ)] == k.files[(NS, BUSY_POLL)] == "50"
+    assert k.files[(None, BUSY_READ)] == "7"                        # global untouched
+    assert "per namespace" in m.describe()["how"]
+    m.teardown()
+    assert k.files[(NS, BUSY_READ)] == k.files[(NS, BUSY_POLL)] == "0"
+
+
+def test_busypoll_unavailable_without_the_sysctl() -> None:
+    why = BusyPollMode(io=FakeKernel()).unavailable()
+    assert why is not None and "CONFIG_NET_RX_BUSY_POLL" in why
+
+
+# -- defer --------------------------------------------------------------------------------
+def test_defer_sets_the_rt_device_and_restores_it() -> None:
+    k = _host()
+    m = DeferMode(io=k)
+    m.setup(T)
+    assert k.files[(NS, NDHI)] == modes.DEFER_HARD_IRQS == "2"
+    assert k.files[(NS, GFT)] == modes.GRO_FLUSH_TIMEOUT_NS == "20000"
+    assert k.files[(None, BUSY_READ)] == "7"                        # nothing else
+    m.teardown()
+    assert k.files == _host().files
+
+
+def test_defer_unavailable_before_5_10(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sysinfo, "kernel_release", lambda: "5.4.0-150-generic")
+    why = DeferMode().unavailable()
+    assert why == ("napi_defer_hard_irqs needs Linux 5.10 or later; this kernel is "
+                   "5.4.0-150-generic (kernel too old)")
+
+
+# -- through the runner: restored after an exception, Ctrl-C, and a failed restore ------------
+class _Server:
+    def __init__(self) -> None:
+        self.places: list[AppPlace] = []
+
+    def place(self, where: AppPlace) -> None:
+        self.places.append(where)
+
+
+def _bench(monkeypatch: pytest.MonkeyPatch) -> Bench:
+    b = Bench(BenchConfig(), cpus_available=lambda: [0, 1])
+    b.plan()
+    b.server = _Server()  # type: ignore[assignment]
+    b.results = {"modes": {}}
+    monkeypatch.setattr(b, "target", lambda: T)
+    return b
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, RuntimeError])
+@pytest.mark.parametrize("make", [BusyPollMode, DeferMode])
+def test_runner_restores_on_exception_and_ctrl_c(monkeypatch: pytest.MonkeyPatch,
+                                                 make: Any, exc: type[BaseException]) -> None:
+    k = _host()
+    b = _bench(monkeypatch)
+    m = make(io=k)
+    with pytest.raises(exc), b._mode(m):
+        assert k.files != _host().files             # the mode is on
+        raise exc()
+    assert k.files == _host().files
+    assert b.server.places[-1] == AppPlace(1)       # type: ignore[union-attr]
+
+
+def test_runner_restores_after_ctrl_c_half_way_through_setup(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    k = _host()
+    real_write = k.write
+    calls = [0]
+
+    def write(kn: Knob, value: str) -> None:
+        real_write(kn, value)
+        calls[0] += 1
+        if calls[0] == 1:                           # after the first knob: Ctrl-C
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(k, "write", write)
+    b = _bench(monkeypatch)
+    with pytest.raises(KeyboardInterrupt), b._mode(DeferMode(io=k)):
+        pytest.fail("the body must not run")
+    assert k.files == _host().files
+
+
+def test_runner_stops_when_a_mode_cannot_restore(monkeypatch: pytest.MonkeyPatch) -> None:
+    k = _host()
+    b = _bench(monkeypatch)
+    with pytest.raises(Aborted, match="busypoll could not put back"), \
+            b._mode(BusyPollMode(io=k)):
+        k.fail_writes[(None, BUSY_POLL)] = 0
+    assert any(BUSY_POLL in p for p in b.results["restore_problems"])
+    assert k.files[(None, BUSY_READ)] == "7"        # what could be restored, was
+
+
+# -- availability ---------------------------------------------------------------------------
+@pytest.fixture
+def kmod_loaded(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    from kbp.backends.kmod import KmodBackend
+    monkeypatch.setattr(KmodBackend, "available", lambda self: (True, "kbp module loaded"))
+    yield
+
+
+def test_on_this_kernel_stock_busy_is_skipped_with_the_reason(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sysinfo, "kernel_release", lambda: "6.18.44-fc-v782")
+    why = availability([names.BENCH_STOCK_BUSY])[names.BENCH_STOCK_BUSY]
+    assert why == ("threaded busy polling (napi threaded=2, kbpctl --mode busy) needs Linux "
+                   "6.19 or later; this kernel is 6.18.44-fc-v782 (kernel too old)")
+
+
+@pytest.mark.usefixtures("kmod_loaded")
+def test_on_the_7_2_guest_the_vm_comparison_modes_are_available(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """python -m kbp.bench vm --flavour 7.2-amd64 --smoke --modes napi,defer,stock-busy,
+    busy,hybrid: every mode runs there (the stock backend's own check agrees)."""
+    monkeypatch.setattr(sysinfo, "kernel_release", lambda: "7.2.13+deb14-amd64")
+    wanted = ["napi", "defer", "stock-busy", "busy", "hybrid"]
+    assert availability(wanted) == dict.fromkeys(wanted)
+    from kbp.backends.stock import BUSY_POLL_SINCE
+    assert modes.STOCK_BUSY_SINCE == BUSY_POLL_SINCE
+
+
+def test_stock_busy_boundary(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = all_modes()[names.BENCH_STOCK_BUSY]
+    monkeypatch.setattr(sysinfo, "kernel_release", lambda: "6.19.0")
+    assert m.unavailable() is None
+    monkeypatch.setattr(sysinfo, "kernel_release", lambda: "6.18.99")
+    assert "kernel too old" in (m.unavailable() or "")
+
+
+def test_the_runner_skips_through_availability() -> None:
+    src = inspect.getsource(runner.Bench.run)
+    assert "availability(cfg.modes" in src and "].unavailable()" not in src
+
+
+def test_stock_busy_spins_like_busy() -> None:
+    ms = all_modes()
+    home, env = AppPlace(1), AppEnv(spin_app="fifo", elsewhere_cpu=0, rt_prio=50)
+    for name in ("stock-busy", "busy"):
+        assert ms[name].spins and ms[name].app_place(home, env) == AppPlace(1, 51)
+    for name in ("busypoll", "defer", "stock-kbp"):
+        assert not ms[name].spins and ms[name].app_place(home, env) == home
+    assert not ms["stock-busy"].needs_fresh_device(T)     # only the module's modes do
+
+
+def test_one_vocabulary_in_help_and_summary() -> None:
+    from kbp.bench.cli import description
+    assert list(modes.SUMMARY) == list(names.BENCH_MODES) == list(all_modes())
+    text = description()
+    for name in names.BENCH_MODES:
+        assert f"\n{name:<13}  " in text, name
+
+
+def test_stock_busy_enables_without_a_priority(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kbpctl refuses --rt-prio with the stock backend's --mode busy: the benchmark leaves
+    the priority to the backend there, and passes it everywhere else."""
+    import kbp.backends as b
+    from kbp.backends import probe
+    reqs: list[Any] = []
+
+    class _Be:
+        def enable(self, req: Any) -> None:
+            reqs.append(req)
+
+        def disable(self, devs: list[str], netns: str | None) -> None:
+            pass
+
+    monkeypatch.setattr(b, "get", lambda name: _Be())
+    monkeypatch.setattr(probe, "poller_threads", lambda *a, **k: {})
+    ms = all_modes()
+    for name in ("stock-busy", "stock-kbp"):
+        ms[name].setup(T)
+        ms[name].teardown()
+    busy, hybrid = reqs
+    default = b.EnableRequest(["x"]).rt_prio
+    assert (busy.mode, busy.rt_prio) == ("busy", default)        # the backend's default
+    assert (hybrid.mode, hybrid.rt_prio) == ("hybrid", T.rt_prio)

@@ -360,3 +360,37 @@ def test_stock_busy_enables_without_a_priority(monkeypatch: pytest.MonkeyPatch) 
     default = b.EnableRequest(["x"]).rt_prio
     assert (busy.mode, busy.rt_prio) == ("busy", default)        # the backend's default
     assert (hybrid.mode, hybrid.rt_prio) == ("hybrid", T.rt_prio)
+
+
+VM_72 = ["--flavour", "7.2-amd64", "--smoke", "--modes", "napi,defer,stock-busy,busy,hybrid"]
+
+
+def test_the_7_2_vm_comparison_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
+                                       ) -> None:
+    """``python -m kbp.bench vm --flavour 7.2-amd64 --smoke --modes napi,defer,stock-busy,
+    busy,hybrid`` boots 7.2-amd64 with kbp.ko loaded and runs those five modes there (not
+    run here: the command is captured; the guest's planning is checked on a 2-CPU layout)."""
+    import argparse
+    import subprocess
+
+    from kbp.bench import cli
+    seen: list[list[str]] = []
+
+    def fake_run(cmd: list[str], *a: Any, **k: Any) -> subprocess.CompletedProcess[str]:
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(cli.subprocess, "run", fake_run)
+    assert cli.run_vm([*VM_72, "--out", str(tmp_path)]) == 0
+    cmd = seen[0]
+    assert cmd[cmd.index("run") + 1] == "7.2-amd64" and "--build" in cmd
+    inner = cmd[-1]
+    assert inner.startswith('insmod "$KBP_KO" && modprobe veth && ')
+    assert "--emulated --smoke --modes napi,defer,stock-busy,busy,hybrid" in inner
+    # what the guest's python -m kbp.bench makes of it
+    ap = argparse.ArgumentParser()
+    cli.add_arguments(ap)
+    cfg = cli.config_from_args(ap.parse_args(["--emulated", *VM_72[2:], "--out",
+                                              str(tmp_path)]))
+    assert cfg.modes == ["napi", "defer", "stock-busy", "busy", "hybrid"] and cfg.emulated
+    Bench(cfg, cpus_available=lambda: [0, 1]).plan()

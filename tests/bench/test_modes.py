@@ -78,6 +78,34 @@ T = Target(NS, DEV, 1)
 def _own_lock(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A lock of the test's own, not the machine's (a real benchmark may hold that)."""
     monkeypatch.setattr(knobs, "GLOBAL_LOCK", tmp_path / "knobs.lock")
+    monkeypatch.setattr(knobs, "JOURNAL_DIR", tmp_path / "journal")
+
+
+def test_global_knobs_journaled_and_recovered_after_sigkill(tmp_path: Any) -> None:
+    """A benchmark killed (SIGKILL) with busypoll on cannot restore: its journal says what it
+    found, and the next benchmark that takes the global knobs puts that back first."""
+    import json
+    import subprocess
+    k = FakeKernel(files={(None, "/g"): "0", ("ns", "/n"): "1"})
+    a = Changes(k)
+    a.apply([(Knob("/n", "ns"), "2")])
+    assert not knobs.JOURNAL_DIR.exists()                 # namespace knobs: no journal
+    a.apply([(Knob("/g"), "50")])
+    (j,) = knobs.JOURNAL_DIR.glob("*.json")
+    assert json.loads(j.read_text())["found"] == [{"path": "/g", "was": "0"}]
+    a.restore()
+    assert not list(knobs.JOURNAL_DIR.glob("*.json"))
+    # a process that died with /g at 50: its pid is gone, its journal is not
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (knobs.JOURNAL_DIR / f"{dead.pid}.json").write_text(
+        json.dumps({"pid": dead.pid, "found": [{"path": "/g", "was": "0"}]}))
+    k.files[(None, "/g")] = "50"
+    b = Changes(k)
+    b.apply([(Knob("/g"), "50")])
+    assert b.recovered == {"/g": "0"} and b.as_json() == {"/g": "0"}   # the true original
+    b.restore()
+    assert k.files[(None, "/g")] == "0" and not list(knobs.JOURNAL_DIR.glob("*.json"))
 
 
 def test_global_knobs_are_taken_in_turns() -> None:

@@ -10,7 +10,10 @@ Ctrl-C half-way through ``apply()`` restores what was already changed.
 
 Knobs of the initial namespace are the whole machine's (busy_read, busy_poll): while a
 :class:`Changes` holds one it holds an exclusive lock (``GLOBAL_LOCK``), so two benchmarks
-run at once on one machine take turns instead of one "restoring" the other's value.
+run at once on one machine take turns instead of one "restoring" the other's value.  The
+values found for them are journaled (``JOURNAL_DIR/<pid>.json``) while they are changed: a
+benchmark killed with SIGKILL cannot restore them, so the next one that takes the lock puts
+back what a dead process's journal says first (``recovered``).
 
 The file access goes through :class:`KnobIO`, so the tests can give a fake kernel.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import subprocess
 from collections.abc import Iterable
@@ -30,6 +34,7 @@ from kbp.testbed import run as ns_run
 
 SYSCTL_NET_CORE = "/proc/sys/net/core"
 GLOBAL_LOCK = Path("/run/lock/kbp-bench-global-knobs.lock")
+JOURNAL_DIR = Path("/run/kbp/bench-knobs")
 
 
 class KnobError(RuntimeError):
@@ -102,6 +107,8 @@ class Changes:
     io: KnobIO = field(default_factory=KernelIO)
     found: list[tuple[Knob, str]] = field(default_factory=list)
     lock_path: Path | None = field(default_factory=lambda: GLOBAL_LOCK)  # None: no lock
+    journal_dir: Path = field(default_factory=lambda: JOURNAL_DIR)
+    recovered: dict[str, str] = field(default_factory=dict)   # put back for a dead process
     _lock_fd: int | None = None
 
     def _lock(self) -> None:
@@ -116,6 +123,37 @@ class Changes:
             os.close(fd)
             raise
         self._lock_fd = fd
+        self._recover()
+
+    def _journal(self) -> Path:
+        return self.journal_dir / f"{os.getpid()}.json"
+
+    def _write_journal(self) -> None:
+        glob = [{"path": k.path, "was": was} for k, was in self.found if k.netns is None]
+        if not glob:
+            return
+        self.journal_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self._journal().with_suffix(".tmp")
+        tmp.write_text(json.dumps({"pid": os.getpid(), "found": glob}))
+        tmp.replace(self._journal())
+
+    def _recover(self) -> None:
+        """Put back what benchmarks that died holding global knobs had found (held lock)."""
+        if not self.journal_dir.is_dir():
+            return
+        for f in sorted(self.journal_dir.glob("*.json")):
+            try:
+                pid = int(f.stem)
+                if pid == os.getpid() or _alive(pid):
+                    continue
+                entries = json.loads(f.read_text()).get("found") or []
+            except (ValueError, OSError, AttributeError):
+                continue
+            for e in reversed(entries):
+                k = Knob(str(e["path"]))
+                self.io.write(k, str(e["was"]))
+                self.recovered[str(k)] = str(e["was"])
+            f.unlink(missing_ok=True)
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:
@@ -132,6 +170,8 @@ class Changes:
         for k, value in wanted:
             was = self.io.read(k)
             self.found.append((k, was))
+            if k.netns is None:
+                self._write_journal()      # before the change: SIGKILL after it is covered
             self.io.write(k, value)
             got = self.io.read(k)
             if got != value:
@@ -150,6 +190,8 @@ class Changes:
                         failed.append(f"{k} (wanted {was!r} back)")
                 except KnobError as e:
                     failed.append(str(e))
+            if not failed:
+                self._journal().unlink(missing_ok=True)
         finally:
             self._unlock()
         if failed:
@@ -157,3 +199,13 @@ class Changes:
 
     def as_json(self) -> dict[str, str]:
         return {str(k): was for k, was in self.found}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

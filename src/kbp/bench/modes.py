@@ -304,8 +304,11 @@ class KnobMode(_Defaults):
         return {}
 
     def describe(self) -> dict[str, Any]:
-        return {"how": self.how(), "set": dict(self._set),
-                "found": self.changes.as_json() if self.changes else {}}
+        d = {"how": self.how(), "set": dict(self._set),
+             "found": self.changes.as_json() if self.changes else {}}
+        if self.changes and self.changes.recovered:
+            d["recovered_for_a_killed_benchmark"] = dict(self.changes.recovered)
+        return d
 
 
 @dataclass

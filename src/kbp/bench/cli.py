@@ -14,7 +14,8 @@ Parts of every scenario besides its own: ``idle`` (idle cost: each mode on with 
 for ``--idle-duration`` s, CPU time per poller thread) and ``rtt-tcp`` (RT latency under an
 iperf3 TCP heavy sender, condition load-tcp).
 
-Presets (explicit options override them):
+Presets (explicit options override them; demo runs the shared-cpu scenario, and fewer
+repetitions (not below 2) when the modes this machine runs would not fit in 5 minutes):
 
 =========  =====================================================================================
 full       every mode and part, 5 repetitions of 10 s runs, load off/on and TCP, Table 2 (5 s
@@ -51,7 +52,8 @@ from kbp.testbed import remove_stale, stale_namespaces
 
 PRESETS: dict[str, dict[str, Any]] = {
     "full": {},
-    "demo": {"reps": 5, "duration": 4.0, "parts": ["rtt", "rfc2544"], "rfc_frames": [64],
+    "demo": {"scenario": "shared-cpu", "budget_s": 290.0,
+             "reps": 5, "duration": 4.0, "parts": ["rtt", "rfc2544"], "rfc_frames": [64],
              "rfc_reps": 1, "rfc_trial": 1.0, "rfc_resolution": 0.1},
     "smoke": {"modes": ["napi", "stock-kbp"], "reps": 1, "duration": 1.0, "warmup": 0.2,
               "parts": ["rtt", "rfc2544"], "rfc_frames": [64], "rfc_reps": 1,
@@ -71,9 +73,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="same as --preset demo (make demo)")
     p.add_argument("--smoke", dest="preset", action="store_const", const="smoke",
                    help="same as --preset smoke")
-    p.add_argument("--scenario", default=scenarios.DEFAULT,
+    p.add_argument("--scenario",
                    help=f"what to measure: {', '.join(scenarios.all_scenarios())} "
-                        f"(default {scenarios.DEFAULT}; see above)")
+                        f"(default {scenarios.DEFAULT}, --demo: shared-cpu; see above)")
+    p.add_argument("--app-policy", choices=runner.APP_POLICIES,
+                   help="the RT app's scheduling class: fifo = SCHED_FIFO rt-prio+1 (above "
+                        "the poller), other = default policy (default: the scenario's; "
+                        "shared-cpu fifo, veth-inline other)")
     p.add_argument("--modes", type=_csv, help=f"comma list of {','.join(names.BENCH_MODES)} "
                    "(see above)")
     p.add_argument("--reps", type=int, help="repetitions (modes interleaved in each)")
@@ -165,6 +171,10 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         cfg.wait_quiet_s = a.wait_quiet
     if a.busy_app:
         cfg.spin_app = a.busy_app
+    if getattr(a, "app_policy", None):
+        cfg.app_policy = a.app_policy
+    if getattr(a, "reps", None) is not None:
+        cfg.budget_s = None          # the repetitions asked for, whatever they take
     if a.emulated:
         cfg.emulated = True
     cfg.out = a.out or runner.default_out_dir()

@@ -27,6 +27,11 @@ roles are placed by the same rules on the CPUs no pinned role uses, or share wit
 partner.  Refused before anything changes, with the reason: an unknown role, a CPU that does
 not exist or is offline or outside this process's affinity, a role pinned to the RT CPU
 (except the app), and more roles than the CPUs leave room for.
+
+A scenario may name roles that belong on the RT CPU (``on_rt``: ``shared-cpu`` puts the
+heavy receiver there, its contention): they go to the RT CPU unless pinned, may be pinned
+there, and claim no CPU of their own (4 CPUs: tester 0, RT + heavy 1, flood 2, harness 3;
+2 CPUs: tester + flood 0, RT + heavy 1).
 """
 
 from __future__ import annotations
@@ -174,13 +179,19 @@ class Placement:
 
 
 def plan(cpus: Sequence[int], pins: Mapping[str, int] | None = None,
-         roles: Sequence[str] = ROLES) -> Placement:
-    """Place ``roles`` (plus app and harness) on ``cpus`` (the usable CPUs), honouring pins.
+         roles: Sequence[str] = ROLES, on_rt: Sequence[str] = ()) -> Placement:
+    """Place ``roles`` (plus app and harness) on ``cpus`` (the usable CPUs), honouring pins;
+    the roles in ``on_rt`` (a scenario's allowance) go on the RT CPU unless pinned.
 
     Raises :class:`PlacementError` with the reason when it cannot be done."""
     avail = tuple(sorted(set(cpus)))
     pins = dict(pins or {})
-    wanted = [r for r in ROLES if r in roles or r in pins or r == RT]
+    bad_rt = [r for r in on_rt if r not in ROLES or r == RT]
+    if bad_rt:
+        raise PlacementError(f"role {bad_rt[0]!r} cannot be placed on the RT CPU")
+    may_share = (RT, APP, *on_rt)
+    wanted = [r for r in ROLES if (r in roles or r in pins or r == RT)
+              and not (r in on_rt and r not in pins)]
     for role, cpu in pins.items():
         if role not in ALL_ROLES:
             raise PlacementError(f"unknown role {role!r}: roles are {', '.join(ALL_ROLES)}")
@@ -190,11 +201,12 @@ def plan(cpus: Sequence[int], pins: Mapping[str, int] | None = None,
         raise PlacementError(f"the benchmark needs 2 CPUs (the RT CPU is a CPU of its own); "
                              f"usable here: {fmt_cpus(avail)}")
     if RT in pins:
-        shared = [r for r, c in pins.items() if c == pins[RT] and r not in (RT, APP)]
+        shared = [r for r, c in pins.items() if c == pins[RT] and r not in may_share]
         if shared:
+            who = _and(["the app", *(f"the {LABELS[r]}" for r in on_rt)])
             raise PlacementError(
                 f"--cpus pins {', '.join(shared)} to the RT CPU {pins[RT]}: the RT CPU is "
-                "the RT path's own (KBP Sect. 4.1); only the app may share it")
+                f"the RT path's own (KBP Sect. 4.1); only {who} may share it")
     cpu_of: dict[str, int] = {r: c for r, c in pins.items() if r in ROLES}
     taken = set(cpu_of.values())
     free = [c for c in avail if c not in taken]
@@ -217,7 +229,10 @@ def plan(cpus: Sequence[int], pins: Mapping[str, int] | None = None,
                 "pin it to a CPU another role may share, or pin fewer roles")
         cpu_of[role] = cpu_of[partner]
     rt_cpu = cpu_of[RT]
-    clash = [r for r in ROLES if r != RT and cpu_of.get(r) == rt_cpu]
+    for role in on_rt:
+        if role in roles or role in pins:
+            cpu_of[role] = pins.get(role, rt_cpu)
+    clash = [r for r in ROLES if r not in may_share and cpu_of.get(r) == rt_cpu]
     if clash:
         raise PlacementError(f"more roles than CPUs: the {LABELS[clash[0]]} would share the RT "
                              f"CPU {rt_cpu}; pin roles so that the RT CPU stays alone")
@@ -231,7 +246,7 @@ def plan(cpus: Sequence[int], pins: Mapping[str, int] | None = None,
     else:
         cpu_of[HARNESS] = spare[0] if spare else cpu_of[TESTER]
     return Placement(cpus=cpu_of, available=avail, pinned=tuple(sorted(pins)),
-                     note=_sharing_note(cpu_of, avail, pins))
+                     note=_sharing_note(cpu_of, avail, pins, on_rt))
 
 
 def _and(xs: Sequence[str]) -> str:
@@ -243,19 +258,25 @@ def _fmt_pins(pins: Mapping[str, int]) -> str:
 
 
 def _sharing_note(cpu_of: Mapping[str, int], avail: Sequence[int],
-                  pins: Mapping[str, int]) -> str:
+                  pins: Mapping[str, int], on_rt: Sequence[str] = ()) -> str:
     groups: dict[int, list[str]] = {}
+    rt_cpu = cpu_of.get(RT)
+    meant = [r for r in on_rt if r in cpu_of and cpu_of[r] == rt_cpu]
     for r in ROLES:
-        if r in cpu_of:
+        if r in cpu_of and r not in meant:
             groups.setdefault(cpu_of[r], []).append(r)
     shared = {c: rs for c, rs in groups.items() if len(rs) > 1}
     how = "pinned" if any(r in ROLES for r in pins) else f"{len(avail)} usable CPUs"
+    by_design = (f"; {_and([LABELS[r] for r in meant])} on the RT CPU {rt_cpu} by the "
+                 "scenario's design") if meant else ""
     if not shared:
-        return f"{how}: every role on a CPU of its own"
+        return f"{how}: every other role on a CPU of its own{by_design}" if meant else \
+            f"{how}: every role on a CPU of its own"
     parts = [f"{_and([LABELS[r] for r in rs])} share CPU {c}" for c, rs in
              sorted(shared.items())]
-    tail = "" if how == "pinned" else " (each role gets a CPU of its own from 4 usable CPUs on)"
-    return f"{how}: {'; '.join(parts)}{tail}"
+    tail = "" if how == "pinned" else \
+        f" (each role gets a CPU of its own from {4 - len(meant)} usable CPUs on)"
+    return f"{how}: {'; '.join(parts)}{tail}{by_design}"
 
 
 @dataclass

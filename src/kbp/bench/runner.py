@@ -104,6 +104,12 @@ class BenchConfig:
     cpus: dict[str, int] = field(default_factory=dict)
     tester_prio: int = 50
     rt_prio: int = 50
+    # the RT application's scheduling class: "fifo" = SCHED_FIFO rt_prio+1 (above the poller,
+    # as the papers run RT threads), "other" = the default policy; None: the scenario's choice
+    app_policy: str | None = None
+    # a preset's time budget (demo: 5 min): repetitions shrink (not below 2) until the plan
+    # for the modes this machine runs fits; None: no budget
+    budget_s: float | None = None
     # busy (a poller that never sleeps): "fifo" = the app stays on its CPU at SCHED_FIFO
     # rt_prio+1, so a wake-up preempts the spinning poller; "elsewhere" = the app moves to the
     # tester's CPU; "same" = nothing changes (the app only runs in RT-throttling windows)
@@ -124,6 +130,10 @@ class BenchConfig:
 
 class Aborted(Exception):
     pass
+
+
+APP_POLICIES = ("fifo", "other")
+RunProbe = Callable[[], Callable[[dict[str, Any]], None]]
 
 
 _MAIN_PID = [0]
@@ -176,6 +186,11 @@ class Bench:
     cpus_available: Callable[[], list[int]] = placement_.available_cpus
     scenario: scenarios.Scenario | None = None
     placement: Placement | None = None
+    # a scenario's own measurements of each latency run: called right before the tester
+    # starts (inside the mode), each returns the function that adds what it saw to the record
+    probes: list[RunProbe] = field(default_factory=list)
+    # called after the runner recreated the RT veth pair (a scenario re-applies its settings)
+    rt_link_hooks: list[Callable[[], None]] = field(default_factory=list)
     _tcp: workloads.Flood | None = None
 
     # -- planning ------------------------------------------------------------------------
@@ -208,13 +223,17 @@ class Bench:
                           f"{', '.join(SPIN_APP_CHOICES)}")
         if cfg.reps < 1:
             raise Aborted("--reps must be at least 1")
+        if cfg.app_policy is not None and cfg.app_policy not in APP_POLICIES:
+            raise Aborted(f"unknown --app-policy {cfg.app_policy!r}: use "
+                          f"{', '.join(APP_POLICIES)}")
         rfc2544.udp_payload(cfg.frame)
         for f in cfg.rfc_frames:
             rfc2544.udp_payload(f)
         self.scenario.check(cfg)
         try:
             self.placement = placement_.plan(self.cpus_available(), cfg.cpus,
-                                             self.roles())
+                                             self.roles(),
+                                             on_rt=self.scenario.rt_roles)
         except PlacementError as e:
             raise Aborted(str(e)) from e
         return self.placement
@@ -250,18 +269,47 @@ class Bench:
         n = max(len(self.runnable), 1)
         return self.scenario.plan_seconds(self.cfg, n) + parts.common_seconds(self.cfg, n)
 
+    def _fit_budget(self) -> None:
+        """Fewer repetitions until the plan fits cfg.budget_s (the modes that run are known
+        only now), at least 2; recorded in results["budget"] and the config."""
+        cfg = self.cfg
+        if not cfg.budget_s:
+            return
+        asked = cfg.reps
+        while cfg.reps > 2 and self.plan_seconds() > cfg.budget_s:
+            cfg.reps -= 1
+        self.results["budget"] = {"budget_s": cfg.budget_s, "reps_asked": asked,
+                                  "reps": cfg.reps, "planned_s": self.plan_seconds(),
+                                  "runnable_modes": len(self.runnable)}
+        self.results["config"]["reps"] = cfg.reps
+
     def order(self, rep: int) -> list[str]:
         """The runnable modes in repetition ``rep``'s order (rotated by one each time)."""
         return _rotate(self.runnable, rep)
+
+    def app_policy(self) -> str:
+        """The RT application's scheduling class in this run (--app-policy, else the
+        scenario's)."""
+        assert self.scenario is not None
+        return self.cfg.app_policy or self.scenario.app_policy
+
+    def app_words(self) -> str:
+        return f"SCHED_FIFO {self.app_fifo()}" if self.app_fifo() else "default policy"
+
+    def app_fifo(self) -> int:
+        """The app's SCHED_FIFO priority at home (0: the default policy)."""
+        return self.cfg.rt_prio + 1 if self.app_policy() == "fifo" else 0
 
     def _placement_json(self) -> dict[str, Any]:
         assert self.placement is not None
         p, cfg = self.placement, self.cfg
         d = p.to_json()
+        d["app_policy"] = self.app_policy()
+        d["app_fifo"] = self.app_fifo()
         d["runs"] = {
             "rt": "the RT device's poller in threaded (unpinned: where the scheduler puts "
                   "it), stock-kbp, stock-busy, busy, hybrid",
-            "app": "sockperf server (the RT application), default policy; busypoll: it "
+            "app": f"sockperf server (the RT application), {self.app_words()}; busypoll: it "
                    "busy-polls the RT NAPI itself; busy, stock-busy: "
                    f"--busy-app {cfg.spin_app}",
             "tester": f"kbp-rtt (SCHED_FIFO {cfg.tester_prio})",
@@ -311,6 +359,7 @@ class Bench:
         else:
             self.trace_reason = "disabled (--no-trace)"
         self.results["kernel_trace"] = self.trace_reason or "bpftrace on tracepoints"
+        self._fit_budget()
         if self.progress:
             self.progress.set_total(self.plan_seconds())
         self.binary = tester.build()
@@ -356,6 +405,7 @@ class Bench:
         self.server = workloads.SockperfServer(tb.server, rt.ip_b,
                                                self.placement.cpu(placement_.APP))
         self.server.start()
+        self.server.place(AppPlace(self.placement.cpu(placement_.APP), self.app_fifo()))
         tb.defer(self.server.stop)
 
     def target(self) -> Target:
@@ -397,6 +447,7 @@ class Bench:
                     rec["kernel_delay_error"] = str(e)
                     kt = None
             try:
+                ends = [probe() for probe in self.probes]
                 c0 = mode.counters()
                 s0 = sysstat.Snapshot.take(list(threads) + app)
                 res = tester.run_rtt(self.binary, self.tb.client, target_ip(self.tb), port=
@@ -406,6 +457,8 @@ class Bench:
                                      seed=cfg.seed * 1000 + rep)
                 s1 = sysstat.Snapshot.take(list(threads) + app)
                 c1 = mode.counters()
+                for end in ends:
+                    end(rec)
             finally:
                 kd = kt.stop() if kt is not None else {}
         names_ = {**threads, **{p: "sockperf" for p in app}}
@@ -542,7 +595,7 @@ class Bench:
         assert self.server is not None and self.placement is not None
         if mode.needs_fresh_device(self.target()):
             self._fresh_rt_link()
-        home = AppPlace(self.placement.cpu(placement_.APP))
+        home = AppPlace(self.placement.cpu(placement_.APP), self.app_fifo())
         env = AppEnv(spin_app=self.cfg.spin_app,
                      elsewhere_cpu=self.placement.cpu(placement_.TESTER),
                      rt_prio=self.cfg.rt_prio)
@@ -568,6 +621,9 @@ class Bench:
         self.server.stop()
         self.tb.recreate_link(list(self.tb.link_names).index("rt"))
         self.server.start()
+        self.server.place(AppPlace(self.server.cpu, self.app_fifo()))
+        for hook in self.rt_link_hooks:
+            hook()
         self.results.setdefault("rt_link_recreated", 0)
         self.results["rt_link_recreated"] += 1
 

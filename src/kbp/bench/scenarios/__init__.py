@@ -15,6 +15,9 @@ tables live in :mod:`kbp.bench.parts` and :mod:`kbp.bench.report`.
 veth-inline    the default: RT flow over veth, with and without an iperf3 UDP flood; on veth the
                RT NAPI runs inline at the end of the tester's send() (on the tester's CPU), so in
                napi mode the flood reaches it only where tester and flood sender share a CPU
+shared-cpu     the papers' situation (``make demo``): RPS steers both server devices' receive
+               processing to the RT CPU, where the RT app and the heavy receiver run; the kbp
+               modes take the RT device off RPS onto the poller, the flood stays on the backlog
 =============  =================================================================================
 
 The placement rules (:mod:`kbp.bench.placement`) place only the roles ``roles(cfg)`` names;
@@ -47,6 +50,8 @@ class Scenario(Protocol):
     links: tuple[str, ...]      # veth pairs by role; the first is the RT pair ("rt")
     parts: tuple[str, ...]      # the measurements it can run (--parts), in order
     role_doc: dict[str, str]    # what runs in each role it adds (results' placement.runs)
+    rt_roles: tuple[str, ...]   # roles it puts on the RT CPU (placement.plan's on_rt)
+    app_policy: str             # the RT app's class unless --app-policy: "fifo" | "other"
 
     def roles(self, cfg: BenchConfig) -> tuple[str, ...]:
         """The roles (kbp.bench.placement.ROLES) this configuration places on CPUs."""

@@ -9,7 +9,7 @@ the flood's on the flood sender's.  What the flood does to the RT flow in napi m
 depends on the placement: on 2 and 3 CPUs tester and flood sender share a CPU and their
 softirq work meets there; from 4 CPUs on they do not, and the flood barely reaches napi.  The
 kbp modes move the RT NAPI into a thread on the RT CPU.  (Interrupt-driven contention on the
-RT CPU is another scenario's subject: issue 12, ``shared-cpu``.)
+RT CPU is another scenario's subject: ``shared-cpu``.)
 
 Parts: ``rtt`` (conditions ``load-off`` / ``load-on``, alternating which comes first),
 ``table2`` (no load), ``rfc2544`` (no load).
@@ -40,6 +40,8 @@ class VethInline:
              "runs inline in the tester's send() in napi mode")
     links = ("rt", "flood")
     parts = (pt.RTT, pt.TABLE2, pt.RFC2544)
+    rt_roles: tuple[str, ...] = ()
+    app_policy = "other"
     role_doc: ClassVar[dict[str, str]] = {
         pl.TESTER: "in napi mode also the RT device's NAPI (veth polls on the transmitting "
                    "CPU)",

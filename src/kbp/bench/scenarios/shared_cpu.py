@@ -1,0 +1,326 @@
+"""Scenario ``shared-cpu``: the papers' situation, RT and heavy receive work meeting on one
+CPU (KBP Sect. 3.2.5, rt-socket-outsourcing Sect. II-C).
+
+Two veth pairs as in ``veth-inline`` (``rt``: tester -> sockperf server; ``flood``: iperf3
+UDP 64 B at full speed from the flood sender's CPU to the heavy receiver), but RPS steers the
+receive processing of *both* server devices to the RT CPU, where the RT app and the heavy
+receiver (iperf3 server) run.  veth has no interrupt: its NAPI polls on the transmitting CPU
+and hands each packet to RPS, which queues it on the RT CPU's backlog and sends that CPU an
+IPI; NET_RX then runs there at the IPI's exit, or in ksoftirqd once softirq load is high --
+the NIC IRQ affined to the RT CPU of the papers, with both flows in one queue.  Why RPS and
+not a tun device or the VM's virtio NICs: docs/results.md, "shared-cpu: the mechanism".
+
+In ``napi`` and ``threaded`` both devices keep RPS, so the RT request waits in the RT CPU's
+backlog behind the flood's packets.  The kbp modes serve the RT device with the poller on the
+RT CPU and ``kbpctl enable`` turns RPS off on it (commit 26c022d; ``--keep-rps`` not used):
+the RT flow is polled by the poller, the flood stays on the stock backlog on the same CPU --
+the situation KBP is built for.  Every latency run records where NET_RX work ran on the RT
+CPU (``rt_cpu_rx``: NET_RX softirqs, packets processed, RPS IPIs, ksoftirqd's run time) and
+the RPS masks during the run (``steering``); the poller counters are in ``poller``.
+
+The RT app runs SCHED_FIFO rt-prio+1 by default (``--app-policy``; the papers run their RT
+threads at FIFO): with the default policy it waits behind the heavy receiver in CFS in every
+mode, which is a scheduling and not a receive-path delay.
+
+Parts: ``rtt`` (conditions ``idle`` / ``flood``, alternating which comes first) and
+``rfc2544`` (under the flood).  The summary's acceptance check: in ``napi`` the flood must
+raise the RT p99.9 at least ``ACCEPT_FACTOR`` times over its idle value in the same run
+(median of the per-repetition ratios); if it does not, the run did not reproduce the papers'
+situation and its kbp numbers say little.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from kbp.bench import parts as pt
+from kbp.bench import placement as pl
+from kbp.bench import plots, report, steer, workloads
+from kbp.bench.stats import aggregate
+
+if TYPE_CHECKING:
+    from kbp.bench.runner import Bench, BenchConfig
+
+LOADS = {"off": "idle", "on": "flood"}
+CONDITIONS: dict[str, str] = {
+    "idle": "RT flow alone, RPS of its server device to the RT CPU (idle baseline)",
+    "flood": "RT flow with the heavy receiver's flood, both devices' RPS to the RT CPU",
+}
+ACCEPT_FACTOR = 5.0
+RX_FIELDS = ("net_rx_per_s", "processed_per_s", "received_rps", "time_squeeze",
+             "ksoftirqd_cpu_pct", "ksoftirqd_runs", "backlog_dropped")
+
+
+class SharedCpu:
+    name = "shared-cpu"
+    title = ("RT flow and a UDP flood's heavy receiver with their receive processing steered "
+             "(RPS) to the RT CPU; kbp modes move the RT device onto the poller")
+    links = ("rt", "flood")
+    parts = (pt.RTT, pt.RFC2544)
+    rt_roles: tuple[str, ...] = (pl.HEAVY,)
+    app_policy = "fifo"
+    role_doc: ClassVar[dict[str, str]] = {
+        pl.RT: "RPS target of both server devices: the backlog NET_RX of the RT flow "
+               "(napi, threaded) and of the flood (every mode)",
+        pl.TESTER: "the RT device's veth NAPI in napi mode (veth polls on the transmitting "
+                   "CPU), which hands each packet to RPS",
+        pl.FLOOD: "iperf3 UDP client (the flood) and the flood device's veth NAPI",
+        pl.HEAVY: "iperf3 server (the heavy receiver), on the RT CPU by design",
+    }
+
+    def roles(self, cfg: BenchConfig) -> tuple[str, ...]:
+        return (pl.TESTER, pl.RT, pl.FLOOD, pl.HEAVY)
+
+    def tools(self, cfg: BenchConfig) -> list[str]:
+        return ["iperf3"]
+
+    def check(self, cfg: BenchConfig) -> None:
+        from kbp.bench.runner import Aborted
+        bad = [x for x in cfg.loads if x not in LOADS]
+        if bad:
+            raise Aborted(f"unknown load {bad[0]!r}: use {', '.join(LOADS)}")
+
+    def plan_seconds(self, cfg: BenchConfig, n_modes: int) -> float:
+        warm = cfg.reps * ("on" in cfg.loads) + pt.rfc_reps(cfg) * (pt.RFC2544 in
+                                                                   (cfg.parts or []))
+        return pt.plan_seconds(cfg, n_modes, len(cfg.loads)) + warm * 1.5
+
+    # -- the run --------------------------------------------------------------------------
+    def run(self, bench: Bench) -> None:
+        cfg, tb, place = bench.cfg, bench.tb, bench.placement
+        assert tb is not None and place is not None
+        rt_cpu = place.cpu(pl.RT)
+        rt, fl = tb.link("rt"), tb.link("flood")
+        steering = steer.Steering(tb.server, [rt.dev_b, fl.dev_b], rt_cpu)
+        tb.defer(steering.undo)
+        steering.apply()
+        bench.rt_link_hooks.append(lambda: steering.apply([rt.dev_b]))
+        bench.results["steering"] = {
+            "mechanism": "RPS", "cpu": rt_cpu, "devices": steering.now(),
+            "note": "kbp modes: kbpctl enable turns RPS off on the RT device while on"}
+        flood = workloads.Flood(tb.client, tb.server, fl.ip_b, fl.dev_b,
+                                sender_cpu=place.cpu(pl.FLOOD),
+                                receiver_cpu=place.cpu(pl.HEAVY),
+                                length=cfg.flood_len, bitrate=cfg.flood_bitrate)
+        flood.start_server()
+        tb.defer(flood.stop_server)
+        tb.defer(flood.stop)
+        load = Patient(flood)
+        bench.probes.append(_probe(steering, rt_cpu))
+        for rep in range(cfg.reps):
+            if pt.RTT in (cfg.parts or []):
+                loads = cfg.loads if rep % 2 == 0 else list(reversed(cfg.loads))
+                for cond in loads:
+                    pt.latency_block(bench, rep, LOADS[cond],
+                                     load=load if cond == "on" else None,
+                                     load_name="heavy receiver's flood")
+            if pt.RFC2544 in (cfg.parts or []) and rep < pt.rfc_reps(cfg):
+                _rfc_under_flood(bench, rep, load)
+
+    # -- summary and report -------------------------------------------------------------
+    def summarize(self, results: dict[str, Any]) -> dict[str, Any]:
+        summ = report.summarize(results)
+        runs = [r for r in results.get("runs") or [] if r.get("part") == pt.RTT]
+        summ["rt_cpu_rx"] = rx_summary(runs)
+        summ["flood_vs_idle"] = flood_vs_idle(runs)
+        summ["acceptance"] = acceptance(summ["flood_vs_idle"])
+        return summ
+
+    def render(self, results: dict[str, Any]) -> str:
+        summ = results.get("summary") or {}
+        out = [acceptance_line(summ.get("acceptance") or {}), "",
+               f"RT app: {app_words(results)}.", ""]
+        out += flood_vs_idle_section(summ.get("flood_vs_idle") or {})
+        out += report.rtt_sections(results, CONDITIONS)
+        out += rx_section(summ.get("rt_cpu_rx") or {}, report.placement_of(results))
+        rfc = report.rfc_section(results)
+        if rfc:
+            rfc[0] = rfc[0].replace("**RFC 2544 zero-loss throughput**",
+                                    "**RFC 2544 zero-loss throughput of the RT path under "
+                                    "the flood**")
+        return "\n".join([*out, *rfc])
+
+    def plots(self, results: dict[str, Any], samples: dict[str, list[int]], out: Path,
+              ) -> list[Path]:
+        return plots.standard(results, samples, out, CONDITIONS)
+
+
+class Patient:
+    """The flood, started again when iperf3's server still reports the previous test (with
+    the heavy receiver on the busy RT CPU it can take a moment to finish one)."""
+
+    def __init__(self, flood: workloads.Flood, tries: int = 6) -> None:
+        self.flood, self.tries = flood, tries
+
+    def start(self) -> None:
+        for i in range(self.tries):
+            try:
+                self.flood.start()
+                return
+            except RuntimeError as e:
+                if "busy" not in str(e) or i == self.tries - 1:
+                    raise
+                time.sleep(1.0)
+
+    def stop(self) -> dict[str, Any]:
+        return self.flood.stop()
+
+
+def _probe(steering: steer.Steering, cpu: int) -> Any:
+    """Around each latency run: receive work on the RT CPU and the RPS masks in force."""
+    def begin() -> Any:
+        rx = steer.CpuRx(cpu)
+        rx.start()
+        masks = steering.now()
+
+        def end(rec: dict[str, Any]) -> None:
+            rec["rt_cpu_rx"] = rx.stop()
+            rec["steering"] = masks
+        return end
+    return begin
+
+
+def _rfc_under_flood(bench: Bench, rep: int, flood: Patient) -> None:
+    bench.note(f"rep {rep + 1}: starting the heavy receiver's flood (RFC 2544)")
+    flood.start()
+    done: list[dict[str, Any]] = []
+    try:
+        for frame in bench.cfg.rfc_frames:
+            for m in bench.order(rep):
+                done.append(bench.rfc2544(m, rep, frame))
+    finally:
+        stats = flood.stop()
+    for s in done:
+        s["condition"] = "flood"
+        s["flood_block"] = stats
+
+
+# -- summaries ------------------------------------------------------------------------------
+def rx_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """{condition: {mode: {field: aggregate}}} of the runs' rt_cpu_rx, plus the poller's
+    CPU share (poll_ns) and the RT device's RPS during the runs."""
+    per: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    rps: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for r in runs:
+        key = (r["condition"], r["mode"])
+        rx = r.get("rt_cpu_rx") or {}
+        wall = rx.get("wall_s") or 0
+        for f in RX_FIELDS:
+            v = rx.get(f)
+            if v is not None and f in ("received_rps", "time_squeeze", "ksoftirqd_runs",
+                                       "backlog_dropped") and wall:
+                v = v / wall
+            if v is not None:
+                per[key][f].append(float(v))
+        poll_ns = (r.get("poller") or {}).get("poll_ns")
+        if poll_ns is not None and wall:
+            per[key]["poller_poll_pct"].append(100.0 * poll_ns / 1e9 / wall)
+        for dev, cpus in (r.get("steering") or {}).items():
+            rps[key].add(f"{dev.split('-')[0]}:{','.join(map(str, cpus)) or 'off'}")
+    out: dict[str, Any] = {}
+    for (cond, mode), fields in per.items():
+        d = out.setdefault(cond, {}).setdefault(mode, {})
+        for f, vs in fields.items():
+            d[f] = aggregate(vs)
+        d["rps"] = sorted(rps[(cond, mode)])
+    return out
+
+
+def flood_vs_idle(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per mode: p99.9 and max under the flood over idle, per repetition (then median)."""
+    by: dict[tuple[str, str], dict[int, dict[str, Any]]] = defaultdict(dict)
+    for r in runs:
+        by[(r["mode"], r["condition"])][r["rep"]] = r.get("rtt_ns") or {}
+    out: dict[str, Any] = {}
+    for mode in sorted({m for m, _ in by}):
+        idle, flood = by.get((mode, "idle"), {}), by.get((mode, "flood"), {})
+        d: dict[str, Any] = {}
+        for p in ("p99.9", "max"):
+            pairs = [(idle[k].get(p), flood[k].get(p)) for k in idle if k in flood]
+            d[f"{p}_ratio"] = aggregate(f / i for i, f in pairs if i and f is not None)
+            d[f"idle_{p}_us"] = aggregate(v.get(p) / 1000 for v in idle.values()
+                                          if v.get(p) is not None)
+            d[f"flood_{p}_us"] = aggregate(v.get(p) / 1000 for v in flood.values()
+                                           if v.get(p) is not None)
+        out[mode] = d
+    return out
+
+
+def acceptance(fvi: dict[str, Any]) -> dict[str, Any]:
+    """The scenario's own check: napi's RT p99.9 under the flood >= ACCEPT_FACTOR x idle."""
+    r = (fvi.get("napi") or {}).get("p99.9_ratio") or {}
+    med = r.get("median")
+    return {"check": f"napi p99.9 flood / idle >= {ACCEPT_FACTOR:g} (median of the "
+                     "per-repetition ratios)",
+            "factor": med, "min": r.get("min"), "max": r.get("max"), "n": r.get("n", 0),
+            "passed": None if med is None else bool(med >= ACCEPT_FACTOR)}
+
+
+# -- markdown -------------------------------------------------------------------------------
+def acceptance_line(acc: dict[str, Any]) -> str:
+    if acc.get("passed") is None:
+        return "**Acceptance check: not evaluated** (no napi run with and without the flood)."
+    word = "PASS" if acc["passed"] else "FAIL"
+    tail = "" if acc["passed"] else (" -- the flood did not hurt napi enough here: this run "
+                                     "is not yet the papers' situation")
+    return (f"**Acceptance check: {word}**: napi's RT p99.9 under the flood is "
+            f"x{acc['factor']:.2f} its idle value [{acc['min']:.2f}-{acc['max']:.2f} over "
+            f"{acc['n']} repetitions]; required x{ACCEPT_FACTOR:g}{tail}.")
+
+
+def app_words(results: dict[str, Any]) -> str:
+    p = results.get("placement") or {}
+    fifo = p.get("app_fifo")
+    pol = f"SCHED_FIFO {fifo}" if fifo else "default policy (SCHED_OTHER)"
+    return f"{pol} (--app-policy {p.get('app_policy', '?')})"
+
+
+def flood_vs_idle_section(fvi: dict[str, Any]) -> list[str]:
+    if not fvi:
+        return []
+    base = fvi.get("napi") or {}
+    rows = ["**RT round trip, idle vs flood** (µs; median of repetitions; x = ratio to napi's "
+            "median; flood/idle = median of per-repetition ratios)", "",
+            "| mode | p99.9 idle | p99.9 flood | p99.9 flood/idle | max idle | max flood | "
+            "max flood/idle |", "|---|---|---|---|---|---|---|"]
+    for mode in report._modes_in(fvi):
+        d = fvi[mode]
+        cells = []
+        for p in ("p99.9", "max"):
+            for c in ("idle", "flood"):
+                v = (d.get(f"{c}_{p}_us") or {}).get("median")
+                b = (base.get(f"{c}_{p}_us") or {}).get("median")
+                x = f" x{v / b:.2f}" if v is not None and b and mode != "napi" else ""
+                cells.append(f"{report.fmt(v)}{x}")
+            cells.append(report.cell(d.get(f"{p}_ratio")))
+        rows.append(f"| {mode} | " + " | ".join(cells) + " |")
+    return [*rows, ""]
+
+
+def rx_section(rx: dict[str, Any], place: pl.Placement) -> list[str]:
+    if not rx:
+        return []
+    cpu = place.cpus.get(pl.RT)
+    rows = [f"**Receive work on the RT CPU {cpu}** (per second of the tester's run, median of "
+            "repetitions): NET_RX softirqs, packets through the stack (softnet processed), "
+            "RPS IPIs received, NET_RX rounds out of budget (time_squeeze), ksoftirqd's CPU "
+            "share and runs, the poller's time in NAPI poll; RPS masks in force (device: CPUs)",
+            "", "| condition | mode | RPS | NET_RX/s | pkts/s | RPS IPIs/s | squeezed/s | "
+            "ksoftirqd % | ksoftirqd runs/s | backlog drops/s | poller in poll % |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for cond in (c for c in CONDITIONS if c in rx):
+        for mode in report._modes_in(rx[cond]):
+            d = rx[cond][mode]
+            vals = [report.cell(d.get(f), spread=False) for f in
+                    ("net_rx_per_s", "processed_per_s", "received_rps", "time_squeeze",
+                     "ksoftirqd_cpu_pct", "ksoftirqd_runs", "backlog_dropped",
+                     "poller_poll_pct")]
+            rows.append(f"| {cond} | {mode} | {' '.join(d.get('rps') or [])} | "
+                        + " | ".join(vals) + " |")
+    return [*rows, ""]
+
+
+SCENARIO = SharedCpu()

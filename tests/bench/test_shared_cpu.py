@@ -1,0 +1,165 @@
+"""The shared-cpu scenario without root: its roles on fake 4- and 2-CPU layouts (the heavy
+receiver on the RT CPU, allowed for this scenario only), the report naming CPUs by role, the
+acceptance check's verdict, the app's scheduling class, and the receive counters' parsing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kbp.bench import placement, report, scenarios, steer
+from kbp.bench.cli import PRESETS
+from kbp.bench.placement import PlacementError
+from kbp.bench.runner import Aborted, Bench, BenchConfig
+from kbp.bench.scenarios import shared_cpu
+
+
+def _plan(layout: list[int], **kw: Any) -> placement.Placement:
+    return Bench(BenchConfig(scenario="shared-cpu", **kw), cpus_available=lambda: layout).plan()
+
+
+def test_registered_and_the_demo_runs_it() -> None:
+    assert "shared-cpu" in scenarios.all_scenarios()
+    assert scenarios.DEFAULT == "veth-inline"            # still there by name, the default
+    assert PRESETS["demo"]["scenario"] == "shared-cpu"
+    s = scenarios.get("shared-cpu")
+    assert s.rt_roles == ("heavy",) and s.app_policy == "fifo"
+    assert scenarios.get("veth-inline").rt_roles == ()
+
+
+def test_four_cpus_heavy_on_the_rt_cpu() -> None:
+    p = _plan([0, 1, 2, 3])
+    assert dict(p.cpus) == {"tester": 0, "rt": 1, "flood": 2, "heavy": 1, "app": 1,
+                            "harness": 3}
+    assert p.lines() == ["CPU 0: tester", "CPU 1: RT, heavy receiver, RT app",
+                         "CPU 2: flood sender", "CPU 3: harness"]
+    assert p.role_cpus() == {"tester": 0, "rt": 1, "flood": 2}
+    assert p.cpu_label(1) == "RT+heavy"
+    assert "heavy receiver on the RT CPU 1 by the scenario's design" in p.note
+
+
+def test_two_cpus() -> None:
+    p = _plan([0, 1])
+    assert dict(p.cpus) == {"tester": 0, "rt": 1, "flood": 0, "heavy": 1, "app": 1,
+                            "harness": 0}
+    assert p.cpu_label(0) == "tester+flood" and p.cpu_label(1) == "RT+heavy"
+    assert "tester and flood sender share CPU 0" in p.summary()
+    p = _plan([4, 7])
+    assert (p.cpu("rt"), p.cpu("heavy"), p.cpu("tester")) == (7, 7, 4)
+
+
+def test_pins_with_the_allowance() -> None:
+    p = _plan([0, 1, 2, 3], cpus={"rt": 3})
+    assert (p.cpu("rt"), p.cpu("heavy"), p.cpu("tester"), p.cpu("flood")) == (3, 3, 0, 1)
+    p = _plan([0, 1], cpus={"rt": 0, "heavy": 0})
+    assert p.cpu("heavy") == 0 and p.cpu("tester") == 1
+    with pytest.raises(Aborted, match="only the app and the heavy receiver may share it"):
+        _plan([0, 1], cpus={"rt": 1, "tester": 1})
+    # the allowance is the scenario's: veth-inline still refuses the heavy receiver there
+    with pytest.raises(PlacementError, match="only the app may share it"):
+        placement.plan([0, 1], {"rt": 1, "heavy": 1})
+    with pytest.raises(PlacementError, match="cannot be placed on the RT CPU"):
+        placement.plan([0, 1], on_rt=("rt",))
+
+
+def test_app_policy() -> None:
+    b = Bench(BenchConfig(scenario="shared-cpu"), cpus_available=lambda: [0, 1])
+    b.plan()
+    assert b.app_policy() == "fifo" and b.app_fifo() == 51
+    b = Bench(BenchConfig(scenario="shared-cpu", app_policy="other", rt_prio=40),
+              cpus_available=lambda: [0, 1])
+    b.plan()
+    assert b.app_fifo() == 0
+    b = Bench(BenchConfig(scenario="veth-inline"), cpus_available=lambda: [0, 1])
+    b.plan()
+    assert b.app_fifo() == 0
+    with pytest.raises(Aborted, match="unknown --app-policy"):
+        Bench(BenchConfig(app_policy="rr"), cpus_available=lambda: [0, 1]).plan()
+
+
+def _run(mode: str, cond: str, rep: int, p999: float, rt: int, rps: dict[str, list[int]],
+         ) -> dict[str, Any]:
+    cpus = {str(c): {"busy_pct": 50.0, "pct": {"softirq": 5.0}} for c in range(4)}
+    return {"rep": rep, "mode": mode, "scenario": "shared-cpu", "part": "rtt",
+            "condition": cond, "tester": {"sent": 2000}, "lost": 0,
+            "rtt_ns": {"p50": 20_000, "p99": 50_000, "p99.9": p999, "max": 2 * p999},
+            "sys": {"wall_s": 1.0, "cpu": cpus, "net_rx": [1, 2, 3, 4],
+                    "hardirqs_total": [0] * 4, "threads": {}},
+            "poller": {"poll_ns": 20_000_000} if mode != "napi" else {},
+            "rt_cpu_rx": {"cpu": rt, "wall_s": 1.0, "net_rx_per_s": 4000.0,
+                          "processed_per_s": 9000.0, "received_rps": 3000,
+                          "time_squeeze": 0, "ksoftirqd_cpu_pct": 0.5, "ksoftirqd_runs": 20,
+                          "backlog_dropped": 0},
+            "steering": rps}
+
+
+def _results(p: placement.Placement, napi_flood: float) -> dict[str, Any]:
+    rt = p.cpu("rt")
+    both = {"rt-s-ab": [rt], "flood-s-ab": [rt]}
+    kbp = {"rt-s-ab": [], "flood-s-ab": [rt]}
+    runs = []
+    for rep in range(3):
+        runs += [_run("napi", "idle", rep, 100_000, rt, both),
+                 _run("napi", "flood", rep, napi_flood, rt, both),
+                 _run("stock-kbp", "idle", rep, 80_000, rt, kbp),
+                 _run("stock-kbp", "flood", rep, 160_000, rt, kbp)]
+    return {"schema": "kbp-bench/2", "scenario": {"name": "shared-cpu", "title": "t"},
+            "placement": {**p.to_json(), "app_policy": "fifo", "app_fifo": 51},
+            "runs": runs, "rfc2544": [], "testbed": "test", "machine": {}, "modes": {},
+            "config": {"reps": 3, "rate": 2000.0, "poisson": True, "frame": 64,
+                       "duration": 1.0}}
+
+
+@pytest.mark.parametrize("layout", [[0, 1, 2, 3], [0, 1]])
+def test_report_acceptance_and_roles(layout: list[int]) -> None:
+    p = placement.plan(layout, on_rt=("heavy",))
+    res = _results(p, 700_000)
+    report.add_summary(res)
+    acc = res["summary"]["acceptance"]
+    assert acc["passed"] is True and acc["factor"] == pytest.approx(7.0)
+    fvi = res["summary"]["flood_vs_idle"]
+    assert fvi["stock-kbp"]["p99.9_ratio"]["median"] == pytest.approx(2.0)
+    rx = res["summary"]["rt_cpu_rx"]
+    assert rx["flood"]["napi"]["rps"] == ["flood:1", "rt:1"]
+    assert rx["flood"]["stock-kbp"]["rps"] == ["flood:1", "rt:off"]
+    assert rx["flood"]["stock-kbp"]["poller_poll_pct"]["median"] == pytest.approx(2.0)
+    md = report.markdown(res)
+    assert "**Acceptance check: PASS**" in md and "x7.00" in md
+    assert "RT app: SCHED_FIFO 51 (--app-policy fifo)" in md
+    assert "| flood | stock-kbp | flood:1 rt:off |" in md
+    assert "RT+heavy CPU busy (%)" in md
+    assert "| stock-kbp | 80 x0.80 | 160 x0.23 | 2 | 160 x0.80 | 320 x0.23 | 2 |" in md
+    assert "CPU0" not in md and "CPU1" not in md
+    if len(layout) == 4:
+        assert "| tester CPU busy (%) | RT+heavy CPU busy (%) | flood CPU busy (%) |" in md
+    else:
+        assert "| tester+flood CPU busy (%) | RT+heavy CPU busy (%) |" in md
+
+
+def test_acceptance_fails_honestly() -> None:
+    res = _results(placement.plan([0, 1], on_rt=("heavy",)), 300_000)
+    report.add_summary(res)
+    assert res["summary"]["acceptance"]["passed"] is False
+    md = report.markdown(res)
+    assert "**Acceptance check: FAIL**" in md and "not yet the papers' situation" in md
+    assert shared_cpu.acceptance({})["passed"] is None
+
+
+def test_softnet_and_softirqs_parsing(tmp_path: Path) -> None:
+    (tmp_path / "net").mkdir()
+    (tmp_path / "net" / "softnet_stat").write_text(
+        "0000000a 00000000 00000001 00000000 00000000 00000000 00000000 00000000 "
+        "00000000 00000003 00000000 00000000 00000000 00000000 00000000\n"
+        "000000ff 00000002 00000004 00000000 00000000 00000000 00000000 00000000 "
+        "00000000 00000010 00000000 00000000 00000001 00000000 00000000\n")
+    (tmp_path / "softirqs").write_text(
+        "                    CPU0       CPU1\n          HI:          0          1\n"
+        "      NET_RX:        100        250\n")
+    sn = steer.softnet(tmp_path)
+    assert sn[1] == {"processed": 255, "dropped": 2, "time_squeeze": 4, "received_rps": 16}
+    assert steer.net_rx(1, tmp_path) == 250
+    assert steer.cpu_mask(1) == "2" and steer.cpu_mask(12) == "1000"
+    assert steer.rps_cpus({"rx-0": "00000000,00000002"}) == [1]
+    assert steer.rps_cpus({"rx-0": "0"}) == []

@@ -1,0 +1,119 @@
+"""The shared-cpu scenario on the host kernel's netns testbed (root): in napi mode both flows'
+receive processing really runs on the RT CPU (RPS of both server devices, RPS IPIs and
+packets through the stack there), in stock-kbp the RT flow is on the poller (RT device off
+RPS, poller time in NAPI poll, no RPS IPIs without the flood); all of it from results.json.
+Ctrl-C leaves no namespace, RPS mask, setting or process behind.  About 40 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_bench_netns import _ours, _procs, _settings, _skip_unless_ready
+
+from kbp.bench import report
+from kbp.bench.runner import Bench, BenchConfig
+
+pytestmark = [pytest.mark.netns, pytest.mark.root]
+
+
+def _iperf() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "iperf3" in line and "198.18." in line]
+
+
+def _host_rps() -> dict[str, str]:
+    """Every RPS mask of the initial namespace's devices."""
+    out = {}
+    for f in sorted(Path("/sys/class/net").glob("*/queues/rx-*/rps_cpus")):
+        try:
+            out[str(f)] = f.read_text()
+        except OSError:
+            continue
+    return out
+
+
+def test_both_flows_on_the_rt_cpu_then_the_rt_flow_on_the_poller(tmp_path: Path) -> None:
+    _skip_unless_ready()
+    before_ns, before_set, before_rps = _ours(), _settings(), _host_rps()
+    cfg = BenchConfig(scenario="shared-cpu", modes=["napi", "stock-kbp"], reps=1,
+                      duration=1.5, warmup=0.2, parts=["rtt"], trace=False, out=tmp_path,
+                      command="pytest")
+    res = Bench(cfg).run()
+    report.add_summary(res)
+    res = json.loads(json.dumps(res))
+
+    assert res["scenario"]["name"] == "shared-cpu" and not res["interrupted"]
+    cpus = res["placement"]["cpus"]
+    rt = cpus["rt"]
+    assert cpus["heavy"] == rt and cpus["app"] == rt and cpus["tester"] != rt
+    assert res["placement"]["app_policy"] == "fifo"
+    devs = res["steering"]["devices"]
+    assert sorted(devs.values()) == [[rt], [rt]]               # both server devices -> RT CPU
+    runs = {(r["mode"], r["condition"]): r for r in res["runs"]}
+    assert set(runs) == {(m, c) for m in ("napi", "stock-kbp") for c in ("idle", "flood")}
+    for (mode, cond), r in runs.items():
+        rx, sent = r["rt_cpu_rx"], r["tester"]["sent"]
+        assert rx["cpu"] == rt and rx["net_rx"] > 0, (mode, cond, rx)
+        assert r["rtt_ns"]["n"] > 0.5 * sent
+        assert r["app_fifo"] == 51
+        rt_dev = next(d for d in r["steering"] if d.startswith("rt-"))
+        fl_dev = next(d for d in r["steering"] if d.startswith("flood-"))
+        assert r["steering"][fl_dev] == [rt]                     # the flood: RPS in every mode
+        if mode == "napi":
+            assert r["steering"][rt_dev] == [rt]
+            # every request crossed to the RT CPU by RPS and went up the stack there
+            assert rx["packets_processed"] >= 0.9 * sent, rx
+            assert rx["received_rps"] > 0, rx
+            assert r["poller"] == {}
+        else:
+            assert r["steering"][rt_dev] == [], "enable must turn RPS off on the RT device"
+            assert r["poller"].get("poll_ns", 0) > 0, r["poller"]
+            if cond == "idle":                   # nothing else is steered there: no RPS IPIs
+                assert rx["received_rps"] < 0.05 * sent, rx
+        if cond == "flood":
+            fb = r["flood_block"]
+            assert fb["rx_pps"] > 1000
+            # the heavy receiver's packets went up the stack on the RT CPU too
+            assert rx["processed_per_s"] > 0.5 * fb["rx_pps"], (rx, fb)
+            assert rx["received_rps"] > 0
+    summ = res["summary"]
+    assert summ["acceptance"]["passed"] in (True, False)       # evaluated (timing: not here)
+    assert "flood" in summ["rt_cpu_rx"] and "napi" in summ["flood_vs_idle"]
+    assert "Acceptance check:" in report.markdown(res)
+    assert _ours() == before_ns
+    assert _settings() == before_set
+    assert _host_rps() == before_rps
+    assert _procs() == [] and _iperf() == []
+
+
+def test_ctrl_c_leaves_no_rps_mask_or_namespace(tmp_path: Path) -> None:
+    _skip_unless_ready()
+    before_ns, before_set, before_rps = _ours(), _settings(), _host_rps()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    proc = subprocess.Popen([sys.executable, "-m", "kbp.bench", "--scenario", "shared-cpu",
+                             "--preset", "smoke", "--no-plots", "--no-trace", "--out",
+                             str(tmp_path)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not set(_ours()) - set(before_ns):
+        time.sleep(0.1)
+    assert set(_ours()) - set(before_ns), "the benchmark never built its testbed"
+    time.sleep(4.0)               # RPS steered, the flood or a kbp mode on
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert _ours() == before_ns
+    assert _settings() == before_set
+    assert _host_rps() == before_rps
+    assert _procs() == [] and _iperf() == []
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["interrupted"] is True and res["steering"]["mechanism"] == "RPS"
+    assert "restore_problems" not in res and "not restored" not in err, err[-2000:]

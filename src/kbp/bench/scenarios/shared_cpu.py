@@ -50,6 +50,11 @@ CONDITIONS: dict[str, str] = {
     "flood": "RT flow with the heavy receiver's flood, both devices' RPS to the RT CPU",
 }
 ACCEPT_FACTOR = 5.0
+XMIT_NOTE = ("Note: xmit→poll ends where the RT device's veth NAPI poll hands the request "
+             "up. In the modes that keep RPS on the RT device (napi, threaded, busypoll, "
+             "defer) RPS then queues it on the RT CPU's backlog, so its wait there behind the "
+             "flood is not in that column (it is in the round trip); in the kbp modes the "
+             "poller takes it up the stack itself.")
 RX_FIELDS = ("net_rx_per_s", "processed_per_s", "received_rps", "time_squeeze",
              "ksoftirqd_cpu_pct", "ksoftirqd_runs", "backlog_dropped")
 
@@ -135,6 +140,7 @@ class SharedCpu:
                f"RT app: {app_words(results)}.", ""]
         out += flood_vs_idle_section(summ.get("flood_vs_idle") or {})
         out += report.rtt_sections(results, CONDITIONS)
+        out += [XMIT_NOTE, ""]
         out += rx_section(summ.get("rt_cpu_rx") or {}, report.placement_of(results))
         rfc = report.rfc_section(results)
         if rfc:

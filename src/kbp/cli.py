@@ -28,8 +28,9 @@ examples:
   kbpctl apply                                converge to /etc/kbp/kbp.toml
 
 backends: 'kmod' (the kbp kernel module, when it is loaded) or 'stock' (no module:
-threaded NAPI + SCHED_FIFO + CPU/IRQ alignment, Linux 5.12+). --backend auto picks kmod
-when the module is loaded. Every change is journaled under /run/kbp before it is made.
+threaded NAPI + SCHED_FIFO + CPU/IRQ alignment, Linux 5.12+; busy: SCHED_NORMAL).
+--backend auto picks kmod when the module is loaded. Every change is journaled under
+/run/kbp before it is made.
 
 exit codes: 0 ok, 1 failed (rolled back), 2 invalid input, 69 kernel feature or module
 missing, 77 needs root. Docs: docs/kbpctl.md.
@@ -45,6 +46,10 @@ examples:
 
 modes: hybrid (EE-KBP: the polling thread sleeps when idle and the hardIRQ wakes it) and
 busy (KBP: it never sleeps; stock backend needs Linux 6.19+ for threaded busy polling).
+--rt-prio N: SCHED_FIFO priority of the polling threads, default 50 -- except the stock
+backend's busy, whose NAPI threads run SCHED_NORMAL and refuse N > 0: they never sleep
+and yield only at cond_resched(), so at SCHED_FIFO they would starve every other task on
+their CPU (for a FIFO busy poller use --backend kmod: its poller yields).
 --linger-us N (hybrid): keep polling N us after the last packet before sleeping
 (stock: napi_defer_hard_irqs + gro_flush_timeout; kmod: the poller spins).
 --freq-ctl (kmod, hybrid): EE-KBP's CPU-frequency control; the poller sets its CPU to
@@ -141,9 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hybrid (default) or busy")
     e.add_argument("--cpus", type=_cpulist, metavar="LIST",
                    help="CPUs for the polling threads, e.g. 2-3,6 (default: all online)")
-    e.add_argument("--rt-prio", type=_int, default=DEFAULT_RT_PRIO, metavar="N",
-                   help=f"SCHED_FIFO priority 1..99 (default {DEFAULT_RT_PRIO}); with the "
-                        "module 0 runs the pollers SCHED_NORMAL")
+    e.add_argument("--rt-prio", type=_int, default=None, metavar="N",
+                   help=f"SCHED_FIFO priority 1..99 of the polling threads (default "
+                        f"{DEFAULT_RT_PRIO}); kmod: 0 runs them SCHED_NORMAL. The stock "
+                        "backend's --mode busy runs them SCHED_NORMAL and refuses N > 0 "
+                        "(its threads never sleep: see below)")
     e.add_argument("--linger-us", type=_int, metavar="N",
                    help="hybrid: keep polling N us after the last packet (default: leave "
                         "the device's setting)")
@@ -212,10 +219,20 @@ def _out(text: str) -> None:
 
 
 def busy_notice(backend: str, cpus: Iterable[int], rt_prio: int) -> str:
-    """What a busy poller does to its CPU, in one short paragraph (for stderr)."""
+    """What a busy poller does to its CPU, in one short paragraph (for stderr); ``rt_prio``
+    resolved (0: SCHED_NORMAL)."""
     cpu_list = sorted(set(cpus))
     many = len(cpu_list) != 1
     where = f"CPU{'s' if many else ''} {format_cpulist(cpu_list)}"
+    tail = "Place applications on other CPUs, or use --mode hybrid, which sleeps when idle."
+    if backend == names.BACKEND_STOCK and not rt_prio:
+        who = (f"the busy NAPI threads on {where} never sleep: each takes" if many else
+               f"the busy NAPI thread on {where} never sleeps: it takes")
+        text = (f"{PROG}: note: {who} ~100% of its CPU when nothing else runs there. "
+                f"{'They run' if many else 'It runs'} SCHED_NORMAL, so other tasks pinned "
+                "there share the CPU with it fairly (it yields at cond_resched()): each gets "
+                f"less than it would alone. {tail}")
+        return textwrap.fill(text, width=100)
     if backend == names.BACKEND_STOCK:
         who = f"busy NAPI thread{'s' if many else ''}"
         when = (f"at SCHED_FIFO {rt_prio} that means lower-priority tasks wait for the "
@@ -226,8 +243,7 @@ def busy_notice(backend: str, cpus: Iterable[int], rt_prio: int) -> str:
                 "others wait: counter 'yields'")
     owns = f"own {where}: each spins" if many else f"owns {where}: it spins"
     text = (f"{PROG}: note: the {who} {owns} at ~100% of its CPU, and other tasks pinned "
-            f"there get the CPU only when it yields ({when}). Place applications on other "
-            "CPUs, or use --mode hybrid, which sleeps when idle.")
+            f"there get the CPU only when it yields ({when}). {tail}")
     return textwrap.fill(text, width=100)
 
 
@@ -289,6 +305,7 @@ def cmd_enable(args: argparse.Namespace) -> int:
         be, why = backends.resolve_auto()
     else:
         be = backends.get(args.backend)
+    req = req.resolved(be.name)  # --rt-prio left out: the backend's default for the mode
     res = be.enable(req)
     if why:
         _out(f"backend: {be.name} (auto: {why})")
@@ -304,6 +321,7 @@ def cmd_enable(args: argparse.Namespace) -> int:
              f"({d.changes} change{'s' if d.changes != 1 else ''} journaled)")
         rps_notice(d, req.keep_rps)
     if req.mode == names.MODE_BUSY and res.devices:
+        assert req.rt_prio is not None
         _warn(busy_notice(be.name, (c for d in res.devices for c in d.cpus), req.rt_prio))
     return EXIT_OK
 
@@ -349,7 +367,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
         for bname in sorted({a.backend for a in busy}):
             reqs = [a.request for a in busy if a.backend == bname and a.request is not None]
             cpus = {c for r in reqs for c in (r.cpus or online_cpus())}
-            _warn(busy_notice(bname, cpus, reqs[0].rt_prio))
+            prio = reqs[0].resolved(bname).rt_prio
+            assert prio is not None
+            _warn(busy_notice(bname, cpus, prio))
     return EXIT_OK
 
 

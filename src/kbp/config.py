@@ -8,7 +8,9 @@ that is no longer listed. Example (also in kbp/data/kbp.toml.example)::
 
     [defaults]                  # apply to every [[device]] unless it says otherwise
     mode = "hybrid"             # hybrid | busy
-    rt_prio = 50                # SCHED_FIFO priority of the polling threads (1..99)
+    rt_prio = 50                # SCHED_FIFO priority of the polling threads (1..99; omit:
+                                # the backend's default, FIFO 50 -- SCHED_NORMAL for the
+                                # stock backend's busy, which refuses a priority)
     cpus = "1"                  # CPU list; NAPIs round-robin over it (default: all online)
     linger_us = 20              # keep polling this long after the last packet (hybrid)
     freq_ctl = false            # kmod, hybrid: CPU to min frequency while a poller sleeps
@@ -51,7 +53,7 @@ class DeviceConfig:
     backend: str = "auto"
     mode: str = names.MODE_HYBRID
     cpus: list[int] | None = None
-    rt_prio: int = 50
+    rt_prio: int | None = None  # None: the backend's default for the mode (resolved in plan)
     linger_us: int | None = None
     quota: int | None = None
     freq_ctl: bool = False
@@ -196,7 +198,7 @@ def plan(cfg: Config, records: list[Record], backend_for: Mapping[str, str],
         key = (d.name, d.netns)
         wanted.add(key)
         be = backend_for[d.backend]
-        req = d.request()
+        req = d.request().resolved(be)  # rt_prio left out: the priority enable would journal
         rec = have.get(key)
         if rec is None:
             actions.append(Action("enable", d.name, d.netns, be, "not enabled", req))

@@ -416,6 +416,38 @@ def test_refuses_bad_input(bed: Bed, user_kbpctl: UserKbpctl) -> None:
     _refused(bed, ["disable", "--all"], 77, "needs root", user=user_kbpctl)
 
 
+def test_stock_priority_defaults_and_busy_refuses_fifo(bed: Bed, tmp_path: Path) -> None:
+    """Without --rt-prio (or rt_prio in kbp.toml) the stock backend's hybrid NAPI threads run
+    SCHED_FIFO 50, journaled as 50, so apply finds them in sync. Its busy mode (upstream
+    threaded busy polling: never sleeps) refuses a SCHED_FIFO priority before changing
+    anything, on any kernel: from the command line and from kbp.toml."""
+    s, dev = bed.tb.server, bed.link.dev_b
+    en = ["enable", dev, "--netns", s, "--mode", "busy"]
+    _refused(bed, [*en, "--rt-prio", "50"], 2,
+             "--rt-prio 50 with the stock backend's --mode busy would starve")
+    _refused(bed, [*en, "--backend", "stock", "--rt-prio", "1"], 2, "Leave the priority out")
+    cfg = tmp_path / "kbp.toml"
+    dev_cfg = f'[[device]]\nname = "{dev}"\nnetns = "{s}"\ncpus = "1"\n'
+    cfg.write_text('backend = "stock"\n[defaults]\nmode = "busy"\nrt_prio = 50\n' + dev_cfg)
+    _refused(bed, ["apply", "--config", str(cfg)], 2, "rt_prio in kbp.toml")
+
+    before = bed.snap()
+    cfg.write_text('backend = "stock"\n' + dev_cfg)
+    assert ": enable (stock)" in bed.kbpctl("apply", "--config", str(cfg)).stdout
+    (t,) = napi_threads(bed, s, dev)
+    s_ = sysinfo.get_sched(t.pid)
+    assert (s_.policy, s_.priority, s_.cpus) == ("SCHED_FIFO", 50, [1])
+    d = device_status(bed.status(), dev)
+    assert (d["mode"], d["rt_prio"], d["problems"]) == ("hybrid", 50, [])
+    assert "in sync" in bed.kbpctl("apply", "--config", str(cfg)).stdout
+    out = bed.kbpctl(*en[:4], "--cpus", "1").stdout  # the CLI's default: the same
+    assert "hybrid, 1 NAPI thread on CPU 1, SCHED_FIFO 50" in out
+    assert "in sync" in bed.kbpctl("apply", "--config", str(cfg)).stdout
+    cfg.write_text('backend = "stock"\n')
+    bed.kbpctl("apply", "--config", str(cfg))
+    assert bed.snap() == before and bed.journals() == []
+
+
 def test_refuses_device_without_napi(bed: Bed) -> None:
     s, dev = bed.tb.server, bed.link.dev_b
     run(s, ["ethtool", "-K", dev, "gro", "off"])

@@ -189,7 +189,7 @@ def test_freq_ctl_needs_userspace_governor(tmp_path: Path) -> None:
 # -- apply's plan ---------------------------------------------------------------------
 def _rec(dev: str, netns: str | None = None, backend: str = "stock", complete: bool = True,
          **settings: object) -> Record:
-    req = config.DeviceConfig(name=dev).request().settings()
+    req = config.DeviceConfig(name=dev).request().resolved(backend).settings()
     req.update(settings)
     return Record(path=Path(f"/x/{dev}"), backend=backend, dev=dev, netns=netns, ifindex=1,
                   request=req, changes=[Change(1, "sysfs", {}, "0", "1")], complete=complete)

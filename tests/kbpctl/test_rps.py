@@ -144,6 +144,6 @@ def test_apply_reenables_when_keep_rps_changes() -> None:
     from kbp.state import Record
     cfg = config.parse('[[device]]\nname = "a"\nkeep_rps = true\n')
     rec = Record(path=Path("/x/a"), backend="stock", dev="a", netns=None, ifindex=1,
-                 request=EnableRequest(["a"]).settings(), complete=True)
+                 request=EnableRequest(["a"]).resolved("stock").settings(), complete=True)
     (act,) = config.plan(cfg, [rec], {"auto": "stock", "stock": "stock", "kmod": "kmod"}, {})
     assert (act.op, act.why) == ("reenable", "keep_rps changed")

@@ -1,7 +1,7 @@
 """kbpctl backends: who serves a device's NAPIs.
 
 * ``stock``: no module. Threaded NAPI + SCHED_FIFO + CPU/IRQ alignment (+ defer/gro
-  "linger") composed from features of stock kernels >= 5.12.
+  "linger") composed from features of stock kernels >= 5.12 (busy mode: SCHED_NORMAL).
 * ``kmod``: the kbp kernel module's pollers, driven through :mod:`kbp.kmod`.
 
 The API for other tools (the benchmark uses it)::
@@ -18,6 +18,7 @@ called. ``enable``/``disable`` need root.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -34,6 +35,23 @@ DEFAULT_RT_PRIO = 50  # the priority of threaded IRQ handlers; NAPI threads run 
 MAX_LINGER_US = 1_000_000
 
 
+def default_rt_prio(backend: str, mode: str) -> int:
+    """The priority of ``backend``'s polling threads in ``mode`` when none is asked for
+    (``--rt-prio`` and ``rt_prio`` in kbp.toml left out; 0 = SCHED_NORMAL).
+
+    SCHED_FIFO ``DEFAULT_RT_PRIO`` everywhere except the stock backend's busy mode, whose
+    threads never sleep and do not yield to SCHED_OTHER tasks (see
+    :func:`kbp.backends.stock.default_rt_prio`).
+    """
+    if backend == names.BACKEND_STOCK:
+        from kbp.backends import stock
+        return stock.default_rt_prio(mode)
+    if backend == names.BACKEND_KMOD:
+        from kbp.backends import kmod
+        return kmod.default_rt_prio(mode)
+    raise InvalidInput(f"unknown backend {backend!r}: use kmod or stock")
+
+
 @dataclass
 class EnableRequest:
     """What ``kbpctl enable`` asks for (the same for every listed device)."""
@@ -42,14 +60,22 @@ class EnableRequest:
     netns: str | None = None
     mode: str = names.MODE_HYBRID
     cpus: list[int] | None = None  # None: all online CPUs, NAPIs round-robin
-    rt_prio: int = DEFAULT_RT_PRIO
+    rt_prio: int | None = None  # None: the backend's default for the mode (resolved())
     linger_us: int | None = None  # None: leave defer/gro settings as they are
     quota: int | None = None  # kmod only
     freq_ctl: bool = False  # kmod only: EE-KBP CPU-frequency control (hybrid)
     keep_rps: bool = False  # leave RPS on (default: turn it off, journaled; see kbp.rps)
 
+    def resolved(self, backend: str) -> EnableRequest:
+        """This request with ``rt_prio`` filled in: when it is None, ``backend``'s default
+        for the mode (:func:`default_rt_prio`). Backends resolve a request before they check
+        or journal it, so journals, status and ``apply`` see the priority the threads get."""
+        if self.rt_prio is not None:
+            return self
+        return dataclasses.replace(self, rt_prio=default_rt_prio(backend, self.mode))
+
     def settings(self) -> dict[str, Any]:
-        """The per-device part, as journaled (compared by ``apply``)."""
+        """The per-device part, as journaled (compared by ``apply``; resolve it first)."""
         return {"mode": self.mode, "cpus": self.cpus, "rt_prio": self.rt_prio,
                 "linger_us": self.linger_us, "quota": self.quota, "freq_ctl": self.freq_ctl,
                 "keep_rps": self.keep_rps}
@@ -57,7 +83,8 @@ class EnableRequest:
 
 def validate_common(req: EnableRequest, rt_prio_min: int = RT_PRIO_MIN) -> None:
     """Checks every backend shares (no system access). ``rt_prio_min`` is 0 where the
-    backend can run its polling threads SCHED_NORMAL (the module: ``--rt-prio 0``)."""
+    backend can run its polling threads SCHED_NORMAL (the module: ``--rt-prio 0``); an
+    unresolved ``rt_prio`` (None: the backend's default) is not checked."""
     if not req.devices:
         raise InvalidInput("no device named: kbpctl enable DEV [DEV...]")
     dup = {d for d in req.devices if req.devices.count(d) > 1}
@@ -71,7 +98,7 @@ def validate_common(req: EnableRequest, rt_prio_min: int = RT_PRIO_MIN) -> None:
                            "use --mode hybrid or --mode busy")
     if req.mode not in names.MODES:
         raise InvalidInput(f"unknown mode {req.mode!r}: use --mode hybrid or --mode busy")
-    if not rt_prio_min <= req.rt_prio <= RT_PRIO_MAX:
+    if req.rt_prio is not None and not rt_prio_min <= req.rt_prio <= RT_PRIO_MAX:
         what = " (0: SCHED_NORMAL)" if rt_prio_min == 0 else ""
         raise InvalidInput(f"priority {req.rt_prio} is out of range: SCHED_FIFO priorities "
                            f"are {rt_prio_min}..{RT_PRIO_MAX}{what} (--rt-prio)")
@@ -275,6 +302,8 @@ class Backend(Protocol):
     name: str
 
     def available(self) -> tuple[bool, str]: ...
+
+    def default_rt_prio(self, mode: str) -> int: ...
 
     def features(self) -> dict[str, Any]: ...
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from kbp import kmod, names, rps, sysinfo
 from kbp.backends import (
+    DEFAULT_RT_PRIO,
     DeviceResult,
     DeviceStatus,
     DisableResult,
@@ -96,7 +97,7 @@ def attachment(req: EnableRequest, cpus: Sequence[int], napi_count: int | None
     that puts NAPI i on cpus[i mod n]."""
     value: dict[str, Any] = {"cpu": cpus[0], "queue_map": None, "mode": req.mode,
                              "linger_us": req.linger_us, "quota": req.quota,
-                             "rt_prio": req.rt_prio,
+                             "rt_prio": req.resolved(NAME).rt_prio,
                              "freq_ctl": bool(req.freq_ctl)}
     if len(cpus) > 1:
         n = napi_count if napi_count else len(cpus)
@@ -118,6 +119,13 @@ def check_freq_ctl(cpus: Sequence[int], host: Host = HOST) -> None:
             raise InvalidInput(f"--freq-ctl needs the userspace governor on CPU {cpu} (it has "
                                f"{f.governor}): echo userspace > {host.cpu_dir}/cpu{cpu}/"
                                "cpufreq/scaling_governor (modprobe cpufreq_userspace)")
+
+
+def default_rt_prio(mode: str) -> int:
+    """The pollers' priority when none is asked for: SCHED_FIFO ``DEFAULT_RT_PRIO`` in every
+    mode -- the module's busy poller yields to the other tasks of its CPU (docs/design.md
+    §2, "Sharing the CPU"), so FIFO does not starve them."""
+    return DEFAULT_RT_PRIO
 
 
 def _netns_inum(netns: str | None) -> int | None:
@@ -143,6 +151,9 @@ class KmodBackend:
             raise Unavailable(str(e)) from None
         except kmod.KbpError as e:
             raise Unavailable(f"the kbp module does not answer: {e}") from None
+
+    def default_rt_prio(self, mode: str) -> int:
+        return default_rt_prio(mode)
 
     def available(self) -> tuple[bool, str]:
         try:
@@ -184,6 +195,7 @@ class KmodBackend:
         return link, rec
 
     def check(self, req: EnableRequest, replace_other: bool = False) -> None:
+        req = req.resolved(NAME)
         self._check_static(req)
         check_netns(req.netns)
         client = self._client()
@@ -196,6 +208,7 @@ class KmodBackend:
 
     # -- enable --------------------------------------------------------------------
     def enable(self, req: EnableRequest) -> EnableResult:
+        req = req.resolved(NAME)
         self._check_static(req)
         check_netns(req.netns)
         client = self._client()

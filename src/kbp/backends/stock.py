@@ -6,7 +6,8 @@ For each device:
    else the device's sysfs ``threaded``): the hardIRQ now wakes a ``napi/<dev>-<id>``
    kernel thread instead of raising NET_RX softirq -- EE-KBP's wake path (Sect. 4.1);
 2. each NAPI thread bound to its CPU and made SCHED_FIFO at ``--rt-prio`` (KBP's dedicated
-   polling thread that softirq work cannot delay);
+   polling thread that softirq work cannot delay) -- except with ``--mode busy``, where it
+   stays SCHED_NORMAL (:func:`default_rt_prio`; a priority is refused there);
 3. the device's queue IRQs pointed at the CPU of their thread (a NAPI's own IRQ where
    napi-get reports it);
 4. ``--linger-us``: after the last packet keep the NAPI polled by its thread (hrtimer every
@@ -37,6 +38,7 @@ from typing import Any
 
 from kbp import names, rps, sysinfo
 from kbp.backends import (
+    DEFAULT_RT_PRIO,
     DeviceResult,
     DeviceStatus,
     DisableResult,
@@ -68,13 +70,40 @@ from kbp.netdev import (
     probe_napi_sysfs,
 )
 from kbp.state import Executor, PauseHook, Record, RestoreError, StateDir, remove_record, restore
-from kbp.sysinfo import HOST, Host, TaskStat
+from kbp.sysinfo import HOST, RT_PRIO_MIN, Host, TaskStat
 
 NAME = names.BACKEND_STOCK
 LINGER_INTERVAL_US = 10  # hrtimer re-poll interval while lingering
 ENV_FEATURES = "KBP_STOCK_FEATURES"
 THREADED_SINCE = (5, 12, 0)
 BUSY_POLL_SINCE = (6, 19, 0)
+
+
+def default_rt_prio(mode: str) -> int:
+    """The NAPI threads' priority when none is asked for: SCHED_FIFO ``DEFAULT_RT_PRIO`` in
+    hybrid; 0 (SCHED_NORMAL) in busy.
+
+    Upstream's threaded busy polling (``napi_threaded_poll_loop()``) never sleeps once woken:
+    it gives the CPU away only at ``cond_resched()``, which lets a SCHED_FIFO thread be
+    preempted by higher RT priorities only, so every SCHED_OTHER task on its CPU would get
+    just what RT throttling leaves (5 %, nothing with sched_rt_runtime_us=-1). At
+    SCHED_NORMAL that ``cond_resched()`` is where CFS shares the CPU fairly.
+    """
+    return 0 if mode == names.MODE_BUSY else DEFAULT_RT_PRIO
+
+
+def busy_fifo_refusal(rt_prio: int) -> str:
+    """Why ``--rt-prio N`` (N > 0) is refused with the stock backend's ``--mode busy``."""
+    return (f"--rt-prio {rt_prio} with the stock backend's --mode busy would starve the "
+            "polling CPUs: upstream's threaded busy polling never sleeps and yields only at "
+            "cond_resched(), where a SCHED_FIFO thread gives way to higher RT priorities only, "
+            "so every other task on its CPU (kworkers, ksoftirqd, your applications) would get "
+            "just what RT throttling spares (5 %, nothing with sched_rt_runtime_us=-1) -- an "
+            "isolated CPU is no exception: its per-CPU kworkers still run work that other CPUs "
+            "wait for. Leave the priority out (or give 0; the same for rt_prio in kbp.toml): "
+            "the NAPI threads then run SCHED_NORMAL and share their CPU fairly. For a "
+            "SCHED_FIFO busy poller use the kbp module (--backend kmod --mode busy), whose "
+            "poller yields to the CPU's other tasks, or --mode hybrid, which sleeps when idle")
 
 
 # -- pure planning --------------------------------------------------------------------
@@ -106,14 +135,22 @@ def assign_cpus(n: int, cpus: Sequence[int]) -> list[int]:
     return [cpus[i % len(cpus)] for i in range(n)]
 
 
+def thread_sched(prio: int) -> tuple[str, int]:
+    """(policy, priority) of a NAPI thread asked to run at ``prio`` (0: SCHED_NORMAL)."""
+    return ("SCHED_FIFO", prio) if prio > 0 else ("SCHED_OTHER", 0)
+
+
 def plan_threads(threads: Sequence[TaskStat], cpus: Sequence[int], prio: int,
                  nices: Sequence[int]) -> list[Planned]:
-    """Bind each NAPI thread to its CPU, then make it SCHED_FIFO at ``prio``."""
+    """Bind each NAPI thread to its CPU, then make it SCHED_FIFO at ``prio`` (0:
+    SCHED_OTHER, i.e. SCHED_NORMAL; a thread already there is left alone). Its nice value
+    is kept."""
+    policy, priority = thread_sched(prio)
     out = []
     for t, cpu, nice in zip(threads, cpus, nices, strict=True):
         key = task_key(sysinfo.TaskId(t.pid, t.starttime, t.comm))
         out.append(Planned("affinity", key, [cpu]))
-        out.append(Planned("sched", key, {"policy": "SCHED_FIFO", "priority": prio,
+        out.append(Planned("sched", key, {"policy": policy, "priority": priority,
                                           "nice": nice}))
     return out
 
@@ -242,6 +279,9 @@ class StockBackend:
         if self.emulate not in ("", "sysfs", "legacy"):
             raise InvalidInput(f"{ENV_FEATURES}={self.emulate!r}: use sysfs or legacy")
 
+    def default_rt_prio(self, mode: str) -> int:
+        return default_rt_prio(mode)
+
     # -- features ------------------------------------------------------------------
     def _features(self, client: NetdevClient) -> NetdevFeatures:
         f = client.features()
@@ -271,7 +311,11 @@ class StockBackend:
 
     # -- checks --------------------------------------------------------------------
     def _check_static(self, req: EnableRequest) -> None:
-        validate_common(req)
+        """``req`` resolved (:meth:`EnableRequest.resolved`)."""
+        busy = req.mode == names.MODE_BUSY
+        if busy and req.rt_prio is not None and req.rt_prio > 0:
+            raise InvalidInput(busy_fifo_refusal(req.rt_prio))
+        validate_common(req, rt_prio_min=0 if busy else RT_PRIO_MIN)
         if req.quota is not None:
             raise InvalidInput("--quota is a knob of the kbp module: the stock backend polls "
                                "with the driver's NAPI weight (drop --quota or use "
@@ -317,6 +361,7 @@ class StockBackend:
     def check(self, req: EnableRequest, replace_other: bool = False) -> None:
         """Every check ``enable`` makes, without changing anything (``replace_other``: a
         device served by the other backend is fine, the caller disables it first)."""
+        req = req.resolved(NAME)
         self._check_static(req)
         require_root("kbpctl enable")
         check_netns(req.netns)
@@ -327,6 +372,7 @@ class StockBackend:
 
     # -- enable --------------------------------------------------------------------
     def enable(self, req: EnableRequest) -> EnableResult:
+        req = req.resolved(NAME)
         self._check_static(req)
         require_root("kbpctl enable")
         check_netns(req.netns)
@@ -383,6 +429,7 @@ class StockBackend:
             napis, threads = self._wait_threads(ctx, p, feats)
             thread_cpus = assign_cpus(len(threads), cpus)
             nices = [os.getpriority(os.PRIO_PROCESS, t.pid) for t in threads]
+            assert req.rt_prio is not None  # resolved by enable()
             run(plan_threads(threads, thread_cpus, req.rt_prio, nices))
 
             napi_irqs = [n.irq for n in napis] if napis else []
@@ -566,7 +613,10 @@ class StockBackend:
         if not rec.complete:
             return [f"enable was interrupted after {rec.steps} change(s): 'kbpctl disable "
                     f"{ds.name}' restores, 'kbpctl enable' or 'kbpctl apply' redoes it"]
-        want = THREADED_BUSY_POLL if rec.request.get("mode") == names.MODE_BUSY else THREADED_ON
+        mode = rec.request.get("mode") or names.MODE_HYBRID
+        want = THREADED_BUSY_POLL if mode == names.MODE_BUSY else THREADED_ON
+        prio = rec.request.get("rt_prio")
+        policy, priority = thread_sched(prio if prio is not None else default_rt_prio(mode))
         out = []
         if not ds.napis:
             out.append(f"{ds.name} has no NAPI now: enable it again (kbpctl apply)")
@@ -576,9 +626,9 @@ class StockBackend:
                            "run 'kbpctl apply' or enable again")
             elif n.thread is None:
                 out.append(f"NAPI {n.id} has no thread: run 'kbpctl apply' or enable again")
-            elif (n.thread.policy, n.thread.priority) != ("SCHED_FIFO", rec.request.get("rt_prio")):
+            elif (n.thread.policy, n.thread.priority) != (policy, priority):
                 out.append(f"NAPI {n.id} thread {n.thread.pid} runs {n.thread.policy}/"
-                           f"{n.thread.priority}, not SCHED_FIFO/{rec.request.get('rt_prio')}: "
+                           f"{n.thread.priority}, not {policy}/{priority}: "
                            "run 'kbpctl apply' or enable again")
         return out
 

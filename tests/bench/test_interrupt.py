@@ -44,3 +44,32 @@ def test_interrupt_swallowed_in_an_at_fork_callback_is_raised_again() -> None:
     assert "Exception ignored" in p.stderr and "KeyboardInterrupt" in p.stderr, p.stderr
     assert p.stdout.splitlines() == ["fork returned", "raised at the checkpoint"], p.stdout
     assert p.returncode == 0, p.stderr
+
+
+HOLD_SCRIPT = r"""
+import os, signal, sys
+from kbp.bench import runner
+
+runner._MAIN_PID[0] = os.getpid()
+signal.signal(signal.SIGINT, runner._interrupt)
+try:
+    with runner._signals_held():            # a mode putting back what it changed
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100000):
+            pass
+        print("teardown finished", flush=True)
+except KeyboardInterrupt:
+    print("raised after it", flush=True)
+    sys.exit(0)
+sys.exit(3)
+"""
+
+
+def test_interrupt_waits_until_the_mode_is_off() -> None:
+    """A Ctrl-C inside a mode's teardown (kbpctl disable) used to stop it half way and leave
+    its journal behind (shared-cpu's Ctrl-C test, now and then): it now waits for the
+    teardown, then unwinds."""
+    p = subprocess.run([sys.executable, "-c", HOLD_SCRIPT], capture_output=True, text=True,
+                       timeout=60)
+    assert p.stdout.splitlines() == ["teardown finished", "raised after it"], p.stderr
+    assert p.returncode == 0, p.stderr

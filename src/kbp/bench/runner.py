@@ -138,6 +138,7 @@ RunProbe = Callable[[], Callable[[dict[str, Any]], None]]
 
 _MAIN_PID = [0]
 _INTERRUPTED = [False]
+_HOLD = [0]                 # > 0: a mode is putting back what it changed (_signals_held)
 
 
 def _interrupt(sig: int, _frm: Any) -> None:
@@ -151,6 +152,8 @@ def _interrupt(sig: int, _frm: Any) -> None:
         os.kill(os.getpid(), sig)
         return
     _INTERRUPTED[0] = True
+    if _HOLD[0]:
+        return                  # raised when the mode is off again (_signals_held)
     raise KeyboardInterrupt
 
 
@@ -604,14 +607,16 @@ class Bench:
             mode.setup(self.target())
             yield
         finally:
-            try:
-                mode.teardown()
-            except KnobError as e:
-                self.results.setdefault("restore_problems", []).append(f"{mode.name}: {e}")
-                raise Aborted(f"mode {mode.name} could not put back what it changed: {e}") \
-                    from e
-            finally:
-                self.server.place(home)
+            with _signals_held():
+                try:
+                    mode.teardown()
+                except KnobError as e:
+                    self.results.setdefault("restore_problems", []).append(
+                        f"{mode.name}: {e}")
+                    raise Aborted(f"mode {mode.name} could not put back what it changed: "
+                                  f"{e}") from e
+                finally:
+                    self.server.place(home)
 
     def _fresh_rt_link(self) -> None:
         """Kernels before ~6.15 keep a NAPI's kthread after threaded=0, and the module refuses
@@ -658,6 +663,22 @@ class Bench:
 
     def rfc_plan(self) -> float:
         return parts.rfc_seconds(self.cfg)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait while a mode puts back what it changed: one arriving inside
+    ``kbpctl disable`` stopped it half way, leaving its journal (and the settings of a
+    namespace about to be deleted) behind.  The handler only notes the signal meanwhile; it
+    unwinds as usual right after.  (Blocking the signals would not do: the kernel hands a
+    process-directed signal to another thread, and Python runs the handler in this one.)"""
+    _HOLD[0] += 1
+    try:
+        yield
+    finally:
+        _HOLD[0] -= 1
+        if not _HOLD[0] and _INTERRUPTED[0]:
+            raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

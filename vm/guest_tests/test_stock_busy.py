@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from conftest import POLL_CPU, Flow, net_rx_softirqs, spinning, task_cpu_ticks, wait_for
+from conftest import POLL_CPU, Flow, net_rx_softirqs, spinning, wait_for
+from test_hardening import cpu_share, kill, running_on, spin
+from test_kbpctl_kmod import kbpctl
 
 from kbp import netdev
 
@@ -37,30 +37,11 @@ pytestmark = pytest.mark.skipif(
                              f"later; this guest runs {platform.release()}")
 
 
-def kbpctl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("kbpctl") or os.path.join(os.path.dirname(os.environ.get(
-        "KBP_PYTHON", "python3")), "kbpctl")
-    p = subprocess.run([exe, *args], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "KBP_RUN_DIR": "/run/kbp-guest-test"})
-    if check:
-        assert p.returncode == 0, f"kbpctl {' '.join(args)}: {p.returncode} {p.stderr}"
-    return p
-
-
 def napi_states(nic: str) -> dict[int, tuple[int | None, int | None]]:
     """NAPI id -> (threaded, pid) as the kernel's netdev family reports them."""
     with netdev.NetdevClient() as c:
         ifindex = int(Path(f"/sys/class/net/{nic}/ifindex").read_text())
         return {n.id: (n.threaded, n.pid) for n in c.napis(ifindex)}
-
-
-def cpu_share(pid: int, seconds: float = 2.0) -> float:
-    def ticks() -> int:
-        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(f[11]) + int(f[12])
-    t0, c0 = time.monotonic(), ticks()
-    time.sleep(seconds)
-    return (ticks() - c0) / os.sysconf("SC_CLK_TCK") / (time.monotonic() - t0)
 
 
 def sched_of(pid: int) -> tuple[int, list[int]]:
@@ -70,21 +51,6 @@ def sched_of(pid: int) -> tuple[int, list[int]]:
 
 def policy_of(pid: int) -> int:
     return os.sched_getscheduler(pid) & ~getattr(os, "SCHED_RESET_ON_FORK", 0x40000000)
-
-
-def spin(cpu: int) -> subprocess.Popen[bytes]:
-    """A SCHED_OTHER CPU hog pinned to ``cpu``."""
-    return subprocess.Popen(["taskset", "-c", str(cpu), "sh", "-c", "while :; do :; done"])
-
-
-def hog_running_on(p: subprocess.Popen[bytes], cpu: int) -> bool:
-    """The hog has exec'd its loop (TCG makes exec slow) and burns ``cpu``."""
-    try:
-        stat = Path(f"/proc/{p.pid}/stat").read_text()
-    except OSError:
-        return False
-    fields = stat.rsplit(")", 1)[1].split()
-    return "(sh)" in stat and int(fields[36]) == cpu and task_cpu_ticks(p.pid) > 10
 
 
 @pytest.mark.smoke
@@ -120,18 +86,17 @@ def test_stock_busy_polls_from_napi_threads_and_restores(flow: Flow) -> None:
     assert any(spinning(pid) for pid in pids)
     for pid in pids:
         print(f"napi kthread {pid}: policy {policy_of(pid)} priority {sched_of(pid)[0]}, "
-              f"{cpu_share(pid):.0%} of its CPU with no traffic")
+              f"{cpu_share(pid, 2.0):.0%} of its CPU with no traffic")
 
     # A SCHED_OTHER task pinned to the polling CPU gets its fair share (at SCHED_FIFO 50:
     # only RT throttling's 5 %).
     hog = spin(POLL_CPU)
     try:
-        wait_for(lambda: hog_running_on(hog, POLL_CPU), 30, what="the hog to run")
+        wait_for(lambda: running_on(hog, POLL_CPU), 30, what="the hog to run")
         share = cpu_share(hog.pid, 3.0)
         polled = {pid: spinning(pid, 1.0) for pid in pids}
     finally:
-        hog.kill()
-        hog.wait()
+        kill(hog)
     print(f"share of the busy NAPI thread's CPU for a pinned SCHED_OTHER hog: {share:.0%}; "
           f"kthreads still runnable beside it: {polled}")
     assert share > 0.3, f"a task pinned to the busy NAPI thread's CPU got {share:.0%} of it"

@@ -390,11 +390,4 @@ void kbp_refuse(struct netlink_ext_ack *extack, const char *summary,
 	va_end(args);
 }
 
-/* preempt_model_lazy(): Linux 6.13 (PREEMPT_LAZY); before, no lazy model. */
-#ifdef KBP_HAVE_PREEMPT_MODEL_LAZY
-#define kbp_preempt_model_lazy()	preempt_model_lazy()
-#else
-#define kbp_preempt_model_lazy()	false
-#endif
-
 #endif /* _KBP_COMPAT_H */

@@ -150,32 +150,26 @@ static int kbp_poll_napi(struct kbp_poller *p, struct kbp_napi *kn,
 }
 
 /*
- * Under the full and lazy preemption models (Debian's 7.2 amd64 default is
- * lazy) with preemptible RCU, the local_bh_enable() that ends each poll is a
- * preemption point inside the pass's RCU read-side section, and a poller
- * preempted there by a task that then never lets it run (a FIFO-99 hog) is a
- * blocked RCU reader: grace periods stall and detach's synchronize_rcu()
- * waits for the hog.  There a pass runs with preemption off, like
- * net_rx_action(), so the only preemption point is kbp_pass_end(), after
- * rcu_read_unlock(); nothing in a pass sleeps (NAPI polls run in bh
- * context).  Under none/voluntary local_bh_enable() does not preempt, and
- * the pass is left as it was.  On PREEMPT_RT a poll may block on a sleeping
- * lock, so the pass stays preemptible and RCU priority boosting serves the
- * reader.
+ * A pass is not preemptible outside PREEMPT_RT, like net_rx_action(): with
+ * preemptible RCU and PREEMPT_LAZY or full (Debian's 7.2 amd64 default)
+ * the local_bh_enable() that ends each poll is a preemption point inside the
+ * pass's RCU read-side section, and a poller preempted there by a task that
+ * then never lets it run (a FIFO-99 hog) is a blocked RCU reader: grace
+ * periods stall and detach's synchronize_rcu() waits for the hog.  With
+ * preemption off the only preemption point is kbp_pass_end(), after
+ * rcu_read_unlock().  Nothing in a pass sleeps (NAPI polls run in bh
+ * context).  On PREEMPT_RT a poll may block on a sleeping lock, so the pass
+ * stays preemptible there and RCU priority boosting serves the reader.
  */
-static inline bool kbp_pass_begin(void)
+static inline void kbp_pass_begin(void)
 {
-	bool off = !IS_ENABLED(CONFIG_PREEMPT_RT) &&
-		   (preempt_model_full() || kbp_preempt_model_lazy());
-
-	if (off)
+	if (!IS_ENABLED(CONFIG_PREEMPT_RT))
 		preempt_disable();
-	return off;
 }
 
-static inline void kbp_pass_end(bool off)
+static inline void kbp_pass_end(void)
 {
-	if (off)
+	if (!IS_ENABLED(CONFIG_PREEMPT_RT))
 		preempt_enable();
 }
 
@@ -188,10 +182,10 @@ static inline void kbp_pass_end(bool off)
  */
 static int kbp_pass(struct kbp_poller *p, bool *more)
 {
-	bool nopreempt = kbp_pass_begin();
 	struct kbp_napi *kn;
 	int work = 0;
 
+	kbp_pass_begin();
 	rcu_read_lock();
 	list_for_each_entry_rcu(kn, &p->napis, poll_node) {
 		if (!kbp_owns(kn->napi))
@@ -202,7 +196,7 @@ static int kbp_pass(struct kbp_poller *p, bool *more)
 		clear_bit_unlock(KBP_NAPI_POLLING, &kn->flags);
 	}
 	rcu_read_unlock();
-	kbp_pass_end(nopreempt);
+	kbp_pass_end();
 	return work;
 }
 

@@ -150,30 +150,6 @@ static int kbp_poll_napi(struct kbp_poller *p, struct kbp_napi *kn,
 }
 
 /*
- * A pass is not preemptible outside PREEMPT_RT, like net_rx_action(): with
- * preemptible RCU and PREEMPT_LAZY or full (Debian's 7.2 amd64 default)
- * the local_bh_enable() that ends each poll is a preemption point inside the
- * pass's RCU read-side section, and a poller preempted there by a task that
- * then never lets it run (a FIFO-99 hog) is a blocked RCU reader: grace
- * periods stall and detach's synchronize_rcu() waits for the hog.  With
- * preemption off the only preemption point is kbp_pass_end(), after
- * rcu_read_unlock().  Nothing in a pass sleeps (NAPI polls run in bh
- * context).  On PREEMPT_RT a poll may block on a sleeping lock, so the pass
- * stays preemptible there and RCU priority boosting serves the reader.
- */
-static inline void kbp_pass_begin(void)
-{
-	if (!IS_ENABLED(CONFIG_PREEMPT_RT))
-		preempt_disable();
-}
-
-static inline void kbp_pass_end(void)
-{
-	if (!IS_ENABLED(CONFIG_PREEMPT_RT))
-		preempt_enable();
-}
-
-/*
  * One round-robin pass: each owned NAPI gets up to one quota.  Each poll
  * holds KBP_NAPI_POLLING: a detach that takes a NAPI back from a poller that
  * cannot run (kbp_poller_release()) claims the same bit, so the two never
@@ -185,7 +161,6 @@ static int kbp_pass(struct kbp_poller *p, bool *more)
 	struct kbp_napi *kn;
 	int work = 0;
 
-	kbp_pass_begin();
 	rcu_read_lock();
 	list_for_each_entry_rcu(kn, &p->napis, poll_node) {
 		if (!kbp_owns(kn->napi))
@@ -196,7 +171,6 @@ static int kbp_pass(struct kbp_poller *p, bool *more)
 		clear_bit_unlock(KBP_NAPI_POLLING, &kn->flags);
 	}
 	rcu_read_unlock();
-	kbp_pass_end();
 	return work;
 }
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kbp.bench import placement as pl
 from kbp.bench import rfc2544 as rfc
 from kbp.bench import workloads
 
@@ -96,6 +97,21 @@ def plan_seconds(cfg: BenchConfig, n_modes: int, rtt_conditions: int) -> float:
     if RFC2544 in parts:
         s += rfc_reps(cfg) * len(cfg.rfc_frames) * n_modes * rfc_seconds(cfg)
     return s
+
+
+def start_flood(bench: Bench) -> workloads.Flood:
+    """The heavy receiver's UDP flood over the ``flood`` link, from the flood sender's CPU
+    to the heavy receiver's; its server runs from now on, both stop when the testbed closes."""
+    cfg, tb, place = bench.cfg, bench.tb, bench.placement
+    assert tb is not None and place is not None
+    fl = tb.link("flood")
+    flood = workloads.Flood(tb.client, tb.server, fl.ip_b, fl.dev_b,
+                            sender_cpu=place.cpu(pl.FLOOD), receiver_cpu=place.cpu(pl.HEAVY),
+                            length=cfg.flood_len, bitrate=cfg.flood_bitrate)
+    flood.start_server()
+    tb.defer(flood.stop_server)
+    tb.defer(flood.stop)
+    return flood
 
 
 def latency_block(bench: Bench, rep: int, condition: str, load: Load | None = None,

@@ -106,13 +106,7 @@ class SharedCpu:
         bench.results["steering"] = {
             "mechanism": "RPS", "cpu": rt_cpu, "devices": steering.now(),
             "note": "kbp modes: kbpctl enable turns RPS off on the RT device while on"}
-        flood = workloads.Flood(tb.client, tb.server, fl.ip_b, fl.dev_b,
-                                sender_cpu=place.cpu(pl.FLOOD),
-                                receiver_cpu=place.cpu(pl.HEAVY),
-                                length=cfg.flood_len, bitrate=cfg.flood_bitrate)
-        flood.start_server()
-        tb.defer(flood.stop_server)
-        tb.defer(flood.stop)
+        flood = pt.start_flood(bench)
         load = Patient(flood)
         bench.probes.append(_probe(steering, rt_cpu))
         for rep in range(cfg.reps):

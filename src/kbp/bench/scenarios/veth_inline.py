@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kbp.bench import parts as pt
 from kbp.bench import placement as pl
-from kbp.bench import plots, report, workloads
+from kbp.bench import plots, report
 
 if TYPE_CHECKING:
     from kbp.bench.runner import Bench, BenchConfig
@@ -75,14 +75,7 @@ class VethInline:
         assert tb is not None and place is not None
         flood = None
         if self._flood(cfg):
-            fl = tb.link("flood")
-            flood = workloads.Flood(tb.client, tb.server, fl.ip_b, fl.dev_b,
-                                    sender_cpu=place.cpu(pl.FLOOD),
-                                    receiver_cpu=place.cpu(pl.HEAVY),
-                                    length=cfg.flood_len, bitrate=cfg.flood_bitrate)
-            flood.start_server()
-            tb.defer(flood.stop_server)
-            tb.defer(flood.stop)
+            flood = pt.start_flood(bench)
         for rep in range(cfg.reps):
             if pt.RTT in (cfg.parts or []):
                 loads = cfg.loads if rep % 2 == 0 else list(reversed(cfg.loads))

@@ -375,6 +375,7 @@ static int kbp_napi_hook(struct kbp_dev *kd, struct napi_struct *n,
 	kn->kdev = kd;
 	kn->index = index;
 	kn->napi_id = n->napi_id;
+	refcount_set(&kn->ref, 1);
 	u64_stats_init(&kn->syncp);
 	list_add_tail(&kn->dev_node, &kd->napis);
 	kbp_poller_add_napi(p, kn);
@@ -389,7 +390,7 @@ static void kbp_napi_free(struct kbp_dev *kd, struct kbp_napi *kn)
 	kd->packets_gone += packets;
 	kd->polls_gone += polls;
 	list_del(&kn->dev_node);
-	kfree_rcu(kn, rcu);
+	kbp_napi_put(kn);	/* a poll in progress holds its own reference */
 }
 
 /*
@@ -1050,7 +1051,7 @@ static void __exit kbp_exit(void)
 	cpuhp_remove_state_nocalls(kbp_cpuhp_state);
 	cancel_delayed_work_sync(&kbp_reconcile_work);
 	unregister_netdevice_notifier(&kbp_netdev_nb);
-	rcu_barrier();		/* kfree_rcu() of our NAPI links */
+	rcu_barrier();		/* kfree_rcu() of our NAPI links (pollers are gone) */
 	kfree(kbp_conf);
 	kfree(kbp_pollers);
 	pr_info("unloaded\n");

@@ -107,8 +107,9 @@ static bool kbp_napi_repoll(struct kbp_napi *kn, struct napi_struct *n,
 	return true;
 }
 
-/* Poll one NAPI we own, with bh disabled around the poll and the protocol
- * processing it drives (the papers' conflict control).
+/*
+ * Poll one NAPI we own and claimed (kbp_pass_next()), bh disabled by the
+ * caller, and release the claim with the NAPI's counters final.
  */
 static int kbp_poll_napi(struct kbp_poller *p, struct kbp_napi *kn,
 			 bool *more)
@@ -117,13 +118,10 @@ static int kbp_poll_napi(struct kbp_poller *p, struct kbp_napi *kn,
 	int budget = min_t(int, READ_ONCE(p->quota), n->weight);
 	struct kbp_bpf_ctx bpf_ctx;
 	int work = 0;
-	u64 t0;
 	void *have;
 
 	if (budget <= 0)
 		budget = 1;
-	t0 = local_clock();
-	local_bh_disable();
 	kbp_bpf_ctx_set(&bpf_ctx);
 	have = netpoll_poll_lock(n);
 
@@ -139,39 +137,90 @@ static int kbp_poll_napi(struct kbp_poller *p, struct kbp_napi *kn,
 
 	netpoll_poll_unlock(have);
 	kbp_bpf_ctx_clear(&bpf_ctx);
-	local_bh_enable();
 
 	u64_stats_update_begin(&kn->syncp);
 	u64_stats_add(&kn->packets, work);
 	u64_stats_inc(&kn->polls);
 	u64_stats_update_end(&kn->syncp);
-	kbp_stat_add(p, &p->poll_ns, local_clock() - t0);
+	clear_bit_unlock(KBP_NAPI_POLLING, &kn->flags);
 	return work;
 }
 
 /*
- * One round-robin pass: each owned NAPI gets up to one quota.  Each poll
- * holds KBP_NAPI_POLLING: a detach that takes a NAPI back from a poller that
- * cannot run (kbp_poller_release()) claims the same bit, so the two never
- * poll one NAPI at once, and the counters of a NAPI are final once the bit
- * is seen clear with SCHED_THREADED clear.
+ * The next NAPI of this pass to poll, claimed: KBP_NAPI_POLLING set and a
+ * reference held, or NULL when every link has been looked at.  The list is
+ * walked from its head each time under a short RCU read-side section, and a
+ * link is looked at once per pass (@pass): the poll itself runs outside the
+ * section, so the walk cannot resume from a link that may have been unlinked
+ * meanwhile.  A poller preempted in a poll (7.2's PREEMPT_LAZY default makes
+ * local_bh_enable() a preemption point) is then no RCU reader, and a task
+ * that hogs its CPU does not stall grace periods nor a detach's
+ * synchronize_rcu() (docs/design.md section 7).
  */
-static int kbp_pass(struct kbp_poller *p, bool *more)
+static struct kbp_napi *kbp_pass_next(struct kbp_poller *p, unsigned int pass)
 {
-	struct kbp_napi *kn;
-	int work = 0;
+	struct kbp_napi *kn, *ret = NULL;
 
 	rcu_read_lock();
 	list_for_each_entry_rcu(kn, &p->napis, poll_node) {
+		if (kn->pass == pass)
+			continue;
+		kn->pass = pass;
 		if (!kbp_owns(kn->napi))
 			continue;
 		if (test_and_set_bit_lock(KBP_NAPI_POLLING, &kn->flags))
 			continue;	/* taken back by a detach */
-		work += kbp_poll_napi(p, kn, more);
-		clear_bit_unlock(KBP_NAPI_POLLING, &kn->flags);
+		if (!refcount_inc_not_zero(&kn->ref)) {
+			clear_bit_unlock(KBP_NAPI_POLLING, &kn->flags);
+			continue;	/* being freed */
+		}
+		ret = kn;
+		break;
 	}
 	rcu_read_unlock();
-	return work;
+	return ret;
+}
+
+void kbp_napi_put(struct kbp_napi *kn)
+{
+	if (refcount_dec_and_test(&kn->ref))
+		kfree_rcu(kn, rcu);
+}
+
+/*
+ * One round-robin pass: each owned NAPI gets up to one quota, with bh
+ * disabled around the poll and the protocol processing it drives (the
+ * papers' conflict control).  Each poll holds KBP_NAPI_POLLING: a detach that
+ * takes a NAPI back from a poller that cannot run (kbp_poller_release())
+ * claims the same bit, so the two never poll one NAPI at once, and the
+ * counters of a NAPI are final once the bit is seen clear with SCHED_THREADED
+ * clear.  The claim is taken and released inside the bh-disabled section:
+ * local_bh_enable() is a preemption point under the full and lazy preemption
+ * models (7.2's default), and a poller preempted there by a task that then
+ * hogs its CPU must hold no claim that keeps a detach waiting.  Outside
+ * PREEMPT_RT nothing between the claim and its release can be preempted.
+ */
+static int kbp_pass(struct kbp_poller *p, bool *more)
+{
+	unsigned int pass = ++p->pass;
+	struct kbp_napi *kn;
+	int work = 0;
+	u64 t0;
+
+	if (unlikely(!pass))	/* 0 is a new link's */
+		pass = ++p->pass;
+	for (;;) {
+		t0 = local_clock();
+		local_bh_disable();
+		kn = kbp_pass_next(p, pass);
+		if (kn)
+			work += kbp_poll_napi(p, kn, more);
+		local_bh_enable();
+		if (!kn)
+			return work;
+		kbp_napi_put(kn);
+		kbp_stat_add(p, &p->poll_ns, local_clock() - t0);
+	}
 }
 
 static bool kbp_has_work(struct kbp_poller *p)

@@ -41,6 +41,7 @@
 #include <linux/atomic.h>
 #include <linux/list.h>
 #include <linux/mutex.h>
+#include <linux/refcount.h>
 #include <linux/netdevice.h>
 #include <linux/sched.h>
 #include <linux/spinlock.h>
@@ -94,6 +95,8 @@ struct kbp_poller {
 	u32 rt_prio;
 	u32 freq_ctl;
 
+	unsigned int pass;		/* the thread's pass number (kbp_pass()) */
+
 	/* counters written only by the thread */
 	struct u64_stats_sync syncp;
 	u64_stats_t passes;
@@ -137,7 +140,15 @@ struct kbp_napi {
 	unsigned int napi_id;
 	unsigned long flags;
 	struct kbp_napi_cfg cfg;	/* 7.2: the NAPI's persistent config */
+	/*
+	 * One reference for the device's list (dropped by kbp_napi_free()),
+	 * one by the poller for each poll (kbp_pass()): the poller polls
+	 * outside any RCU read-side section, so a link unlinked meanwhile must
+	 * outlive the poll.  The last reference frees it after a grace period.
+	 */
+	refcount_t ref;
 	/* written only by the poller thread */
+	unsigned int pass;		/* the last pass that looked at it */
 	struct u64_stats_sync syncp;
 	u64_stats_t packets;
 	u64_stats_t polls;
@@ -225,6 +236,7 @@ struct kbp_poller_snapshot {
 };
 
 void kbp_poller_read(struct kbp_poller *p, struct kbp_poller_snapshot *s);
+void kbp_napi_put(struct kbp_napi *kn);
 void kbp_napi_read(struct kbp_napi *kn, u64 *packets, u64 *polls);
 
 /* kbp_freq.c: what one poller thread did to its CPU's frequency */

@@ -79,6 +79,7 @@ def cpu_share(pid: int, seconds: float) -> float:
 
 
 # -- 1. a busy poller at kbpctl's default priority -------------------------------------
+@pytest.mark.rt
 def test_busy_poller_at_default_priority_shares_its_cpu(kmod, flow: Flow) -> None:
     """busy at FIFO 50 with the NIC's IRQ on its CPU: the CPU's other tasks still run
     (before: 5 % in the RT-throttling window; on 6.12-rt the attach never returned and RCU
@@ -337,9 +338,10 @@ def veth_flow(kmod, topo: Topo) -> Iterator[str]:
     sh("ip link del kbpsa", check=False)
 
 
-@pytest.mark.skipif(RT_KERNEL, reason="PREEMPT_RT: a FIFO-99 hog also starves rcuc/N and "
-                    "the poller inside its RCU read-side section (an RCU stall by design); "
-                    "the bounded wait is exercised on 6.12")
+@pytest.mark.skipif(RT_KERNEL, reason="PREEMPT_RT: a FIFO-99 hog also starves rcuc/N, and "
+                    "a poller preempted inside a poll is in an RCU read-side section there "
+                    "(bh-disabled code is one on PREEMPT_RT): an RCU stall by design; the "
+                    "bounded wait is exercised on 6.12 and 7.2")
 @pytest.mark.skipif(KERNEL < (6, 2), reason="before 6.2 (\"softirq: Let ksoftirqd do its job\", "
                     "reverted in 6.2) softirqs raised while ksoftirqd/N is runnable wait for "
                     "it, so a FIFO-99 hog stalls RCU on its CPU by itself and detach's "

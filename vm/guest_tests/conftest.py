@@ -62,6 +62,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "smoke: the smoke test of a flavour that does not run the whole suite in "
                    "`make test` (vm/README.md, 'Which flavours run what'): load, attach at the "
                    "defaults, traffic through the poller, driver and threaded changes, detach")
+    config.addinivalue_line(
+        "markers", "rt: run with the smoke tests on the PREEMPT_RT flavours of `make test`: "
+                   "a busy poller at kbpctl's default SCHED_FIFO priority, where PREEMPT_RT "
+                   "turns CPU starvation into RCU stalls and hung commands")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

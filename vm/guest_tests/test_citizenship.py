@@ -12,6 +12,7 @@ from conftest import POLL_CPU, Topo, sh, spinning, wait_for
 TRACING = Path("/sys/kernel/tracing")
 
 
+@pytest.mark.rt
 def test_rcu_tasks_grace_periods_complete_with_busy_poller(kmod, topo: Topo) -> None:
     """Turning the function tracer off waits for RCU-tasks grace periods (ftrace_shutdown)."""
     if not (TRACING / "current_tracer").exists():

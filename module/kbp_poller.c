@@ -270,6 +270,14 @@ static bool kbp_still_idle(struct kbp_poller *p)
 {
 	if (kthread_should_stop() || kbp_has_work(p))
 		return false;
+	/*
+	 * Overtaken while it could not run (kbp_poller_wait_released()): the
+	 * loop's top clears the bit so kbp_pollers_gc() may stop us.  Under the
+	 * full and lazy preemption models the poller is preempted inside a
+	 * pass, not at its end, and came here straight from it.
+	 */
+	if (test_bit(KBP_POLLER_STUCK, &p->flags))
+		return false;
 	/* a busy poller that kbp_poller_add_napi() gave a NAPI spins again */
 	return READ_ONCE(p->mode) == KBP_MODE_HYBRID ||
 	       list_empty(&p->napis) || kbp_off_home(p);
@@ -821,6 +829,9 @@ void kbp_poller_wait_released(struct kbp_napi *kn)
 					jiffies_to_msecs(KBP_RELEASE_WAIT));
 				/* nor would it stop: kthread_stop() waits for it */
 				set_bit(KBP_POLLER_STUCK, &p->flags);
+				/* pairs with kbp_sleep()'s look at it */
+				if (t)
+					wake_up_process(t);
 				break;
 			}
 			if (!boosted && t) {

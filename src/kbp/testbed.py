@@ -89,6 +89,7 @@ class VethLink:
     dev_b: str
     ip_b: str
     prefixlen: int = 24
+    kind: str = "veth"        # "nic": two real ports a builder put there (--nic-pair)
 
 
 @dataclass
@@ -101,6 +102,9 @@ class Testbed:
 
     links_wanted: int = 1
     link_names: Sequence[str] = ()    # name pairs by role: "rt" -> rt-c-<tag>, rt-s-<tag>
+    # links by role built by the caller instead of a veth pair: builder(testbed, i) -> link
+    # (it puts its devices in place and registers its own undo with ``defer``)
+    builders: dict[str, Callable[[Testbed, int], VethLink]] = field(default_factory=dict)
     gro: bool = True
     udp_gro_forwarding: bool = True   # with gro: local UDP goes through veth's NAPI too
     prefix: str = DEFAULT_PREFIX
@@ -143,6 +147,10 @@ class Testbed:
         named ``<role>-c-<tag>`` / ``<role>-s-<tag>`` when ``link_names`` names it, else
         ``<prefix><i>c<tag>`` / ``<prefix><i>s<tag>``."""
         t = self.tag[:4]
+        if i < len(self.link_names) and self.link_names[i] in self.builders:
+            built = self.builders[self.link_names[i]](self, i)
+            self.links.append(built)
+            return built
         if i < len(self.link_names):
             role = self.link_names[i]
             dev_a, dev_b = f"{role}-c-{t}", f"{role}-s-{t}"
@@ -172,6 +180,9 @@ class Testbed:
         A fresh device drops per-device state a test left behind -- e.g. the NAPI kthreads
         that kernels before about 6.15 keep after ``threaded`` goes back to 0."""
         old = self.links[i]
+        if old.kind != "veth":
+            raise ValueError(f"link {i} ({old.dev_a}, {old.dev_b}) is not a veth pair: it "
+                             "cannot be recreated")
         run(old.ns_a, ["ip", "link", "del", old.dev_a], check=False)
         link = self.add_link(i)
         self.links.remove(link)

@@ -30,6 +30,14 @@ CPUs by role (``--cpus ROLE=CPU,...``; roles tester, rt, flood, heavy, app, harn
 more usable CPUs every role gets its own; on 3 the tester and the flood sender share one; on 2
 tester, flood sender and heavy receiver share one and the RT CPU is the other.  The RT CPU is
 never shared (except with the RT app, there by default).  See kbp.bench.placement.
+
+NIC pair (``--nic-pair DEV_A,DEV_B``): the RT flow crosses two NIC ports cabled to each other
+instead of a veth pair, so every mode meets real interrupts: DEV_A (the tester's port) and
+DEV_B (the server's, the one each mode serves) are moved into the benchmark's namespaces, the
+server port's interrupts affined to the RT CPU and the tester port's to the tester's CPU; the
+flood keeps its veth pair.  Both ports are put back afterwards (name, addresses, MTU, state,
+IRQ affinity), from a journal if the benchmark was killed.  In the VM rig:
+``python -m kbp.bench vm --nic-pair --scenario shared-cpu ...`` uses its two virtio NICs.
 """
 
 from __future__ import annotations
@@ -111,6 +119,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpus", metavar="ROLE=CPU,...",
                    help="pin roles to CPUs (roles: " + ", ".join(placement.ALL_ROLES) +
                         "); the others are placed by rule on the CPUs left")
+    p.add_argument("--nic-pair", metavar="DEV_A,DEV_B",
+                   help="carry the RT flow over two NIC ports cabled to each other instead of "
+                        "a veth pair: DEV_A is the tester's port, DEV_B the server's (served "
+                        "by each mode, its interrupts affined to the RT CPU); both are moved "
+                        "into the benchmark's namespaces and put back afterwards (name, "
+                        "addresses, MTU, state, IRQ affinity). Refused for a device that "
+                        "carries the default route or has no NAPI")
     p.add_argument("--rt-cpu", type=int, help="deprecated: --cpus rt=N")
     p.add_argument("--load-cpu", type=int,
                    help="deprecated: --cpus tester=N,flood=N,heavy=N,harness=N")
@@ -162,6 +177,12 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         raise Aborted(str(e)) from e
     pins.add_legacy(getattr(a, "rt_cpu", None), getattr(a, "load_cpu", None))
     cfg.cpus = pins.roles
+    if getattr(a, "nic_pair", None):
+        from kbp.bench import nicpair
+        try:
+            cfg.nic_pair = list(nicpair.parse(a.nic_pair))
+        except nicpair.NicPairError as e:
+            raise Aborted(str(e)) from e
     cfg.deprecated = deprecated + pins.deprecated
     if a.constant:
         cfg.poisson = False
@@ -383,14 +404,20 @@ def run_vm(argv: list[str]) -> int:
     vp.add_argument("--flavour", default="6.12-amd64")
     vp.add_argument("--out", type=Path, default=None)
     vp.add_argument("--timeout", type=int, default=3600)
+    vp.add_argument("--smp", type=int, default=2, metavar="N",
+                    help="the guest's vCPUs (default 2; 4 gives every role its own CPU)")
+    vp.add_argument("--nic-pair", action="store_true",
+                    help="carry the RT flow over the rig's two hub-joined virtio NICs (tester: "
+                         "$KBP_NIC1, server: $KBP_NIC0): real virtio interrupts, so busy and "
+                         "hybrid meet the shared-cpu contention too")
     a, rest = vp.parse_known_args(argv)
     out = (a.out or runner.default_out_dir().with_name(
         runner.default_out_dir().name + "-vm")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     inner = shlex.join([".venv/bin/python", "-m", "kbp.bench", "--emulated", *rest]) + \
-        ' --out "$KBP_OUT"'
+        ' --out "$KBP_OUT"' + (' --nic-pair "$KBP_NIC1,$KBP_NIC0"' if a.nic_pair else "")
     cmd = [sys.executable, "-m", "vm", "run", a.flavour, "--build", "--out", str(out),
-           "--timeout", str(a.timeout), "--",
+           "--timeout", str(a.timeout), "--smp", str(a.smp), "--",
            "sh", "-c", f'insmod "$KBP_KO" && modprobe veth && {inner}']
     print(f"running: {shlex.join(cmd)}", file=sys.stderr)
     return subprocess.run(cmd).returncode

@@ -16,6 +16,10 @@ cannot put back what it changed stops the benchmark (``restore_problems`` in the
 Besides the scenario's parts the runner offers two of its own in every scenario
 (:data:`kbp.bench.parts.COMMON`): ``idle`` (idle cost per mode, run first) and ``rtt-tcp``
 (RT latency under a TCP heavy sender on a veth pair of its own, ``tcp``, run last).
+
+``--nic-pair`` (:mod:`kbp.bench.nicpair`) replaces the RT veth pair by two NIC ports through
+the testbed's ``builders``: checked before anything changes, journaled before they move, put
+back by the testbed's undo (or by the next benchmark's ``recover`` after a SIGKILL).
 """
 
 from __future__ import annotations
@@ -35,10 +39,11 @@ from typing import Any
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from kbp import names
+from kbp import names, sysinfo
 from kbp.bench import (
     machine,
     netstats,
+    nicpair,
     parts,
     rfc2544,
     scenarios,
@@ -60,13 +65,21 @@ from kbp.bench.modes import (
 )
 from kbp.bench.placement import Placement, PlacementError
 from kbp.bench.stats import summarize
-from kbp.testbed import Testbed
+from kbp.testbed import Testbed, VethLink
 
 LABEL_HOST = "netns+veth on the host kernel (real timings)"
 LABEL_EMULATED = "netns+veth in the VM rig guest: timings emulated (QEMU TCG), not real"
+LABEL_NIC_HOST = "netns with the RT flow over a NIC pair ({pair}), real interrupts and timings"
+LABEL_NIC_EMULATED = ("netns with the RT flow over a NIC pair ({pair}) in the VM rig guest: "
+                      "real virtio interrupts, timings emulated (QEMU TCG), not real")
 
 
 SCHEMA = "kbp-bench/2"
+# modes that leave the RT device's NAPI a kthread, and the module's modes, which refuse such a
+# NAPI on kernels before KTHREAD_KEPT_BEFORE (the runner recreates a veth pair; a NIC cannot be)
+KTHREAD_MODES = (names.BENCH_THREADED, names.BENCH_STOCK_KBP, names.BENCH_STOCK_BUSY)
+MODULE_MODES = (names.MODE_BUSY, names.MODE_HYBRID)
+KTHREAD_KEPT_BEFORE = (6, 15, 0)
 
 
 @dataclass
@@ -102,6 +115,8 @@ class BenchConfig:
     rfc_loss_tolerance: float = 0.0
     # placement: {role: CPU} pins (kbp.bench.placement); the other roles are placed by rule
     cpus: dict[str, int] = field(default_factory=dict)
+    # --nic-pair: the RT flow over these two ports (tester's, server's) instead of veth
+    nic_pair: list[str] | None = None
     tester_prio: int = 50
     rt_prio: int = 50
     # the RT application's scheduling class: "fifo" = SCHED_FIFO rt_prio+1 (above the poller,
@@ -226,6 +241,7 @@ class Bench:
                           f"{', '.join(SPIN_APP_CHOICES)}")
         if cfg.reps < 1:
             raise Aborted("--reps must be at least 1")
+        self.nic_pair()
         if cfg.app_policy is not None and cfg.app_policy not in APP_POLICIES:
             raise Aborted(f"unknown --app-policy {cfg.app_policy!r}: use "
                           f"{', '.join(APP_POLICIES)}")
@@ -251,6 +267,35 @@ class Bench:
         tcp = ["iperf3"] if parts.RTT_TCP in (self.cfg.parts or []) else []
         workloads.require_tools(sorted({"ip", "ethtool", "taskset", "sockperf", *tcp,
                                         *self.scenario.tools(self.cfg)}))
+        if self.cfg.nic_pair:
+            self._check_nic_pair()
+
+    def _check_nic_pair(self) -> None:
+        """--nic-pair: two usable ports, and no mode mix a NIC cannot serve in one run."""
+        pair = self.nic_pair()
+        assert pair is not None
+        try:
+            nicpair.check(pair)
+        except nicpair.NicPairError as e:
+            raise Aborted(str(e)) from e
+        workloads.require_tools(["ping"])
+        kthread = [m for m in self.cfg.modes if m in KTHREAD_MODES]
+        module = [m for m in self.cfg.modes if m in MODULE_MODES]
+        if kthread and module and sysinfo.kernel_version() < KTHREAD_KEPT_BEFORE:
+            raise Aborted(
+                f"--nic-pair with {', '.join(kthread)} and {', '.join(module)} in one run: on "
+                f"this kernel ({os.uname().release}, before "
+                f"{'.'.join(map(str, KTHREAD_KEPT_BEFORE))}) a NAPI keeps its kthread once "
+                "threaded NAPI was on, kbp.ko then refuses the device, and a NIC cannot be "
+                "recreated as a veth pair is: run them in two invocations")
+
+    def nic_pair(self) -> tuple[str, str] | None:
+        if not self.cfg.nic_pair:
+            return None
+        try:
+            return nicpair.parse(",".join(self.cfg.nic_pair))
+        except nicpair.NicPairError as e:
+            raise Aborted(str(e)) from e
 
     def roles(self) -> tuple[str, ...]:
         """The scenario's roles, plus the flood sender and heavy receiver for rtt-tcp."""
@@ -343,7 +388,7 @@ class Bench:
             "config": cfg.to_json(),
             "scenario": {"name": self.scenario.name, "title": self.scenario.title,
                          "parts": list(cfg.parts or [])},
-            "testbed": LABEL_EMULATED if emulated else LABEL_HOST,
+            "testbed": self._label(emulated),
             "emulated": emulated,
             "machine": machine.describe(),
             "tools": machine.tool_versions(),
@@ -371,7 +416,10 @@ class Bench:
             if not self.trace_reason:
                 tfs.ensure()
             os.sched_setaffinity(0, {pl.cpu(placement_.HARNESS)})
-            with _testbed(self.links()) as tb:
+            for line in nicpair.recover():
+                self.note(line)
+                self.results.setdefault("recovered", []).append(line)
+            with _testbed(self.links(), self._builders()) as tb:
                 self.tb = tb
                 self._start(tb)
                 if parts.IDLE in (cfg.parts or []):
@@ -399,6 +447,45 @@ class Bench:
                 signal.signal(signal.SIGINT, old_int)
             self.tb = None
         return self.results
+
+    def _label(self, emulated: bool) -> str:
+        pair = self.nic_pair()
+        if pair:
+            return (LABEL_NIC_EMULATED if emulated else LABEL_NIC_HOST).format(
+                pair=",".join(pair))
+        return LABEL_EMULATED if emulated else LABEL_HOST
+
+    def _builders(self) -> dict[str, Callable[[Testbed, int], VethLink]]:
+        """--nic-pair: the RT link is the two ports, not a veth pair."""
+        pair = self.nic_pair()
+        return {"rt": lambda tb, i: self._nic_link(tb, i, pair)} if pair else {}
+
+    def _nic_link(self, tb: Testbed, i: int, pair: tuple[str, str]) -> VethLink:
+        """Move the ports into the namespaces (journaled first, undone by the testbed), their
+        interrupts onto the server's RT CPU and the tester's CPU, and check they talk."""
+        assert self.placement is not None
+        nics = nicpair.NicPair.record(pair)
+        nics.write_journal()
+
+        def undo() -> None:
+            for p in nics.restore():
+                self.results.setdefault("restore_problems", []).append(f"--nic-pair: {p}")
+        tb.defer(undo)
+        link = VethLink(ns_a=tb.client, dev_a=pair[0], ip_a=f"198.18.{i}.1",
+                        ns_b=tb.server, dev_b=pair[1], ip_b=f"198.18.{i}.2", kind="nic")
+        nics.tester.move(tb.client, link.ip_a, link.prefixlen)
+        nics.server.move(tb.server, link.ip_b, link.prefixlen)
+        nics.write_journal()
+        nics.server.pin_irqs(self.placement.cpu(placement_.RT))
+        nics.tester.pin_irqs(self.placement.cpu(placement_.TESTER))
+        try:
+            nicpair.wait_reachable(tb.client, link.ip_b)
+        except nicpair.NicPairError as e:
+            raise Aborted(str(e)) from e
+        self.results["nic_pair"] = {
+            **nics.to_json(), "server_irqs_cpu": self.placement.cpu(placement_.RT),
+            "tester_irqs_cpu": self.placement.cpu(placement_.TESTER)}
+        return link
 
     def _start(self, tb: Testbed) -> None:
         """The RT application on the RT pair; every scenario has it."""
@@ -622,6 +709,10 @@ class Bench:
         """Kernels before ~6.15 keep a NAPI's kthread after threaded=0, and the module refuses
         a NAPI that has one (EBUSY): give the module modes a fresh RT device."""
         assert self.tb is not None and self.server is not None
+        if self.tb.link("rt").kind != "veth":
+            raise Aborted("the RT device's NAPI kept its kthread after threaded NAPI (kernels "
+                          "before 6.15) and a NIC pair cannot be recreated: run threaded / "
+                          "stock-kbp and the module modes in two invocations")
         self._note("recreating the RT veth pair (a NAPI kthread outlived threaded=0)")
         self.server.stop()
         self.tb.recreate_link(list(self.tb.link_names).index("rt"))
@@ -682,10 +773,13 @@ def _signals_held() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _testbed(links: tuple[str, ...]) -> Iterator[Testbed]:
+def _testbed(links: tuple[str, ...],
+             builders: dict[str, Callable[[Testbed, int], VethLink]] | None = None,
+             ) -> Iterator[Testbed]:
     """The benchmark's testbed: namespaces kbpb-<tag>-c/s, one veth pair per name in
-    ``links`` (devices <name>-c-<tag> / <name>-s-<tag>; the first is the RT pair)."""
-    tb = Testbed(link_names=links, prefix="kbpb")
+    ``links`` (devices <name>-c-<tag> / <name>-s-<tag>; the first is the RT pair), except the
+    links ``builders`` make (--nic-pair)."""
+    tb = Testbed(link_names=links, prefix="kbpb", builders=builders or {})
     try:
         tb.__enter__()
     except NetlinkError as e:

@@ -125,6 +125,18 @@ def schedstat(pid: int | None, proc: Path = PROC) -> tuple[int, int]:
     return int(run_ns), int(slices)
 
 
+def irq_count(irqs: tuple[int, ...], proc: Path = PROC) -> int:
+    """Interrupts taken so far by ``irqs``, summed over every CPU (/proc/interrupts)."""
+    if not irqs:
+        return 0
+    want, total = {str(i) for i in irqs}, 0
+    for line in (proc / "interrupts").read_text().splitlines()[1:]:
+        head, _, rest = line.partition(":")
+        if head.strip() in want:
+            total += sum(int(f) for f in rest.split() if f.isdigit())
+    return total
+
+
 @dataclass
 class CpuRx:
     """Receive work on one CPU between ``start`` and ``stop``."""
@@ -136,9 +148,12 @@ class CpuRx:
     _rx: int = 0
     _ks: tuple[int, int] = (0, 0)
     _ks_pid: int | None = None
+    irqs: tuple[int, ...] = ()          # the RT NIC port's interrupts (--nic-pair)
+    _irq: int = 0
 
     def start(self) -> None:
         import time
+        self._irq = irq_count(self.irqs, self.proc)
         self._ks_pid = ksoftirqd(self.cpu, self.proc)
         self._t0 = time.monotonic()
         self._sn = softnet(self.proc).get(self.cpu, {})
@@ -152,7 +167,11 @@ class CpuRx:
         rx = net_rx(self.cpu, self.proc)
         ks = schedstat(self._ks_pid, self.proc)
         d = {k: sn.get(k, 0) - self._sn.get(k, 0) for k in SOFTNET}
-        return {"cpu": self.cpu, "wall_s": wall, "net_rx": rx - self._rx,
+        nic: dict[str, Any] = {}
+        if self.irqs:
+            n = irq_count(self.irqs, self.proc) - self._irq
+            nic = {"rt_nic_irqs": n, "rt_nic_irqs_per_s": n / wall}
+        return {**nic, "cpu": self.cpu, "wall_s": wall, "net_rx": rx - self._rx,
                 "net_rx_per_s": (rx - self._rx) / wall,
                 "packets_processed": d["processed"], "processed_per_s": d["processed"] / wall,
                 "received_rps": d["received_rps"], "time_squeeze": d["time_squeeze"],

@@ -56,7 +56,7 @@ XMIT_NOTE = ("Note: xmit→poll ends where the RT device's veth NAPI poll hands 
              "flood is not in that column (it is in the round trip); in the kbp modes the "
              "poller takes it up the stack itself.")
 RX_FIELDS = ("net_rx_per_s", "processed_per_s", "received_rps", "time_squeeze",
-             "ksoftirqd_cpu_pct", "ksoftirqd_runs", "backlog_dropped")
+             "ksoftirqd_cpu_pct", "ksoftirqd_runs", "backlog_dropped", "rt_nic_irqs_per_s")
 
 
 class SharedCpu:
@@ -99,16 +99,23 @@ class SharedCpu:
         assert tb is not None and place is not None
         rt_cpu = place.cpu(pl.RT)
         rt, fl = tb.link("rt"), tb.link("flood")
-        steering = steer.Steering(tb.server, [rt.dev_b, fl.dev_b], rt_cpu)
+        nic = rt.kind == "nic"       # --nic-pair: its IRQ already lands on the RT CPU
+        steering = steer.Steering(tb.server, [fl.dev_b] if nic else [rt.dev_b, fl.dev_b],
+                                  rt_cpu)
         tb.defer(steering.undo)
         steering.apply()
-        bench.rt_link_hooks.append(lambda: steering.apply([rt.dev_b]))
+        if not nic:
+            bench.rt_link_hooks.append(lambda: steering.apply([rt.dev_b]))
         bench.results["steering"] = {
-            "mechanism": "RPS", "cpu": rt_cpu, "devices": steering.now(),
-            "note": "kbp modes: kbpctl enable turns RPS off on the RT device while on"}
+            "mechanism": "RT NIC IRQ + RPS of the flood" if nic else "RPS", "cpu": rt_cpu,
+            "devices": steering.now(),
+            "note": ("the RT port's interrupts are affined to the RT CPU (nic_pair); no RPS on "
+                     "it" if nic else
+                     "kbp modes: kbpctl enable turns RPS off on the RT device while on")}
         flood = pt.start_flood(bench)
         load = Patient(flood)
-        bench.probes.append(_probe(steering, rt_cpu))
+        irqs = tuple((bench.results.get("nic_pair") or {}).get("irqs", {}).get(rt.dev_b, ()))
+        bench.probes.append(_probe(steering, rt_cpu, irqs))
         for rep in range(cfg.reps):
             if pt.RTT in (cfg.parts or []):
                 loads = cfg.loads if rep % 2 == 0 else list(reversed(cfg.loads))
@@ -169,10 +176,11 @@ class Patient:
         return self.flood.stop()
 
 
-def _probe(steering: steer.Steering, cpu: int) -> Any:
-    """Around each latency run: receive work on the RT CPU and the RPS masks in force."""
+def _probe(steering: steer.Steering, cpu: int, irqs: tuple[int, ...] = ()) -> Any:
+    """Around each latency run: receive work on the RT CPU (and the RT NIC port's interrupts
+    with --nic-pair) and the RPS masks in force."""
     def begin() -> Any:
-        rx = steer.CpuRx(cpu)
+        rx = steer.CpuRx(cpu, irqs=irqs)
         rx.start()
         masks = steering.now()
 
@@ -304,20 +312,23 @@ def rx_section(rx: dict[str, Any], place: pl.Placement) -> list[str]:
     if not rx:
         return []
     cpu = place.cpus.get(pl.RT)
+    nic = any("rt_nic_irqs_per_s" in d for modes in rx.values() for d in modes.values())
     rows = [f"**Receive work on the RT CPU {cpu}** (per second of the tester's run, median of "
             "repetitions): NET_RX softirqs, packets through the stack (softnet processed), "
             "RPS IPIs received, NET_RX rounds out of budget (time_squeeze), ksoftirqd's CPU "
-            "share and runs, the poller's time in NAPI poll; RPS masks in force (device: CPUs)",
+            "share and runs, the poller's time in NAPI poll; RPS masks in force (device: CPUs)"
+            + ("; with --nic-pair the RT NIC port's interrupts" if nic else ""),
             "", "| condition | mode | RPS | NET_RX/s | pkts/s | RPS IPIs/s | squeezed/s | "
-            "ksoftirqd % | ksoftirqd runs/s | backlog drops/s | poller in poll % |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "ksoftirqd % | ksoftirqd runs/s | backlog drops/s | poller in poll % |"
+            + (" RT NIC IRQs/s |" if nic else ""),
+            "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if nic else "")]
+    fields = ("net_rx_per_s", "processed_per_s", "received_rps", "time_squeeze",
+              "ksoftirqd_cpu_pct", "ksoftirqd_runs", "backlog_dropped", "poller_poll_pct",
+              *(("rt_nic_irqs_per_s",) if nic else ()))
     for cond in (c for c in CONDITIONS if c in rx):
         for mode in report._modes_in(rx[cond]):
             d = rx[cond][mode]
-            vals = [report.cell(d.get(f), spread=False) for f in
-                    ("net_rx_per_s", "processed_per_s", "received_rps", "time_squeeze",
-                     "ksoftirqd_cpu_pct", "ksoftirqd_runs", "backlog_dropped",
-                     "poller_poll_pct")]
+            vals = [report.cell(d.get(f), spread=False) for f in fields]
             rows.append(f"| {cond} | {mode} | {' '.join(d.get('rps') or [])} | "
                         + " | ".join(vals) + " |")
     return [*rows, ""]

@@ -1,0 +1,274 @@
+"""NIC-pair mode (``--nic-pair DEV_A,DEV_B``): the RT flow over two real NIC ports cabled to
+each other instead of a veth pair, so every mode -- the module's too -- meets real interrupts.
+
+``DEV_A`` becomes the tester's end (moved into the client namespace), ``DEV_B`` the server's
+(moved into the server namespace, where the RT application and the mode serve it).  Each
+port's interrupts are affined for the run: the server port's to the RT CPU (the papers' RT
+NIC, whose IRQ lands on the RT CPU), the tester port's to the tester's CPU.  Everything else
+in the scenario (the flood's veth pair, RPS of the flood device) is unchanged; a scenario
+that steers the RT device with RPS leaves a NIC alone (its interrupt already runs the receive
+path on the RT CPU: ``VethLink.kind == "nic"``).
+
+Before anything changes, :func:`check` refuses: a malformed list or the same device twice, a
+device that does not exist in this namespace, the loopback, a device without NAPI (kbp
+serves NAPI devices only), a device that carries this machine's default route (the run would
+cut the machine off its network).  After the ports are in place, :func:`wait_reachable`
+refuses ports that cannot reach each other ("are they cabled to each other?").
+
+What each port was (name, ifindex, up or down, MTU, addresses, IRQ affinities) is written to
+a journal (``JOURNAL_DIR/nicpair-<pid>.json``) *before* it moves, and :meth:`NicPort.restore`
+puts it back: out of the namespace, renamed if the kernel had to rename it, addresses, MTU,
+state, affinities.  Deleting a namespace hands a physical port back to the initial namespace
+by itself but loses the rest, so a benchmark killed with SIGKILL leaves the journal, and the
+next benchmark (:func:`recover`) finishes the restore.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyroute2.netlink.exceptions import NetlinkError
+
+from kbp import netdev, sysinfo
+from kbp.testbed import run as ns_run
+
+JOURNAL_DIR = Path("/run/kbp/bench-knobs")
+SYS_NET = Path("/sys/class/net")
+
+
+class NicPairError(ValueError):
+    """A ``--nic-pair`` that cannot be used (the message says why)."""
+
+
+def parse(text: str) -> tuple[str, str]:
+    """``"eth1,eth2"`` -> ("eth1", "eth2"); refuses anything but two different names."""
+    devs = [d.strip() for d in text.split(",") if d.strip()]
+    if len(devs) != 2:
+        raise NicPairError(f"--nic-pair {text!r}: give two devices, DEV_A,DEV_B (the tester's "
+                           "port, then the server's)")
+    if devs[0] == devs[1]:
+        raise NicPairError(f"--nic-pair names {devs[0]} twice: give two ports cabled to each "
+                           "other")
+    return devs[0], devs[1]
+
+
+def default_route_devs() -> set[str]:
+    """Devices carrying a default route in this namespace (IPv4 and IPv6)."""
+    out: set[str] = set()
+    for fam in ("-4", "-6"):
+        r = ns_run(None, ["ip", "-j", fam, "route", "show", "default"], check=False)
+        with contextlib.suppress(ValueError):
+            out |= {x["dev"] for x in json.loads(r.stdout or "[]") if x.get("dev")}
+    return out
+
+
+def has_napi(dev: str) -> bool | None:
+    """Whether ``dev`` has NAPI instances (napi-get where the kernel has it and the device is
+    up -- napi-get lists no NAPI of a device that is down --, else the sysfs probe); None when
+    this kernel cannot tell.  A spare port is often down: it is brought up in its namespace."""
+    link = netdev.get_link(dev)
+    if link is None:
+        return False
+    if not link.up:
+        return netdev.probe_napi_sysfs(netdev.NetFS(None), dev)
+    with contextlib.suppress(OSError, NetlinkError), netdev.NetdevClient(None) as nc:
+        if nc.features().napi_get:
+            return bool(nc.napis(link.ifindex))
+    return netdev.probe_napi_sysfs(netdev.NetFS(None), dev)
+
+
+def check(pair: tuple[str, str]) -> None:
+    """Refuse a pair that cannot be used, before anything changes (NicPairError)."""
+    routes = default_route_devs()
+    for dev in pair:
+        link = netdev.get_link(dev)
+        if link is None:
+            raise NicPairError(f"--nic-pair: no device {dev} in this network namespace "
+                               f"(devices: {', '.join(sorted(os.listdir(SYS_NET)))})")
+        if dev == "lo":
+            raise NicPairError("--nic-pair: lo is not a NIC port")
+        if dev in routes:
+            raise NicPairError(f"--nic-pair: {dev} carries this machine's default route; "
+                               "moving it into the benchmark's namespace would cut the "
+                               "machine off its network: give two spare ports")
+        if has_napi(dev) is False:
+            raise NicPairError(f"--nic-pair: {dev} has no NAPI instance "
+                               f"({link.kind or 'its driver'} does not use NAPI, or it is "
+                               "down): kbp serves NAPI devices only")
+
+
+def port_irqs(dev: str, netns: str | None = None) -> list[int]:
+    """The interrupts of a NIC port: its MSI IRQs named after it (``eth1-TxRx-0``) or, for
+    virtio, the virtqueues' (``virtio2-input.0``, ``virtio2-output.0``; not ``-config``)."""
+    base = f"/sys/class/net/{dev}/device"
+    r = ns_run(netns, ["readlink", "-f", base], check=False)
+    target = r.stdout.strip()
+    virtio = os.path.basename(target) if target.rsplit("/", 1)[-1].startswith("virtio") \
+        else None
+    names = sysinfo.read_interrupts()
+    pat = re.compile(rf"^{re.escape(dev)}[-_:.@]\S*?\d+$")
+    out = []
+    for irq, action in names.items():
+        acts = [a.strip() for a in action.split(", ")]
+        if any(pat.match(a) for a in acts) or (virtio and any(
+                a.startswith(f"{virtio}-") and not a.endswith("-config") for a in acts)):
+            out.append(irq)
+    return sorted(out)
+
+
+@dataclass
+class NicPort:
+    """One port of the pair as it was, and where it went."""
+
+    name: str
+    ifindex: int
+    up: bool
+    mtu: int
+    addrs: list[tuple[str, int]]                 # (address, prefixlen)
+    irqs: dict[int, str]                          # IRQ -> smp_affinity_list
+    netns: str = ""                               # where it is now ("" = here)
+    moved: bool = False
+
+    @classmethod
+    def record(cls, dev: str) -> NicPort:
+        r = ns_run(None, ["ip", "-j", "addr", "show", "dev", dev])
+        info = json.loads(r.stdout)[0]
+        addrs = [(a["local"], int(a["prefixlen"])) for a in info.get("addr_info", [])
+                 if a.get("scope") != "link"]
+        irqs = {i: sysinfo.read_irq_affinity(i) for i in port_irqs(dev)}
+        return cls(name=dev, ifindex=int(info["ifindex"]), up="UP" in info.get("flags", []),
+                   mtu=int(info.get("mtu", 1500)), addrs=addrs, irqs=irqs)
+
+    def move(self, netns: str, ip: str, prefixlen: int) -> None:
+        """Into ``netns`` (same name), address ``ip``, up."""
+        self.netns = netns
+        self.moved = True
+        ns_run(None, ["ip", "link", "set", "dev", self.name, "netns", netns])
+        ns_run(netns, ["ip", "addr", "flush", "dev", self.name])
+        ns_run(netns, ["ip", "addr", "add", f"{ip}/{prefixlen}", "dev", self.name])
+        ns_run(netns, ["ip", "link", "set", "dev", self.name, "up"])
+
+    def pin_irqs(self, cpu: int) -> None:
+        for irq in self.irqs:
+            with contextlib.suppress(OSError):      # a managed IRQ refuses: left as it is
+                sysinfo.write_irq_affinity(irq, str(cpu))
+
+    def restore(self) -> list[str]:
+        """Put the port back as recorded; the problems (empty: all restored)."""
+        problems: list[str] = []
+        if self.moved and self.netns and Path(f"/run/netns/{self.netns}").exists():
+            r = ns_run(self.netns, ["ip", "link", "set", "dev", self.name, "netns", "1"],
+                       check=False)
+            if r.returncode != 0 and _name_of(self.ifindex) is None:
+                problems.append(f"{self.name}: could not leave netns {self.netns}: "
+                                f"{r.stderr.strip()}")
+                return problems
+        now = _name_of(self.ifindex)
+        if now is None:
+            return [f"{self.name} (ifindex {self.ifindex}) is not back in this namespace"]
+        steps = []
+        if now != self.name:                       # the kernel renamed it (name taken)
+            steps.append(["ip", "link", "set", "dev", now, "name", self.name])
+        steps += [["ip", "addr", "flush", "dev", self.name],
+                  *(["ip", "addr", "add", f"{a}/{p}", "dev", self.name] for a, p in self.addrs),
+                  ["ip", "link", "set", "dev", self.name, "mtu", str(self.mtu)],
+                  ["ip", "link", "set", "dev", self.name, "up" if self.up else "down"]]
+        for argv in steps:
+            r = ns_run(None, argv, check=False)
+            if r.returncode != 0:
+                problems.append(f"{' '.join(argv)}: {r.stderr.strip()}")
+        for irq, aff in self.irqs.items():
+            try:
+                if sysinfo.read_irq_affinity(irq) != aff:
+                    sysinfo.write_irq_affinity(irq, aff)
+            except OSError as e:
+                problems.append(f"IRQ {irq} affinity {aff}: {e}")
+        self.moved = False
+        return problems
+
+
+def _name_of(ifindex: int) -> str | None:
+    link = netdev.get_link(ifindex)
+    return link.name if link else None
+
+
+@dataclass
+class NicPair:
+    """The two ports, journaled while they are away."""
+
+    tester: NicPort
+    server: NicPort
+    journal: Path = field(default_factory=lambda: JOURNAL_DIR / f"nicpair-{os.getpid()}.json")
+
+    @classmethod
+    def record(cls, pair: tuple[str, str]) -> NicPair:
+        return cls(NicPort.record(pair[0]), NicPort.record(pair[1]))
+
+    def ports(self) -> tuple[NicPort, NicPort]:
+        return self.tester, self.server
+
+    def write_journal(self) -> None:
+        self.journal.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.journal.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"pid": os.getpid(),
+                                   "ports": [asdict(p) for p in self.ports()]}))
+        tmp.replace(self.journal)
+
+    def restore(self) -> list[str]:
+        problems = [p for port in self.ports() for p in port.restore()]
+        if not problems:
+            with contextlib.suppress(FileNotFoundError):
+                self.journal.unlink()
+        return problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tester_port": self.tester.name, "server_port": self.server.name,
+                "irqs": {p.name: sorted(p.irqs) for p in self.ports()}}
+
+
+def wait_reachable(client_ns: str, server_ip: str, timeout: float = 15.0) -> None:
+    """Until the tester's port reaches the server's (ARP + ping); NicPairError if never."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = ns_run(client_ns, ["ping", "-c", "1", "-W", "1", server_ip], check=False)
+        if r.returncode == 0:
+            return
+        time.sleep(0.3)
+    raise NicPairError(f"--nic-pair: the ports do not reach each other ({server_ip} did not "
+                       f"answer in {timeout:.0f} s): are they cabled to each other, and the "
+                       "link up?")
+
+
+def recover(journal_dir: Path = JOURNAL_DIR) -> list[str]:
+    """Finish the restore a killed benchmark left in its journal: the ports it names, back
+    out of a namespace still holding them, renamed, readdressed, re-affined.  Returns what
+    was recovered (one line per port)."""
+    done: list[str] = []
+    if not journal_dir.is_dir():
+        return done
+    for path in sorted(journal_dir.glob("nicpair-*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        pid = int(data.get("pid", 0))
+        if pid and pid != os.getpid() and Path(f"/proc/{pid}").exists():
+            continue                                  # its benchmark still runs
+        problems: list[str] = []
+        for d in data.get("ports", []):
+            d["addrs"] = [tuple(a) for a in d.get("addrs", [])]
+            d["irqs"] = {int(k): v for k, v in d.get("irqs", {}).items()}
+            port = NicPort(**d)
+            port.moved = True
+            problems += port.restore()
+            done.append(f"NIC port {port.name} restored from {path.name}")
+        if not problems:
+            path.unlink()
+    return done

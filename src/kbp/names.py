@@ -44,13 +44,22 @@ BACKENDS: Final = ("auto", BACKEND_KMOD, BACKEND_STOCK)
 
 # Benchmark mode names (bench output, docs, --help), in table order: stock NAPI, stock
 # threaded NAPI, what users tune today (socket busy polling as tuned's network-latency profile
-# sets it; the kernel's IRQ deferral), kbpctl's stock backend (--mode hybrid; --mode busy =
-# upstream threaded busy polling, Linux 6.19+), and the module's poller modes.
+# sets it; the kernel's IRQ deferral; IRQ suspension, Linux 6.13+), kbpctl's stock backend
+# (--mode hybrid; --mode busy = upstream threaded busy polling, Linux 6.19+), and the
+# module's poller modes.
 BENCH_NAPI: Final = "napi"
 BENCH_THREADED: Final = "threaded"
 BENCH_BUSYPOLL: Final = "busypoll"
 BENCH_DEFER: Final = "defer"
 BENCH_STOCK_KBP: Final = "stock-kbp"
 BENCH_STOCK_BUSY: Final = "stock-busy"
-BENCH_MODES: Final = (BENCH_NAPI, BENCH_THREADED, BENCH_BUSYPOLL, BENCH_DEFER, BENCH_STOCK_KBP,
-                      BENCH_STOCK_BUSY, MODE_BUSY, MODE_HYBRID)
+BENCH_IRQ_SUSPEND: Final = "irq-suspend"
+BENCH_MODES: Final = (BENCH_NAPI, BENCH_THREADED, BENCH_BUSYPOLL, BENCH_DEFER,
+                      BENCH_IRQ_SUSPEND, BENCH_STOCK_KBP, BENCH_STOCK_BUSY, MODE_BUSY,
+                      MODE_HYBRID)
+
+# The benchmark's RT applications: sockperf's server in every mode but irq-suspend, which
+# needs an epoll application that asks for IRQ suspension (kbp-echo, src/kbp/data/kbp_echo.c).
+APP_SOCKPERF: Final = "sockperf"
+APP_KBP_ECHO: Final = "kbp-echo"
+RT_APPS: Final = (APP_SOCKPERF, APP_KBP_ECHO)

@@ -6,7 +6,8 @@ The netdev family grew over time and everything here is feature-detected, never 
 =======  ===========================================================================
 5.12     sysfs ``/sys/class/net/DEV/threaded`` (threaded NAPI, per device)
 6.8/6.9  netdev ``napi-get``: NAPI ids, IRQ, and the NAPI kthread pid
-6.13     netdev ``napi-set``: per-NAPI ``defer-hard-irqs`` and ``gro-flush-timeout``
+6.13     netdev ``napi-set``: per-NAPI ``defer-hard-irqs``, ``gro-flush-timeout`` and
+         ``irq-suspend-timeout`` (IRQ suspension)
 6.17     netdev ``napi-set``: per-NAPI ``threaded``
 6.19     ``threaded`` = 2: threaded busy polling
 =======  ===========================================================================
@@ -98,6 +99,8 @@ NAPI_KNOBS = {
     "threaded": (NETDEV_A_NAPI_THREADED, "NETDEV_A_NAPI_THREADED"),
     "defer_hard_irqs": (NETDEV_A_NAPI_DEFER_HARD_IRQS, "NETDEV_A_NAPI_DEFER_HARD_IRQS"),
     "gro_flush_timeout": (NETDEV_A_NAPI_GRO_FLUSH_TIMEOUT, "NETDEV_A_NAPI_GRO_FLUSH_TIMEOUT"),
+    "irq_suspend_timeout": (NETDEV_A_NAPI_IRQ_SUSPEND_TIMEOUT,
+                            "NETDEV_A_NAPI_IRQ_SUSPEND_TIMEOUT"),
 }
 
 
@@ -120,6 +123,7 @@ class Napi:
     threaded: int | None = None
     defer_hard_irqs: int | None = None
     gro_flush_timeout: int | None = None
+    irq_suspend_timeout: int | None = None
 
     @classmethod
     def from_msg(cls, msg: Any) -> Napi:
@@ -131,6 +135,7 @@ class Napi:
             threaded=msg.get_attr("NETDEV_A_NAPI_THREADED"),
             defer_hard_irqs=msg.get_attr("NETDEV_A_NAPI_DEFER_HARD_IRQS"),
             gro_flush_timeout=_uint(msg.get_attr("NETDEV_A_NAPI_GRO_FLUSH_TIMEOUT")),
+            irq_suspend_timeout=_uint(msg.get_attr("NETDEV_A_NAPI_IRQ_SUSPEND_TIMEOUT")),
         )
 
 
@@ -295,7 +300,8 @@ class NetdevClient:
         return Napi.from_msg(replies[0]) if replies else None
 
     def napi_set(self, napi_id: int, **knobs: int) -> None:
-        """napi-set one or more of threaded / defer_hard_irqs / gro_flush_timeout."""
+        """napi-set one or more of threaded / defer_hard_irqs / gro_flush_timeout /
+        irq_suspend_timeout (NAPI_KNOBS)."""
         if self.sock is None:
             raise OperationFailed("the netdev netlink family is missing")
         m = build_napi_set(napi_id, **knobs)

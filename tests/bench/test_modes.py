@@ -246,6 +246,8 @@ def test_defer_unavailable_before_5_10(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # -- through the runner: restored after an exception, Ctrl-C, and a failed restore ------------
 class _Server:
+    name = names.APP_SOCKPERF
+
     def __init__(self) -> None:
         self.places: list[AppPlace] = []
 

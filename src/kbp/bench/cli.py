@@ -20,7 +20,8 @@ repetitions (not below 2) when the modes this machine runs would not fit in 5 mi
 =========  =====================================================================================
 full       every mode and part, 5 repetitions of 10 s runs, load off/on and TCP, Table 2 (5 s
            runs), RFC 2544 at 64/512/1518 B (3 searches per mode), idle cost 10 s per mode;
-           about 57 minutes with the five modes a host without kbp.ko runs
+           about 57 minutes with the five modes a host without kbp.ko ran before irq-suspend
+           (a sixth, on 6.13+)
 demo       every mode (unrunnable ones are reported as skipped), 5 repetitions of 4 s runs,
            load off/on, RFC 2544 at 64 B once per mode; under 5 minutes (``make demo``)
 smoke      napi and stock-kbp, 1 repetition of 1 s runs, coarse RFC 2544: a functional check
@@ -369,10 +370,11 @@ def run_setup(a: argparse.Namespace) -> int:
             return 1
     try:
         path = tester.build()
+        echo = tester.build(tester.ECHO_SOURCE)
     except tester.TesterError as e:
         print(f"kbp bench setup: {e}", file=sys.stderr)
         return 1
-    print(f"tools present; tester built: {path}")
+    print(f"tools present; tester built: {path}; irq-suspend's echo server: {echo}")
     return 0
 
 

@@ -19,6 +19,13 @@ nothing else; the client ends and the competing flood's devices stay stock NAPI 
                         ``napi_defer_hard_irqs`` = 2, ``gro_flush_timeout`` = 20000 ns
                         (after a poll with work, up to 2 empty re-polls from a 20 µs hrtimer
                         before the interrupt, on veth the peer's wake-up, is re-armed).
+``irq-suspend``         the kernel's IRQ suspension (Linux 6.13+, napi.rst "IRQ suspension")
+                        on the RT server device, per NAPI through netdev ``napi-set``:
+                        ``defer-hard-irqs`` = 100, ``gro-flush-timeout`` = 50000 ns,
+                        ``irq-suspend-timeout`` = 20000000 ns, RPS off on that device; the RT
+                        application is ``kbp-echo``, an epoll echo server that asks for it
+                        (``EPIOCSPARAMS``: prefer_busy_poll 1, busy_poll_usecs 0, budget 16).
+                        Why these values: :class:`IrqSuspendMode`.
 ``stock-kbp``           kbpctl's stock backend (threaded NAPI kthread pinned to the RT CPU,
                         SCHED_FIFO), enabled and disabled through :mod:`kbp.backends`.
 ``stock-busy``          kbpctl's stock backend ``--mode busy``: upstream threaded busy polling
@@ -36,9 +43,12 @@ in a ``finally``: also after an exception or Ctrl-C half-way through ``setup``. 
 running kernel cannot do says why in ``unavailable()`` (e.g. "needs Linux 6.19 or later; this
 kernel is 6.18.44") and the benchmark skips it with that reason.
 
-IRQ suspension (``irq-suspend-timeout``, 6.13) is not a mode yet: it needs an epoll-based RT
-application that asks for it (``EPIOCSPARAMS`` with ``prefer_busy_poll``), which sockperf
-does not.
+IRQ suspension only acts for an epoll application that asks for it (``EPIOCSPARAMS`` with
+``prefer_busy_poll``), which sockperf cannot do: the mode ``irq-suspend`` replaces the RT
+application while it is on (``app()`` below), with ``kbp-echo`` at the same address, port
+and placement (:mod:`kbp.bench.workloads`).  Its numbers are therefore kbp-echo's, not
+sockperf's: both echo the request unchanged from one socket, kbp-echo with epoll and
+recvmmsg/sendmmsg.
 
 A mode owns its quirks; the runner only asks:
 
@@ -53,6 +63,9 @@ A mode owns its quirks; the runner only asks:
   above the poller: a packet the poller delivers wakes the application, which preempts the
   poller, answers, and sleeps again (``--busy-app`` chooses otherwise).  Every other mode
   leaves the application where the placement put it.
+* ``app()``: the RT application while the mode is on (names.RT_APPS): sockperf's server,
+  except irq-suspend's kbp-echo; the runner swaps the running server before ``setup`` and
+  back after ``teardown``.
 * ``needs_fresh_device(target)``: the module modes want an RT device whose NAPI has no
   kthread (kernels before ~6.15 keep it after ``threaded`` goes back to 0, and the module
   refuses such a NAPI: EBUSY); the runner then recreates the RT veth pair.
@@ -114,6 +127,9 @@ class Mode(Protocol):
 
     def app_place(self, home: AppPlace, env: AppEnv) -> AppPlace:
         """Where the RT application runs while this mode is on (``home``: the placement's)."""
+
+    def app(self) -> str:
+        """Which RT application runs while this mode is on (names.RT_APPS)."""
 
     def needs_fresh_device(self, t: Target) -> bool:
         """True: recreate the RT device before ``setup`` (see the module docstring)."""
@@ -191,6 +207,9 @@ class _Defaults:
 
     def app_place(self, home: AppPlace, env: AppEnv) -> AppPlace:
         return home
+
+    def app(self) -> str:
+        return names.APP_SOCKPERF
 
     def needs_fresh_device(self, t: Target) -> bool:
         return False
@@ -354,6 +373,269 @@ class DeferMode(KnobMode):
                 f"{GRO_FLUSH_TIMEOUT_NS} ns on the RT server device (IRQ deferral)")
 
 
+# -- irq-suspend: the kernel's IRQ suspension, for an epoll app that asks for it --------------
+IRQ_SUSPEND_DEFER_HARD_IRQS = "100"         # napi-set defer-hard-irqs
+IRQ_SUSPEND_GRO_FLUSH_TIMEOUT_NS = "50000"  # napi-set gro-flush-timeout (50 us)
+IRQ_SUSPEND_TIMEOUT_NS = "20000000"         # napi-set irq-suspend-timeout (20 ms)
+IRQ_SUSPEND_SINCE: Version = (6, 13, 0)     # napi-set irq-suspend-timeout
+EPOLL_PARAMS_SINCE: Version = (6, 9, 0)     # EPIOCSPARAMS / EPIOCGPARAMS on an epoll fd
+# _IOR(0x8A, 0x02, struct epoll_params): 8 bytes (asm-generic ioctl encoding: x86, arm)
+EPIOCGPARAMS = (2 << 30) | (8 << 16) | (0x8A << 8) | 0x02
+NAPI_KNOB = "netdev napi"       # Knob.path of a NAPI attribute: "netdev napi <id> <attr>"
+NAPI_ATTRS = {"defer-hard-irqs": "defer_hard_irqs", "gro-flush-timeout": "gro_flush_timeout",
+              "irq-suspend-timeout": "irq_suspend_timeout"}
+
+
+def napi_knob(napi_id: int, attr: str, netns: str | None) -> Knob:
+    """A NAPI's napi-set attribute (``attr`` as netdev.yaml spells it) as a :class:`Knob`."""
+    if attr not in NAPI_ATTRS:
+        raise ValueError(f"unknown napi-set attribute {attr!r}")
+    return Knob(f"{NAPI_KNOB} {napi_id} {attr}", netns)
+
+
+def _napi_of(k: Knob) -> tuple[int, str] | None:
+    """(NAPI id, attribute) of a napi_knob(); None for a file."""
+    parts = k.path.split()
+    if len(parts) != 4 or " ".join(parts[:2]) != NAPI_KNOB or not parts[2].isdigit():
+        return None
+    return int(parts[2]), NAPI_ATTRS[parts[3]]
+
+
+@dataclass
+class NapiIO:
+    """KnobIO for files (``files``) and NAPI attributes (napi_knob(): read with napi-get,
+    written with napi-set, in the knob's namespace), so :class:`Changes` journals and
+    restores both the same way.  ``close()`` the netdev sockets it opened."""
+
+    files: KnobIO = field(default_factory=KernelIO)
+    _clients: dict[str | None, Any] = field(default_factory=dict)
+
+    def _client(self, netns: str | None) -> Any:
+        if netns not in self._clients:
+            from kbp.netdev import NetdevClient
+            self._clients[netns] = NetdevClient(netns)
+        return self._clients[netns]
+
+    def close(self) -> None:
+        while self._clients:
+            _, c = self._clients.popitem()
+            with contextlib.suppress(Exception):
+                c.close()
+
+    def exists(self, k: Knob) -> bool:
+        na = _napi_of(k)
+        if na is None:
+            return self.files.exists(k)
+        try:
+            return self._client(k.netns).napi(na[0]) is not None
+        except Exception:
+            return False
+
+    def read(self, k: Knob) -> str:
+        na = _napi_of(k)
+        if na is None:
+            return self.files.read(k)
+        try:
+            n = self._client(k.netns).napi(na[0])
+        except Exception as e:
+            raise KnobError(f"cannot read {k}: {e}") from e
+        v = getattr(n, na[1], None) if n is not None else None
+        if v is None:
+            raise KnobError(f"cannot read {k}: " + ("no such NAPI" if n is None else
+                                                   "napi-get does not report it"))
+        return str(v)
+
+    def write(self, k: Knob, value: str) -> None:
+        na = _napi_of(k)
+        if na is None:
+            self.files.write(k, value)
+            return
+        try:
+            self._client(k.netns).napi_set(na[0], **{na[1]: int(value)})
+        except Exception as e:
+            raise KnobError(f"cannot write {value} to {k}: {e}") from e
+
+
+def rt_napi_ids(t: Target) -> list[int]:
+    """The NAPI ids of the target device (napi-get in its namespace)."""
+    from kbp.netdev import NetdevClient, get_link
+    link = get_link(t.dev, t.netns)
+    if link is None:
+        raise RuntimeError(f"{t.dev}: no such device in netns {t.netns}")
+    with NetdevClient(t.netns) as c:
+        return [n.id for n in c.napis(link.ifindex)]
+
+
+def rt_rx_queues(t: Target) -> list[str]:
+    """The receive queues of the target device (rx-0, ...)."""
+    from kbp.bench.steer import rx_queues
+    return rx_queues(t.netns, t.dev)
+
+
+def netdev_features() -> Any:
+    """What this kernel's netdev family can do (kbp.netdev; read from its policy)."""
+    from kbp.netdev import NetdevClient, NetdevFeatures
+    try:
+        with NetdevClient(None) as c:
+            return c.features()
+    except Exception:
+        return NetdevFeatures()
+
+
+def epoll_params_errno() -> int | None:
+    """errno of EPIOCGPARAMS on a fresh epoll fd: None when the kernel has the ioctl
+    (ENOTTY: older than 6.9; EOPNOTSUPP: built without CONFIG_NET_RX_BUSY_POLL)."""
+    import fcntl
+    import select
+    ep = select.epoll()
+    try:
+        fcntl.ioctl(ep.fileno(), EPIOCGPARAMS, bytearray(8))
+    except OSError as e:
+        return e.errno
+    finally:
+        ep.close()
+    return None
+
+
+def zero_mask(mask: str) -> str:
+    """The empty CPU mask in the width the kernel prints ``mask`` ("00000000,00000002" ->
+    "00000000,00000000"), so a write reads back as written."""
+    return "".join("0" if c in "0123456789abcdefABCDEF" else c for c in mask)
+
+
+@dataclass
+class IrqSuspendMode(_Defaults):
+    """``irq-suspend``: IRQ suspension (Linux 6.13, Documentation/networking/napi.rst "IRQ
+    suspension") on the RT server device, for an RT application that asks for it.
+
+    How it works: the application's ``epoll_wait()`` polls the NAPI itself (epoll busy
+    polling with ``prefer_busy_poll``); while it finds events, the NAPI's IRQ stays masked
+    for up to ``irq-suspend-timeout``, re-armed at every such call; once a call finds none,
+    the suspension ends and IRQ deferral takes over (after a poll with work, up to
+    ``defer-hard-irqs`` empty re-polls from a ``gro-flush-timeout`` hrtimer before the IRQ
+    is re-armed).  On veth the "IRQ" is the peer's wake-up of the NAPI (``rx_notify_masked``).
+
+    The values are the kernel's own example, tools/testing/selftests/net/busy_poll_test.sh
+    (the test of the series that added it): ``defer-hard-irqs`` 100, ``gro-flush-timeout``
+    50 us, ``irq-suspend-timeout`` 20 ms; epoll ``busy_poll_usecs`` 0, budget 16,
+    ``prefer_busy_poll`` 1, 8 events per call (kbp-echo's defaults,
+    :data:`kbp.bench.workloads.ECHO_BUSY_POLL_USECS` ...).  napi.rst itself gives no numbers
+    but the rules they follow: ``irq-suspend-timeout`` much larger than ``gro-flush-timeout``
+    (a safety net that covers one userland processing cycle: an echo takes microseconds, 20 ms
+    is far above it), ``gro-flush-timeout`` and ``defer-hard-irqs`` "low" but set (without
+    them the suspension has "no discernible effect": epoll busy polling cannot take the NAPI
+    over from the IRQ).  So with this app an idle gap longer than 100 x 50 us = 5 ms hands
+    the NAPI back to its IRQ; a shorter one is bridged by the 50 us timer (a request can wait
+    up to that long in the gap), and a busy period is polled by the app alone.  The
+    mode is the per-NAPI netlink settings (there is no sysfs one for ``irq-suspend-timeout``),
+    set on every NAPI of the RT device, which has one per receive queue.
+
+    RPS is turned off on the device while the mode is on (each queue's ``rps_cpus`` and, where
+    set, ``rps_flow_cnt``, written as zero in the width they read): the shared-cpu scenario
+    steers the RT device to the RT CPU with RPS, and then the NAPI polled from ``epoll_wait``
+    would queue the request on a backlog again instead of handing it to the socket.  Every
+    value found (NAPI attributes and RPS files) goes back exactly on teardown (:class:`Changes`,
+    through :class:`NapiIO`).  The app is placed as the placement says (``app_place``: home).
+    """
+
+    name: str = names.BENCH_IRQ_SUSPEND
+    target: Target | None = None
+    spins: bool = False
+    io: KnobIO = field(default_factory=NapiIO)
+    find_napis: Any = rt_napi_ids               # Target -> [NAPI id]
+    find_rx_queues: Any = rt_rx_queues          # Target -> ["rx-0", ...]
+    features: Any = netdev_features             # () -> NetdevFeatures
+    epoll_errno: Any = epoll_params_errno       # () -> errno | None
+    changes: Changes | None = None
+    _set: dict[str, str] = field(default_factory=dict)
+
+    def app(self) -> str:
+        return names.APP_KBP_ECHO
+
+    def unavailable(self) -> str | None:
+        rel = kernel_release()
+        f = self.features()
+        if not f.napi_knob("irq_suspend_timeout"):
+            where = ("its netdev napi-set has no irq-suspend-timeout" if f.napi_set else
+                     "it has no netdev napi-set" if f.family else
+                     "it has no netdev netlink family")
+            return (f"IRQ suspension (netdev napi-set irq-suspend-timeout) needs Linux "
+                    f"{IRQ_SUSPEND_SINCE[0]}.{IRQ_SUSPEND_SINCE[1]} or later; this kernel "
+                    f"is {rel} ({where})")
+        err = self.epoll_errno()
+        if err is None:
+            return None
+        import errno as errno_
+        if err == errno_.EOPNOTSUPP:
+            return (f"IRQ suspension needs epoll busy polling (EPIOCSPARAMS); this kernel "
+                    f"is {rel}, built without CONFIG_NET_RX_BUSY_POLL")
+        return (f"epoll busy-poll parameters (EPIOCSPARAMS, prefer_busy_poll) need Linux "
+                f"{EPOLL_PARAMS_SINCE[0]}.{EPOLL_PARAMS_SINCE[1]} or later; this kernel is "
+                f"{rel} (the ioctl fails: {os.strerror(err)})")
+
+    def wanted(self, t: Target) -> list[tuple[Knob, str]]:
+        ids = list(self.find_napis(t))
+        if not ids:
+            raise RuntimeError(f"{t.dev}: napi-get lists no NAPI instance (GRO off on "
+                               "veth?): IRQ suspension has nothing to act on")
+        want: list[tuple[Knob, str]] = []
+        d = f"/sys/class/net/{t.dev}/queues"
+        for q in self.find_rx_queues(t):
+            cpus = Knob(f"{d}/{q}/rps_cpus", t.netns)
+            if self.io.exists(cpus):
+                was = self.io.read(cpus)
+                if zero_mask(was) != was:
+                    want.append((cpus, zero_mask(was)))
+            flows = Knob(f"{d}/{q}/rps_flow_cnt", t.netns)
+            if self.io.exists(flows) and self.io.read(flows) != "0":
+                want.append((flows, "0"))
+        for nid in ids:
+            want += [(napi_knob(nid, "defer-hard-irqs", t.netns), IRQ_SUSPEND_DEFER_HARD_IRQS),
+                     (napi_knob(nid, "gro-flush-timeout", t.netns),
+                      IRQ_SUSPEND_GRO_FLUSH_TIMEOUT_NS),
+                     (napi_knob(nid, "irq-suspend-timeout", t.netns), IRQ_SUSPEND_TIMEOUT_NS)]
+        return want
+
+    def setup(self, t: Target) -> None:
+        self.target = t
+        self.changes = Changes(self.io)
+        want = self.wanted(t)
+        self._set = {str(k): v for k, v in want}
+        self.changes.apply(want)
+
+    def teardown(self) -> None:
+        ch, self.changes, self.target = self.changes, None, None
+        try:
+            if ch is not None:
+                ch.restore()            # KnobError names what could not be put back
+        finally:
+            close = getattr(self.io, "close", None)
+            if close is not None:
+                close()
+
+    def threads(self) -> dict[int, str]:
+        return {}
+
+    def counters(self) -> dict[str, int | None]:
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        from kbp.bench import workloads
+        d: dict[str, Any] = {
+            "how": (f"IRQ suspension: napi-set defer-hard-irqs = {IRQ_SUSPEND_DEFER_HARD_IRQS}, "
+                    f"gro-flush-timeout = {IRQ_SUSPEND_GRO_FLUSH_TIMEOUT_NS} ns, "
+                    f"irq-suspend-timeout = {IRQ_SUSPEND_TIMEOUT_NS} ns on every NAPI of the "
+                    "RT server device, RPS off there; RT app kbp-echo (epoll, EPIOCSPARAMS)"),
+            "app": names.APP_KBP_ECHO,
+            "epoll_params": {"busy_poll_usecs": workloads.ECHO_BUSY_POLL_USECS,
+                             "busy_poll_budget": workloads.ECHO_BUSY_POLL_BUDGET,
+                             "prefer_busy_poll": workloads.ECHO_PREFER_BUSY_POLL,
+                             "max_events": workloads.ECHO_MAX_EVENTS},
+            "set": dict(self._set),
+            "found": self.changes.as_json() if self.changes else {}}
+        return d
+
+
 # -- kbpctl backends (stock-kbp, stock-busy, busy, hybrid) -----------------------------------
 def _backends() -> Any:
     import kbp.backends as b  # the kbpctl engineers' package; imported only when used
@@ -381,6 +663,9 @@ class BackendMode:
         if env.spin_app == "elsewhere":
             return AppPlace(env.elsewhere_cpu)
         return AppPlace(home.cpu, env.rt_prio + 1)      # fifo: preempts the spinning poller
+
+    def app(self) -> str:
+        return names.APP_SOCKPERF
 
     def needs_fresh_device(self, t: Target) -> bool:
         return self.backend == names.BACKEND_KMOD and bool(napi_kthreads(t.dev))
@@ -459,6 +744,8 @@ SUMMARY: dict[str, str] = {
                           "(tuned network-latency)",
     names.BENCH_DEFER: f"IRQ deferral on the RT device: napi_defer_hard_irqs {DEFER_HARD_IRQS}, "
                        f"gro_flush_timeout {GRO_FLUSH_TIMEOUT_NS} ns",
+    names.BENCH_IRQ_SUSPEND: "IRQ suspension on the RT device (Linux 6.13+), RT app kbp-echo "
+                             "(epoll)",
     names.BENCH_STOCK_KBP: "kbpctl stock backend --mode hybrid (NAPI kthread SCHED_FIFO on "
                            "the RT CPU)",
     names.BENCH_STOCK_BUSY: "kbpctl stock backend --mode busy: upstream threaded busy "
@@ -475,6 +762,7 @@ def all_modes() -> dict[str, Mode]:
         ThreadedMode(),
         BusyPollMode(),
         DeferMode(),
+        IrqSuspendMode(),
         BackendMode(names.BENCH_STOCK_KBP, names.BACKEND_STOCK, names.MODE_HYBRID),
         # kbpctl refuses a SCHED_FIFO priority for stock --mode busy (the upstream kthread
         # never sleeps): the backend's default, SCHED_NORMAL, as a user gets it
@@ -494,6 +782,6 @@ def availability(wanted: list[str], modes: dict[str, Mode] | None = None,
     return {m: modes[m].unavailable() for m in wanted}
 
 
-__all__ = ["AppEnv", "AppPlace", "BackendMode", "BusyPollMode", "DeferMode", "KnobError",
-           "KnobMode", "Mode", "NapiMode", "Target", "ThreadedMode", "all_modes",
-           "availability", "too_old"]
+__all__ = ["AppEnv", "AppPlace", "BackendMode", "BusyPollMode", "DeferMode",
+           "IrqSuspendMode", "KnobError", "KnobMode", "Mode", "NapiIO", "NapiMode", "Target",
+           "ThreadedMode", "all_modes", "availability", "too_old"]

@@ -111,7 +111,8 @@ def run_metrics(rec: dict[str, Any], pl: Placement) -> dict[str, float | None]:
         m[f"hardirqs_{role}_per_s"] = hard[cpu] / wall if wall and cpu < len(hard) else None
     for k, v in (rec.get("poller") or {}).items():
         m[f"poller_{k}"] = float(v)
-    thr = [t for t in (sysd.get("threads") or {}).values() if t.get("name") != "sockperf"]
+    thr = [t for t in (sysd.get("threads") or {}).values()
+           if t.get("name") not in names.RT_APPS]          # the RT app is not a poller
     m["poller_cpu_pct"] = sum(t["cpu_pct"] for t in thr) if thr else None
     fb = rec.get("flood_block") or {}
     m["flood_rx_pps"] = fb.get("rx_pps")

@@ -10,8 +10,10 @@ own CPU time, interrupts, softirqs, poller counters and kernel-side delays.  The
 decides the order (:mod:`kbp.bench.parts`: modes rotated by one position every repetition).
 
 A mode owns its quirks (:mod:`kbp.bench.modes`): where the application runs while it is on
-(``app_place``) and whether it needs a fresh RT device (``needs_fresh_device``).  A mode that
-cannot put back what it changed stops the benchmark (``restore_problems`` in the results).
+(``app_place``), which application that is (``app``: sockperf's server, or irq-suspend's
+kbp-echo, swapped in at the same address and back after) and whether it needs a fresh RT
+device (``needs_fresh_device``).  A mode that cannot put back what it changed stops the
+benchmark (``restore_problems`` in the results).
 
 Besides the scenario's parts the runner offers two of its own in every scenario
 (:data:`kbp.bench.parts.COMMON`): ``idle`` (idle cost per mode, run first) and ``rtt-tcp``
@@ -198,7 +200,7 @@ class Bench:
     runnable: list[str] = field(default_factory=list)
     binary: Path | None = None
     tb: Testbed | None = None
-    server: workloads.SockperfServer | None = None
+    server: workloads.RtApp | None = None
     trace_reason: str | None = None
     tfs: trace.TraceFs = field(default_factory=trace.TraceFs)
     cpus_available: Callable[[], list[int]] = placement_.available_cpus
@@ -359,7 +361,7 @@ class Bench:
                   "it), stock-kbp, stock-busy, busy, hybrid",
             "app": f"sockperf server (the RT application), {self.app_words()}; busypoll: it "
                    "busy-polls the RT NAPI itself; busy, stock-busy: "
-                   f"--busy-app {cfg.spin_app}",
+                   f"--busy-app {cfg.spin_app}; irq-suspend: kbp-echo in its place",
             "tester": f"kbp-rtt (SCHED_FIFO {cfg.tester_prio})",
             "harness": "this program, bpftrace",
         }
@@ -496,7 +498,20 @@ class Bench:
                                                self.placement.cpu(placement_.APP))
         self.server.start()
         self.server.place(AppPlace(self.placement.cpu(placement_.APP), self.app_fifo()))
-        tb.defer(self.server.stop)
+        tb.defer(lambda: self.server.stop() if self.server else None)   # whichever runs then
+
+    def _use_app(self, name: str) -> None:
+        """Run the RT application ``name`` (names.RT_APPS) in place of the one running now:
+        same namespace, address, port and home CPU; the caller places it."""
+        old = self.server
+        assert old is not None
+        if old.name == name:
+            return
+        if self.progress:         # not _note: this also runs while a Ctrl-C unwinds
+            self.progress.note(f"RT application: {name} in place of {old.name}")
+        old.stop()
+        self.server = workloads.rt_app(name, old.ns, old.ip, old.cpu, old.port)
+        self.server.start()
 
     def target(self) -> Target:
         """The device every mode serves: the server end of the RT pair, on the RT CPU."""
@@ -526,6 +541,7 @@ class Bench:
             threads = mode.threads()
             app = self.server.pids()
             rec["mode_setup"] = mode.describe()
+            rec["app"] = self.server.name
             rec["app_cpu"] = self.server.cpu_now
             rec["app_fifo"] = self.server.fifo_now
             if not self.trace_reason:
@@ -551,7 +567,7 @@ class Bench:
                     end(rec)
             finally:
                 kd = kt.stop() if kt is not None else {}
-        names_ = {**threads, **{p: "sockperf" for p in app}}
+        names_ = {**threads, **dict.fromkeys(app, rec["app"])}
         rec["tester"] = res.summary
         rec["rtt_ns"] = summarize(res.kernel_ns)
         rec["rtt_user_ns"] = summarize(res.user_ns)
@@ -646,6 +662,7 @@ class Bench:
         with self._mode(mode):
             threads = mode.threads()
             app = self.server.pids()
+            rec["app"] = self.server.name
             rec["mode_setup"] = mode.describe()
             time.sleep(parts.IDLE_SETTLE_S)       # setup's own work out of the window
             c0 = mode.counters()
@@ -655,7 +672,7 @@ class Bench:
             c1 = mode.counters()
         rec["poller_threads"] = {str(p): n for p, n in threads.items()}
         rec["app_threads"] = [str(p) for p in app]
-        rec["sys"] = sysstat.delta(s0, s1, {**threads, **{p: "sockperf" for p in app}})
+        rec["sys"] = sysstat.delta(s0, s1, {**threads, **dict.fromkeys(app, rec["app"])})
         rec["poller"] = {k: (c1[k] - (c0.get(k) or 0)) for k in c1 if c1[k] is not None}
         self.results["idle"].append(rec)
         self._advance(parts.idle_seconds(cfg), desc)
@@ -690,6 +707,7 @@ class Bench:
                      elsewhere_cpu=self.placement.cpu(placement_.TESTER),
                      rt_prio=self.cfg.rt_prio)
         try:
+            self._use_app(mode.app())
             self.server.place(mode.app_place(home, env))
             mode.setup(self.target())
             yield
@@ -703,6 +721,7 @@ class Bench:
                     raise Aborted(f"mode {mode.name} could not put back what it changed: "
                                   f"{e}") from e
                 finally:
+                    self._use_app(names.APP_SOCKPERF)
                     self.server.place(home)
 
     def _fresh_rt_link(self) -> None:

@@ -3,6 +3,10 @@
 It measures round trips against an unmodified sockperf server with kernel software
 timestamps (SO_TIMESTAMPING), so the tester's own scheduling is not in the numbers; see the
 header of kbp_rtt.c.  This module builds it, runs it in a namespace and parses its output.
+
+``build(source)`` compiles any of the benchmark's C programs in src/kbp/data the same way,
+once per source version: also ``kbp-echo`` (kbp_echo.c, the epoll echo server of the
+irq-suspend mode, :mod:`kbp.bench.workloads`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from kbp.bench import procs
 
 TESTER_COMM = "kbp-rtt"   # the process name (comm) the kernel trace filters on
 SOURCE = "kbp_rtt.c"
+ECHO_SOURCE = "kbp_echo.c"  # kbp-echo, the irq-suspend mode's RT application
 
 
 class TesterError(RuntimeError):
@@ -38,26 +43,36 @@ def _cache_dirs() -> list[Path]:
     return dirs
 
 
-def source_text() -> bytes:
-    return (resources.files("kbp") / "data" / SOURCE).read_bytes()
+def source_text(source: str = SOURCE) -> bytes:
+    return (resources.files("kbp") / "data" / source).read_bytes()
 
 
-def build(force: bool = False) -> Path:
-    """Compile the tester (once per source version) and return the binary's path."""
-    src = source_text()
+def program_name(source: str) -> str:
+    """The binary (and process name) built from ``source``: kbp_rtt.c -> kbp-rtt."""
+    if "/" in source or not source.endswith(".c"):
+        raise ValueError(f"not a C source of src/kbp/data: {source!r}")
+    return source[:-2].replace("_", "-")
+
+
+def build(source: str = SOURCE, force: bool = False) -> Path:
+    """Compile one of the benchmark's C programs (default: the tester), once per source
+    version, and return the binary's path."""
+    src = source_text(source)
+    name = program_name(source)
     digest = hashlib.sha256(src).hexdigest()[:12]
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     last_err = ""
     for base in _cache_dirs():
-        out = base / f"tester-{digest}" / TESTER_COMM
+        # the tester keeps the directory name it always had (caches stay valid)
+        out = base / f"{'tester' if source == SOURCE else name}-{digest}" / name
         if out.exists() and not force:
             return out
         if cc is None:
-            raise TesterError("no C compiler: install gcc (Debian: apt-get install gcc "
-                              "libc6-dev) to build the benchmark's tester")
+            raise TesterError(f"no C compiler: install gcc (Debian: apt-get install gcc "
+                              f"libc6-dev) to build the benchmark's {name}")
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
-            csrc = out.parent / SOURCE
+            csrc = out.parent / source
             csrc.write_bytes(src)
         except OSError as e:
             last_err = str(e)
@@ -65,11 +80,11 @@ def build(force: bool = False) -> Path:
         proc = subprocess.run([cc, "-O2", "-Wall", "-o", str(out) + ".tmp", str(csrc), "-lm"],
                               capture_output=True, text=True)
         if proc.returncode != 0:
-            raise TesterError(f"building the tester failed ({cc}): {proc.stderr.strip()[-800:]}"
+            raise TesterError(f"building {name} failed ({cc}): {proc.stderr.strip()[-800:]}"
                               " -- is libc6-dev installed?")
         os.replace(str(out) + ".tmp", out)
         return out
-    raise TesterError(f"no writable cache directory for the tester ({last_err}); set KBP_CACHE")
+    raise TesterError(f"no writable cache directory for {name} ({last_err}); set KBP_CACHE")
 
 
 @dataclass

@@ -15,7 +15,7 @@ Four delays, each aggregated in the kernel into log-linear buckets (two signific
     softirq scheduling delay.  It covers every NET_RX on the CPU (the competing flood too).
 ``poller_wake_to_run``  (threaded / stock-kbp / hybrid: the poller threads' pids)
     ``sched:sched_waking`` of a poller thread -> ``sched:sched_switch`` into it.
-``app_wake_to_run``  (every mode: the RT application, sockperf server)
+``app_wake_to_run``  (every mode: the RT application, sockperf server; kbp-echo in irq-suspend)
     ``sched:sched_waking`` -> ``sched:sched_switch`` of the application's threads.
 
 Why not ``napi:napi_poll``: it fires after the poll *returns*, and bpftrace 0.17 misreads its

@@ -2,6 +2,9 @@
 
 * RT application: an unmodified ``sockperf server`` (UDP echo of sockperf's ping-pong
   messages), pinned to the app's CPU (the RT CPU by default), default scheduling policy.
+  The mode irq-suspend runs ``kbp-echo`` in its place (src/kbp/data/kbp_echo.c: an epoll
+  UDP echo server that asks for IRQ suspension, which sockperf cannot): same address, port
+  and placement; both are an :class:`RtApp`, so the runner starts, places and stops either.
 * Competing load ("heavy receiver", rt-socket-outsourcing Sect. IV-A): an ``iperf3`` UDP flood
   at full speed through a second veth pair, the client on the flood sender's CPU, the server
   on the heavy receiver's.  Its receive NAPI runs in NET_RX softirq on the flood sender's CPU
@@ -16,18 +19,21 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import select
 import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
+from kbp import names
 from kbp.bench import netstats, procs
 from kbp.bench.modes import AppPlace
 from kbp.testbed import run as ns_run
 
-SOCKPERF_PORT = 11111
+SOCKPERF_PORT = 11111           # the RT application's port (sockperf's default; kbp-echo's too)
 IPERF_PORT = 5201
 IPERF_TCP_PORT = 5202           # the TCP heavy sender's server (its own, next to the flood's)
 
@@ -61,7 +67,14 @@ def _udp_port_bound(ns: str, port: int) -> bool:
 
 
 @dataclass
-class SockperfServer:
+class RtApp:
+    """The RT application: a UDP echo server on the RT pair's server address, started pinned
+    to ``cpu``, then placed (CPU, SCHED_FIFO priority) from outside, as chrt and taskset
+    would: the application's code does not change.  Subclasses give the command and how to
+    tell it is ready."""
+
+    name: ClassVar[str] = ""
+    reads_stdout: ClassVar[bool] = False    # False: stdout to /dev/null (nobody reads it)
     ns: str
     ip: str
     cpu: int
@@ -70,27 +83,35 @@ class SockperfServer:
     cpu_now: int = -1
     fifo_now: int = 0
 
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def wait_ready(self, deadline: float) -> None:
+        raise NotImplementedError
+
     def start(self, timeout: float = 10.0) -> None:
         self.cpu_now = self.cpu
         self.fifo_now = 0
-        self.proc = procs.start(self.ns, ["taskset", "-c", str(self.cpu), "sockperf", "server",
-                                          "-i", self.ip, "-p", str(self.port)],
-                                stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                _, err = procs.stop(self.proc)
-                raise RuntimeError(f"sockperf server exited: {err.strip()[-300:]}")
-            if _udp_port_bound(self.ns, self.port):
-                return
-            time.sleep(0.05)
-        raise RuntimeError("sockperf server did not bind its port")
+        self.proc = procs.start(self.ns, ["taskset", "-c", str(self.cpu), *self.argv()],
+                                stdout=subprocess.PIPE if self.reads_stdout else
+                                subprocess.DEVNULL)
+        try:
+            self.wait_ready(time.monotonic() + timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _exited(self) -> None:
+        """Raise why the server is gone (it was, when this is called)."""
+        assert self.proc is not None
+        _, err = procs.stop(self.proc)
+        self.proc = None
+        raise RuntimeError(f"{self.name} server exited: {err.strip()[-300:]}")
 
     def pids(self) -> list[int]:
         """The server's threads (the process after taskset/ip-netns exec'd into it)."""
         if self.proc is None:
             return []
-        import os
         try:
             return sorted(int(t) for t in os.listdir(f"/proc/{self.proc.pid}/task"))
         except OSError:
@@ -98,7 +119,6 @@ class SockperfServer:
 
     def move(self, cpu: int) -> None:
         """Re-pin every thread of the running server to ``cpu``."""
-        import os
         for tid in self.pids():
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(tid, {cpu})
@@ -107,7 +127,6 @@ class SockperfServer:
     def set_fifo(self, prio: int) -> None:
         """SCHED_FIFO ``prio`` for every thread of the running server (0: back to
         SCHED_OTHER).  The application's code is unchanged, as with chrt."""
-        import os
         for tid in self.pids():
             with contextlib.suppress(OSError):
                 if prio > 0:
@@ -124,10 +143,106 @@ class SockperfServer:
         if self.fifo_now != where.fifo:
             self.set_fifo(where.fifo)
 
-    def stop(self) -> None:
-        if self.proc is not None:
-            procs.stop(self.proc)
-            self.proc = None
+    def stop(self) -> str:
+        """Stop the server (SIGTERM); what it printed on stdout ("" when it was not running)."""
+        if self.proc is None:
+            return ""
+        out, _err = procs.stop(self.proc)
+        self.proc = None
+        return out
+
+
+@dataclass
+class SockperfServer(RtApp):
+    """``sockperf server``: the RT application of every mode but irq-suspend."""
+
+    name: ClassVar[str] = names.APP_SOCKPERF
+
+    def argv(self) -> list[str]:
+        return ["sockperf", "server", "-i", self.ip, "-p", str(self.port)]
+
+    def wait_ready(self, deadline: float) -> None:
+        assert self.proc is not None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self._exited()
+            if _udp_port_bound(self.ns, self.port):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("sockperf server did not bind its port")
+
+
+# IRQ suspension's epoll parameters, as the kernel's example sets them
+# (tools/testing/selftests/net/busy_poll_test.sh): no busy-poll time of its own (epoll_wait
+# polls the NAPI once before it sleeps), a budget of 16, prefer_busy_poll on (what arms
+# irq-suspend-timeout), 8 events per epoll_wait.
+ECHO_BUSY_POLL_USECS = 0
+ECHO_BUSY_POLL_BUDGET = 16
+ECHO_PREFER_BUSY_POLL = 1
+ECHO_MAX_EVENTS = 8
+
+
+@dataclass
+class EchoServer(RtApp):
+    """``kbp-echo`` (src/kbp/data/kbp_echo.c): epoll UDP echo that sets ``EPIOCSPARAMS``
+    on its epoll context; the RT application of irq-suspend."""
+
+    name: ClassVar[str] = names.APP_KBP_ECHO
+    reads_stdout: ClassVar[bool] = True     # "ready", and a JSON summary when it stops
+    busy_poll_usecs: int = ECHO_BUSY_POLL_USECS
+    busy_poll_budget: int = ECHO_BUSY_POLL_BUDGET
+    prefer_busy_poll: int = ECHO_PREFER_BUSY_POLL
+    max_events: int = ECHO_MAX_EVENTS
+    summary: dict[str, Any] = field(default_factory=dict)   # what it said when it stopped
+
+    def argv(self) -> list[str]:
+        from kbp.bench import tester
+        return [str(tester.build(tester.ECHO_SOURCE)), "--ip", self.ip,
+                "--port", str(self.port), "--busy-poll-usecs", str(self.busy_poll_usecs),
+                "--busy-poll-budget", str(self.busy_poll_budget),
+                "--prefer-busy-poll", str(self.prefer_busy_poll),
+                "--max-events", str(self.max_events)]
+
+    def wait_ready(self, deadline: float) -> None:
+        """Until it prints "ready" (bound, epoll parameters set), read unbuffered so
+        nothing it prints later is lost to ``stop``."""
+        assert self.proc is not None and self.proc.stdout is not None
+        fd, got = self.proc.stdout.fileno(), b""
+        while b"\n" not in got:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError("kbp-echo did not say it was ready")
+            if select.select([fd], [], [], min(left, 0.1))[0]:
+                chunk = os.read(fd, 64)
+                if not chunk:
+                    self.proc.wait()
+                    self._exited()
+                got += chunk
+            elif self.proc.poll() is not None:
+                self._exited()
+        if got.split(b"\n", 1)[0] != b"ready":
+            raise RuntimeError(f"kbp-echo said {got!r} instead of ready")
+
+    def stop(self) -> str:
+        out = super().stop()
+        for line in reversed(out.splitlines()):
+            if line.startswith("{"):
+                with contextlib.suppress(json.JSONDecodeError):
+                    self.summary = dict(json.loads(line))
+                break
+        return out
+
+
+RT_APPS: dict[str, type[RtApp]] = {SockperfServer.name: SockperfServer,
+                                   EchoServer.name: EchoServer}
+
+
+def rt_app(name: str, ns: str, ip: str, cpu: int, port: int = SOCKPERF_PORT) -> RtApp:
+    """The RT application ``name`` (names.RT_APPS), not started."""
+    try:
+        return RT_APPS[name](ns, ip, cpu, port)
+    except KeyError:
+        raise ValueError(f"unknown RT application {name!r}: {', '.join(RT_APPS)}") from None
 
 
 @dataclass

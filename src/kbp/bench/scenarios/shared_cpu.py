@@ -54,7 +54,8 @@ XMIT_NOTE = ("Note: xmit→poll ends where the RT device's veth NAPI poll hands 
              "up. In the modes that keep RPS on the RT device (napi, threaded, busypoll, "
              "defer) RPS then queues it on the RT CPU's backlog, so its wait there behind the "
              "flood is not in that column (it is in the round trip); in the kbp modes the "
-             "poller takes it up the stack itself.")
+             "poller takes it up the stack itself (in irq-suspend, RPS off too, the NAPI "
+             "poll, the app's epoll or the deferral timer's).")
 RX_FIELDS = ("net_rx_per_s", "processed_per_s", "received_rps", "time_squeeze",
              "ksoftirqd_cpu_pct", "ksoftirqd_runs", "backlog_dropped", "rt_nic_irqs_per_s")
 
@@ -111,7 +112,8 @@ class SharedCpu:
             "devices": steering.now(),
             "note": ("the RT port's interrupts are affined to the RT CPU (nic_pair); no RPS on "
                      "it" if nic else
-                     "kbp modes: kbpctl enable turns RPS off on the RT device while on")}
+                     "kbp modes: kbpctl enable turns RPS off on the RT device while on; "
+                     "irq-suspend turns it off too")}
         flood = pt.start_flood(bench)
         load = Patient(flood)
         irqs = tuple((bench.results.get("nic_pair") or {}).get("irqs", {}).get(rt.dev_b, ()))

@@ -70,6 +70,9 @@ def test_bench_over_the_two_virtio_nics_puts_them_back(kmod: Any, tmp_path: Path
         assert r["rt_cpu_rx"]["cpu"] == rt_cpu
     # napi: the requests arrived by virtio interrupts, taken on the RT CPU's side
     assert runs[("napi", "idle")]["rt_cpu_rx"]["rt_nic_irqs"] > 0
+    # the report names the testbed and counts the RT port's interrupts
+    md = (out / "results.md").read_text()
+    assert "RT flow alone over the NIC pair" in md and "RT NIC IRQs/s" in md
     # busy: the poller carried them (packets polled at least one per reply)
     for cond in ("idle", "flood"):
         r = runs[("busy", cond)]

@@ -49,6 +49,11 @@ CONDITIONS: dict[str, str] = {
     "idle": "RT flow alone, RPS of its server device to the RT CPU (idle baseline)",
     "flood": "RT flow with the heavy receiver's flood, both devices' RPS to the RT CPU",
 }
+NIC_CONDITIONS: dict[str, str] = {   # --nic-pair: the RT port's IRQ on the RT CPU, no RPS on it
+    "idle": "RT flow alone over the NIC pair, the RT port's interrupts on the RT CPU (idle "
+            "baseline)",
+    "flood": "RT flow over the NIC pair with the heavy receiver's flood (RPS to the RT CPU)",
+}
 ACCEPT_FACTOR = 5.0
 XMIT_NOTE = ("Note: xmit→poll ends where the RT device's veth NAPI poll hands the request "
              "up. In the modes that keep RPS on the RT device (napi, threaded, busypoll, "
@@ -142,8 +147,9 @@ class SharedCpu:
         out = [acceptance_line(summ.get("acceptance") or {}), "",
                f"RT app: {app_words(results)}.", ""]
         out += flood_vs_idle_section(summ.get("flood_vs_idle") or {})
-        out += report.rtt_sections(results, CONDITIONS)
-        out += [XMIT_NOTE, ""]
+        nic = bool(results.get("nic_pair"))
+        out += report.rtt_sections(results, conditions(results))
+        out += [] if nic else [XMIT_NOTE, ""]
         out += rx_section(summ.get("rt_cpu_rx") or {}, report.placement_of(results))
         rfc = report.rfc_section(results)
         if rfc:
@@ -154,7 +160,12 @@ class SharedCpu:
 
     def plots(self, results: dict[str, Any], samples: dict[str, list[int]], out: Path,
               ) -> list[Path]:
-        return plots.standard(results, samples, out, CONDITIONS)
+        return plots.standard(results, samples, out, conditions(results))
+
+
+def conditions(results: dict[str, Any]) -> dict[str, str]:
+    """The conditions' titles: the RT device is a NIC port with --nic-pair, else RPS-steered."""
+    return NIC_CONDITIONS if results.get("nic_pair") else CONDITIONS
 
 
 class Patient:

@@ -504,7 +504,7 @@ def zero_mask(mask: str) -> str:
 
 
 @dataclass
-class IrqSuspendMode(_Defaults):
+class IrqSuspendMode(KnobMode):
     """``irq-suspend``: IRQ suspension (Linux 6.13, Documentation/networking/napi.rst "IRQ
     suspension") on the RT server device, for an RT application that asks for it.
 
@@ -539,15 +539,11 @@ class IrqSuspendMode(_Defaults):
     """
 
     name: str = names.BENCH_IRQ_SUSPEND
-    target: Target | None = None
-    spins: bool = False
     io: KnobIO = field(default_factory=NapiIO)
     find_napis: Any = rt_napi_ids               # Target -> [NAPI id]
     find_rx_queues: Any = rt_rx_queues          # Target -> ["rx-0", ...]
     features: Any = netdev_features             # () -> NetdevFeatures
     epoll_errno: Any = epoll_params_errno       # () -> errno | None
-    changes: Changes | None = None
-    _set: dict[str, str] = field(default_factory=dict)
 
     def app(self) -> str:
         return names.APP_KBP_ECHO
@@ -596,44 +592,27 @@ class IrqSuspendMode(_Defaults):
                      (napi_knob(nid, "irq-suspend-timeout", t.netns), IRQ_SUSPEND_TIMEOUT_NS)]
         return want
 
-    def setup(self, t: Target) -> None:
-        self.target = t
-        self.changes = Changes(self.io)
-        want = self.wanted(t)
-        self._set = {str(k): v for k, v in want}
-        self.changes.apply(want)
+    def how(self) -> str:
+        return (f"IRQ suspension: napi-set defer-hard-irqs = {IRQ_SUSPEND_DEFER_HARD_IRQS}, "
+                f"gro-flush-timeout = {IRQ_SUSPEND_GRO_FLUSH_TIMEOUT_NS} ns, "
+                f"irq-suspend-timeout = {IRQ_SUSPEND_TIMEOUT_NS} ns on every NAPI of the "
+                "RT server device, RPS off there; RT app kbp-echo (epoll, EPIOCSPARAMS)")
 
     def teardown(self) -> None:
-        ch, self.changes, self.target = self.changes, None, None
         try:
-            if ch is not None:
-                ch.restore()            # KnobError names what could not be put back
+            super().teardown()
         finally:
             close = getattr(self.io, "close", None)
             if close is not None:
                 close()
 
-    def threads(self) -> dict[int, str]:
-        return {}
-
-    def counters(self) -> dict[str, int | None]:
-        return {}
-
     def describe(self) -> dict[str, Any]:
         from kbp.bench import workloads
-        d: dict[str, Any] = {
-            "how": (f"IRQ suspension: napi-set defer-hard-irqs = {IRQ_SUSPEND_DEFER_HARD_IRQS}, "
-                    f"gro-flush-timeout = {IRQ_SUSPEND_GRO_FLUSH_TIMEOUT_NS} ns, "
-                    f"irq-suspend-timeout = {IRQ_SUSPEND_TIMEOUT_NS} ns on every NAPI of the "
-                    "RT server device, RPS off there; RT app kbp-echo (epoll, EPIOCSPARAMS)"),
-            "app": names.APP_KBP_ECHO,
-            "epoll_params": {"busy_poll_usecs": workloads.ECHO_BUSY_POLL_USECS,
-                             "busy_poll_budget": workloads.ECHO_BUSY_POLL_BUDGET,
-                             "prefer_busy_poll": workloads.ECHO_PREFER_BUSY_POLL,
-                             "max_events": workloads.ECHO_MAX_EVENTS},
-            "set": dict(self._set),
-            "found": self.changes.as_json() if self.changes else {}}
-        return d
+        return {**super().describe(), "app": names.APP_KBP_ECHO,
+                "epoll_params": {"busy_poll_usecs": workloads.ECHO_BUSY_POLL_USECS,
+                                 "busy_poll_budget": workloads.ECHO_BUSY_POLL_BUDGET,
+                                 "prefer_busy_poll": workloads.ECHO_PREFER_BUSY_POLL,
+                                 "max_events": workloads.ECHO_MAX_EVENTS}}
 
 
 # -- kbpctl backends (stock-kbp, stock-busy, busy, hybrid) -----------------------------------

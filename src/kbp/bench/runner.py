@@ -32,6 +32,7 @@ import errno
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -77,6 +78,7 @@ LABEL_NIC_EMULATED = ("netns with the RT flow over a NIC pair ({pair}) in the VM
 
 
 SCHEMA = "kbp-bench/2"
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)     # asm-generic value
 # modes that leave the RT device's NAPI a kthread, and the module's modes, which refuse such a
 # NAPI on kernels before KTHREAD_KEPT_BEFORE (the runner recreates a veth pair; a NIC cannot be)
 KTHREAD_MODES = (names.BENCH_THREADED, names.BENCH_STOCK_KBP, names.BENCH_STOCK_BUSY)
@@ -414,6 +416,7 @@ class Bench:
             self.progress.set_total(self.plan_seconds())
         self.binary = tester.build()
         tfs = self.tfs = trace.TraceFs()
+        stamps = timestamps_held()
         try:
             if not self.trace_reason:
                 tfs.ensure()
@@ -438,6 +441,7 @@ class Bench:
             self.results["finished"] = dt.datetime.now(dt.UTC).isoformat(
                 timespec="seconds")
             self.results["quiet_after"] = machine.quiet_report()
+            stamps.close()
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(0, old_aff)
             try:
@@ -773,6 +777,18 @@ class Bench:
 
     def rfc_plan(self) -> float:
         return parts.rfc_seconds(self.cfg)
+
+
+def timestamps_held() -> socket.socket:
+    """A socket that asks for receive timestamps for the whole benchmark, so the kernel's
+    ``netstamp_needed_key`` stays on instead of flipping each time a tester (SO_TIMESTAMPING)
+    starts and ends.  Each flip rewrites the receive path's code (a static branch in
+    ``__netif_receive_skb_core``, text_poke_bp) while packets flow: a perturbation of the
+    runs on any machine, and under QEMU TCG with 4 vCPUs a guest crash (stale int3 in
+    ``__netif_receive_skb_core``, twice in a row on 7.2 with ``--smp 4``)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    return s
 
 
 @contextlib.contextmanager

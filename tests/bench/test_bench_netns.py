@@ -198,3 +198,13 @@ def test_ctrl_c_cleans_up(tmp_path: Path) -> None:
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["interrupted"] is True
     assert "restore_problems" not in res and "not restored" not in err, err[-2000:]
+
+
+def start_idle_bench(first_mode: str, out: Path) -> subprocess.Popen[str]:
+    """``kbp.bench`` with ``first_mode`` then napi in a long idle part (60 s per mode), as a
+    child to interrupt while ``first_mode`` is on."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    return subprocess.Popen([sys.executable, "-m", "kbp.bench", "--modes", f"{first_mode},napi",
+                             "--parts", "idle", "--idle-duration", "60", "--no-trace",
+                             "--no-plots", "--out", str(out)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

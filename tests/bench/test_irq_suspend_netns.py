@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_bench_netns import _ours, _procs, _settings, _skip_unless_ready
+from test_bench_netns import _ours, _procs, _settings, _skip_unless_ready, start_idle_bench
 
 from kbp import names
 from kbp.bench import modes, steer, tester, workloads
@@ -217,11 +217,7 @@ def test_ctrl_c_while_irq_suspend_is_on(tmp_path: Path) -> None:
     if _echo_pids():
         pytest.skip(reason="a kbp-echo already runs here (another benchmark?)")
     before_ns, before_set = _ours(), _settings()
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
-    proc = subprocess.Popen([sys.executable, "-m", "kbp.bench", "--modes", "irq-suspend,napi",
-                             "--parts", "idle", "--idle-duration", "60", "--no-trace",
-                             "--no-plots", "--out", str(tmp_path)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_idle_bench("irq-suspend", tmp_path)
     try:
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline and not _echo_pids():

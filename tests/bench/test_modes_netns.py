@@ -8,15 +8,12 @@ Needs root, sockperf, iperf3, ethtool.  About 40 s.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from test_bench_netns import _ours, _procs, _settings, _skip_unless_ready
+from test_bench_netns import _ours, _procs, _settings, _skip_unless_ready, start_idle_bench
 
 from kbp.bench import modes, report
 from kbp.bench.runner import Bench, BenchConfig
@@ -75,11 +72,7 @@ def test_ctrl_c_while_busypoll_is_on_restores_the_sysctls(tmp_path: Path) -> Non
     was = BUSY_READ.read_text().strip()
     if was == modes.BUSY_POLL_US:
         pytest.skip(reason="busy_read is already 50 here: cannot see the mode turn on")
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
-    proc = subprocess.Popen([sys.executable, "-m", "kbp.bench", "--modes", "busypoll,napi",
-                             "--parts", "idle", "--idle-duration", "60", "--no-trace",
-                             "--no-plots", "--out", str(tmp_path)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_idle_bench("busypoll", tmp_path)
     try:
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline and \

@@ -63,7 +63,10 @@ def test_poller_carries_traffic_not_softirq(kmod, flow: Flow, mode: str) -> None
     flow.send(n, rate=1000)
     stock = flow.result()
     stock_softirqs = net_rx_softirqs()[POLL_CPU] - rx0[POLL_CPU]
-    assert stock["unique"] == n
+    # the baseline only has to show stock NAPI at work; the kernel's own path may drop a few
+    # when TCG stalls the sink's vCPU (1923 of 2000 on 6.1 on a loaded host, stop 18): kbp's
+    # run below must deliver every one
+    assert stock["unique"] >= 0.95 * n, f"stock NAPI delivered {stock['unique']} of {n}"
     assert stock_softirqs > n // 20, f"stock NAPI raised only {stock_softirqs} NET_RX"
 
     kmod.attach(flow.t.nic0, cpu=POLL_CPU, mode=mode)

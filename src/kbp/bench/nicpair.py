@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -69,19 +68,16 @@ def default_route_devs() -> set[str]:
     return out
 
 
-def has_napi(dev: str) -> bool | None:
+def has_napi(link: netdev.Link) -> bool | None:
     """Whether ``dev`` has NAPI instances (napi-get where the kernel has it and the device is
     up -- napi-get lists no NAPI of a device that is down --, else the sysfs probe); None when
     this kernel cannot tell.  A spare port is often down: it is brought up in its namespace."""
-    link = netdev.get_link(dev)
-    if link is None:
-        return False
     if not link.up:
-        return netdev.probe_napi_sysfs(netdev.NetFS(None), dev)
+        return netdev.probe_napi_sysfs(netdev.NetFS(None), link.name)
     with contextlib.suppress(OSError, NetlinkError), netdev.NetdevClient(None) as nc:
         if nc.features().napi_get:
             return bool(nc.napis(link.ifindex))
-    return netdev.probe_napi_sysfs(netdev.NetFS(None), dev)
+    return netdev.probe_napi_sysfs(netdev.NetFS(None), link.name)
 
 
 def check(pair: tuple[str, str]) -> None:
@@ -98,28 +94,23 @@ def check(pair: tuple[str, str]) -> None:
             raise NicPairError(f"--nic-pair: {dev} carries this machine's default route; "
                                "moving it into the benchmark's namespace would cut the "
                                "machine off its network: give two spare ports")
-        if has_napi(dev) is False:
+        if has_napi(link) is False:
             raise NicPairError(f"--nic-pair: {dev} has no NAPI instance "
                                f"({link.kind or 'its driver'} does not use NAPI, or it is "
                                "down): kbp serves NAPI devices only")
 
 
-def port_irqs(dev: str, netns: str | None = None) -> list[int]:
-    """The interrupts of a NIC port: its MSI IRQs named after it (``eth1-TxRx-0``) or, for
-    virtio, the virtqueues' (``virtio2-input.0``, ``virtio2-output.0``; not ``-config``)."""
-    base = f"/sys/class/net/{dev}/device"
-    r = ns_run(netns, ["readlink", "-f", base], check=False)
-    target = r.stdout.strip()
-    virtio = os.path.basename(target) if target.rsplit("/", 1)[-1].startswith("virtio") \
-        else None
-    names = sysinfo.read_interrupts()
-    pat = re.compile(rf"^{re.escape(dev)}[-_:.@]\S*?\d+$")
-    out = []
-    for irq, action in names.items():
-        acts = [a.strip() for a in action.split(", ")]
-        if any(pat.match(a) for a in acts) or (virtio and any(
-                a.startswith(f"{virtio}-") and not a.endswith("-config") for a in acts)):
-            out.append(irq)
+def port_irqs(dev: str) -> list[int]:
+    """The interrupts of a NIC port: its queue IRQs named after it (``eth1-TxRx-0``,
+    sysinfo.device_irqs) or, for virtio, the virtqueues' (``virtio2-input.0``,
+    ``virtio2-output.0``; not ``-config``), named after the virtio device behind it."""
+    out = {q.irq for q in sysinfo.device_irqs(dev, None)}
+    virtio = (SYS_NET / dev / "device").resolve().name
+    if virtio.startswith("virtio"):
+        for irq, action in sysinfo.read_interrupts().items():
+            if any(a.strip().startswith(f"{virtio}-") and not a.strip().endswith("-config")
+                   for a in action.split(", ")):
+                out.add(irq)
     return sorted(out)
 
 

@@ -208,6 +208,7 @@ class Bench:
     cpus_available: Callable[[], list[int]] = placement_.available_cpus
     scenario: scenarios.Scenario | None = None
     placement: Placement | None = None
+    pair: tuple[str, str] | None = None      # --nic-pair (tester's port, server's), by plan()
     # a scenario's own measurements of each latency run: called right before the tester
     # starts (inside the mode), each returns the function that adds what it saw to the record
     probes: list[RunProbe] = field(default_factory=list)
@@ -245,7 +246,10 @@ class Bench:
                           f"{', '.join(SPIN_APP_CHOICES)}")
         if cfg.reps < 1:
             raise Aborted("--reps must be at least 1")
-        self.nic_pair()
+        try:
+            self.pair = nicpair.parse(",".join(cfg.nic_pair)) if cfg.nic_pair else None
+        except nicpair.NicPairError as e:
+            raise Aborted(str(e)) from e
         if cfg.app_policy is not None and cfg.app_policy not in APP_POLICIES:
             raise Aborted(f"unknown --app-policy {cfg.app_policy!r}: use "
                           f"{', '.join(APP_POLICIES)}")
@@ -271,13 +275,11 @@ class Bench:
         tcp = ["iperf3"] if parts.RTT_TCP in (self.cfg.parts or []) else []
         workloads.require_tools(sorted({"ip", "ethtool", "taskset", "sockperf", *tcp,
                                         *self.scenario.tools(self.cfg)}))
-        if self.cfg.nic_pair:
-            self._check_nic_pair()
+        if self.pair:
+            self._check_nic_pair(self.pair)
 
-    def _check_nic_pair(self) -> None:
+    def _check_nic_pair(self, pair: tuple[str, str]) -> None:
         """--nic-pair: two usable ports, and no mode mix a NIC cannot serve in one run."""
-        pair = self.nic_pair()
-        assert pair is not None
         try:
             nicpair.check(pair)
         except nicpair.NicPairError as e:
@@ -292,14 +294,6 @@ class Bench:
                 f"{'.'.join(map(str, KTHREAD_KEPT_BEFORE))}) a NAPI keeps its kthread once "
                 "threaded NAPI was on, kbp.ko then refuses the device, and a NIC cannot be "
                 "recreated as a veth pair is: run them in two invocations")
-
-    def nic_pair(self) -> tuple[str, str] | None:
-        if not self.cfg.nic_pair:
-            return None
-        try:
-            return nicpair.parse(",".join(self.cfg.nic_pair))
-        except nicpair.NicPairError as e:
-            raise Aborted(str(e)) from e
 
     def roles(self) -> tuple[str, ...]:
         """The scenario's roles, plus the flood sender and heavy receiver for rtt-tcp."""
@@ -455,15 +449,14 @@ class Bench:
         return self.results
 
     def _label(self, emulated: bool) -> str:
-        pair = self.nic_pair()
-        if pair:
+        if self.pair:
             return (LABEL_NIC_EMULATED if emulated else LABEL_NIC_HOST).format(
-                pair=",".join(pair))
+                pair=",".join(self.pair))
         return LABEL_EMULATED if emulated else LABEL_HOST
 
     def _builders(self) -> dict[str, Callable[[Testbed, int], VethLink]]:
         """--nic-pair: the RT link is the two ports, not a veth pair."""
-        pair = self.nic_pair()
+        pair = self.pair
         return {"rt": lambda tb, i: self._nic_link(tb, i, pair)} if pair else {}
 
     def _nic_link(self, tb: Testbed, i: int, pair: tuple[str, str]) -> VethLink:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kbp.bench.sysstat import read_percpu_table
 from kbp.rps import mask_cpus
 from kbp.testbed import run as ns_run
 
@@ -126,15 +127,13 @@ def schedstat(pid: int | None, proc: Path = PROC) -> tuple[int, int]:
 
 
 def irq_count(irqs: tuple[int, ...], proc: Path = PROC) -> int:
-    """Interrupts taken so far by ``irqs``, summed over every CPU (/proc/interrupts)."""
+    """Interrupts taken so far by ``irqs``, summed over every CPU (/proc/interrupts, rows
+    named "<irq> <action>" by sysstat.read_percpu_table)."""
     if not irqs:
         return 0
-    want, total = {str(i) for i in irqs}, 0
-    for line in (proc / "interrupts").read_text().splitlines()[1:]:
-        head, _, rest = line.partition(":")
-        if head.strip() in want:
-            total += sum(int(f) for f in rest.split() if f.isdigit())
-    return total
+    want = {str(i) for i in irqs}
+    rows = read_percpu_table(proc / "interrupts")
+    return sum(sum(counts) for name, counts in rows.items() if name.split()[0] in want)
 
 
 @dataclass

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -208,3 +208,21 @@ def start_idle_bench(first_mode: str, out: Path) -> subprocess.Popen[str]:
                              "--parts", "idle", "--idle-duration", "60", "--no-trace",
                              "--no-plots", "--out", str(out)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def interrupt_when_on(proc: subprocess.Popen[str], is_on: Callable[[], bool], never: str,
+                      settle: float = 0.0) -> str:
+    """Wait (up to 40 s) until ``is_on()``, ``settle`` seconds more, then Ctrl-C the
+    benchmark ``proc``; its stderr.  It is killed if it is still there after that."""
+    try:
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and not is_on():
+            time.sleep(0.05)
+        assert is_on(), never
+        time.sleep(settle)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return err

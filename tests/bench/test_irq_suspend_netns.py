@@ -16,12 +16,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_bench_netns import _ours, _procs, _settings, _skip_unless_ready, start_idle_bench
+from test_bench_netns import (
+    _ours,
+    _procs,
+    _settings,
+    _skip_unless_ready,
+    interrupt_when_on,
+    start_idle_bench,
+)
 
 from kbp import names
 from kbp.bench import modes, steer, tester, workloads
@@ -218,17 +224,8 @@ def test_ctrl_c_while_irq_suspend_is_on(tmp_path: Path) -> None:
         pytest.skip(reason="a kbp-echo already runs here (another benchmark?)")
     before_ns, before_set = _ours(), _settings()
     proc = start_idle_bench("irq-suspend", tmp_path)
-    try:
-        deadline = time.monotonic() + 40
-        while time.monotonic() < deadline and not _echo_pids():
-            time.sleep(0.05)
-        assert _echo_pids(), "kbp-echo never started"
-        time.sleep(1.0)                                 # the mode is set up by now
-        proc.send_signal(signal.SIGINT)
-        _out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    err = interrupt_when_on(proc, lambda: bool(_echo_pids()), "kbp-echo never started",
+                            settle=1.0)                 # the mode is set up by then
     assert proc.returncode == 130, err[-2000:]
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["interrupted"] is True and "restore_problems" not in res

@@ -8,12 +8,18 @@ Needs root, sockperf, iperf3, ethtool.  About 40 s.
 from __future__ import annotations
 
 import json
-import signal
 import time
 from pathlib import Path
 
 import pytest
-from test_bench_netns import _ours, _procs, _settings, _skip_unless_ready, start_idle_bench
+from test_bench_netns import (
+    _ours,
+    _procs,
+    _settings,
+    _skip_unless_ready,
+    interrupt_when_on,
+    start_idle_bench,
+)
 
 from kbp.bench import modes, report
 from kbp.bench.runner import Bench, BenchConfig
@@ -73,17 +79,8 @@ def test_ctrl_c_while_busypoll_is_on_restores_the_sysctls(tmp_path: Path) -> Non
     if was == modes.BUSY_POLL_US:
         pytest.skip(reason="busy_read is already 50 here: cannot see the mode turn on")
     proc = start_idle_bench("busypoll", tmp_path)
-    try:
-        deadline = time.monotonic() + 40
-        while time.monotonic() < deadline and \
-                BUSY_READ.read_text().strip() != modes.BUSY_POLL_US:
-            time.sleep(0.05)
-        assert BUSY_READ.read_text().strip() == modes.BUSY_POLL_US, "busypoll never came on"
-        proc.send_signal(signal.SIGINT)
-        _out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    err = interrupt_when_on(proc, lambda: BUSY_READ.read_text().strip() == modes.BUSY_POLL_US,
+                            "busypoll never came on")
     assert proc.returncode == 130, err[-2000:]
     assert BUSY_READ.read_text().strip() == was
     assert _settings() == before_set

@@ -68,9 +68,10 @@ static inline int kbp_napi_irq(const struct napi_struct *n)
  * tracepoints), as kbp does on every kernel.
  */
 #ifdef KBP_HAVE_GRO_NODE
-static inline void kbp_gro_flush_old(struct napi_struct *n)
+/* @flush_old: only packets held for more than a jiffy; else all of them */
+static inline void kbp_gro_flush(struct napi_struct *n, bool flush_old)
 {
-	gro_flush(&n->gro, HZ >= 1000);
+	gro_flush(&n->gro, flush_old);
 }
 
 static inline void kbp_gro_deliver_rx_list(struct napi_struct *n)
@@ -84,10 +85,10 @@ static inline void kbp_gro_deliver_rx_list(struct napi_struct *n)
 	gro->rx_count = 0;
 }
 #else
-static inline void kbp_gro_flush_old(struct napi_struct *n)
+static inline void kbp_gro_flush(struct napi_struct *n, bool flush_old)
 {
 	if (n->gro_bitmask)
-		napi_gro_flush(n, HZ >= 1000);
+		napi_gro_flush(n, flush_old);
 }
 
 static inline void kbp_gro_deliver_rx_list(struct napi_struct *n)
@@ -99,6 +100,11 @@ static inline void kbp_gro_deliver_rx_list(struct napi_struct *n)
 	n->rx_count = 0;
 }
 #endif
+
+static inline void kbp_gro_flush_old(struct napi_struct *n)
+{
+	kbp_gro_flush(n, HZ >= 1000);
+}
 
 /*
  * dev_set_threaded() took a bool until upstream, adding threaded busy

@@ -99,7 +99,7 @@ void kbp_freq_wake(struct kbp_poller *p, struct kbp_freq *f)
 {
 	if (likely(!f->low && !f->saved))
 		return;
-	if (!READ_ONCE(p->freq_ctl) || READ_ONCE(p->mode) != KBP_MODE_HYBRID) {
+	if (!READ_ONCE(p->freq_ctl) || READ_ONCE(p->ops)->no_freq_ctl) {
 		if (kbp_freq_set(p, f, KBP_FREQ_SAVED, false)) {
 			f->saved = 0;
 			f->low = false;
@@ -123,16 +123,18 @@ void kbp_freq_restore(struct kbp_poller *p, struct kbp_freq *f)
 int kbp_freq_check(int cpu, const struct kbp_conf *c,
 		   struct netlink_ext_ack *extack)
 {
+	const struct kbp_mode_ops *ops;
 	struct cpufreq_policy *pol;
 	const char *gov = "none";
 	bool setspeed = false;
 
 	if (!c->freq_ctl)
 		return 0;
-	if (c->mode != KBP_MODE_HYBRID) {
+	ops = kbp_mode_ops(c->mode);
+	if (!ops || ops->no_freq_ctl) {
 		kbp_refuse(extack, "freq_ctl needs mode hybrid",
-			   "freq_ctl on CPU %d needs mode hybrid (busy never sleeps)",
-			   cpu);
+			   "freq_ctl on CPU %d needs mode hybrid (%s)", cpu,
+			   ops ? ops->no_freq_ctl : "unknown mode");
 		return -EINVAL;
 	}
 	pol = cpufreq_cpu_get(cpu);

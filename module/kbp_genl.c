@@ -50,6 +50,13 @@ static const struct nla_policy kbp_policy[KBP_A_MAX + 1] = {
 	[KBP_A_QUOTA]		= { .type = NLA_U32 },
 	[KBP_A_RT_PRIO]		= { .type = NLA_U32 },
 	[KBP_A_FREQ_CTL]	= { .type = NLA_U32 },
+	[KBP_A_INTERVAL_US]	= { .type = NLA_U32 },
+	[KBP_A_NETAP]		= { .type = NLA_U32 },
+	[KBP_A_ROUND_MS]	= { .type = NLA_U32 },
+	[KBP_A_MIN_INTERVAL_US]	= { .type = NLA_U32 },
+	[KBP_A_MAX_INTERVAL_US]	= { .type = NLA_U32 },
+	[KBP_A_MIN_CHANGE]	= { .type = NLA_U32 },
+	[KBP_A_MAX_ROUND]	= { .type = NLA_U32 },
 	[KBP_A_IFINDEX]		= { .type = NLA_U32 },
 	[KBP_A_IFNAME]		= { .type = NLA_STRING, .len = IFNAMSIZ - 1 },
 	[KBP_A_NETNS_FD]	= { .type = NLA_U32 },
@@ -57,6 +64,14 @@ static const struct nla_policy kbp_policy[KBP_A_MAX + 1] = {
 };
 
 /* --- requests ---------------------------------------------------------- */
+
+static void kbp_parse_u32(const struct nlattr *a, bool *has, u32 *v)
+{
+	if (!a)
+		return;
+	*has = true;
+	*v = nla_get_u32(a);
+}
 
 static void kbp_parse_knobs(struct genl_info *info, struct kbp_knobs *k)
 {
@@ -83,13 +98,27 @@ static void kbp_parse_knobs(struct genl_info *info, struct kbp_knobs *k)
 		k->has_freq_ctl = true;
 		k->conf.freq_ctl = nla_get_u32(tb[KBP_A_FREQ_CTL]);
 	}
+	kbp_parse_u32(tb[KBP_A_INTERVAL_US], &k->has_interval,
+		      &k->conf.interval_us);
+	kbp_parse_u32(tb[KBP_A_NETAP], &k->has_netap, &k->conf.netap);
+	kbp_parse_u32(tb[KBP_A_ROUND_MS], &k->has_round_ms, &k->conf.round_ms);
+	kbp_parse_u32(tb[KBP_A_MIN_INTERVAL_US], &k->has_min_interval,
+		      &k->conf.np.min_interval_us);
+	kbp_parse_u32(tb[KBP_A_MAX_INTERVAL_US], &k->has_max_interval,
+		      &k->conf.np.max_interval_us);
+	kbp_parse_u32(tb[KBP_A_MIN_CHANGE], &k->has_min_change,
+		      &k->conf.np.min_change_pct);
+	kbp_parse_u32(tb[KBP_A_MAX_ROUND], &k->has_max_round,
+		      &k->conf.np.max_round);
 }
 
 /* Knobs that take a CPU from other tasks need CAP_SYS_NICE (see the top). */
 static int kbp_may_take_cpu(struct sk_buff *skb, struct genl_info *info,
 			    const struct kbp_knobs *k)
 {
-	bool takes = (k->has_mode && k->conf.mode == KBP_MODE_BUSY) ||
+	const struct kbp_mode_ops *ops = k->has_mode ?
+					 kbp_mode_ops(k->conf.mode) : NULL;
+	bool takes = (ops && !ops->sleeps) ||
 		     (k->has_rt_prio && k->conf.rt_prio);
 
 	if (!takes || netlink_capable(skb, CAP_SYS_NICE))
@@ -288,6 +317,35 @@ static int kbp_put_u64(struct sk_buff *skb, int type, u64 v)
 	return nla_put_u64_64bit(skb, type, v, KBP_A_PAD);
 }
 
+/* The search state of a periodic poller with netap on.  kbp_lock held. */
+static int kbp_fill_netap(struct sk_buff *skb, struct kbp_poller *p)
+{
+	struct kbp_netap_snapshot ns;
+	struct nlattr *nest;
+
+	kbp_poller_read_netap(p, &ns);
+	if (!ns.on)
+		return 0;
+	nest = nla_nest_start(skb, KBP_A_NETAP_STATE);
+	if (!nest ||
+	    nla_put_u32(skb, KBP_NETAP_A_ROUND, ns.s.round) ||
+	    nla_put_u64_64bit(skb, KBP_NETAP_A_ROUNDS, ns.rounds,
+			      KBP_NETAP_A_PAD) ||
+	    nla_put_u32(skb, KBP_NETAP_A_INTERVAL_US, ns.s.interval_us) ||
+	    nla_put_u32(skb, KBP_NETAP_A_LOW_US, ns.s.low_us) ||
+	    nla_put_u32(skb, KBP_NETAP_A_HIGH_US, ns.s.high_us) ||
+	    nla_put_u32(skb, KBP_NETAP_A_RANGE_LO_US, ns.s.range_lo_us) ||
+	    nla_put_u32(skb, KBP_NETAP_A_RANGE_HI_US, ns.s.range_hi_us) ||
+	    nla_put_u32(skb, KBP_NETAP_A_DISTANCE_US, ns.s.distance_us) ||
+	    nla_put_u32(skb, KBP_NETAP_A_CONVERGED, ns.s.converged) ||
+	    nla_put_u32(skb, KBP_NETAP_A_RESTARTS, ns.s.restarts) ||
+	    nla_put_u64_64bit(skb, KBP_NETAP_A_LAST_WORK, ns.last,
+			      KBP_NETAP_A_PAD))
+		return -EMSGSIZE;
+	nla_nest_end(skb, nest);
+	return 0;
+}
+
 static int kbp_fill_poller(struct sk_buff *skb, struct kbp_poller *p)
 {
 	struct kbp_poller_snapshot s;
@@ -318,9 +376,17 @@ static int kbp_fill_poller(struct sk_buff *skb, struct kbp_poller *p)
 	    kbp_put_u64(skb, KBP_A_FREQ_CHANGES, s.freq_changes) ||
 	    kbp_put_u64(skb, KBP_A_YIELDS, s.yields) ||
 	    kbp_put_u64(skb, KBP_A_RESPAWNS, s.respawns) ||
-	    kbp_put_u64(skb, KBP_A_REPAIRS, s.repairs))
+	    kbp_put_u64(skb, KBP_A_REPAIRS, s.repairs) ||
+	    kbp_put_u64(skb, KBP_A_HANDBACKS, s.handbacks) ||
+	    nla_put_u32(skb, KBP_A_INTERVAL_US, READ_ONCE(p->interval_us)) ||
+	    nla_put_u32(skb, KBP_A_NETAP, READ_ONCE(p->netap)) ||
+	    nla_put_u32(skb, KBP_A_ROUND_MS, READ_ONCE(p->round_ms)) ||
+	    nla_put_u32(skb, KBP_A_MIN_INTERVAL_US, p->np.min_interval_us) ||
+	    nla_put_u32(skb, KBP_A_MAX_INTERVAL_US, p->np.max_interval_us) ||
+	    nla_put_u32(skb, KBP_A_MIN_CHANGE, p->np.min_change_pct) ||
+	    nla_put_u32(skb, KBP_A_MAX_ROUND, p->np.max_round))
 		return -EMSGSIZE;
-	return 0;
+	return kbp_fill_netap(skb, p);
 }
 
 static int kbp_fill_dev(struct sk_buff *skb, struct kbp_dev *kd)

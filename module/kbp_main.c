@@ -28,7 +28,7 @@
 
 static char *default_mode = "hybrid";
 module_param(default_mode, charp, 0444);
-MODULE_PARM_DESC(default_mode, "mode of a poller created without one: busy or hybrid (default hybrid)");
+MODULE_PARM_DESC(default_mode, "mode of a poller created without one: busy, hybrid or periodic (default hybrid)");
 
 static unsigned int reconcile_ms = 200;
 module_param(reconcile_ms, uint, 0644);
@@ -62,21 +62,61 @@ int kbp_check_cpu(int cpu, struct netlink_ext_ack *extack)
 	return 0;
 }
 
+/* One u32 knob of a request within [lo, hi], else ERANGE naming it. */
+static int kbp_check_range(bool has, u32 v, u32 lo, u32 hi, const char *name,
+			   struct netlink_ext_ack *extack)
+{
+	if (!has || (v >= lo && v <= hi))
+		return 0;
+	kbp_refuse(extack, "knob out of range", "%s %u out of range (%u-%u)",
+		   name, v, lo, hi);
+	return -ERANGE;
+}
+
+/*
+ * The periodic knobs' own ranges (whatever the mode: they are stored for a
+ * later switch to periodic).  Whether min_interval_us <= max_interval_us
+ * holds is checked on the merged knobs, by periodic's check.
+ */
+static int kbp_check_periodic_knobs(const struct kbp_knobs *req,
+				    struct netlink_ext_ack *extack)
+{
+	const struct kbp_conf *c = &req->conf;
+
+	return kbp_check_range(req->has_interval, c->interval_us,
+			       KBP_NETAP_INTERVAL_US_LO,
+			       KBP_NETAP_INTERVAL_US_HI, "interval_us", extack) ?:
+	       kbp_check_range(req->has_netap, c->netap, 0, 1, "netap",
+			       extack) ?:
+	       kbp_check_range(req->has_round_ms, c->round_ms,
+			       KBP_ROUND_MS_MIN, KBP_ROUND_MS_MAX, "round_ms",
+			       extack) ?:
+	       kbp_check_range(req->has_min_interval, c->np.min_interval_us,
+			       KBP_NETAP_INTERVAL_US_LO,
+			       KBP_NETAP_INTERVAL_US_HI, "min_interval_us",
+			       extack) ?:
+	       kbp_check_range(req->has_max_interval, c->np.max_interval_us,
+			       KBP_NETAP_INTERVAL_US_LO,
+			       KBP_NETAP_INTERVAL_US_HI, "max_interval_us",
+			       extack) ?:
+	       kbp_check_range(req->has_min_change, c->np.min_change_pct,
+			       KBP_NETAP_MIN_CHANGE_PCT_LO,
+			       KBP_NETAP_MIN_CHANGE_PCT_HI, "min_change", extack) ?:
+	       kbp_check_range(req->has_max_round, c->np.max_round,
+			       KBP_NETAP_MAX_ROUND_LO, KBP_NETAP_MAX_ROUND_HI,
+			       "max_round", extack);
+}
+
 int kbp_check_knobs(const struct kbp_knobs *req,
 		    struct netlink_ext_ack *extack)
 {
 	const struct kbp_conf *c = &req->conf;
 
-	if (req->has_mode && c->mode == KBP_MODE_PERIODIC) {
-		kbp_refuse(extack, "mode periodic is not implemented yet",
-			   "mode periodic is not implemented yet");
-		return -EOPNOTSUPP;
-	}
-	if (req->has_mode && c->mode != KBP_MODE_BUSY &&
-	    c->mode != KBP_MODE_HYBRID) {
+	if (req->has_mode && !kbp_mode_ops(c->mode)) {
 		kbp_refuse(extack, "unknown mode",
-			   "unknown mode %u (busy=%d, hybrid=%d)", c->mode,
-			   KBP_MODE_BUSY, KBP_MODE_HYBRID);
+			   "unknown mode %u (busy=%d, hybrid=%d, periodic=%d)",
+			   c->mode, KBP_MODE_BUSY, KBP_MODE_HYBRID,
+			   KBP_MODE_PERIODIC);
 		return -EINVAL;
 	}
 	if (req->has_quota && (c->quota < 1 || c->quota > KBP_QUOTA_MAX)) {
@@ -102,7 +142,22 @@ int kbp_check_knobs(const struct kbp_knobs *req,
 			   "freq_ctl %u out of range (0 or 1)", c->freq_ctl);
 		return -ERANGE;
 	}
-	return 0;
+	return kbp_check_periodic_knobs(req, extack);
+}
+
+/* The merged knobs @c can run on @cpu: its mode's checks, then freq_ctl's. */
+static int kbp_conf_check(int cpu, const struct kbp_conf *c,
+			  struct netlink_ext_ack *extack)
+{
+	const struct kbp_mode_ops *ops = kbp_mode_ops(c->mode);
+	int err;
+
+	if (ops && ops->check) {
+		err = ops->check(cpu, c, extack);
+		if (err)
+			return err;
+	}
+	return kbp_freq_check(cpu, c, extack);
 }
 
 /* The configuration @req asks for on @cpu, on top of what is there. */
@@ -120,8 +175,43 @@ static void kbp_conf_merge(int cpu, const struct kbp_knobs *req,
 		out->rt_prio = req->conf.rt_prio;
 	if (req->has_freq_ctl)
 		out->freq_ctl = req->conf.freq_ctl;
-	else if (req->has_mode && req->conf.mode != KBP_MODE_HYBRID)
+	else if (req->has_mode && kbp_mode_ops(req->conf.mode) &&
+		 kbp_mode_ops(req->conf.mode)->no_freq_ctl)
 		out->freq_ctl = 0;	/* asking for busy turns it off */
+	if (req->has_interval)
+		out->interval_us = req->conf.interval_us;
+	if (req->has_netap)
+		out->netap = req->conf.netap;
+	if (req->has_round_ms)
+		out->round_ms = req->conf.round_ms;
+	if (req->has_min_interval)
+		out->np.min_interval_us = req->conf.np.min_interval_us;
+	if (req->has_max_interval)
+		out->np.max_interval_us = req->conf.np.max_interval_us;
+	if (req->has_min_change)
+		out->np.min_change_pct = req->conf.np.min_change_pct;
+	if (req->has_max_round)
+		out->np.max_round = req->conf.np.max_round;
+}
+
+/* Set up @c as a CPU's knobs before any request. */
+static void kbp_conf_init(struct kbp_conf *c, u32 mode)
+{
+	memset(c, 0, sizeof(*c));
+	c->mode = mode;
+	c->quota = KBP_QUOTA_MAX;
+	c->interval_us = KBP_INTERVAL_US_DEF;
+	c->round_ms = KBP_ROUND_MS_DEF;
+	kbp_netap_default_params(&c->np);
+}
+
+static bool kbp_conf_equal(const struct kbp_conf *a, const struct kbp_conf *b)
+{
+	return a->mode == b->mode && a->linger_us == b->linger_us &&
+	       a->quota == b->quota && a->rt_prio == b->rt_prio &&
+	       a->freq_ctl == b->freq_ctl && a->interval_us == b->interval_us &&
+	       a->netap == b->netap && a->round_ms == b->round_ms &&
+	       !memcmp(&a->np, &b->np, sizeof(a->np));
 }
 
 /* --- pollers ---------------------------------------------------------- */
@@ -155,7 +245,7 @@ static struct kbp_poller *kbp_poller_get(int cpu, struct kbp_dev *kd)
 		return p;
 	kbp_pollers[cpu] = p;
 	pr_info("kbp/%d started (pid %d, mode %s)\n", cpu, p->pid,
-		p->mode == KBP_MODE_BUSY ? "busy" : "hybrid");
+		p->ops->name);
 	return p;
 }
 
@@ -208,19 +298,18 @@ static int kbp_check_conflict(int cpu, const struct kbp_knobs *req,
 			      struct netlink_ext_ack *extack)
 {
 	struct kbp_poller *p = kbp_pollers[cpu];
-	struct kbp_conf want;
+	struct kbp_conf want, have;
 
 	if (!p || list_empty(&p->napis))
 		return 0;
 	kbp_conf_merge(cpu, req, &want);
-	if (want.mode == p->mode && want.linger_us == p->linger_us &&
-	    want.quota == p->quota && want.rt_prio == p->rt_prio &&
-	    want.freq_ctl == p->freq_ctl)
+	kbp_poller_conf(p, &have);
+	if (kbp_conf_equal(&want, &have))
 		return 0;
 	kbp_refuse(extack, "poller serves other devices with other knobs",
-		   "kbp/%d serves other devices with mode=%s linger_us=%u quota=%u rt_prio=%u freq_ctl=%u; change them with poller-set",
-		   cpu, p->mode == KBP_MODE_BUSY ? "busy" : "hybrid",
-		   p->linger_us, p->quota, p->rt_prio, p->freq_ctl);
+		   "kbp/%d serves other devices with mode=%s linger_us=%u quota=%u rt_prio=%u freq_ctl=%u interval_us=%u netap=%u; change them with poller-set",
+		   cpu, p->ops->name, p->linger_us, p->quota, p->rt_prio,
+		   p->freq_ctl, p->interval_us, p->netap);
 	return -EBUSY;
 }
 
@@ -240,7 +329,7 @@ int kbp_poller_configure(int cpu, const struct kbp_knobs *req,
 	if (err)
 		return err;
 	kbp_conf_merge(cpu, req, &want);
-	err = kbp_freq_check(cpu, &want, extack);
+	err = kbp_conf_check(cpu, &want, extack);
 	if (err)
 		return err;
 	kbp_conf[cpu] = want;
@@ -606,7 +695,7 @@ static int kbp_req_check_cpu(int cpu, const struct kbp_knobs *req,
 	if (err)
 		return err;
 	kbp_conf_merge(cpu, req, &want);
-	return kbp_freq_check(cpu, &want, extack);
+	return kbp_conf_check(cpu, &want, extack);
 }
 
 /* Every CPU @req would use on its device, for conflict checks. */
@@ -976,18 +1065,16 @@ static int kbp_cpu_event(unsigned int cpu)
 
 static int __init kbp_init(void)
 {
+	const struct kbp_mode_ops *ops = kbp_mode_ops_by_name(default_mode);
 	unsigned int cpu;
 	int err;
 
-	if (!strcmp(default_mode, "busy")) {
-		kbp_default_mode = KBP_MODE_BUSY;
-	} else if (!strcmp(default_mode, "hybrid")) {
-		kbp_default_mode = KBP_MODE_HYBRID;
-	} else {
-		pr_err("default_mode=%s: unknown mode (busy or hybrid)\n",
+	if (!ops) {
+		pr_err("default_mode=%s: unknown mode (busy, hybrid or periodic)\n",
 		       default_mode);
 		return -EINVAL;
 	}
+	kbp_default_mode = ops->mode;
 
 	kbp_pollers = kcalloc(nr_cpu_ids, sizeof(*kbp_pollers), GFP_KERNEL);
 	kbp_conf = kcalloc(nr_cpu_ids, sizeof(*kbp_conf), GFP_KERNEL);
@@ -995,10 +1082,8 @@ static int __init kbp_init(void)
 		err = -ENOMEM;
 		goto err_free;
 	}
-	for (cpu = 0; cpu < nr_cpu_ids; cpu++) {
-		kbp_conf[cpu].mode = kbp_default_mode;
-		kbp_conf[cpu].quota = KBP_QUOTA_MAX;
-	}
+	for (cpu = 0; cpu < nr_cpu_ids; cpu++)
+		kbp_conf_init(&kbp_conf[cpu], kbp_default_mode);
 
 	err = register_netdevice_notifier(&kbp_netdev_nb);
 	if (err)

@@ -18,6 +18,19 @@
  *                    hardIRQ path wakes it.  With freq_ctl it lowers its
  *                    CPU's frequency before sleeping and raises it on
  *                    waking (kbp_freq.c).
+ *   periodic (NetAP) polls, then sleeps interval_us on an hrtimer with its
+ *                    NAPIs still scheduled: the driver's napi_complete_done()
+ *                    is made to return false (NAPI_STATE_IN_BUSY_POLL, as
+ *                    for a socket's busy poll), so the driver leaves its
+ *                    interrupt masked and no packet wakes anyone.  A NAPI
+ *                    found empty KBP_PERIODIC_IDLE_POLLS times in a row is
+ *                    polled once without the bit: the driver completes it
+ *                    and unmasks its interrupt, whose next schedule wakes
+ *                    the poller as in hybrid.  With netap on, the interval
+ *                    comes from the golden-section search (kbp_netap.c),
+ *                    run in rounds of round_ms.
+ * Each mode is one entry of kbp_modes[] (struct kbp_mode_ops); the loop
+ * calls its entry and tests no mode.
  */
 #include <linux/kthread.h>
 #include <linux/livepatch.h>
@@ -107,15 +120,49 @@ static bool kbp_napi_repoll(struct kbp_napi *kn, struct napi_struct *n,
 	return true;
 }
 
+/* Off the CPU it is bound to: that CPU is going offline (kbp_cpu_event()). */
+static bool kbp_off_home(struct kbp_poller *p)
+{
+	return raw_smp_processor_id() != p->cpu;
+}
+
+/*
+ * A mode that holds NAPIs (periodic) may keep @kn's scheduled across its
+ * next sleep: not idle for too long, and nobody is taking the NAPI away
+ * (napi_disable(), a detach, the kernel's threaded-off on 7.2, hotplug).
+ * Those are checked again after the poll (kbp_napi_repoll()).
+ */
+static bool kbp_may_hold(struct kbp_poller *p, struct kbp_napi *kn,
+			 struct napi_struct *n)
+{
+	return kn->idle < KBP_PERIODIC_IDLE_POLLS &&
+	       !test_bit(KBP_NAPI_DETACHING, &kn->flags) &&
+	       !kbp_napi_threaded_dropped(n) && !napi_disable_pending(n) &&
+	       !napi_prefer_busy_poll(n) && !kbp_off_home(p);
+}
+
 /*
  * Poll one NAPI we own and claimed (kbp_pass_next()), bh disabled by the
  * caller, and release the claim with the NAPI's counters final.
+ *
+ * Holding (periodic): the poll runs with NAPI_STATE_IN_BUSY_POLL set, as
+ * napi_busy_loop() runs it for a socket, so the driver's
+ * napi_complete_done() returns false and changes nothing: the NAPI keeps
+ * NAPI_STATE_SCHED and SCHED_THREADED (still ours) and the driver leaves its
+ * interrupt masked (virtio-net: virtqueue_napi_complete() disables the
+ * callback again).  The bit is ours to set: we own SCHED, and a socket's
+ * busy poll takes a NAPI only with SCHED clear.  It is cleared before the
+ * claim is released, so it never outlives the poll.  The tail is then
+ * __napi_poll()'s for a full budget (kbp_napi_repoll(): napi_disable()
+ * pending, busy-poll preference, detach), after flushing every GRO packet:
+ * the NAPI now waits a whole interval.
  */
-static int kbp_poll_napi(struct kbp_poller *p, struct kbp_napi *kn,
-			 bool *more)
+static int kbp_poll_napi(struct kbp_poller *p, const struct kbp_mode_ops *ops,
+			 struct kbp_napi *kn, bool *more, bool *held)
 {
 	struct napi_struct *n = kn->napi;
 	int budget = min_t(int, READ_ONCE(p->quota), n->weight);
+	bool hold = false, handback = false;
 	struct kbp_bpf_ctx bpf_ctx;
 	int work = 0;
 	void *have;
@@ -126,14 +173,34 @@ static int kbp_poll_napi(struct kbp_poller *p, struct kbp_napi *kn,
 	have = netpoll_poll_lock(n);
 
 	if (test_bit(NAPI_STATE_SCHED, &n->state)) {
+		if (ops->holds) {
+			hold = kbp_may_hold(p, kn, n);
+			handback = !hold;
+		}
+		if (hold)
+			set_bit(NAPI_STATE_IN_BUSY_POLL, &n->state);
 		work = n->poll(n, budget);
+		if (hold)
+			clear_bit(NAPI_STATE_IN_BUSY_POLL, &n->state);
 		trace_napi_poll(n, work, budget);
 	}
 	if (unlikely(work > budget))
 		netdev_err_once(n->dev, "kbp: NAPI poll %pS returned %d, over its budget %d\n",
 				n->poll, work, budget);
-	if (work >= budget && kbp_napi_repoll(kn, n, work))
-		*more = true;
+	if (work >= budget) {
+		if (kbp_napi_repoll(kn, n, work))
+			*more = true;
+	} else if (hold) {
+		kbp_gro_flush(n, false);
+		if (kbp_napi_repoll(kn, n, work))
+			*held = true;
+	}
+	if (ops->holds) {
+		/* written only here, by this thread */
+		kn->idle = work ? 0 : (hold ? kn->idle + 1 : 0);
+		if (handback)
+			kbp_stat_add(p, &p->handbacks, 1);
+	}
 
 	netpoll_poll_unlock(have);
 	kbp_bpf_ctx_clear(&bpf_ctx);
@@ -200,7 +267,8 @@ void kbp_napi_put(struct kbp_napi *kn)
  * hogs its CPU must hold no claim that keeps a detach waiting.  Outside
  * PREEMPT_RT nothing between the claim and its release can be preempted.
  */
-static int kbp_pass(struct kbp_poller *p, bool *more)
+static int kbp_pass(struct kbp_poller *p, const struct kbp_mode_ops *ops,
+		    bool *more, bool *held)
 {
 	unsigned int pass = ++p->pass;
 	struct kbp_napi *kn;
@@ -214,7 +282,7 @@ static int kbp_pass(struct kbp_poller *p, bool *more)
 		local_bh_disable();
 		kn = kbp_pass_next(p, pass);
 		if (kn)
-			work += kbp_poll_napi(p, kn, more);
+			work += kbp_poll_napi(p, ops, kn, more, held);
 		local_bh_enable();
 		if (!kn)
 			return work;
@@ -239,30 +307,20 @@ static bool kbp_has_work(struct kbp_poller *p)
 	return ret;
 }
 
-/* Off the CPU it is bound to: that CPU is going offline (kbp_cpu_event()). */
-static bool kbp_off_home(struct kbp_poller *p)
-{
-	return raw_smp_processor_id() != p->cpu;
-}
-
 /*
- * The sleep predicates.  Any poller sleeps when it serves no NAPI (device
+ * The sleep predicate.  Any poller sleeps when it serves no NAPI (device
  * down, standby) or has been pushed off its CPU by hotplug (the reconcile
- * work then hands its NAPIs back); a hybrid poller (Algorithm 1 of EE-KBP,
- * plus linger) also when linger_us has passed since the last packet.
+ * work then hands its NAPIs back); otherwise its mode decides
+ * (ops->may_sleep), unless a NAPI used its whole budget.
  */
-static bool kbp_may_sleep(struct kbp_poller *p, bool more, u64 now,
-			  u64 last_work)
+static bool kbp_may_sleep(struct kbp_poller *p, const struct kbp_mode_ops *ops,
+			  bool more, u64 now, u64 last_work)
 {
-	u64 linger = (u64)READ_ONCE(p->linger_us) * NSEC_PER_USEC;
-
 	if (more)
 		return false;
 	if (list_empty(&p->napis) || kbp_off_home(p))
 		return true;
-	if (READ_ONCE(p->mode) != KBP_MODE_HYBRID)
-		return false;
-	return now - last_work >= linger;
+	return ops->may_sleep(p, now, last_work);
 }
 
 /* Still nothing to do, checked after set_current_state() (pairs with wakers). */
@@ -279,8 +337,8 @@ static bool kbp_still_idle(struct kbp_poller *p)
 	if (test_bit(KBP_POLLER_STUCK, &p->flags))
 		return false;
 	/* a busy poller that kbp_poller_add_napi() gave a NAPI spins again */
-	return READ_ONCE(p->mode) == KBP_MODE_HYBRID ||
-	       list_empty(&p->napis) || kbp_off_home(p);
+	return READ_ONCE(p->ops)->sleeps || list_empty(&p->napis) ||
+	       kbp_off_home(p);
 }
 
 /*
@@ -431,6 +489,180 @@ static void kbp_relax(struct kbp_poller *p)
 		kbp_klp_switch(p);
 }
 
+/* --- the modes ---------------------------------------------------------- */
+
+static bool kbp_never(struct kbp_poller *p, u64 now, u64 last_work)
+{
+	return false;
+}
+
+static bool kbp_always(struct kbp_poller *p, u64 now, u64 last_work)
+{
+	return true;
+}
+
+/* hybrid (Algorithm 1 of EE-KBP, plus linger) */
+static bool kbp_lingered(struct kbp_poller *p, u64 now, u64 last_work)
+{
+	u64 linger = (u64)READ_ONCE(p->linger_us) * NSEC_PER_USEC;
+
+	return now - last_work >= linger;
+}
+
+static void kbp_wait_woken(struct kbp_poller *p, bool held)
+{
+	kbp_sleep(p);
+}
+
+/*
+ * periodic: with a NAPI held, sleep the interval on an hrtimer (zero slack,
+ * as kbp_sleep_ns()); a NAPI schedule of an unheld NAPI, a knob change or
+ * kthread_stop() end it early.  The held NAPIs stay ours meanwhile (they
+ * are "work", so kbp_sleep() would not sleep).  With nothing held, sleep
+ * until woken, as hybrid does.  Timed sleeps count in @sleeps and
+ * @sleep_ns; @wakeups stays the count of sleeps ended by an interrupt.
+ */
+static void kbp_wait_interval(struct kbp_poller *p, bool held)
+{
+	ktime_t t;
+	u64 t0;
+
+	if (!held) {
+		kbp_sleep(p);
+		return;
+	}
+	t = ns_to_ktime((u64)p->cur_interval_us * NSEC_PER_USEC);
+	set_current_state(KBP_SLEEP_STATE);
+	if (kthread_should_stop() || test_bit(KBP_POLLER_STUCK, &p->flags)) {
+		__set_current_state(TASK_RUNNING);
+		return;
+	}
+	t0 = local_clock();
+	schedule_hrtimeout(&t, HRTIMER_MODE_REL);
+	u64_stats_update_begin(&p->syncp);
+	u64_stats_inc(&p->sleeps);
+	u64_stats_add(&p->sleep_ns, local_clock() - t0);
+	u64_stats_update_end(&p->syncp);
+}
+
+/* periodic's merged knobs: the search's range, MinChange and MaxRound */
+static int kbp_periodic_check(int cpu, const struct kbp_conf *c,
+			      struct netlink_ext_ack *extack)
+{
+	const char *why = NULL;
+	int err;
+
+	err = kbp_netap_check_params(&c->np, &why);
+	if (err)
+		kbp_refuse(extack, "bad search parameters",
+			   "CPU %d, mode periodic: %s", cpu, why ? why : "?");
+	return err;
+}
+
+static const struct kbp_mode_ops kbp_modes[] = {
+	{
+		.mode = KBP_MODE_BUSY,
+		.name = "busy",
+		.no_freq_ctl = "busy never sleeps",
+		.may_sleep = kbp_never,
+		.wait = kbp_wait_woken,
+	}, {
+		.mode = KBP_MODE_HYBRID,
+		.name = "hybrid",
+		.sleeps = true,
+		.may_sleep = kbp_lingered,
+		.wait = kbp_wait_woken,
+	}, {
+		.mode = KBP_MODE_PERIODIC,
+		.name = "periodic",
+		.sleeps = true,
+		.holds = true,
+		.no_freq_ctl = "periodic wakes every interval_us",
+		.may_sleep = kbp_always,
+		.wait = kbp_wait_interval,
+		.check = kbp_periodic_check,
+	},
+};
+
+const struct kbp_mode_ops *kbp_mode_ops(u32 mode)
+{
+	unsigned int i;
+
+	for (i = 0; i < ARRAY_SIZE(kbp_modes); i++)
+		if (kbp_modes[i].mode == mode)
+			return &kbp_modes[i];
+	return NULL;
+}
+
+const struct kbp_mode_ops *kbp_mode_ops_by_name(const char *name)
+{
+	unsigned int i;
+
+	for (i = 0; i < ARRAY_SIZE(kbp_modes); i++)
+		if (!strcmp(kbp_modes[i].name, name))
+			return &kbp_modes[i];
+	return NULL;
+}
+
+/*
+ * The interval of the next periodic sleep, and the search's rounds (thread
+ * only; @netap_lock for what replies read).  Called after every pass of a
+ * mode that holds NAPIs: a round ends at the first pass after round_ms,
+ * with the packets of its passes as the objective (docs/netap.md).  The
+ * search (re)starts when netap is turned on, the mode becomes periodic, or
+ * its parameters change (kbp_poller_apply() sets @search_restart).
+ */
+static void kbp_search_start(struct kbp_poller *p, u64 now)
+{
+	struct kbp_netap_params np;
+
+	spin_lock(&p->netap_lock);
+	np = p->np;
+	p->search_restart = false;
+	/* validated under kbp_lock; the defaults if that ever failed */
+	if (kbp_netap_init(&p->search, &np)) {
+		kbp_netap_default_params(&np);
+		kbp_netap_init(&p->search, &np);
+	}
+	p->search_on = true;
+	p->search_rounds = 0;
+	p->search_last = 0;
+	p->cur_interval_us = p->search.interval_us;
+	spin_unlock(&p->netap_lock);
+	p->round_start = now;
+	p->round_work = 0;
+}
+
+static void kbp_periodic_account(struct kbp_poller *p, u64 now, int work)
+{
+	u64 len;
+
+	if (!READ_ONCE(p->netap)) {
+		if (p->search_on) {
+			spin_lock(&p->netap_lock);
+			p->search_on = false;
+			spin_unlock(&p->netap_lock);
+		}
+		p->cur_interval_us = READ_ONCE(p->interval_us);
+		return;
+	}
+	if (!p->search_on || READ_ONCE(p->search_restart)) {
+		kbp_search_start(p, now);
+		return;
+	}
+	p->round_work += work;
+	len = (u64)READ_ONCE(p->round_ms) * NSEC_PER_MSEC;
+	if (now - p->round_start < len)
+		return;
+	spin_lock(&p->netap_lock);
+	p->search_last = p->round_work;
+	p->cur_interval_us = kbp_netap_round(&p->search, p->round_work);
+	p->search_rounds++;
+	spin_unlock(&p->netap_lock);
+	p->round_start = now;
+	p->round_work = 0;
+}
+
 static void kbp_poller_respawn(struct kbp_poller *p);
 
 /* The poller thread: small loop, every decision a named predicate above. */
@@ -441,7 +673,8 @@ static int kbp_poller_fn(void *data)
 	struct kbp_freq freq = {};
 
 	while (!kthread_should_stop()) {
-		bool more = false;
+		const struct kbp_mode_ops *ops = READ_ONCE(p->ops);
+		bool more = false, held = false;
 		int work;
 		u64 now;
 
@@ -451,8 +684,10 @@ static int kbp_poller_fn(void *data)
 			kbp_reconcile_soon();
 		}
 		kbp_freq_wake(p, &freq);
-		work = kbp_pass(p, &more);
+		work = kbp_pass(p, ops, &more, &held);
 		now = local_clock();
+		if (ops->holds)
+			kbp_periodic_account(p, now, work);
 
 		u64_stats_update_begin(&p->syncp);
 		u64_stats_inc(&p->passes);
@@ -464,11 +699,11 @@ static int kbp_poller_fn(void *data)
 
 		if (work)
 			last_work = now;
-		if (kbp_may_sleep(p, more, now, last_work)) {
+		if (kbp_may_sleep(p, ops, more, now, last_work)) {
 			/* the last look before paying for a frequency change */
 			if (!kbp_has_work(p))
 				kbp_freq_sleep(p, &freq);
-			kbp_sleep(p);
+			ops->wait(p, held);
 			contended = 0;
 		} else if (kbp_should_yield(work || more, now, &contended)) {
 			kbp_yield(p);
@@ -522,13 +757,24 @@ struct kbp_poller *kbp_poller_create(int cpu, const struct kbp_conf *conf)
 		return ERR_PTR(-ENOMEM);
 	p->cpu = cpu;
 	spin_lock_init(&p->lock);
+	spin_lock_init(&p->netap_lock);
 	INIT_LIST_HEAD(&p->napis);
 	u64_stats_init(&p->syncp);
 	p->mode = conf->mode;
+	p->ops = kbp_mode_ops(conf->mode);
 	p->linger_us = conf->linger_us;
 	p->quota = conf->quota;
 	p->rt_prio = conf->rt_prio;
 	p->freq_ctl = conf->freq_ctl;
+	p->interval_us = conf->interval_us;
+	p->cur_interval_us = conf->interval_us;
+	p->netap = conf->netap;
+	p->round_ms = conf->round_ms;
+	p->np = conf->np;
+	if (WARN_ON_ONCE(!p->ops)) {	/* validated by kbp_check_knobs() */
+		kfree(p);
+		return ERR_PTR(-EINVAL);
+	}
 
 	t = kbp_poller_spawn(p);
 	if (IS_ERR(t)) {
@@ -575,14 +821,33 @@ void kbp_poller_destroy(struct kbp_poller *p)
 	kfree(p);
 }
 
-/* Caller holds rtnl and kbp_lock. */
+/*
+ * Caller holds rtnl and kbp_lock.  The thread reads the knobs locklessly
+ * (READ_ONCE) and p->ops once per pass: a pass that started with the old
+ * mode ends with it.  The search parameters change under p->netap_lock, with
+ * a restart of the search when they, netap or the mode change (the thread
+ * starts it over before its next round, kbp_periodic_account()).
+ */
 void kbp_poller_apply(struct kbp_poller *p, const struct kbp_conf *conf)
 {
+	const struct kbp_mode_ops *ops = kbp_mode_ops(conf->mode);
 	struct task_struct *t;
 
+	if (WARN_ON_ONCE(!ops))		/* validated by kbp_check_knobs() */
+		return;
 	WRITE_ONCE(p->linger_us, conf->linger_us);
 	WRITE_ONCE(p->quota, conf->quota);
+	spin_lock(&p->netap_lock);
+	if (conf->mode != p->mode || conf->netap != p->netap ||
+	    memcmp(&conf->np, &p->np, sizeof(p->np)))
+		p->search_restart = true;
+	p->np = conf->np;
+	spin_unlock(&p->netap_lock);
+	WRITE_ONCE(p->interval_us, conf->interval_us);
+	WRITE_ONCE(p->netap, conf->netap);
+	WRITE_ONCE(p->round_ms, conf->round_ms);
 	WRITE_ONCE(p->mode, conf->mode);
+	WRITE_ONCE(p->ops, ops);
 	WRITE_ONCE(p->freq_ctl, conf->freq_ctl);
 	t = kbp_poller_task(p);
 	if (p->rt_prio != conf->rt_prio) {
@@ -594,6 +859,22 @@ void kbp_poller_apply(struct kbp_poller *p, const struct kbp_conf *conf)
 		wake_up_process(t);
 		put_task_struct(t);
 	}
+}
+
+/* The knobs @p runs with.  Caller holds kbp_lock (their only writer). */
+void kbp_poller_conf(struct kbp_poller *p, struct kbp_conf *conf)
+{
+	lockdep_assert_held(&kbp_lock);
+	memset(conf, 0, sizeof(*conf));
+	conf->mode = p->mode;
+	conf->linger_us = p->linger_us;
+	conf->quota = p->quota;
+	conf->rt_prio = p->rt_prio;
+	conf->freq_ctl = p->freq_ctl;
+	conf->interval_us = p->interval_us;
+	conf->netap = p->netap;
+	conf->round_ms = p->round_ms;
+	conf->np = p->np;
 }
 
 /*
@@ -960,9 +1241,22 @@ void kbp_poller_read(struct kbp_poller *p, struct kbp_poller_snapshot *s)
 		s->poll_ns = u64_stats_read(&p->poll_ns);
 		s->freq_changes = u64_stats_read(&p->freq_changes);
 		s->yields = u64_stats_read(&p->yields);
+		s->handbacks = u64_stats_read(&p->handbacks);
 	} while (u64_stats_fetch_retry(&p->syncp, start));
 	s->respawns = atomic64_read(&p->respawns);
 	s->repairs = atomic64_read(&p->repairs);
+}
+
+/* A consistent copy of the search state (process context). */
+void kbp_poller_read_netap(struct kbp_poller *p, struct kbp_netap_snapshot *s)
+{
+	spin_lock(&p->netap_lock);
+	s->on = p->search_on && READ_ONCE(p->netap) &&
+		READ_ONCE(p->ops)->holds;
+	s->s = p->search;
+	s->rounds = p->search_rounds;
+	s->last = p->search_last;
+	spin_unlock(&p->netap_lock);
 }
 
 void kbp_napi_read(struct kbp_napi *kn, u64 *packets, u64 *polls)

@@ -34,6 +34,10 @@
  *                      NAPI's instance lock), or alone by the poller thread
  *                      itself when it respawns.  The poller thread reads the
  *                      list under rcu_read_lock().
+ *   poller->netap_lock (spinlock, process context only) the periodic search:
+ *                      its state (written by the thread once per round) and
+ *                      its parameters (written under kbp_lock).  Innermost:
+ *                      nothing is taken inside it.
  */
 #ifndef _KBP_PRIV_H
 #define _KBP_PRIV_H
@@ -49,11 +53,22 @@
 
 #include "uapi/kbp.h"
 #include "kbp_compat.h"
+#include "kbp_netap.h"
 
 #define KBP_QUOTA_MAX		NAPI_POLL_WEIGHT
 #define KBP_LINGER_US_MAX	1000000U	/* 1 s */
 #define KBP_RT_PRIO_MAX		(MAX_RT_PRIO - 1)
 #define KBP_MAP_MAX		256
+/* periodic: the interval (and the search range) in KBP_NETAP_INTERVAL_US_* */
+#define KBP_INTERVAL_US_DEF	1000U
+#define KBP_ROUND_MS_DEF	1000U
+#define KBP_ROUND_MS_MIN	10U
+#define KBP_ROUND_MS_MAX	60000U	/* 1 min */
+/*
+ * periodic: a NAPI kept scheduled is handed back to interrupts after this
+ * many consecutive empty polls (docs/design.md, "Periodic mode").
+ */
+#define KBP_PERIODIC_IDLE_POLLS	8U
 
 /* Knobs of one CPU's poller; kept even while no poller runs there. */
 struct kbp_conf {
@@ -62,7 +77,45 @@ struct kbp_conf {
 	u32 quota;
 	u32 rt_prio;
 	u32 freq_ctl;		/* 0/1: EE-KBP CPU-frequency control */
+	/* periodic (NetAP) */
+	u32 interval_us;	/* the interval while the search is off */
+	u32 netap;		/* 0/1: search the interval */
+	u32 round_ms;		/* search round */
+	struct kbp_netap_params np;	/* range, MinChange, MaxRound */
 };
+
+struct kbp_poller;
+
+/*
+ * What differs between modes, chosen once when a poller's mode is set
+ * (kbp_mode_ops()), so the poll loop tests no mode: the model is DPDK's
+ * rte_power_pmd_mgmt.c, which picks one Rx callback per power-management
+ * mode when it is enabled.  The table is const; the poller reads its entry
+ * through p->ops (READ_ONCE, written with the mode under kbp_lock).
+ */
+struct kbp_mode_ops {
+	u32 mode;
+	const char *name;
+	/* may sleep while it serves NAPIs (else it spins: CAP_SYS_NICE) */
+	bool sleeps;
+	/* keeps NAPIs scheduled across its sleeps (the device's IRQ masked) */
+	bool holds;
+	/* NULL: freq_ctl applies; else why it does not */
+	const char *no_freq_ctl;
+	/*
+	 * Poller thread, after a pass that left no NAPI to repoll at once:
+	 * go to sleep now?  @last_work: local_clock() of the last packet.
+	 */
+	bool (*may_sleep)(struct kbp_poller *p, u64 now, u64 last_work);
+	/* Poller thread: the sleep; @held: a NAPI is kept scheduled */
+	void (*wait)(struct kbp_poller *p, bool held);
+	/* Control (kbp_lock held): the merged knobs @c suit this mode? */
+	int (*check)(int cpu, const struct kbp_conf *c,
+		     struct netlink_ext_ack *extack);
+};
+
+const struct kbp_mode_ops *kbp_mode_ops(u32 mode);
+const struct kbp_mode_ops *kbp_mode_ops_by_name(const char *name);
 
 /* poller->flags */
 enum {
@@ -90,10 +143,36 @@ struct kbp_poller {
 
 	/* knobs: written under kbp_lock, read locklessly by the thread */
 	u32 mode;
+	const struct kbp_mode_ops *ops;	/* of @mode */
 	u32 linger_us;
 	u32 quota;
 	u32 rt_prio;
 	u32 freq_ctl;
+	u32 interval_us;
+	u32 netap;
+	u32 round_ms;
+	/*
+	 * periodic search parameters: written under kbp_lock and @netap_lock,
+	 * which the thread takes to (re)start the search with them
+	 */
+	struct kbp_netap_params np;
+	bool search_restart;		/* set under @netap_lock: (re)start it */
+
+	/*
+	 * The search state (kbp_netap.c): the thread runs it; @netap_lock
+	 * makes a reader's copy consistent (kbp_poller_read_netap()).  Taken
+	 * by the thread once per round and by replies, never with another
+	 * lock held inside it.
+	 */
+	spinlock_t netap_lock;
+	struct kbp_netap search;
+	bool search_on;			/* @search runs: periodic with netap */
+	u64 search_rounds;		/* rounds since the search was started */
+	u64 search_last;		/* objective of the last round */
+	/* periodic, written only by the thread */
+	u32 cur_interval_us;		/* of the next timed sleep */
+	u64 round_start;		/* local_clock() when the round began */
+	u64 round_work;			/* packets polled in this round */
 
 	unsigned int pass;		/* the thread's pass number (kbp_pass()) */
 
@@ -108,6 +187,7 @@ struct kbp_poller {
 	u64_stats_t poll_ns;
 	u64_stats_t freq_changes;
 	u64_stats_t yields;
+	u64_stats_t handbacks;
 	/* rare events, written from several contexts */
 	atomic64_t respawns;
 	atomic64_t repairs;
@@ -149,6 +229,7 @@ struct kbp_napi {
 	refcount_t ref;
 	/* written only by the poller thread */
 	unsigned int pass;		/* the last pass that looked at it */
+	unsigned int idle;		/* periodic: empty polls in a row */
 	struct u64_stats_sync syncp;
 	u64_stats_t packets;
 	u64_stats_t polls;
@@ -158,6 +239,8 @@ struct kbp_napi {
 /* Knobs given by a request; only the ones it has change anything. */
 struct kbp_knobs {
 	bool has_mode, has_linger, has_quota, has_rt_prio, has_freq_ctl;
+	bool has_interval, has_netap, has_round_ms, has_min_interval;
+	bool has_max_interval, has_min_change, has_max_round;
 	struct kbp_conf conf;
 };
 
@@ -214,6 +297,7 @@ void kbp_reconcile_soon(void);
 struct kbp_poller *kbp_poller_create(int cpu, const struct kbp_conf *conf);
 void kbp_poller_destroy(struct kbp_poller *p);
 void kbp_poller_apply(struct kbp_poller *p, const struct kbp_conf *conf);
+void kbp_poller_conf(struct kbp_poller *p, struct kbp_conf *conf);
 void kbp_poller_add_napi(struct kbp_poller *p, struct kbp_napi *kn);
 bool kbp_poller_unhook_napi(struct kbp_napi *kn);
 void kbp_poller_del_napi(struct kbp_napi *kn);
@@ -232,10 +316,19 @@ enum kbp_napi_check kbp_poller_check_napi(struct kbp_napi *kn);
 
 struct kbp_poller_snapshot {
 	u64 passes, empty_passes, packets, wakeups, sleeps, sleep_ns, poll_ns;
-	u64 freq_changes, yields, respawns, repairs;
+	u64 freq_changes, yields, respawns, repairs, handbacks;
+};
+
+/* what a reply shows of a periodic poller's search */
+struct kbp_netap_snapshot {
+	bool on;
+	struct kbp_netap s;
+	u64 rounds;
+	u64 last;
 };
 
 void kbp_poller_read(struct kbp_poller *p, struct kbp_poller_snapshot *s);
+void kbp_poller_read_netap(struct kbp_poller *p, struct kbp_netap_snapshot *s);
 void kbp_napi_put(struct kbp_napi *kn);
 void kbp_napi_read(struct kbp_napi *kn, u64 *packets, u64 *polls);
 

@@ -8,10 +8,13 @@
  * KBP_A_NETNS_FD names another one.
  *
  * Vocabulary (shared with kbpctl, docs and benchmark output):
- *   modes:    busy, hybrid            (periodic is reserved)
- *   knobs:    mode, linger_us, quota, rt_prio, freq_ctl, cpu
+ *   modes:    busy, hybrid, periodic
+ *   knobs:    mode, linger_us, quota, rt_prio, freq_ctl, cpu,
+ *             periodic: interval_us, netap, round_ms, min_interval_us,
+ *             max_interval_us, min_change, max_round
  *   poller counters: passes, empty_passes, packets, wakeups, sleeps,
- *                    sleep_ns, poll_ns, freq_changes, respawns, repairs
+ *                    sleep_ns, poll_ns, freq_changes, respawns, repairs,
+ *                    yields, handbacks
  *   device / napi counters: packets, polls
  */
 #ifndef _UAPI_LINUX_KBP_H
@@ -23,7 +26,10 @@
 enum kbp_mode {
 	KBP_MODE_BUSY = 1,	/* KBP: spin, never sleep */
 	KBP_MODE_HYBRID = 2,	/* EE-KBP: sleep when idle, woken from hardIRQ */
-	KBP_MODE_PERIODIC = 3,	/* NetAP: reserved, refused for now */
+	KBP_MODE_PERIODIC = 3,	/* NetAP: poll every interval_us with the NAPIs
+				 * kept scheduled (IRQ masked); idle NAPIs are
+				 * handed back to interrupts
+				 */
 };
 
 /* state of an attached device */
@@ -38,7 +44,7 @@ enum kbp_cmd {
 	KBP_CMD_UNSPEC,
 	KBP_CMD_POLLER_GET,	/* doit: KBP_A_CPU; dumpit: every poller */
 	KBP_CMD_POLLER_SET,	/* KBP_A_CPU + any of MODE, LINGER_US, QUOTA, RT_PRIO,
-				 * FREQ_CTL
+				 * FREQ_CTL and the periodic knobs
 				 */
 	KBP_CMD_DEV_ATTACH,	/* device + CPU and/or QUEUE_MAP (+ poller knobs) */
 	KBP_CMD_DEV_DETACH,	/* device */
@@ -84,6 +90,20 @@ enum kbp_attr {
 	KBP_A_YIELDS,		/* u64 counter: times a polling thread gave its
 				 * CPU to other runnable tasks there
 				 */
+	/* periodic (NetAP) knobs, u32 */
+	KBP_A_INTERVAL_US,	/* polling interval while the search is off */
+	KBP_A_NETAP,		/* 0/1: golden-section search of the interval */
+	KBP_A_ROUND_MS,		/* length of a search round */
+	KBP_A_MIN_INTERVAL_US,	/* search range (MinInterval) */
+	KBP_A_MAX_INTERVAL_US,	/* search range (MaxInterval), a latency cap */
+	KBP_A_MIN_CHANGE,	/* % change of a round's work that restarts a
+				 * converged search (MinChange)
+				 */
+	KBP_A_MAX_ROUND,	/* rounds after which the search restarts */
+	KBP_A_HANDBACKS,	/* u64 counter: NAPIs handed back to interrupts
+				 * (periodic: idle)
+				 */
+	KBP_A_NETAP_STATE,	/* nest of KBP_NETAP_A_* (output, periodic) */
 	__KBP_A_MAX,
 };
 
@@ -111,5 +131,25 @@ enum kbp_napi_attr {
 };
 
 #define KBP_NAPI_A_MAX (__KBP_NAPI_A_MAX - 1)
+
+/* The interval search of a periodic poller (KBP_A_NETAP_STATE). */
+enum kbp_netap_attr {
+	KBP_NETAP_A_UNSPEC,
+	KBP_NETAP_A_PAD,
+	KBP_NETAP_A_ROUND,	/* u32, rounds since the (re)start */
+	KBP_NETAP_A_ROUNDS,	/* u64, rounds since the poller went periodic */
+	KBP_NETAP_A_INTERVAL_US,	/* u32, interval of the running round */
+	KBP_NETAP_A_LOW_US,	/* u32, probe interval_low (the longer one) */
+	KBP_NETAP_A_HIGH_US,	/* u32, probe interval_high */
+	KBP_NETAP_A_RANGE_LO_US,	/* u32, bracket of the search */
+	KBP_NETAP_A_RANGE_HI_US,	/* u32 */
+	KBP_NETAP_A_DISTANCE_US,	/* u32 */
+	KBP_NETAP_A_CONVERGED,	/* u32, 0/1 */
+	KBP_NETAP_A_RESTARTS,	/* u32 */
+	KBP_NETAP_A_LAST_WORK,	/* u64, objective of the last round */
+	__KBP_NETAP_A_MAX,
+};
+
+#define KBP_NETAP_A_MAX (__KBP_NETAP_A_MAX - 1)
 
 #endif /* _UAPI_LINUX_KBP_H */

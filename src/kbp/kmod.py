@@ -82,6 +82,34 @@ KBP_A_STATE = 26
 KBP_A_FREQ_CTL = 27
 KBP_A_FREQ_CHANGES = 28
 KBP_A_YIELDS = 29
+KBP_A_INTERVAL_US = 30
+KBP_A_NETAP = 31
+KBP_A_ROUND_MS = 32
+KBP_A_MIN_INTERVAL_US = 33
+KBP_A_MAX_INTERVAL_US = 34
+KBP_A_MIN_CHANGE = 35
+KBP_A_MAX_ROUND = 36
+KBP_A_HANDBACKS = 37
+KBP_A_NETAP_STATE = 38
+
+# enum kbp_netap_attr (nested in KBP_A_NETAP_STATE)
+KBP_NETAP_A_UNSPEC = 0
+KBP_NETAP_A_PAD = 1
+KBP_NETAP_A_ROUND = 2
+KBP_NETAP_A_ROUNDS = 3
+KBP_NETAP_A_INTERVAL_US = 4
+KBP_NETAP_A_LOW_US = 5
+KBP_NETAP_A_HIGH_US = 6
+KBP_NETAP_A_RANGE_LO_US = 7
+KBP_NETAP_A_RANGE_HI_US = 8
+KBP_NETAP_A_DISTANCE_US = 9
+KBP_NETAP_A_CONVERGED = 10
+KBP_NETAP_A_RESTARTS = 11
+KBP_NETAP_A_LAST_WORK = 12
+
+#: knobs of mode periodic (u32 each), as keyword arguments of attach() and poller_set()
+PERIODIC_KNOBS = ("interval_us", "netap", "round_ms", "min_interval_us", "max_interval_us",
+                  "min_change", "max_round")
 
 # enum kbp_map_attr
 KBP_MAP_A_UNSPEC = 0
@@ -131,6 +159,26 @@ class kbp_napi(nla):
     )
 
 
+class kbp_netap_state(nla):
+    """KBP_A_NETAP_STATE: the interval search of a periodic poller (output)."""
+
+    nla_map = (
+        (KBP_NETAP_A_UNSPEC, "KBP_NETAP_A_UNSPEC", "none"),
+        (KBP_NETAP_A_PAD, "KBP_NETAP_A_PAD", "none"),
+        (KBP_NETAP_A_ROUND, "KBP_NETAP_A_ROUND", "uint32"),
+        (KBP_NETAP_A_ROUNDS, "KBP_NETAP_A_ROUNDS", "uint64"),
+        (KBP_NETAP_A_INTERVAL_US, "KBP_NETAP_A_INTERVAL_US", "uint32"),
+        (KBP_NETAP_A_LOW_US, "KBP_NETAP_A_LOW_US", "uint32"),
+        (KBP_NETAP_A_HIGH_US, "KBP_NETAP_A_HIGH_US", "uint32"),
+        (KBP_NETAP_A_RANGE_LO_US, "KBP_NETAP_A_RANGE_LO_US", "uint32"),
+        (KBP_NETAP_A_RANGE_HI_US, "KBP_NETAP_A_RANGE_HI_US", "uint32"),
+        (KBP_NETAP_A_DISTANCE_US, "KBP_NETAP_A_DISTANCE_US", "uint32"),
+        (KBP_NETAP_A_CONVERGED, "KBP_NETAP_A_CONVERGED", "uint32"),
+        (KBP_NETAP_A_RESTARTS, "KBP_NETAP_A_RESTARTS", "uint32"),
+        (KBP_NETAP_A_LAST_WORK, "KBP_NETAP_A_LAST_WORK", "uint64"),
+    )
+
+
 class kbpmsg(genlmsg):
     """A message of the kbp family (every command uses the one attribute space KBP_A_*)."""
 
@@ -165,10 +213,20 @@ class kbpmsg(genlmsg):
         (KBP_A_FREQ_CTL, "KBP_A_FREQ_CTL", "uint32"),
         (KBP_A_FREQ_CHANGES, "KBP_A_FREQ_CHANGES", "uint64"),
         (KBP_A_YIELDS, "KBP_A_YIELDS", "uint64"),
+        (KBP_A_INTERVAL_US, "KBP_A_INTERVAL_US", "uint32"),
+        (KBP_A_NETAP, "KBP_A_NETAP", "uint32"),
+        (KBP_A_ROUND_MS, "KBP_A_ROUND_MS", "uint32"),
+        (KBP_A_MIN_INTERVAL_US, "KBP_A_MIN_INTERVAL_US", "uint32"),
+        (KBP_A_MAX_INTERVAL_US, "KBP_A_MAX_INTERVAL_US", "uint32"),
+        (KBP_A_MIN_CHANGE, "KBP_A_MIN_CHANGE", "uint32"),
+        (KBP_A_MAX_ROUND, "KBP_A_MAX_ROUND", "uint32"),
+        (KBP_A_HANDBACKS, "KBP_A_HANDBACKS", "uint64"),
+        (KBP_A_NETAP_STATE, "KBP_A_NETAP_STATE", "netap_state", NLA_F_NESTED),
     )
     queue_map = kbp_queue_map
     map_entry = kbp_map_entry
     napi = kbp_napi
+    netap_state = kbp_netap_state
 
 
 # -- errors ---------------------------------------------------------------------------
@@ -216,6 +274,23 @@ def mode_id(mode: str | int) -> int:
 
 
 @dataclass
+class NetapState:
+    """The interval search of a periodic poller with netap on (docs/netap.md)."""
+
+    round: int | None = None  # rounds since the search (re)started, round 0 included
+    rounds: int | None = None  # rounds since it was started on this poller
+    interval_us: int | None = None  # interval of the running round
+    low_us: int | None = None  # probe interval_low (the longer one)
+    high_us: int | None = None  # probe interval_high
+    range_lo_us: int | None = None
+    range_hi_us: int | None = None
+    distance_us: int | None = None
+    converged: bool | None = None
+    restarts: int | None = None
+    last_work: int | None = None  # packets of the last round (the objective)
+
+
+@dataclass
 class Poller:
     """One poller kthread (``kbp/<cpu>``)."""
 
@@ -238,6 +313,15 @@ class Poller:
     yields: int | None = None
     respawns: int | None = None
     repairs: int | None = None
+    handbacks: int | None = None  # periodic: NAPIs handed back to interrupts
+    interval_us: int | None = None  # periodic: the interval while netap is off
+    netap: bool | None = None  # periodic: search the interval
+    round_ms: int | None = None
+    min_interval_us: int | None = None
+    max_interval_us: int | None = None
+    min_change: int | None = None
+    max_round: int | None = None
+    search: NetapState | None = None  # periodic with netap on
 
     def counters(self) -> dict[str, int | None]:
         return {c: getattr(self, c) for c in names.POLLER_COUNTERS}
@@ -287,7 +371,27 @@ def _poller_from(msg: Any) -> Poller:
                   packets=g("KBP_A_PACKETS"), wakeups=g("KBP_A_WAKEUPS"), sleeps=g("KBP_A_SLEEPS"),
                   sleep_ns=g("KBP_A_SLEEP_NS"), poll_ns=g("KBP_A_POLL_NS"),
                   freq_changes=g("KBP_A_FREQ_CHANGES"), yields=g("KBP_A_YIELDS"),
-                  respawns=g("KBP_A_RESPAWNS"), repairs=g("KBP_A_REPAIRS"))
+                  respawns=g("KBP_A_RESPAWNS"), repairs=g("KBP_A_REPAIRS"),
+                  handbacks=g("KBP_A_HANDBACKS"), interval_us=g("KBP_A_INTERVAL_US"),
+                  netap=_bool(g("KBP_A_NETAP")), round_ms=g("KBP_A_ROUND_MS"),
+                  min_interval_us=g("KBP_A_MIN_INTERVAL_US"),
+                  max_interval_us=g("KBP_A_MAX_INTERVAL_US"),
+                  min_change=g("KBP_A_MIN_CHANGE"), max_round=g("KBP_A_MAX_ROUND"),
+                  search=_netap_from(g("KBP_A_NETAP_STATE")))
+
+
+def _netap_from(nest: Any) -> NetapState | None:
+    if nest is None:
+        return None
+    g = nest.get_attr
+    return NetapState(round=g("KBP_NETAP_A_ROUND"), rounds=g("KBP_NETAP_A_ROUNDS"),
+                      interval_us=g("KBP_NETAP_A_INTERVAL_US"), low_us=g("KBP_NETAP_A_LOW_US"),
+                      high_us=g("KBP_NETAP_A_HIGH_US"),
+                      range_lo_us=g("KBP_NETAP_A_RANGE_LO_US"),
+                      range_hi_us=g("KBP_NETAP_A_RANGE_HI_US"),
+                      distance_us=g("KBP_NETAP_A_DISTANCE_US"),
+                      converged=_bool(g("KBP_NETAP_A_CONVERGED")),
+                      restarts=g("KBP_NETAP_A_RESTARTS"), last_work=g("KBP_NETAP_A_LAST_WORK"))
 
 
 def _napi_from(nest: Any) -> NapiInfo:
@@ -320,7 +424,8 @@ def _msg(cmd: int, attrs: list[list[Any]]) -> kbpmsg:
 
 
 def _knobs(mode: str | int | None, linger_us: int | None, quota: int | None,
-           rt_prio: int | None, freq_ctl: bool | None = None) -> list[list[Any]]:
+           rt_prio: int | None, freq_ctl: bool | None = None,
+           periodic: Mapping[str, int] | None = None) -> list[list[Any]]:
     attrs: list[list[Any]] = []
     if mode is not None:
         attrs.append(["KBP_A_MODE", mode_id(mode)])
@@ -332,6 +437,11 @@ def _knobs(mode: str | int | None, linger_us: int | None, quota: int | None,
         attrs.append(["KBP_A_RT_PRIO", int(rt_prio)])
     if freq_ctl is not None:
         attrs.append(["KBP_A_FREQ_CTL", int(freq_ctl)])
+    for name, value in (periodic or {}).items():
+        if name not in PERIODIC_KNOBS:
+            raise ValueError(f"unknown knob {name!r} (periodic: {', '.join(PERIODIC_KNOBS)})")
+        if value is not None:
+            attrs.append([f"KBP_A_{name.upper()}", int(value)])
     return attrs
 
 
@@ -356,16 +466,17 @@ def build_poller_get(cpu: int | None = None) -> kbpmsg:
 
 def build_poller_set(cpu: int, mode: str | int | None = None, linger_us: int | None = None,
                      quota: int | None = None, rt_prio: int | None = None,
-                     freq_ctl: bool | None = None) -> kbpmsg:
+                     freq_ctl: bool | None = None, **periodic: int) -> kbpmsg:
     return _msg(KBP_CMD_POLLER_SET,
-                [["KBP_A_CPU", int(cpu)], *_knobs(mode, linger_us, quota, rt_prio, freq_ctl)])
+                [["KBP_A_CPU", int(cpu)],
+                 *_knobs(mode, linger_us, quota, rt_prio, freq_ctl, periodic)])
 
 
 def build_attach(dev: str | int, netns_fd: int | None = None, cpu: int | None = None,
                  queue_map: Mapping[int, int] | Iterable[tuple[int, int]] | None = None,
                  mode: str | int | None = None, linger_us: int | None = None,
                  quota: int | None = None, rt_prio: int | None = None,
-                 freq_ctl: bool | None = None) -> kbpmsg:
+                 freq_ctl: bool | None = None, **periodic: int) -> kbpmsg:
     if cpu is None and queue_map is None:
         raise ValueError("attach needs cpu and/or queue_map")
     attrs = _dev_attrs(dev, netns_fd)
@@ -373,7 +484,7 @@ def build_attach(dev: str | int, netns_fd: int | None = None, cpu: int | None = 
         attrs.append(["KBP_A_CPU", int(cpu)])
     if queue_map is not None:
         attrs.append(_queue_map(queue_map))
-    attrs += _knobs(mode, linger_us, quota, rt_prio, freq_ctl)
+    attrs += _knobs(mode, linger_us, quota, rt_prio, freq_ctl, periodic)
     return _msg(KBP_CMD_DEV_ATTACH, attrs)
 
 
@@ -448,18 +559,19 @@ class Client:
 
     def poller_set(self, cpu: int, mode: str | int | None = None,
                    linger_us: int | None = None, quota: int | None = None,
-                   rt_prio: int | None = None, freq_ctl: bool | None = None) -> None:
-        self.request(build_poller_set(cpu, mode, linger_us, quota, rt_prio, freq_ctl), False,
-                     f"poller-set cpu {cpu}")
+                   rt_prio: int | None = None, freq_ctl: bool | None = None,
+                   **periodic: int) -> None:
+        self.request(build_poller_set(cpu, mode, linger_us, quota, rt_prio, freq_ctl,
+                                      **periodic), False, f"poller-set cpu {cpu}")
 
     def attach(self, dev: str | int, netns: str | None = None, cpu: int | None = None,
                queue_map: Mapping[int, int] | Iterable[tuple[int, int]] | None = None,
                mode: str | int | None = None, linger_us: int | None = None,
                quota: int | None = None, rt_prio: int | None = None,
-               freq_ctl: bool | None = None) -> Device | None:
+               freq_ctl: bool | None = None, **periodic: int) -> Device | None:
         with _netns_fd(netns) as fd:
             self.request(build_attach(dev, fd, cpu, queue_map, mode, linger_us, quota, rt_prio,
-                                      freq_ctl), False, f"attach {dev}")
+                                      freq_ctl, **periodic), False, f"attach {dev}")
             rs = self.request(build_dev_get(dev, fd), False, f"dev-get {dev}")
         return _device_from(rs[0]) if rs else None
 
@@ -515,18 +627,19 @@ def poller(cpu: int) -> Poller:
 
 def poller_set(cpu: int, mode: str | int | None = None, linger_us: int | None = None,
                quota: int | None = None, rt_prio: int | None = None,
-               freq_ctl: bool | None = None) -> None:
+               freq_ctl: bool | None = None, **periodic: int) -> None:
     with Client() as c:
-        c.poller_set(cpu, mode, linger_us, quota, rt_prio, freq_ctl)
+        c.poller_set(cpu, mode, linger_us, quota, rt_prio, freq_ctl, **periodic)
 
 
 def attach(dev: str | int, netns: str | None = None, cpu: int | None = None,
            queue_map: Mapping[int, int] | Iterable[tuple[int, int]] | None = None,
            mode: str | int | None = None, linger_us: int | None = None,
            quota: int | None = None, rt_prio: int | None = None,
-           freq_ctl: bool | None = None) -> Device | None:
+           freq_ctl: bool | None = None, **periodic: int) -> Device | None:
     with Client() as c:
-        return c.attach(dev, netns, cpu, queue_map, mode, linger_us, quota, rt_prio, freq_ctl)
+        return c.attach(dev, netns, cpu, queue_map, mode, linger_us, quota, rt_prio, freq_ctl,
+                        **periodic)
 
 
 def detach(dev: str | int, netns: str | None = None) -> None:

@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kbp import rps
-from kbp.backends import DeviceStatus, PollingCpu, Status
+from kbp.backends import DeviceStatus, PollerStatus, PollingCpu, Status
 from kbp.sysinfo import CpuTask, format_cpulist
 
 
@@ -103,6 +103,21 @@ def pollers_table(st: Status) -> Table:
     return t
 
 
+def periodic_line(p: PollerStatus) -> str:
+    """One line per periodic poller: its interval, and the interval search when it runs."""
+    per = p.periodic or {}
+    head = f"kbp/{p.cpu} periodic: {_n(per.get('handbacks'))} hand-backs to interrupts, "
+    s = per.get("search")
+    if not isinstance(s, dict):
+        return head + f"fixed interval {_n(per.get('interval_us'))} us"
+    state = "converged" if s.get("converged") else f"distance {_n(s.get('distance_us'))} us"
+    return (head + f"search round {_n(s.get('round'))} ({_n(s.get('rounds'))} in all, "
+            f"{_n(s.get('restarts'))} restarts): interval {_n(s.get('interval_us'))} us, "
+            f"probes {_n(s.get('low_us'))}/{_n(s.get('high_us'))} us in "
+            f"{_n(s.get('range_lo_us'))}..{_n(s.get('range_hi_us'))} us, {state}, "
+            f"last round {_n(s.get('last_work'))} packets")
+
+
 def _task_cells(t: CpuTask) -> list[str]:
     who = str(t.pid) if t.pid == t.tid else f"{t.pid}/{t.tid}"
     comm = f"[{t.comm}]" if t.kthread else t.comm
@@ -164,6 +179,7 @@ def status_view(st: Status) -> RenderableType:
     parts.append(devices_table(st))
     if st.pollers:
         parts.append(pollers_table(st))
+        parts += [Text(periodic_line(p)) for p in st.pollers if p.periodic]
     problems = [f"{d.name}{' (' + d.netns + ')' if d.netns else ''}: {p}"
                 for d in st.devices for p in d.problems if d.backend]
     for p in problems:

@@ -188,6 +188,61 @@ def test_decode_poller() -> None:
     assert list(p.counters()) == list(names.POLLER_COUNTERS)
 
 
+def test_encode_periodic_knobs() -> None:
+    m = kmod.build_attach("eth1", cpu=1, mode="periodic", interval_us=500, netap=1,
+                          round_ms=200, min_interval_us=100, max_interval_us=2000,
+                          min_change=30, max_round=50)
+    want = genl(kmod.KBP_CMD_DEV_ATTACH,
+                nla(kmod.KBP_A_IFNAME, b"eth1\0") + u32(kmod.KBP_A_CPU, 1)
+                + u32(kmod.KBP_A_MODE, kmod.KBP_MODE_PERIODIC)
+                + u32(kmod.KBP_A_INTERVAL_US, 500) + u32(kmod.KBP_A_NETAP, 1)
+                + u32(kmod.KBP_A_ROUND_MS, 200) + u32(kmod.KBP_A_MIN_INTERVAL_US, 100)
+                + u32(kmod.KBP_A_MAX_INTERVAL_US, 2000) + u32(kmod.KBP_A_MIN_CHANGE, 30)
+                + u32(kmod.KBP_A_MAX_ROUND, 50))
+    assert encoded(m) == want
+    assert encoded(kmod.build_poller_set(1, netap=0)) == genl(
+        kmod.KBP_CMD_POLLER_SET, u32(kmod.KBP_A_CPU, 1) + u32(kmod.KBP_A_NETAP, 0))
+    with pytest.raises(ValueError, match="unknown knob 'interval'"):
+        kmod.build_poller_set(1, interval=5)
+
+
+def test_decode_periodic_poller_and_status_line() -> None:
+    nest = nla(kmod.KBP_A_NETAP_STATE | NESTED, b"".join((
+        u32(kmod.KBP_NETAP_A_ROUND, 3), nla(kmod.KBP_NETAP_A_PAD, b""),
+        u64(kmod.KBP_NETAP_A_ROUNDS, 40), u32(kmod.KBP_NETAP_A_INTERVAL_US, 1590),
+        u32(kmod.KBP_NETAP_A_LOW_US, 2510), u32(kmod.KBP_NETAP_A_HIGH_US, 1590),
+        u32(kmod.KBP_NETAP_A_RANGE_LO_US, 100), u32(kmod.KBP_NETAP_A_RANGE_HI_US, 4000),
+        u32(kmod.KBP_NETAP_A_DISTANCE_US, 2410), u32(kmod.KBP_NETAP_A_CONVERGED, 0),
+        u32(kmod.KBP_NETAP_A_RESTARTS, 2), nla(kmod.KBP_NETAP_A_PAD, b""),
+        u64(kmod.KBP_NETAP_A_LAST_WORK, 12345))))
+    raw = genl(kmod.KBP_CMD_POLLER_GET,
+               u32(kmod.KBP_A_CPU, 1) + u32(kmod.KBP_A_MODE, kmod.KBP_MODE_PERIODIC)
+               + PAD + u64(kmod.KBP_A_HANDBACKS, 7) + u32(kmod.KBP_A_INTERVAL_US, 1000)
+               + u32(kmod.KBP_A_NETAP, 1) + u32(kmod.KBP_A_ROUND_MS, 1000) + nest)
+    p = kmod._poller_from(decode(raw))
+    assert (p.mode, p.handbacks, p.interval_us, p.netap, p.round_ms) == \
+        ("periodic", 7, 1000, True, 1000)
+    assert p.search == kmod.NetapState(round=3, rounds=40, interval_us=1590, low_us=2510,
+                                       high_us=1590, range_lo_us=100, range_hi_us=4000,
+                                       distance_us=2410, converged=False, restarts=2,
+                                       last_work=12345)
+    from kbp.backends import PollerStatus
+    from kbp.backends.kmod import _periodic
+    from kbp.render import periodic_line
+    ps = PollerStatus(cpu=1, pid=None, mode="periodic", linger_us=0, quota=64, napis=1,
+                      policy=None, priority=None, counters={}, periodic=_periodic(p))
+    line = periodic_line(ps)
+    assert line.startswith("kbp/1 periodic: 7 hand-backs to interrupts, search round 3")
+    assert "interval 1590 us" in line and "probes 2510/1590 us in 100..4000 us" in line
+    p.search = None
+    p.netap = False
+    assert periodic_line(PollerStatus(cpu=1, pid=None, mode="periodic", linger_us=0, quota=64,
+                                      napis=1, policy=None, priority=None, counters={},
+                                      periodic=_periodic(p))).endswith("fixed interval 1000 us")
+    p.mode = "hybrid"
+    assert _periodic(p) is None
+
+
 def test_pid_zero_means_unknown(tmp_path: Path) -> None:
     """Outside the initial pid namespace the module reports pids as 0: kmod passes that on,
     status shows no pid and no thread."""

@@ -28,7 +28,7 @@ from conftest import (
 )
 from test_kernel72 import has_napi_set_threaded
 
-MODES = ["busy", "hybrid"]
+MODES = ["busy", "hybrid", "periodic"]
 
 
 def poller_packets(kmod) -> int:

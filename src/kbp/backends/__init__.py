@@ -257,6 +257,8 @@ class PollerStatus:
     priority: int | None
     counters: dict[str, int | None]
     freq_ctl: bool | None = None
+    #: mode periodic: its interval, hand-backs and (netap on) the search's state
+    periodic: dict[str, object] | None = None
 
 
 @dataclass

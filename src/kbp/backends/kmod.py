@@ -13,6 +13,7 @@ attach (EBUSY, with its extack message); kbpctl passes that on.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -55,6 +56,17 @@ from kbp.sysinfo import HOST, Host
 NAME = names.BACKEND_KMOD
 ClientFactory = Callable[[], Any]
 
+
+
+def _periodic(p: Any) -> dict[str, object] | None:
+    """What status shows of a periodic poller (module/uapi/kbp.h, KBP_A_NETAP_STATE)."""
+    if p.mode != "periodic":
+        return None
+    out: dict[str, object] = {"interval_us": p.interval_us, "netap": bool(p.netap),
+                              "handbacks": p.handbacks}
+    if p.search is not None:
+        out["search"] = dataclasses.asdict(p.search)
+    return out
 
 class AttachHandler:
     """kind ``kmod_attach``: key {dev, netns, ifindex}; value None (detached) or the
@@ -390,7 +402,8 @@ class KmodBackend:
             out.append(PollerStatus(cpu=p.cpu, pid=p.pid or None, mode=p.mode,
                                     linger_us=p.linger_us,
                                     quota=p.quota, napis=p.napis, policy=pol, priority=prio,
-                                    counters=p.counters(), freq_ctl=p.freq_ctl))
+                                    counters=p.counters(), freq_ctl=p.freq_ctl,
+                                    periodic=_periodic(p)))
         return out
 
     def _status(self, dev: str, netns: str | None, rec: Record | None, d: Any,

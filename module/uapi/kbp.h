@@ -100,8 +100,9 @@ enum kbp_attr {
 				 * converged search (MinChange)
 				 */
 	KBP_A_MAX_ROUND,	/* rounds after which the search restarts */
-	KBP_A_HANDBACKS,	/* u64 counter: NAPIs handed back to interrupts
-				 * (periodic: idle)
+	KBP_A_HANDBACKS,	/* u64 counter, periodic: polls that let the
+				 * driver complete the NAPI and unmask its IRQ
+				 * (idle, or the NAPI was being taken away)
 				 */
 	KBP_A_NETAP_STATE,	/* nest of KBP_NETAP_A_* (output, periodic) */
 	__KBP_A_MAX,

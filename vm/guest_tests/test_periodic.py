@@ -121,7 +121,12 @@ def test_periodic_hands_back_when_idle(kmod, flow: Flow, roomy_sink: None) -> No
     time.sleep(1.0)
     b = kmod.poller(POLL_CPU)
     assert a.handbacks >= 1, a
-    assert b.sleeps - a.sleeps <= 5, "an idle periodic poller keeps waking on its timer"
+    # no timer while idle (2000 sleeps/s at 500 us): a stray packet (ARP, IPv6 ND) wakes
+    # the poller, which holds the NAPI for at most KBP_PERIODIC_IDLE_POLLS = 8 empty
+    # intervals and hands it back
+    woke = b.wakeups - a.wakeups
+    assert b.sleeps - a.sleeps <= 9 * (woke + 1) and b.sleeps - a.sleeps < 100, \
+        f"an idle periodic poller keeps waking on its timer: {a} -> {b}"
     assert task_state(pid) == "S"
 
     lone = run_flow(kmod, flow, 6, 5)     # one datagram every 200 ms: idle in between

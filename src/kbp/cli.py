@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=ENABLE_EPILOG, formatter_class=fmt)
     e.add_argument("devices", nargs="+", metavar="DEV")
     e.add_argument("--mode", choices=names.MODES, default=names.MODE_HYBRID,
-                   help="hybrid (default) or busy")
+                   help="hybrid (default), busy or periodic")
     e.add_argument("--cpus", type=_cpulist, metavar="LIST",
                    help="CPUs for the polling threads, e.g. 2-3,6 (default: all online)")
     e.add_argument("--rt-prio", type=_int, default=None, metavar="N",
@@ -159,6 +159,35 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--freq-ctl", action="store_true",
                    help="kmod, hybrid: CPU frequency to min while a poller sleeps, max when "
                         "it wakes (EE-KBP; needs the userspace cpufreq governor)")
+    pg = e.add_argument_group(
+        "mode periodic (NetAP)", "poll every interval with the device's interrupt masked; "
+        "without --interval-us a golden-section search picks the interval per round")
+    rng, dflt = names.PERIODIC_RANGES, names.PERIODIC_DEFAULTS
+
+    def _r(k: str) -> str:
+        return f"{rng[k][0]}..{rng[k][1]}"
+
+    pg.add_argument("--interval-us", type=_int, metavar="N",
+                    help=f"fixed polling interval, {_r('interval_us')} us (default: searched)")
+    pg.add_argument("--round-ms", type=_int, metavar="N",
+                    help=f"search round length, {_r('round_ms')} ms "
+                         f"(default {dflt['round_ms']})")
+    pg.add_argument("--min-interval-us", type=_int, metavar="N",
+                    help=f"shortest interval the search tries, {_r('min_interval_us')} us "
+                         f"(default {dflt['min_interval_us']})")
+    pg.add_argument("--max-interval-us", type=_int, metavar="N",
+                    help=f"longest interval the search tries, a latency cap, "
+                         f"{_r('max_interval_us')} us (default {dflt['max_interval_us']})")
+    pg.add_argument("--min-change", type=_int, metavar="PCT",
+                    help=f"restart the search when a round's objective moves by more than "
+                         f"PCT %% of the previous round's, {_r('min_change')} "
+                         f"(default {dflt['min_change']})")
+    pg.add_argument("--max-round", type=_int, metavar="N",
+                    help=f"restart the search every N rounds, {_r('max_round')} "
+                         f"(default {dflt['max_round']})")
+    pg.add_argument("--objective", choices=names.OBJECTIVES,
+                    help="what the search maximizes per round: bytes received (default, "
+                         "the paper's) or bytes per CPU-second of the polling context")
     e.add_argument("--keep-rps", action="store_true",
                    help="leave RPS on for the devices (default: turn it off, journaled, "
                         "restored by disable); with RPS the poller's packets are re-queued "
@@ -295,10 +324,23 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _periodic_args(args: argparse.Namespace) -> backends.Periodic | None:
+    """The periodic knobs given on the command line (None: none given)."""
+    given = {k: getattr(args, k) for k in names.PERIODIC_KNOBS}
+    if all(v is None for v in given.values()):
+        return None
+    if args.mode != names.MODE_PERIODIC:
+        flags = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None]
+        raise InvalidInput(f"{flags[0]} applies to --mode periodic only, not {args.mode}: "
+                           "drop it or use --mode periodic")
+    return backends.Periodic.from_args(**given)
+
+
 def cmd_enable(args: argparse.Namespace) -> int:
     req = EnableRequest(devices=list(args.devices), netns=args.netns, mode=args.mode,
                         cpus=args.cpus, rt_prio=args.rt_prio, linger_us=args.linger_us,
-                        quota=args.quota, freq_ctl=args.freq_ctl, keep_rps=args.keep_rps)
+                        quota=args.quota, freq_ctl=args.freq_ctl, keep_rps=args.keep_rps,
+                        periodic=_periodic_args(args))
     backends.validate_common(req, rt_prio_min=0)   # the backend checks its own minimum
     why = ""
     if args.backend == "auto":

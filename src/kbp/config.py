@@ -7,7 +7,7 @@ that is no longer listed. Example (also in kbp/data/kbp.toml.example)::
     backend = "auto"            # auto | kmod | stock
 
     [defaults]                  # apply to every [[device]] unless it says otherwise
-    mode = "hybrid"             # hybrid | busy
+    mode = "hybrid"             # hybrid | busy | periodic
     rt_prio = 50                # SCHED_FIFO priority of the polling threads (1..99; omit:
                                 # the backend's default, FIFO 50 -- SCHED_NORMAL for the
                                 # stock backend's busy, which refuses a priority)
@@ -15,6 +15,9 @@ that is no longer listed. Example (also in kbp/data/kbp.toml.example)::
     linger_us = 20              # keep polling this long after the last packet (hybrid)
     freq_ctl = false            # kmod, hybrid: CPU to min frequency while a poller sleeps
     keep_rps = false            # true: leave RPS on (default: enable turns it off)
+    # mode periodic only (NetAP): interval_us (fixed; omit: searched), round_ms,
+    # min_interval_us, max_interval_us, min_change, max_round, objective ("bytes" or
+    # "bytes-per-cpu"); see kbpctl enable --help
 
     [[device]]
     name = "eth1"
@@ -34,14 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from kbp import names
-from kbp.backends import EnableRequest, EnableResult
+from kbp.backends import EnableRequest, EnableResult, Periodic
 from kbp.errors import InvalidInput
 from kbp.state import Record
 from kbp.sysinfo import parse_cpulist
 
 DEFAULT_PATH = Path("/etc/kbp/kbp.toml")
 DEVICE_KEYS = {"name", "netns", "mode", "cpus", "rt_prio", "linger_us", "quota", "freq_ctl",
-               "keep_rps", "backend"}
+               "keep_rps", "backend", *names.PERIODIC_KNOBS}
 DEFAULT_KEYS = DEVICE_KEYS - {"name", "netns"}
 TOP_KEYS = {"backend", "defaults", "device"}
 
@@ -58,11 +61,19 @@ class DeviceConfig:
     quota: int | None = None
     freq_ctl: bool = False
     keep_rps: bool = False
+    periodic: dict[str, Any] = field(default_factory=dict)  # mode periodic: knobs given
 
     def request(self) -> EnableRequest:
+        per = None
+        if self.periodic:
+            if self.mode != names.MODE_PERIODIC:
+                raise InvalidInput(f"device {self.name}: {sorted(self.periodic)[0]} applies "
+                                   f"to mode periodic only, not {self.mode}")
+            per = Periodic.from_args(**self.periodic)
         return EnableRequest(devices=[self.name], netns=self.netns, mode=self.mode,
                              cpus=self.cpus, rt_prio=self.rt_prio, linger_us=self.linger_us,
-                             quota=self.quota, freq_ctl=self.freq_ctl, keep_rps=self.keep_rps)
+                             quota=self.quota, freq_ctl=self.freq_ctl, keep_rps=self.keep_rps,
+                             periodic=per)
 
 
 @dataclass
@@ -122,6 +133,10 @@ def _apply_keys(where: str, d: DeviceConfig, raw: Mapping[str, Any]) -> None:
             d.freq_ctl = _bool(w, v)
         elif k == "keep_rps":
             d.keep_rps = _bool(w, v)
+        elif k == "objective":
+            d.periodic[k] = _str(w, v)
+        elif k in names.PERIODIC_KNOBS:
+            d.periodic[k] = _int(w, v)
 
 
 def parse(text: str, path: Path = DEFAULT_PATH) -> Config:

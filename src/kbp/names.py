@@ -6,11 +6,11 @@ names: KBP_A_<NAME upper-case> for knobs and counters, KBP_MODE_<MODE> for modes
 
 from typing import Final
 
-# Poller modes. "periodic" (NetAP) is reserved: the module refuses it for now.
+# Poller modes: busy (KBP), hybrid (EE-KBP), periodic (NetAP).
 MODE_BUSY: Final = "busy"
 MODE_HYBRID: Final = "hybrid"
 MODE_PERIODIC: Final = "periodic"
-MODES: Final = (MODE_BUSY, MODE_HYBRID)
+MODES: Final = (MODE_BUSY, MODE_HYBRID, MODE_PERIODIC)
 MODE_IDS: Final = {MODE_BUSY: 1, MODE_HYBRID: 2, MODE_PERIODIC: 3}
 MODE_NAMES: Final = {v: k for k, v in MODE_IDS.items()}
 
@@ -18,6 +18,29 @@ MODE_NAMES: Final = {v: k for k, v in MODE_IDS.items()}
 KNOBS: Final = ("mode", "linger_us", "quota", "rt_prio", "freq_ctl", "cpu")
 DEFAULT_QUOTA: Final = 64
 DEFAULT_LINGER_US: Final = 0
+
+# Knobs of mode periodic (NetAP; docs/netap.md), the module's attribute names
+# (module/uapi/kbp.h KBP_A_*) and their accepted ranges (module/kbp_netap.h, kbp_priv.h).
+# interval_us set: a fixed interval, no search; left out: the golden-section search picks it
+# between min_interval_us and max_interval_us, in rounds of round_ms, maximizing objective.
+PERIODIC_KNOBS: Final = ("interval_us", "round_ms", "min_interval_us", "max_interval_us",
+                         "min_change", "max_round", "objective")
+PERIODIC_RANGES: Final = {
+    "interval_us": (10, 100_000),
+    "round_ms": (10, 60_000),
+    "min_interval_us": (10, 100_000),
+    "max_interval_us": (10, 100_000),
+    "min_change": (1, 1000),          # percent of the previous round (MinChange)
+    "max_round": (20, 1_000_000),     # MaxRound
+}
+PERIODIC_DEFAULTS: Final = {"round_ms": 1000, "min_interval_us": 100, "max_interval_us": 4000,
+                            "min_change": 20, "max_round": 300, "objective": "bytes"}
+# What the search maximizes per round: bytes received (the paper's), or bytes per CPU-second
+# of the polling context (beyond the paper: counts what the polling costs).
+OBJECTIVE_BYTES: Final = "bytes"
+OBJECTIVE_BYTES_PER_CPU: Final = "bytes-per-cpu"
+OBJECTIVES: Final = (OBJECTIVE_BYTES, OBJECTIVE_BYTES_PER_CPU)
+OBJECTIVE_IDS: Final = {OBJECTIVE_BYTES: 0, OBJECTIVE_BYTES_PER_CPU: 1}
 
 # Per-poller counters (read-only).
 POLLER_COUNTERS: Final = (

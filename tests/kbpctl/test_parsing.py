@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kbp import cli, config, names, sysinfo
-from kbp.backends import EnableRequest, validate_common
+from kbp.backends import EnableRequest, Periodic, validate_common
 from kbp.errors import EXIT_USAGE, InvalidInput
 
 from .conftest import make_host
@@ -63,7 +63,20 @@ def req(**kw: object) -> EnableRequest:
 @pytest.mark.parametrize(("kw", "msg"), [
     ({"rt_prio": 0}, r"priority 0 is out of range.*1\.\.99"),
     ({"rt_prio": 100}, "priority 100 is out of range"),
-    ({"mode": "periodic"}, "periodic .* reserved"),
+    ({"mode": "periodic", "linger_us": 10}, "--linger-us applies to --mode hybrid only"),
+    ({"mode": "periodic", "freq_ctl": True}, "--freq-ctl applies to --mode hybrid only"),
+    ({"periodic": Periodic()}, "apply to --mode periodic only"),
+    ({"mode": "periodic", "periodic": Periodic(interval_us=5)},
+     r"--interval-us 5 is out of range \(10\.\.100000\)"),
+    ({"mode": "periodic", "periodic": Periodic(round_ms=70_000)},
+     r"--round-ms 70000 is out of range \(10\.\.60000\)"),
+    ({"mode": "periodic", "periodic": Periodic(min_change=0)},
+     r"--min-change 0 is out of range \(1\.\.1000 percent\)"),
+    ({"mode": "periodic", "periodic": Periodic(max_round=19)},
+     r"--max-round 19 is out of range \(20\.\.1000000\)"),
+    ({"mode": "periodic", "periodic": Periodic(min_interval_us=500, max_interval_us=200)},
+     "search range is empty"),
+    ({"mode": "periodic", "periodic": Periodic(objective="speed")}, "unknown objective"),
     ({"mode": "turbo"}, "unknown mode"),
     ({"mode": "busy", "linger_us": 10}, "--linger-us applies to --mode hybrid only"),
     ({"mode": "busy", "freq_ctl": True}, "--freq-ctl applies to --mode hybrid only"),
@@ -91,7 +104,6 @@ def test_validate_common_accepts() -> None:
 @pytest.mark.parametrize(("argv", "msg"), [
     (["enable", "eth1", "--cpus", "x"], "bad CPU list"),
     (["enable", "eth1", "--rt-prio", "high"], "not a whole number"),
-    (["enable", "eth1", "--mode", "periodic"], "invalid choice"),
     (["enable", "eth1", "--backend", "ebpf"], "invalid choice"),
     (["enable"], "required"),
     (["frobnicate"], "invalid choice"),
@@ -190,3 +202,50 @@ def test_example_config_parses() -> None:
     text = files("kbp").joinpath("data/kbp.toml.example").read_text()
     cfg = config.parse(text)
     assert cfg.devices and all(d.mode in names.MODES for d in cfg.devices)
+
+
+def test_periodic_cli_knobs_reach_the_request() -> None:
+    """The periodic knobs of ``kbpctl enable`` land in the request (defaults filled in),
+    refuse a fixed interval together with a search knob, and refuse other modes."""
+    parser = cli.build_parser()
+    args = parser.parse_args(["enable", "eth1", "--mode", "periodic", "--round-ms", "500",
+                              "--max-interval-us", "1000", "--objective", "bytes-per-cpu"])
+    p = cli._periodic_args(args)
+    assert p == Periodic(round_ms=500, max_interval_us=1000, objective="bytes-per-cpu")
+    assert p is not None and p.search
+    fixed = cli._periodic_args(parser.parse_args(["enable", "eth1", "--mode", "periodic",
+                                                  "--interval-us", "250"]))
+    assert fixed is not None and fixed.interval_us == 250 and not fixed.search
+    with pytest.raises(InvalidInput, match="--round-ms would do nothing"):
+        cli._periodic_args(parser.parse_args(["enable", "eth1", "--mode", "periodic",
+                                              "--interval-us", "250", "--round-ms", "100"]))
+    with pytest.raises(InvalidInput, match="--interval-us applies to --mode periodic only"):
+        cli._periodic_args(parser.parse_args(["enable", "eth1", "--interval-us", "250"]))
+    # mode periodic without knobs: the defaults, journaled as such
+    req = EnableRequest(devices=["eth1"], mode="periodic").resolved("kmod")
+    assert req.periodic == Periodic() and req.settings()["periodic"]["max_interval_us"] == 4000
+    assert EnableRequest(devices=["eth1"]).resolved("kmod").settings()["periodic"] is None
+
+
+def test_periodic_config_keys() -> None:
+    cfg = config.parse('[[device]]\nname = "eth1"\nmode = "periodic"\nround_ms = 200\n'
+                       'objective = "bytes-per-cpu"\n')
+    req = cfg.devices[0].request()
+    assert req.periodic == Periodic(round_ms=200, objective="bytes-per-cpu")
+    bad = config.parse('[[device]]\nname = "eth1"\nround_ms = 200\n')
+    with pytest.raises(InvalidInput, match="round_ms applies to mode periodic only"):
+        bad.devices[0].request()
+
+
+@pytest.mark.parametrize(("argv", "msg"), [
+    (["enable", "eth1", "--mode", "periodic", "--interval-us", "5"],
+     "--interval-us 5 is out of range (10..100000)"),
+    (["enable", "eth1", "--mode", "busy", "--max-round", "50"],
+     "--max-round applies to --mode periodic only, not busy"),
+])
+def test_cli_periodic_refusals(argv: list[str], msg: str, capsys: pytest.CaptureFixture[str]
+                               ) -> None:
+    """Refused with the range or the reason, exit 2, before any system access."""
+    assert cli.main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith("kbpctl: ") and msg in err

@@ -52,6 +52,63 @@ def default_rt_prio(backend: str, mode: str) -> int:
     raise InvalidInput(f"unknown backend {backend!r}: use kmod or stock")
 
 
+@dataclass(frozen=True)
+class Periodic:
+    """The knobs of mode periodic (NetAP; :data:`kbp.names.PERIODIC_KNOBS`, docs/netap.md).
+
+    ``interval_us`` set: poll at that fixed interval. None: the golden-section search picks
+    the interval in [min_interval_us, max_interval_us] (a latency cap), in rounds of
+    ``round_ms``, maximizing ``objective``; it restarts when a round's objective moves by more
+    than ``min_change`` percent, or every ``max_round`` rounds.
+    """
+
+    interval_us: int | None = None
+    round_ms: int = names.PERIODIC_DEFAULTS["round_ms"]
+    min_interval_us: int = names.PERIODIC_DEFAULTS["min_interval_us"]
+    max_interval_us: int = names.PERIODIC_DEFAULTS["max_interval_us"]
+    min_change: int = names.PERIODIC_DEFAULTS["min_change"]
+    max_round: int = names.PERIODIC_DEFAULTS["max_round"]
+    objective: str = names.OBJECTIVE_BYTES
+
+    @property
+    def search(self) -> bool:
+        """The interval is searched (no fixed ``interval_us``)."""
+        return self.interval_us is None
+
+    def validate(self) -> None:
+        """ERANGE-style refusals with the accepted range, as the module gives them."""
+        for k, (lo, hi) in names.PERIODIC_RANGES.items():
+            v = getattr(self, k)
+            if v is not None and not lo <= v <= hi:
+                raise InvalidInput(f"--{k.replace('_', '-')} {v} is out of range ({lo}..{hi}"
+                                   f"{' percent' if k == 'min_change' else ''})")
+        if self.min_interval_us > self.max_interval_us:
+            raise InvalidInput(f"--min-interval-us {self.min_interval_us} is above "
+                               f"--max-interval-us {self.max_interval_us}: the search range "
+                               "is empty")
+        if self.objective not in names.OBJECTIVES:
+            raise InvalidInput(f"unknown objective {self.objective!r}: use "
+                               f"{' or '.join(names.OBJECTIVES)}")
+
+    @classmethod
+    def from_args(cls, **kw: Any) -> Periodic:
+        """From CLI/config values (None: the default). A fixed ``interval_us`` and a search
+        knob together are refused: the search knobs do nothing at a fixed interval."""
+        given = {k: v for k, v in kw.items() if v is not None}
+        unknown = set(given) - set(names.PERIODIC_KNOBS)
+        if unknown:
+            raise InvalidInput(f"unknown periodic knob {sorted(unknown)[0]!r}")
+        if "interval_us" in given:
+            search = sorted(set(given) - {"interval_us"})
+            if search:
+                raise InvalidInput(f"--interval-us fixes the interval, so the search knob "
+                                   f"--{search[0].replace('_', '-')} would do nothing: drop "
+                                   "one of them")
+        p = cls(**given)
+        p.validate()
+        return p
+
+
 @dataclass
 class EnableRequest:
     """What ``kbpctl enable`` asks for (the same for every listed device)."""
@@ -65,20 +122,25 @@ class EnableRequest:
     quota: int | None = None  # kmod only
     freq_ctl: bool = False  # kmod only: EE-KBP CPU-frequency control (hybrid)
     keep_rps: bool = False  # leave RPS on (default: turn it off, journaled; see kbp.rps)
+    periodic: Periodic | None = None  # mode periodic: its knobs (None there: the defaults)
 
     def resolved(self, backend: str) -> EnableRequest:
         """This request with ``rt_prio`` filled in: when it is None, ``backend``'s default
         for the mode (:func:`default_rt_prio`). Backends resolve a request before they check
         or journal it, so journals, status and ``apply`` see the priority the threads get."""
-        if self.rt_prio is not None:
-            return self
-        return dataclasses.replace(self, rt_prio=default_rt_prio(backend, self.mode))
+        req = self
+        if req.mode == names.MODE_PERIODIC and req.periodic is None:
+            req = dataclasses.replace(req, periodic=Periodic())
+        if req.rt_prio is not None:
+            return req
+        return dataclasses.replace(req, rt_prio=default_rt_prio(backend, req.mode))
 
     def settings(self) -> dict[str, Any]:
         """The per-device part, as journaled (compared by ``apply``; resolve it first)."""
         return {"mode": self.mode, "cpus": self.cpus, "rt_prio": self.rt_prio,
                 "linger_us": self.linger_us, "quota": self.quota, "freq_ctl": self.freq_ctl,
-                "keep_rps": self.keep_rps}
+                "keep_rps": self.keep_rps,
+                "periodic": asdict(self.periodic) if self.periodic is not None else None}
 
 
 def validate_common(req: EnableRequest, rt_prio_min: int = RT_PRIO_MIN) -> None:
@@ -93,25 +155,35 @@ def validate_common(req: EnableRequest, rt_prio_min: int = RT_PRIO_MIN) -> None:
     for d in req.devices:
         if not d or "/" in d or d in (".", "..") or len(d) > 15 or any(c.isspace() for c in d):
             raise InvalidInput(f"bad device name {d!r}: use a name from 'ip link'")
-    if req.mode == names.MODE_PERIODIC:
-        raise InvalidInput("mode periodic (NetAP) is reserved and not implemented: "
-                           "use --mode hybrid or --mode busy")
     if req.mode not in names.MODES:
-        raise InvalidInput(f"unknown mode {req.mode!r}: use --mode hybrid or --mode busy")
+        raise InvalidInput(f"unknown mode {req.mode!r}: use --mode "
+                           f"{', '.join(names.MODES[:-1])} or {names.MODES[-1]}")
+    if req.periodic is not None:
+        if req.mode != names.MODE_PERIODIC:
+            raise InvalidInput(f"the periodic knobs (--interval-us, --round-ms, ...) apply "
+                               f"to --mode periodic only, not {req.mode}: drop them or use "
+                               "--mode periodic")
+        req.periodic.validate()
     if req.rt_prio is not None and not rt_prio_min <= req.rt_prio <= RT_PRIO_MAX:
         what = " (0: SCHED_NORMAL)" if rt_prio_min == 0 else ""
         raise InvalidInput(f"priority {req.rt_prio} is out of range: SCHED_FIFO priorities "
                            f"are {rt_prio_min}..{RT_PRIO_MAX}{what} (--rt-prio)")
     if req.linger_us is not None:
-        if req.mode == names.MODE_BUSY:
-            raise InvalidInput("--linger-us applies to --mode hybrid only (busy never "
-                               "sleeps): drop one of them")
+        if req.mode != names.MODE_HYBRID:
+            raise InvalidInput(f"--linger-us applies to --mode hybrid only (not {req.mode}: "
+                               "busy never sleeps, periodic sleeps its interval): drop one "
+                               "of them")
         if not 0 <= req.linger_us <= MAX_LINGER_US:
             raise InvalidInput(f"--linger-us {req.linger_us} is out of range "
                                f"(0..{MAX_LINGER_US})")
     if req.freq_ctl and req.mode == names.MODE_BUSY:
         raise InvalidInput("--freq-ctl applies to --mode hybrid only (busy never sleeps, so "
                            "it never lowers the frequency): drop one of them")
+    if req.freq_ctl and req.mode == names.MODE_PERIODIC:
+        raise InvalidInput("--freq-ctl applies to --mode hybrid only: a periodic poller "
+                           "sleeps for one interval at a time, too short for a frequency "
+                           "change to pay off, and the frequency would skew the interval "
+                           "search's measurements: drop one of them")
     if req.quota is not None and not 1 <= req.quota <= names.DEFAULT_QUOTA:
         raise InvalidInput(f"--quota {req.quota} is out of range (1..{names.DEFAULT_QUOTA}, "
                            "the NAPI weight)")

@@ -185,6 +185,8 @@ class KmodBackend:
 
     # -- checks --------------------------------------------------------------------
     def _check_static(self, req: EnableRequest) -> None:
+        if req.mode == names.MODE_PERIODIC:  # TODO(issue 10): wired by the periodic work
+            raise InvalidInput(f"mode periodic is not available with the {NAME} backend yet")
         validate_common(req, rt_prio_min=0)
         if req.cpus is not None:
             sysinfo.validate_cpus(req.cpus, self.host)

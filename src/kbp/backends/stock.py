@@ -313,6 +313,8 @@ class StockBackend:
     def _check_static(self, req: EnableRequest) -> None:
         """``req`` resolved (:meth:`EnableRequest.resolved`)."""
         busy = req.mode == names.MODE_BUSY
+        if req.mode == names.MODE_PERIODIC:  # TODO(issue 10): wired by the periodic work
+            raise InvalidInput(f"mode periodic is not available with the {NAME} backend yet")
         if busy and req.rt_prio is not None and req.rt_prio > 0:
             raise InvalidInput(busy_fifo_refusal(req.rt_prio))
         validate_common(req, rt_prio_min=0 if busy else RT_PRIO_MIN)

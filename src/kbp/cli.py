@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import sys
@@ -357,6 +358,9 @@ def cmd_enable(args: argparse.Namespace) -> int:
         count = f"{d.napis} {what}{'s' if d.napis != 1 else ''}" if d.napis else "its NAPIs"
         knobs = f", linger {req.linger_us} us" if req.linger_us is not None else ""
         knobs += ", freq_ctl" if req.freq_ctl else ""
+        if req.mode == names.MODE_PERIODIC and req.periodic is not None:
+            from kbp.periodicd import summary
+            knobs += summary(dataclasses.asdict(req.periodic))
         _out(f"enabled {d.name}{where}: {be.name} backend, {req.mode}{knobs}, {count} on "
              f"CPU {format_cpulist(d.cpus)}, "
              f"{f'SCHED_FIFO {req.rt_prio}' if req.rt_prio else 'SCHED_NORMAL'} "

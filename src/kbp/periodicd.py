@@ -153,13 +153,17 @@ def spawn(root: Path, key: Mapping[str, Any]) -> dict[str, Any]:
     env["PYTHONPATH"] = pkg + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.pop("KBP_TEST_PAUSE_AFTER_STEP", None)
     path = state_file(root, dev, netns)
+    # the state file first (pid unknown yet): killed from here on, disable still finds the
+    # service's files to remove (the process itself exits once the journal is gone)
+    info: dict[str, Any] = {"pid": None, "starttime": None, "dev": dev, "netns": netns,
+                            "journal": key["journal"], "status": "starting",
+                            "since": time.time()}
+    write_state(path, info)
     with open(log_file(root, dev, netns), "ab") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 start_new_session=True, close_fds=True, cwd="/", env=env)
     st = sysinfo.read_stat(proc.pid)
-    info = {"pid": proc.pid, "starttime": st.starttime if st else None, "dev": dev,
-            "netns": netns, "journal": key["journal"], "status": "starting",
-            "since": time.time()}
+    info.update(pid=proc.pid, starttime=st.starttime if st else None)
     write_state(path, info)
     return info
 
@@ -295,7 +299,7 @@ class Service:
             raise Gone("")  # disabled or re-enabled: not ours any more, and nothing to say
         info = read_state(self.spath)
         if info is not None and info.get("journal") == self.journal and \
-                info.get("pid") != os.getpid():
+                info.get("pid") not in (None, os.getpid()):
             raise Gone("")  # another service of this journal took over (cannot happen)
         return rec
 

@@ -44,9 +44,12 @@ examples:
   kbpctl enable veth0 --netns blue --cpus 1 --rt-prio 60 --linger-us 20
   kbpctl enable eth1 --backend kmod --mode busy --cpus 3
   kbpctl enable eth1 --keep-rps               leave eth1's RPS on (warns: see RPS below)
+  kbpctl enable eth1 --backend stock --mode periodic --max-interval-us 1000
 
-modes: hybrid (EE-KBP: the polling thread sleeps when idle and the hardIRQ wakes it) and
-busy (KBP: it never sleeps; stock backend needs Linux 6.19+ for threaded busy polling).
+modes: hybrid (EE-KBP: the polling thread sleeps when idle and the hardIRQ wakes it),
+busy (KBP: it never sleeps; stock backend needs Linux 6.19+ for threaded busy polling) and
+periodic (NetAP: polls every interval with the IRQ masked; stock: IRQ deferral, and without
+--interval-us a search service that kbpctl starts, status shows and disable stops).
 --rt-prio N: SCHED_FIFO priority of the polling threads, default 50 -- except the stock
 backend's busy, whose NAPI threads run SCHED_NORMAL and refuse N > 0: they never sleep
 and yield only at cond_resched(), so at SCHED_FIFO they would starve every other task on

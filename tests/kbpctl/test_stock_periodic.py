@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from kbp import netap, periodicd, testbed
-from kbp.netdev import NetdevClient, get_link
+from kbp import netap, periodicd, rps, testbed
+from kbp.netdev import NetdevClient, NetFS, get_link
 from kbp.state import StateDir
 from kbp.testbed import run
 
@@ -242,7 +242,10 @@ def test_kbpctl_killed_after_starting_the_service(bed: Bed) -> None:
     restores."""
     before = bed.snap()
     stream(bed)
-    steps = 6  # threaded, affinity, sched, defer, gro, service (veth has no RPS on, no IRQ)
+    r = rps.read(NetFS(bed.tb.server), bed.link.dev_b)
+    # RPS off (if a default mask turned it on), threaded, affinity, sched, defer, gro,
+    # service (veth has no IRQ)
+    steps = (len(r.plan_off()) if r is not None else 0) + 6
     p = subprocess.Popen([*KBPCTL, "enable", bed.link.dev_b, "--netns", bed.tb.server,
                           "--mode", "periodic", "--backend", "stock", "--cpus", "1",
                           "--round-ms", ROUND_MS],

@@ -13,7 +13,11 @@ For each device:
 4. ``--linger-us``: after the last packet keep the NAPI polled by its thread (hrtimer every
    ``LINGER_INTERVAL_US``) instead of re-arming the IRQ, via ``defer_hard_irqs`` and
    ``gro_flush_timeout`` (per NAPI where napi-set has them, else per device);
-5. ``--mode busy``: threaded busy polling (``threaded`` = 2, Linux 6.19+).
+5. ``--mode busy``: threaded busy polling (``threaded`` = 2, Linux 6.19+);
+6. ``--mode periodic`` (NetAP): IRQ deferral polls the NAPI every interval with its IRQ
+   masked (``defer_hard_irqs`` 8, ``gro_flush_timeout`` = the interval, as in 4.), and
+   without ``--interval-us`` a service (:mod:`kbp.periodicd`, journaled last) runs the
+   interval search and rewrites ``gro_flush_timeout`` every round.
 
 Before all of these, RPS on the device is turned off (its receive queues' ``rps_cpus`` and
 ``rps_flow_cnt``: :mod:`kbp.rps`) unless ``--keep-rps``: with RPS the NAPI thread would hand

@@ -340,3 +340,22 @@ def test_apply_starts_and_restarts_the_service(bed: Bed, tmp_path: Path) -> None
     bed.kbpctl("apply", "--config", str(cfg))
     assert not service_alive(new)
     assert bed.snap() == before and bed.journals() == [] and leftovers(bed) == []
+
+
+def test_service_leaves_a_deleted_netns(bed: Bed) -> None:
+    """The service runs inside the device's netns, so it would keep a deleted netns (and its
+    veth) alive: it sees the name gone and exits, and disable forgets the device."""
+    with testbed.Testbed(prefix="kbpx") as other:
+        dev, ns = other.links[0].dev_b, other.server
+        bed.kbpctl("enable", dev, "--netns", ns, "--mode", "periodic", "--backend", "stock",
+                   "--cpus", "1", "--round-ms", ROUND_MS)
+        path = periodicd.state_file(bed.run_dir, dev, ns)
+        info = wait_for(lambda: (lambda x: x if x and x.get("pid") else None)(
+            periodicd.read_state(path)), "the service")
+        assert service_alive(info)
+    wait_for(lambda: not service_alive(info), "the service to leave the deleted netns")
+    st = periodicd.read_state(path)
+    assert st is not None and st["status"] == "exited" and st["reason"] == f"netns {ns} is gone"
+    out = bed.kbpctl("disable", dev, "--netns", ns).stdout
+    assert "gone, nothing to restore" in out and f"disabled {dev}" in out
+    assert bed.journals() == [] and leftovers(bed) == []

@@ -53,6 +53,7 @@ RUNNING = "running"
 DEFER_HARD_IRQS = 8
 HISTORY = 64            # rounds kept in the state file
 STOP_TIMEOUT_S = 5.0    # SIGTERM, then SIGKILL
+LOCK_WAIT_S = 0.05      # a round's write waits this long for the state lock, then skips
 
 
 # -- files -------------------------------------------------------------------------------
@@ -302,14 +303,21 @@ class Service:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[bool]:
-        """The state dir's lock if free now (enable/disable hold it for their whole run)."""
+        """The state dir's lock, if it comes free within LOCK_WAIT_S. Never blocks for long:
+        enable/disable hold it for their whole run (and disable, holding it, stops this
+        service); other devices' services hold it for a write."""
         fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
+            deadline = time.monotonic() + LOCK_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        yield False
+                        return
+                    time.sleep(0.002)
             yield True
         finally:
             os.close(fd)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import sys
@@ -43,9 +44,12 @@ examples:
   kbpctl enable veth0 --netns blue --cpus 1 --rt-prio 60 --linger-us 20
   kbpctl enable eth1 --backend kmod --mode busy --cpus 3
   kbpctl enable eth1 --keep-rps               leave eth1's RPS on (warns: see RPS below)
+  kbpctl enable eth1 --backend stock --mode periodic --max-interval-us 1000
 
-modes: hybrid (EE-KBP: the polling thread sleeps when idle and the hardIRQ wakes it) and
-busy (KBP: it never sleeps; stock backend needs Linux 6.19+ for threaded busy polling).
+modes: hybrid (EE-KBP: the polling thread sleeps when idle and the hardIRQ wakes it),
+busy (KBP: it never sleeps; stock backend needs Linux 6.19+ for threaded busy polling) and
+periodic (NetAP: polls every interval with the IRQ masked; stock: IRQ deferral, and without
+--interval-us a search service that kbpctl starts, status shows and disable stops).
 --rt-prio N: SCHED_FIFO priority of the polling threads, default 50 -- except the stock
 backend's busy, whose NAPI threads run SCHED_NORMAL and refuse N > 0: they never sleep
 and yield only at cond_resched(), so at SCHED_FIFO they would starve every other task on
@@ -357,6 +361,9 @@ def cmd_enable(args: argparse.Namespace) -> int:
         count = f"{d.napis} {what}{'s' if d.napis != 1 else ''}" if d.napis else "its NAPIs"
         knobs = f", linger {req.linger_us} us" if req.linger_us is not None else ""
         knobs += ", freq_ctl" if req.freq_ctl else ""
+        if req.mode == names.MODE_PERIODIC and req.periodic is not None:
+            from kbp.periodicd import summary
+            knobs += summary(dataclasses.asdict(req.periodic))
         _out(f"enabled {d.name}{where}: {be.name} backend, {req.mode}{knobs}, {count} on "
              f"CPU {format_cpulist(d.cpus)}, "
              f"{f'SCHED_FIFO {req.rt_prio}' if req.rt_prio else 'SCHED_NORMAL'} "

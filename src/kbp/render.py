@@ -118,6 +118,31 @@ def periodic_line(p: PollerStatus) -> str:
             f"last round {_n(s.get('last_work'))} packets")
 
 
+def device_periodic_line(d: DeviceStatus) -> str:
+    """One line per stock periodic device: its interval, and the service's search."""
+    per = d.periodic or {}
+    where = f"{d.name}{' (' + d.netns + ')' if d.netns else ''}"
+    head = f"{where} periodic (defer {_n(per.get('defer_hard_irqs'))} empty polls): "
+    svc = per.get("service")
+    if not isinstance(svc, dict):
+        fixed = per.get("interval_us")
+        return head + (f"fixed interval {fixed} us" if fixed is not None else
+                       "no search service")
+    run = f"service {_n(svc.get('pid'))} {'running' if svc.get('running') else 'NOT running'}"
+    s = per.get("search")
+    if not isinstance(s, dict):
+        return head + run
+    state = "converged" if s.get("converged") else f"distance {_n(s.get('distance_us'))} us"
+    last = svc.get("last") if isinstance(svc.get("last"), dict) else {}
+    return (head + f"{run}, {_n(svc.get('rounds'))} rounds ({_n(svc.get('idle_rounds'))} "
+            f"idle); search round {_n(s.get('round'))} ({_n(s.get('restarts'))} restarts, "
+            f"last by {_n(s.get('started_by'))}): interval {_n(per.get('interval_us'))} us, "
+            f"probes {_n(s.get('low_us'))}/{_n(s.get('high_us'))} us in "
+            f"{_n(s.get('range_lo_us'))}..{_n(s.get('range_hi_us'))} us, {state}, "
+            f"last round {_n(last.get('bytes'))} bytes, objective {_n(last.get('value'))} "
+            f"({_n(per.get('objective'))})")
+
+
 def _task_cells(t: CpuTask) -> list[str]:
     who = str(t.pid) if t.pid == t.tid else f"{t.pid}/{t.tid}"
     comm = f"[{t.comm}]" if t.kthread else t.comm
@@ -180,6 +205,7 @@ def status_view(st: Status) -> RenderableType:
     if st.pollers:
         parts.append(pollers_table(st))
         parts += [Text(periodic_line(p)) for p in st.pollers if p.periodic]
+    parts += [Text(device_periodic_line(d)) for d in st.devices if d.backend and d.periodic]
     problems = [f"{d.name}{' (' + d.netns + ')' if d.netns else ''}: {p}"
                 for d in st.devices for p in d.problems if d.backend]
     for p in problems:

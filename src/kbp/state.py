@@ -273,6 +273,8 @@ def describe(kind: str, key: Mapping[str, Any]) -> str:
         return f"{key.get('dev')}/{key.get('attr')}"
     if kind == "irq":
         return f"affinity of IRQ {key.get('irq')}"
+    if kind == "periodicd":
+        return f"periodic service of {key.get('dev')}"
     if kind == "kmod_attach":
         return f"attachment of {key.get('dev')} to the kbp module"
     return f"{kind} {dict(key)}"

@@ -315,6 +315,8 @@ class DeviceStatus:
     counters: dict[str, int | None] = field(default_factory=dict)
     rps: RpsStatus | None = None  # None: no RPS in this kernel, or it could not be read
     problems: list[str] = field(default_factory=list)
+    #: stock mode periodic: interval, defer, and the service's search (kbp.periodicd.describe)
+    periodic: dict[str, Any] | None = None
 
 
 @dataclass

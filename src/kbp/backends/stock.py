@@ -13,7 +13,11 @@ For each device:
 4. ``--linger-us``: after the last packet keep the NAPI polled by its thread (hrtimer every
    ``LINGER_INTERVAL_US``) instead of re-arming the IRQ, via ``defer_hard_irqs`` and
    ``gro_flush_timeout`` (per NAPI where napi-set has them, else per device);
-5. ``--mode busy``: threaded busy polling (``threaded`` = 2, Linux 6.19+).
+5. ``--mode busy``: threaded busy polling (``threaded`` = 2, Linux 6.19+);
+6. ``--mode periodic`` (NetAP): IRQ deferral polls the NAPI every interval with its IRQ
+   masked (``defer_hard_irqs`` 8, ``gro_flush_timeout`` = the interval, as in 4.), and
+   without ``--interval-us`` a service (:mod:`kbp.periodicd`, journaled last) runs the
+   interval search and rewrites ``gro_flush_timeout`` every round.
 
 Before all of these, RPS on the device is turned off (its receive queues' ``rps_cpus`` and
 ``rps_flow_cnt``: :mod:`kbp.rps`) unless ``--keep-rps``: with RPS the NAPI thread would hand
@@ -29,6 +33,7 @@ ignores the whole netdev family (sysfs probe for NAPIs, threads found by name).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import time
@@ -36,7 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kbp import names, rps, sysinfo
+from kbp import names, periodicd, rps, sysinfo
 from kbp.backends import (
     DEFAULT_RT_PRIO,
     DeviceResult,
@@ -69,7 +74,16 @@ from kbp.netdev import (
     list_links,
     probe_napi_sysfs,
 )
-from kbp.state import Executor, PauseHook, Record, RestoreError, StateDir, remove_record, restore
+from kbp.state import (
+    Executor,
+    PauseHook,
+    Record,
+    RestoreError,
+    StateDir,
+    read_record,
+    remove_record,
+    restore,
+)
 from kbp.sysinfo import HOST, RT_PRIO_MIN, Host, TaskStat
 
 NAME = names.BACKEND_STOCK
@@ -200,6 +214,24 @@ def linger_values(linger_us: int) -> tuple[int, int]:
 def plan_linger(netns: str | None, dev: str, ifindex: int, napi_ids: Sequence[int] | None,
                 linger_us: int) -> list[Planned]:
     defer, gro_ns = linger_values(linger_us)
+    return plan_defer(netns, dev, ifindex, napi_ids, defer, gro_ns)
+
+
+def periodic_values(interval_us: int) -> tuple[int, int]:
+    """(napi_defer_hard_irqs, gro_flush_timeout in ns) of mode periodic: the NAPI is re-polled
+    from its hrtimer every ``interval_us`` with the IRQ masked, and handed back to the IRQ
+    after ``periodicd.DEFER_HARD_IRQS`` empty polls (docs/netap.md, "The stock backend")."""
+    return periodicd.DEFER_HARD_IRQS, interval_us * 1000
+
+
+def plan_periodic(netns: str | None, dev: str, ifindex: int, napi_ids: Sequence[int] | None,
+                  interval_us: int) -> list[Planned]:
+    return plan_defer(netns, dev, ifindex, napi_ids, *periodic_values(interval_us))
+
+
+def plan_defer(netns: str | None, dev: str, ifindex: int, napi_ids: Sequence[int] | None,
+               defer: int, gro_ns: int) -> list[Planned]:
+    """IRQ deferral: per NAPI (napi-set) where ``napi_ids`` are given, else per device."""
     if napi_ids is None:
         return [Planned("sysfs", sysfs_key(netns, dev, ifindex, "napi_defer_hard_irqs"),
                         str(defer)),
@@ -309,12 +341,17 @@ class StockBackend:
     def _busy_supported(self, napi_busy: bool) -> bool:
         return bool(napi_busy) or sysinfo.kernel_version() >= BUSY_POLL_SINCE
 
+    def _effector(self, client: Callable[[str | None], NetdevClient],
+                  fs: Callable[[str | None], NetFS]) -> dict[str, Any]:
+        """The system's handlers, and the periodic service's (journal kind periodicd)."""
+        eff: dict[str, Any] = dict(system_effector(client, fs, self.host))
+        eff[periodicd.KIND] = periodicd.ServiceHandler(self.state)
+        return eff
+
     # -- checks --------------------------------------------------------------------
     def _check_static(self, req: EnableRequest) -> None:
         """``req`` resolved (:meth:`EnableRequest.resolved`)."""
         busy = req.mode == names.MODE_BUSY
-        if req.mode == names.MODE_PERIODIC:  # TODO(issue 10): wired by the periodic work
-            raise InvalidInput(f"mode periodic is not available with the {NAME} backend yet")
         if busy and req.rt_prio is not None and req.rt_prio > 0:
             raise InvalidInput(busy_fifo_refusal(req.rt_prio))
         validate_common(req, rt_prio_min=0 if busy else RT_PRIO_MIN)
@@ -382,7 +419,7 @@ class StockBackend:
         with self.state.lock(), _context() as ctx:
             self._check_busy(self._features(ctx.client(req.netns)), req)
             preps = [self._prepare(ctx, d, req.netns) for d in req.devices]
-            eff = system_effector(ctx.client, ctx.fs, self.host)
+            eff = self._effector(ctx.client, ctx.fs)
             hook = PauseHook()
             started: list[_Prep] = []
             try:
@@ -441,10 +478,20 @@ class StockBackend:
                 name_irqs = [q.irq for q in sysinfo.device_irqs(p.dev, msi or None, self.host)]
             run(plan_irqs(irq_targets(napi_irqs, name_irqs, thread_cpus)))
 
+            ok = feats.napi_knob("defer_hard_irqs") and feats.napi_knob("gro_flush_timeout")
+            lids = [n.id for n in napis] if (napis and ok) else None
             if req.linger_us is not None:
-                ok = feats.napi_knob("defer_hard_irqs") and feats.napi_knob("gro_flush_timeout")
-                lids = [n.id for n in napis] if (napis and ok) else None
                 run(plan_linger(p.netns, p.dev, p.link.ifindex, lids, req.linger_us))
+            if req.mode == names.MODE_PERIODIC:
+                assert req.periodic is not None  # resolved
+                per = dataclasses.asdict(req.periodic)
+                run(plan_periodic(p.netns, p.dev, p.link.ifindex, lids,
+                                  periodicd.first_interval(per)))
+                if req.periodic.search:  # last: it drives what the steps above journaled
+                    started = read_record(journal.path)
+                    assert started is not None
+                    run([Planned(periodicd.KIND, periodicd.service_key(
+                        p.dev, p.netns, p.link.ifindex, started.started), periodicd.RUNNING)])
             journal.done()
         finally:
             journal.close()
@@ -494,7 +541,7 @@ class StockBackend:
             recs = [r for r in self.state.records() if r.backend == NAME]
             if devices is not None:
                 recs = [r for r in recs if r.dev in devices and r.netns == netns]
-            eff = system_effector(_safe(ctx.client), _safe(ctx.fs), self.host)
+            eff = self._effector(_safe(ctx.client), _safe(ctx.fs))
             errors = []
             for rec in recs:
                 try:
@@ -595,6 +642,7 @@ class StockBackend:
         if rec:
             ds.cpus = sorted({n.cpu for n in ds.napis if n.cpu is not None}) or ds.cpus
             ds.problems += self._problems(rec, ds)
+            self._describe_periodic(ds, rec)
         show_rps(ds, r, rec.request if rec else None, rec.complete if rec else True)
         return ds
 
@@ -609,7 +657,16 @@ class StockBackend:
                           keep_rps=bool(req.get("keep_rps", False)) if rec else None)
         ds.problems.append(f"looking into netns {ns} needs root: run 'sudo kbpctl status' "
                            "for its NAPIs and threads")
+        if rec:
+            self._describe_periodic(ds, rec)
         return ds
+
+    def _describe_periodic(self, ds: DeviceStatus, rec: Record) -> None:
+        """Mode periodic: the interval, and the service's search state (or why it stopped)."""
+        if rec.request.get("mode") != names.MODE_PERIODIC:
+            return
+        ds.periodic, problems = periodicd.describe(self.state.root, rec)
+        ds.problems += problems
 
     def _problems(self, rec: Record, ds: DeviceStatus) -> list[str]:
         if not rec.complete:

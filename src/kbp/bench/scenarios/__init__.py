@@ -18,6 +18,9 @@ veth-inline    the default: RT flow over veth, with and without an iperf3 UDP fl
 shared-cpu     the papers' situation (``make demo``): RPS steers both server devices' receive
                processing to the RT CPU, where the RT app and the heavy receiver run; the kbp
                modes take the RT device off RPS onto the poller, the flood stays on the backlog
+stream         NetAP's throughput workload: iperf3 bulk TCP and UDP streams from the tester to
+               a receiver over the RT device; bandwidth, CPU time of the polling context,
+               interrupts (veth: NET_RX softirqs) per packet, the periodic modes' interval
 =============  =================================================================================
 
 The placement rules (:mod:`kbp.bench.placement`) place only the roles ``roles(cfg)`` names;
@@ -77,6 +80,19 @@ class Scenario(Protocol):
     def plots(self, results: dict[str, Any], samples: dict[str, list[int]], out: Path,
               ) -> list[Path]:
         """PNG plots written to ``out``."""
+
+    # Optional, read with getattr: ``default_modes`` (tuple of names.BENCH_MODES: the modes
+    # when --modes is not given; else every mode), ``default_parts`` (the parts when --parts
+    # is not given; else all of its own and the runner's), ``presets`` ({preset: {config
+    # field: value}}: what a CLI preset (--smoke, --demo) means for this scenario, applied
+    # over the preset's own values).
+
+
+def default_modes(scen: Scenario) -> tuple[str, ...]:
+    """The modes a run of ``scen`` compares when none are named: its ``default_modes``,
+    else every benchmark mode."""
+    from kbp import names
+    return tuple(getattr(scen, "default_modes", None) or names.BENCH_MODES)
 
 
 @cache

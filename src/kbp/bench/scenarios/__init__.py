@@ -81,11 +81,12 @@ class Scenario(Protocol):
               ) -> list[Path]:
         """PNG plots written to ``out``."""
 
-    # Optional, read with getattr: ``default_modes`` (tuple of names.BENCH_MODES: the modes
-    # when --modes is not given; else every mode), ``default_parts`` (the parts when --parts
-    # is not given; else all of its own and the runner's), ``presets`` ({preset: {config
-    # field: value}}: what a CLI preset (--smoke, --demo) means for this scenario, applied
-    # over the preset's own values).
+    # Optional, read with getattr: ``measures`` (the report header's sentence on what the
+    # cells are; default: kernel-timestamped round trips), ``default_modes`` (a tuple of
+    # names.BENCH_MODES: the modes when --modes is not given; else every mode),
+    # ``default_parts`` (the parts when --parts is not given; else all of its own and the
+    # runner's), ``presets`` ({preset: {config field: value}}: what a CLI preset (--smoke,
+    # --demo) means for this scenario, applied over the preset's own values).
 
 
 def default_modes(scen: Scenario) -> tuple[str, ...]:

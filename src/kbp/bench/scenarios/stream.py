@@ -91,6 +91,9 @@ class Stream:
     title = ("NetAP's throughput workload: bulk TCP and UDP streams (iperf3) over the RT "
              "device; bandwidth, CPU of the polling context, interrupts per packet, the "
              "periodic modes' interval")
+    measures = ("Receiver goodput (iperf3), RT device counters (ip -s link), CPU time "
+                "(/proc/stat, /proc/PID/schedstat), softirqs and interrupts (/proc/softirqs, "
+                "/proc/interrupts) over each run's measured window.")
     links = ("rt",)
     parts = (TCP, UDP)
     rt_roles: tuple[str, ...] = ()

@@ -249,8 +249,10 @@ def stream_run(bench: Bench, mode_name: str, rep: int, part: str,
             d1 = netstats.link_stats(rt.ns_b, rt.dev_b)
             c1, i1 = mode.counters(), steer.irq_count(irqs)
             state = search_state(mode)
-        finally:
-            rec["iperf"] = stream.finish(timeout=seconds + omit + 15.0)
+        except BaseException:             # Ctrl-C, a failure: the stream stops now
+            stream.stop()
+            raise
+        rec["iperf"] = stream.finish(timeout=seconds + omit + 15.0)
     rec["sys"] = sysstat.delta(s0, s1, {**threads, **dict.fromkeys(receiver, RECEIVER)})
     rec["dev"] = {k: _dev(d1, k) - _dev(d0, k) for k in ("packets", "bytes", "dropped")}
     rec["irqs"] = i1 - i0 if irqs else None

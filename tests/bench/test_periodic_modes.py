@@ -203,6 +203,13 @@ def test_stock_search_state(monkeypatch: pytest.MonkeyPatch) -> None:
     assert st is not None and st["interval_us"] == 550 and st["converged"] is True
     assert "interval_from" not in st and st["restarts"] == 1
 
+    # the search's own process, where the backend names it, is one of the mode's threads
+    from kbp.backends import probe
+    monkeypatch.setattr(probe, "poller_threads", lambda *a, **k: {41: "napi/rt-s-test-1"})
+    dev.periodic["service_pid"] = 4242  # type: ignore[attr-defined]
+    m._threads = m._read_threads()  # type: ignore[attr-defined]
+    assert m.threads() == {41: "napi/rt-s-test-1", 4242: "periodic search"}
+
     def broken(**_k: Any) -> Any:
         raise OSError("netlink gone")
     monkeypatch.setattr(b, "status", broken)

@@ -39,7 +39,9 @@ nothing else; the client ends and the competing flood's devices stay stock NAPI 
                         interrupt masked, at the interval kbpctl's user-space search tunes
                         (golden-section, rounds of ``--round-ms``).  ``--rt-prio`` left to
                         the backend.  ``search_state()`` reads the search (converged
-                        interval) from ``kbpctl status`` and the NAPIs' gro_flush_timeout.
+                        interval) from ``kbpctl status`` and the NAPIs' gro_flush_timeout;
+                        the search's process, where the state names it (``service_pid``),
+                        counts as one of the mode's polling threads (its CPU time).
 ``busy`` / ``hybrid``   the kbp module's poller on the RT CPU (:mod:`kbp.backends` kmod);
                         only where the module is loaded (the VM rig), skipped elsewhere.
 ``periodic``            the kbp module's poller in mode periodic (NetAP): it polls every
@@ -872,6 +874,17 @@ class PeriodicMode(BackendMode):
         if self.backend == names.BACKEND_KMOD:
             return kmod_search_state(self.target)
         return stock_search_state(self.target)
+
+    def _read_threads(self) -> dict[int, str]:
+        """The polling threads, plus the process that runs the interval search where the
+        backend names it in its state (``service_pid``: the stock backend's user-space
+        search is part of what this mode costs)."""
+        out = BackendMode._read_threads(self)
+        state = search_state(self) or {}
+        pid = state.get("service_pid")
+        if isinstance(pid, int) and pid > 0 and pid not in out:
+            out[pid] = "periodic search"
+        return out
 
     def describe(self) -> dict[str, Any]:
         d = BackendMode.describe(self)

@@ -285,6 +285,8 @@ def test_vm_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert cli.run_vm(["--flavour", "7.2-amd64", "--nic-pair", "--scenario", "stream",
                        "--out", str(tmp_path)]) == 0
     inner = seen[0][-1]
+    src = str(Path(cli.__file__).resolve().parents[2])
+    assert seen[0][seen[0].index("--env") + 1] == f"PYTHONPATH={src}"   # this kbp, in the guest
     assert inner.startswith('insmod "$KBP_KO" && modprobe veth && ')
     assert "--emulated --scenario stream" in inner
     assert inner.endswith('--nic-pair "$KBP_NIC1,$KBP_NIC0"')

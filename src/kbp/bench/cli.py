@@ -442,8 +442,11 @@ def run_vm(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     inner = shlex.join([".venv/bin/python", "-m", "kbp.bench", "--emulated", *rest]) + \
         ' --out "$KBP_OUT"' + (' --nic-pair "$KBP_NIC1,$KBP_NIC0"' if a.nic_pair else "")
+    # the guest runs the kbp this command runs (a worktree's, not the venv's editable one)
+    src = Path(__file__).resolve().parents[2]
     cmd = [sys.executable, "-m", "vm", "run", a.flavour, "--build", "--out", str(out),
-           "--timeout", str(a.timeout), "--smp", str(a.smp), "--",
+           "--timeout", str(a.timeout), "--smp", str(a.smp), "--env", f"PYTHONPATH={src}",
+           "--",
            "sh", "-c", f'insmod "$KBP_KO" && modprobe veth && {inner}']
     print(f"running: {shlex.join(cmd)}", file=sys.stderr)
     return subprocess.run(cmd).returncode

@@ -8,8 +8,10 @@ of roles to CPUs, the testbed (veth pairs named by the scenario's ``links``; the
 ``rt``, carries the RT flow), the RT application (sockperf server) on the RT pair, the modes,
 tracefs, Ctrl-C.  It hands itself to ``run`` as the
 session: ``order(rep)``, ``latency_run(...)``, ``rfc2544(...)``, ``note(...)``,
-``placement``, ``tb``.  Reusable measurements (the RT latency block, Table 2, RFC 2544) and
-tables live in :mod:`kbp.bench.parts` and :mod:`kbp.bench.report`.
+``placement``, ``tb``, and for a scenario's own measurements ``mode_on(mode)`` (the mode on,
+with its quirks) and ``advance(planned_s, desc)`` (progress).  Reusable measurements (the
+RT latency block, Table 2, RFC 2544) and tables live in :mod:`kbp.bench.parts` and
+:mod:`kbp.bench.report`.
 
 =============  =================================================================================
 veth-inline    the default: RT flow over veth, with and without an iperf3 UDP flood; on veth the

@@ -136,6 +136,19 @@ def test_bpftrace_json_and_text_give_the_same() -> None:
     assert not trace.is_ready('{"type": "attached_probes", "data": {"probes": 8}}')
 
 
+def test_proc_net_dev() -> None:
+    text = ("Inter-|   Receive                                                |  Transmit\n"
+            " face |bytes    packets errs drop fifo frame compressed multicast|bytes ...\n"
+            "    lo:  198417     946    0    0    0     0          0         0   198417\n"
+            "rt-s-ab12: 1500 3 0 2 0 0 0 0 10 1 0 0 0 0 0 0\n")
+    assert netstats.parse_proc_net_dev(text, "rt-s-ab12") == {"bytes": 1500, "packets": 3,
+                                                              "dropped": 2}
+    assert netstats.parse_proc_net_dev(text, "rt-s") is None
+    import os
+    assert netstats.proc_net_dev(os.getpid(), "lo") is not None
+    assert netstats.proc_net_dev(2**22 + 7, "lo") is None
+
+
 def test_ip_json_link_stats() -> None:
     out = ('[{"ifindex":5,"ifname":"rt-s-ab12","stats64":{"rx":{"bytes":10,"packets":3,'
            '"errors":0,"dropped":2},"tx":{"bytes":5,"packets":1,"errors":0,"dropped":0}}}]')

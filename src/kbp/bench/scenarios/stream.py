@@ -238,23 +238,23 @@ def stream_run(bench: Bench, mode_name: str, rep: int, part: str,
         rec["poller_threads"] = {str(p): n for p, n in threads.items()}
         rec["receiver_threads"] = [str(p) for p in receiver]
         stream.start(seconds, omit)
+        dev = DevCounters(rt.ns_b, rt.dev_b, receiver[0] if receiver else None)
         try:
             time.sleep(cfg.stream_warmup)
             pids = list(threads) + receiver
-            c0, i0 = mode.counters(), steer.irq_count(irqs)
-            d0 = netstats.link_stats(rt.ns_b, rt.dev_b)
-            s0 = sysstat.Snapshot.take(pids)
+            c0 = mode.counters()
+            i0, d0, s0 = steer.irq_count(irqs), dev.read(), sysstat.Snapshot.take(pids)
             time.sleep(cfg.duration)
-            s1 = sysstat.Snapshot.take(pids)
-            d1 = netstats.link_stats(rt.ns_b, rt.dev_b)
-            c1, i1 = mode.counters(), steer.irq_count(irqs)
+            s1, d1, i1 = sysstat.Snapshot.take(pids), dev.read(), steer.irq_count(irqs)
+            c1 = mode.counters()
             state = search_state(mode)
         except BaseException:             # Ctrl-C, a failure: the stream stops now
             stream.stop()
             raise
         rec["iperf"] = stream.finish(timeout=seconds + omit + 15.0)
     rec["sys"] = sysstat.delta(s0, s1, {**threads, **dict.fromkeys(receiver, RECEIVER)})
-    rec["dev"] = {k: _dev(d1, k) - _dev(d0, k) for k in ("packets", "bytes", "dropped")}
+    rec["dev"] = {k: d1.get(k, 0) - d0.get(k, 0) for k in ("packets", "bytes", "dropped")}
+    rec["dev_source"] = dev.source
     rec["irqs"] = i1 - i0 if irqs else None
     rec["poller"] = {k: (c1[k] - (c0.get(k) or 0)) for k in c1 if c1[k] is not None}
     if state is not None:
@@ -265,8 +265,23 @@ def stream_run(bench: Bench, mode_name: str, rep: int, part: str,
     return rec
 
 
-def _dev(st: dict[str, Any], key: str) -> int:
-    return int((st.get("rx") or {}).get(key) or 0)
+class DevCounters:
+    """The RT device's receive counters, read from ``/proc/PID/net/dev`` of a process in its
+    namespace (the receiver: no child process, so the window is as tight as /proc/stat's),
+    else with ``ip -s link`` in the namespace."""
+
+    def __init__(self, ns: str, dev: str, pid: int | None) -> None:
+        self.ns, self.dev, self.pid = ns, dev, pid
+        self.source = f"/proc/{pid}/net/dev" if pid else "ip -s link"
+
+    def read(self) -> dict[str, int]:
+        if self.pid:
+            got = netstats.proc_net_dev(self.pid, self.dev)
+            if got is not None:
+                return got
+        self.source = "ip -s link"
+        rx = netstats.link_stats(self.ns, self.dev).get("rx") or {}
+        return {k: int(rx.get(k) or 0) for k in ("packets", "bytes", "dropped")}
 
 
 # -- summaries ------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ Per run (``results["stream"]``, summarized per part and mode with the ratio to n
 same repetition):
 
 * bandwidth: the receiver's goodput (iperf3) in Gbit/s, and the RT device's receive rate
-  (``ip -s link``: packets/s, bytes/s); UDP loss: the bytes received against those sent;
+  (``/proc/PID/net/dev`` of the receiver: packets/s, bytes/s); UDP loss: the bytes received
+  against those sent;
 * CPU time of the polling context: the mode's polling threads (kbp.ko's poller, a NAPI
   kthread: /proc/PID/schedstat) plus the softirq time of the CPUs the roles use (/proc/stat:
   NET_RX where napi and IRQ deferral poll), in % of one CPU; the busy time of those CPUs;
@@ -91,7 +92,7 @@ class Stream:
     title = ("NetAP's throughput workload: bulk TCP and UDP streams (iperf3) over the RT "
              "device; bandwidth, CPU of the polling context, interrupts per packet, the "
              "periodic modes' interval")
-    measures = ("Receiver goodput (iperf3), RT device counters (ip -s link), CPU time "
+    measures = ("Receiver goodput (iperf3), RT device counters (/proc/PID/net/dev), CPU time "
                 "(/proc/stat, /proc/PID/schedstat), softirqs and interrupts (/proc/softirqs, "
                 "/proc/interrupts) over each run's measured window.")
     links = ("rt",)

@@ -68,8 +68,9 @@ BACKENDS: Final = ("auto", BACKEND_KMOD, BACKEND_STOCK)
 # Benchmark mode names (bench output, docs, --help), in table order: stock NAPI, stock
 # threaded NAPI, what users tune today (socket busy polling as tuned's network-latency profile
 # sets it; the kernel's IRQ deferral; IRQ suspension, Linux 6.13+), kbpctl's stock backend
-# (--mode hybrid; --mode busy = upstream threaded busy polling, Linux 6.19+), and the
-# module's poller modes.
+# (--mode hybrid; --mode busy = upstream threaded busy polling, Linux 6.19+; --mode periodic
+# = IRQ deferral at an interval a user-space search tunes, NetAP), and the module's poller
+# modes (busy, hybrid, periodic).
 BENCH_NAPI: Final = "napi"
 BENCH_THREADED: Final = "threaded"
 BENCH_BUSYPOLL: Final = "busypoll"
@@ -77,9 +78,11 @@ BENCH_DEFER: Final = "defer"
 BENCH_STOCK_KBP: Final = "stock-kbp"
 BENCH_STOCK_BUSY: Final = "stock-busy"
 BENCH_IRQ_SUSPEND: Final = "irq-suspend"
+BENCH_STOCK_PERIODIC: Final = "stock-periodic"
+BENCH_PERIODIC: Final = MODE_PERIODIC          # the module's periodic poller (NetAP)
 BENCH_MODES: Final = (BENCH_NAPI, BENCH_THREADED, BENCH_BUSYPOLL, BENCH_DEFER,
-                      BENCH_IRQ_SUSPEND, BENCH_STOCK_KBP, BENCH_STOCK_BUSY, MODE_BUSY,
-                      MODE_HYBRID)
+                      BENCH_IRQ_SUSPEND, BENCH_STOCK_KBP, BENCH_STOCK_BUSY,
+                      BENCH_STOCK_PERIODIC, MODE_BUSY, MODE_HYBRID, BENCH_PERIODIC)
 
 # The benchmark's RT applications: sockperf's server in every mode but irq-suspend, which
 # needs an epoll application that asks for IRQ suspension (kbp-echo, src/kbp/data/kbp_echo.c).

@@ -44,8 +44,10 @@ def test_a_new_scenario_is_one_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(scenarios, "__path__", [*scenarios.__path__, str(tmp_path)])
     scenarios.all_scenarios.cache_clear()
     try:
-        assert list(scenarios.all_scenarios()) == ["veth-inline", "shared-cpu", "zz-probe"]
-        with pytest.raises(scenarios.UnknownScenario, match="veth-inline, shared-cpu, zz-probe"):
+        assert list(scenarios.all_scenarios()) == ["veth-inline", "shared-cpu", "stream",
+                                                   "zz-probe"]
+        with pytest.raises(scenarios.UnknownScenario,
+                           match="veth-inline, shared-cpu, stream, zz-probe"):
             scenarios.get("nope")
         from kbp.bench.cli import description
         assert "zz-probe       a probe scenario for the test" in description()
@@ -132,6 +134,19 @@ def test_bpftrace_json_and_text_give_the_same() -> None:
     assert trace.parse(js)["xmit_to_poll"]["312"]["n"] == 11
     assert trace.is_ready('{"type": "printf", "data": "READY\\n"}') and trace.is_ready("READY")
     assert not trace.is_ready('{"type": "attached_probes", "data": {"probes": 8}}')
+
+
+def test_proc_net_dev() -> None:
+    text = ("Inter-|   Receive                                                |  Transmit\n"
+            " face |bytes    packets errs drop fifo frame compressed multicast|bytes ...\n"
+            "    lo:  198417     946    0    0    0     0          0         0   198417\n"
+            "rt-s-ab12: 1500 3 0 2 0 0 0 0 10 1 0 0 0 0 0 0\n")
+    assert netstats.parse_proc_net_dev(text, "rt-s-ab12") == {"bytes": 1500, "packets": 3,
+                                                              "dropped": 2}
+    assert netstats.parse_proc_net_dev(text, "rt-s") is None
+    import os
+    assert netstats.proc_net_dev(os.getpid(), "lo") is not None
+    assert netstats.proc_net_dev(2**22 + 7, "lo") is None
 
 
 def test_ip_json_link_stats() -> None:

@@ -5,8 +5,9 @@ Scenarios (``--scenario``; the first is the default):
 
 {scenarios}
 
-Modes (``--modes``, default all; napi is the baseline; a mode this kernel cannot run is
-skipped with the reason):
+Modes (``--modes``, default all, or the scenario's own defaults (stream: napi, hybrid,
+periodic, stock-kbp, stock-periodic); napi is the baseline; a mode this kernel cannot run
+is skipped with the reason):
 
 {modes}
 
@@ -26,6 +27,14 @@ demo       every mode (unrunnable ones are reported as skipped), 5 repetitions o
            load off/on, RFC 2544 at 64 B once per mode; under 5 minutes (``make demo``)
 smoke      napi and stock-kbp, 1 repetition of 1 s runs, coarse RFC 2544: a functional check
 =========  =====================================================================================
+
+A scenario may say what a preset means for it (stream: --smoke = both streams, 1 s warm-up,
+1 s runs; --demo = 3 s warm-up, 4 s runs).
+
+Periodic modes (periodic, stock-periodic; NetAP): ``--round-ms`` is the interval search's
+round (default 200 ms here, so its 11 rounds converge inside the stream scenario's 3 s
+warm-up; kbpctl's default is the paper's 1000 ms: use it with ``--stream-warmup 12``),
+``--interval-us`` fixes the interval instead (no search).
 
 CPUs by role (``--cpus ROLE=CPU,...``; roles tester, rt, flood, heavy, app, harness): on 4 or
 more usable CPUs every role gets its own; on 3 the tester and the flood sender share one; on 2
@@ -103,6 +112,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenarios", type=_csv, dest="parts_deprecated", metavar="PARTS",
                    help="deprecated: the old name of --parts")
     p.add_argument("--loads", type=_csv, help="competing load for rtt: off,on")
+    p.add_argument("--round-ms", type=int, dest="periodic_round_ms",
+                   help="periodic modes: the interval search's round in ms (default 200)")
+    p.add_argument("--interval-us", type=int, dest="periodic_interval_us",
+                   help="periodic modes: a fixed polling interval in µs (default: searched)")
+    p.add_argument("--stream-warmup", type=float,
+                   help="stream: seconds each stream runs before it is measured (default 3)")
+    p.add_argument("--udp-len", type=int,
+                   help="stream: UDP payload bytes of the UDP stream (default 1472)")
     p.add_argument("--duration", type=float, help="seconds per RT latency run")
     p.add_argument("--rate", type=float, help="RT requests per second (mean)")
     p.add_argument("--frame", type=int, help="RT request frame size, bytes (64..1518)")
@@ -158,10 +175,17 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         cfg.rfc_frames = list(FULL_RFC_FRAMES)
     for k, v in PRESETS[a.preset].items():
         setattr(cfg, k, v)
+    try:                    # what the preset means for this scenario (unknown: plan refuses)
+        scen = scenarios.get(getattr(a, "scenario", None) or cfg.scenario)
+        for k, v in (getattr(scen, "presets", None) or {}).get(a.preset, {}).items():
+            setattr(cfg, k, v)
+    except scenarios.UnknownScenario:
+        pass
     simple = ("scenario", "modes", "reps", "parts", "loads", "duration", "rate", "frame",
               "flood_len", "idle_duration", "tcp_len", "table2_scale", "table2_duration",
               "rfc_frames", "rfc_trial", "rfc_reps", "rfc_resolution", "rfc_max_pps",
-              "tester_prio", "rt_prio")
+              "tester_prio", "rt_prio", "periodic_round_ms", "periodic_interval_us",
+              "stream_warmup", "udp_len")
     for k in simple:
         v = getattr(a, k, None)
         if v is not None:
@@ -418,8 +442,11 @@ def run_vm(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     inner = shlex.join([".venv/bin/python", "-m", "kbp.bench", "--emulated", *rest]) + \
         ' --out "$KBP_OUT"' + (' --nic-pair "$KBP_NIC1,$KBP_NIC0"' if a.nic_pair else "")
+    # the guest runs the kbp this command runs (a worktree's, not the venv's editable one)
+    src = Path(__file__).resolve().parents[2]
     cmd = [sys.executable, "-m", "vm", "run", a.flavour, "--build", "--out", str(out),
-           "--timeout", str(a.timeout), "--smp", str(a.smp), "--",
+           "--timeout", str(a.timeout), "--smp", str(a.smp), "--env", f"PYTHONPATH={src}",
+           "--",
            "sh", "-c", f'insmod "$KBP_KO" && modprobe veth && {inner}']
     print(f"running: {shlex.join(cmd)}", file=sys.stderr)
     return subprocess.run(cmd).returncode

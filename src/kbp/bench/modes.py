@@ -33,9 +33,26 @@ nothing else; the client ends and the competing flood's devices stay stock NAPI 
                         skipped with the reason on older kernels.  No ``--rt-prio``: the
                         kthread keeps the backend's default policy for busy (kbpctl refuses
                         SCHED_FIFO there); the app is placed as for ``busy``.
+``stock-periodic``      kbpctl's stock backend ``--mode periodic`` (NetAP on a stock kernel):
+                        the kernel's IRQ deferral (``napi_defer_hard_irqs`` +
+                        ``gro_flush_timeout``) polls the NAPI from an hrtimer with its
+                        interrupt masked, at the interval kbpctl's user-space search tunes
+                        (golden-section, rounds of ``--round-ms``).  ``--rt-prio`` left to
+                        the backend.  ``search_state()`` reads the search (converged
+                        interval) from ``kbpctl status`` and the NAPIs' gro_flush_timeout;
+                        the search's process, where the state names it (``service_pid``),
+                        counts as one of the mode's polling threads (its CPU time).
 ``busy`` / ``hybrid``   the kbp module's poller on the RT CPU (:mod:`kbp.backends` kmod);
                         only where the module is loaded (the VM rig), skipped elsewhere.
+``periodic``            the kbp module's poller in mode periodic (NetAP): it polls every
+                        interval with the device's interrupt masked; the golden-section
+                        search tunes the interval per round (``--round-ms``; a fixed
+                        ``--interval-us`` turns it off).  ``search_state()`` reads the
+                        poller's search (round, interval, converged) from the module.
 ======================  =================================================================
+
+The periodic modes are refused with the backend's own reason while kbpctl does not offer
+mode periodic on that backend (its static check, run with no device: ``unavailable()``).
 
 Every mode puts back exactly what it changed (:mod:`kbp.bench.knobs` for the sysctls and
 sysfs attributes, kbpctl's journal for the backends), from ``teardown``, which the runner calls
@@ -116,6 +133,9 @@ class Target:
     dev: str
     cpu: int              # the RT CPU (receive path + application)
     rt_prio: int = 50
+    # the periodic modes' knobs (names.PERIODIC_KNOBS, kbpctl's names: round_ms, interval_us,
+    # ...); the backend's defaults for the others
+    periodic: dict[str, Any] = field(default_factory=dict)
 
 
 class Mode(Protocol):
@@ -615,7 +635,7 @@ class IrqSuspendMode(KnobMode):
                                  "max_events": workloads.ECHO_MAX_EVENTS}}
 
 
-# -- kbpctl backends (stock-kbp, stock-busy, busy, hybrid) -----------------------------------
+# -- kbpctl backends (stock-kbp, stock-busy, stock-periodic, busy, hybrid, periodic) ---------
 def _backends() -> Any:
     import kbp.backends as b  # the kbpctl engineers' package; imported only when used
     return b
@@ -670,12 +690,17 @@ class BackendMode:
             return f"{self.backend} backend unavailable: {why}"
         return None
 
+    def request(self, t: Target) -> Any:
+        """The kbpctl EnableRequest this mode makes for ``t``."""
+        b = _backends()
+        prio = {} if self.own_prio else {"rt_prio": t.rt_prio}
+        return b.EnableRequest([t.dev], netns=t.netns, mode=self.kbp_mode, cpus=[t.cpu],
+                               **prio)
+
     def setup(self, t: Target) -> None:
         b = _backends()
         self.target = t
-        prio = {} if self.own_prio else {"rt_prio": t.rt_prio}
-        req = b.EnableRequest([t.dev], netns=t.netns, mode=self.kbp_mode, cpus=[t.cpu],
-                              **prio)
+        req = self.request(t)
         be = b.get(self.backend)
         self.enabled = True   # even a half-done enable is journaled: always disable
         be.enable(req)
@@ -713,6 +738,162 @@ class BackendMode:
                 "threads": [thread_placement(p) for p in self._threads]}
 
 
+def backend_refusal(backend: str, mode: str, periodic: dict[str, Any] | None = None,
+                    ) -> str | None:
+    """Why kbpctl's ``backend`` refuses ``mode`` before it looks at any device (its static
+    checks, with a placeholder device and no CPU list; nothing changes), None when it takes
+    it.  While a backend does not offer mode periodic yet, this is its own refusal."""
+    b = _backends()
+    be = b.get(backend)
+    check = getattr(be, "_check_static", None)
+    if check is None:
+        return None
+    try:
+        per = b.Periodic.from_args(**periodic) if periodic else None
+        req = b.EnableRequest(["lo"], mode=mode, periodic=per).resolved(backend)
+        check(req)
+    except Exception as e:
+        return f"kbpctl {backend} backend refuses --mode {mode}: {e}"
+    return None
+
+
+def periodic_problem(knobs: dict[str, Any]) -> str | None:
+    """Why the bench's periodic knobs (``--round-ms``, ``--interval-us``) would be refused by
+    kbpctl (its own validation and message), None when they are fine."""
+    if not knobs:
+        return None
+    try:
+        b = _backends()
+    except ImportError:
+        return None
+    try:
+        b.Periodic.from_args(**knobs)
+    except Exception as e:
+        return str(e)
+    return None
+
+
+def _flat_search(out: dict[str, Any]) -> dict[str, Any]:
+    """The search's headline fields at the top of a state: interval_us (the interval in force),
+    converged, round, rounds, restarts (from its ``search`` nest where it has one)."""
+    s = out.get("search")
+    if isinstance(s, dict):
+        for k in ("interval_us", "converged", "round", "rounds", "restarts", "last_work"):
+            if s.get(k) is not None:
+                out[k] = s[k]
+        out["searching"] = True
+    elif "searching" not in out:
+        out["searching"] = False
+    if out.get("converged") is not None:
+        out["converged"] = bool(out["converged"])
+    return out
+
+
+def kmod_search_state(t: Target) -> dict[str, Any]:
+    """The periodic poller of the RT CPU as kbp.ko reports it: its interval and (netap on)
+    the search's state (module/uapi/kbp.h KBP_A_NETAP_STATE)."""
+    import dataclasses
+
+    from kbp import kmod
+    with kmod.Client() as c:
+        ps = [p for p in c.pollers() if p.cpu == t.cpu]
+    if not ps:
+        return {"source": f"kbp.ko poller kbp/{t.cpu}", "error": "no poller on the RT CPU"}
+    p = ps[0]
+    out: dict[str, Any] = {"source": f"kbp.ko poller kbp/{p.cpu}", "mode": p.mode,
+                           "netap": p.netap, "interval_us": p.interval_us,
+                           "handbacks": p.handbacks, "round_ms": p.round_ms}
+    if p.search is not None:
+        out["search"] = dataclasses.asdict(p.search)
+    return _flat_search(out)
+
+
+def stock_search_state(t: Target) -> dict[str, Any]:
+    """The stock backend's periodic search for the RT device: the state its service reports
+    through ``kbpctl status`` (a ``periodic`` entry of the device, where the backend has it),
+    and the interval in force read from the device's NAPIs (gro_flush_timeout, defer)."""
+    b = _backends()
+    st = b.status(netns=t.netns, devices=[t.dev])
+    ds = next((d for d in st.devices if d.name == t.dev and d.netns == t.netns), None)
+    out: dict[str, Any] = {"source": "kbpctl stock backend (kbpctl status)"}
+    if ds is None:
+        return {**out, "error": f"{t.dev} not in kbpctl status"}
+    per = getattr(ds, "periodic", None)
+    if isinstance(per, dict):
+        out.update(per)
+    gro = sorted(n.gro_flush_timeout_ns for n in ds.napis if n.gro_flush_timeout_ns is not None)
+    defer = sorted({n.defer_hard_irqs for n in ds.napis if n.defer_hard_irqs is not None})
+    out["gro_flush_timeout_ns"] = gro
+    out["defer_hard_irqs"] = defer
+    out = _flat_search(out)
+    if out.get("interval_us") is None and gro:
+        out["interval_us"] = gro[len(gro) // 2] / 1000
+        out["interval_from"] = "gro_flush_timeout"
+    return out
+
+
+def search_state(mode: Mode) -> dict[str, Any] | None:
+    """A periodic mode's search state now (None for the other modes); errors are recorded,
+    never raised: reading it must not stop a run."""
+    fn = getattr(mode, "search_state", None)
+    if fn is None:
+        return None
+    try:
+        state = fn()
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    return state if isinstance(state, dict) else None
+
+
+@dataclass
+class PeriodicMode(BackendMode):
+    """Mode periodic (NetAP) through a kbpctl backend: kmod (kbp.ko's poller) or stock (IRQ
+    deferral at an interval kbpctl's user-space search tunes)."""
+
+    knobs: dict[str, Any] = field(default_factory=dict)
+
+    def unavailable(self) -> str | None:
+        why = BackendMode.unavailable(self)
+        if why:
+            return why
+        try:
+            return backend_refusal(self.backend, self.kbp_mode)
+        except Exception as e:
+            return f"{self.backend} backend: {e}"
+
+    def request(self, t: Target) -> Any:
+        b = _backends()
+        self.knobs = dict(t.periodic)
+        req = BackendMode.request(self, t)
+        req.periodic = b.Periodic.from_args(**self.knobs)
+        return req
+
+    def search_state(self) -> dict[str, Any] | None:
+        if self.target is None:
+            return None
+        if self.backend == names.BACKEND_KMOD:
+            return kmod_search_state(self.target)
+        return stock_search_state(self.target)
+
+    def _read_threads(self) -> dict[int, str]:
+        """The polling threads, plus the process that runs the interval search where the
+        backend names it in its state (``service_pid``: the stock backend's user-space
+        search is part of what this mode costs)."""
+        out = BackendMode._read_threads(self)
+        state = search_state(self) or {}
+        pid = state.get("service_pid")
+        if isinstance(pid, int) and pid > 0 and pid not in out:
+            out[pid] = "periodic search"
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        d = BackendMode.describe(self)
+        d["periodic"] = {**names.PERIODIC_DEFAULTS, **self.knobs}
+        d["how"] += (f", interval fixed at {self.knobs['interval_us']} us"
+                     if self.knobs.get("interval_us") else ", interval searched (NetAP)")
+        return d
+
+
 STOCK_BUSY_SINCE: Version = (6, 19, 0)    # kbp.backends.stock.BUSY_POLL_SINCE
 
 # one line per mode for --help and the docs (the table in this module's docstring, short)
@@ -729,8 +910,12 @@ SUMMARY: dict[str, str] = {
                            "the RT CPU)",
     names.BENCH_STOCK_BUSY: "kbpctl stock backend --mode busy: upstream threaded busy "
                             "polling (Linux 6.19+)",
+    names.BENCH_STOCK_PERIODIC: "kbpctl stock backend --mode periodic: IRQ deferral, "
+                                "interval searched (NetAP)",
     names.MODE_BUSY: "kbp.ko poller, busy mode (kbp module loaded: the VM rig)",
     names.MODE_HYBRID: "kbp.ko poller, hybrid mode (kbp module loaded: the VM rig)",
+    names.BENCH_PERIODIC: "kbp.ko poller, periodic mode: IRQ masked, interval searched "
+                          "(NetAP; the VM rig)",
 }
 
 
@@ -748,8 +933,12 @@ def all_modes() -> dict[str, Mode]:
         BackendMode(names.BENCH_STOCK_BUSY, names.BACKEND_STOCK, names.MODE_BUSY, spins=True,
                     since=STOCK_BUSY_SINCE, own_prio=True,
                     feature="threaded busy polling (napi threaded=2, kbpctl --mode busy)"),
+        # the interval search runs in kbpctl's service; the priority is the backend's own
+        PeriodicMode(names.BENCH_STOCK_PERIODIC, names.BACKEND_STOCK, names.MODE_PERIODIC,
+                     own_prio=True),
         BackendMode(names.MODE_BUSY, names.BACKEND_KMOD, names.MODE_BUSY, spins=True),
         BackendMode(names.MODE_HYBRID, names.BACKEND_KMOD, names.MODE_HYBRID),
+        PeriodicMode(names.BENCH_PERIODIC, names.BACKEND_KMOD, names.MODE_PERIODIC),
     ]
     return {m.name: m for m in modes}
 
@@ -762,5 +951,6 @@ def availability(wanted: list[str], modes: dict[str, Mode] | None = None,
 
 
 __all__ = ["AppEnv", "AppPlace", "BackendMode", "BusyPollMode", "DeferMode",
-           "IrqSuspendMode", "KnobError", "KnobMode", "Mode", "NapiIO", "NapiMode", "Target",
-           "ThreadedMode", "all_modes", "availability", "too_old"]
+           "IrqSuspendMode", "KnobError", "KnobMode", "Mode", "NapiIO", "NapiMode",
+           "PeriodicMode", "Target", "ThreadedMode", "all_modes", "availability",
+           "backend_refusal", "search_state", "too_old"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from kbp.testbed import run as ns_run
@@ -29,3 +30,26 @@ def parse_link_stats(text: str) -> dict[str, Any]:
 def rx_packets(ns: str | None, dev: str) -> int:
     """Packets the device received (0 when it cannot be read)."""
     return int((link_stats(ns, dev).get("rx") or {}).get("packets") or 0)
+
+
+def proc_net_dev(pid: int, dev: str, proc: Path = Path("/proc")) -> dict[str, int] | None:
+    """A device's receive counters as a process in its namespace sees them
+    (``/proc/PID/net/dev``: no child process, so a measurement window can be read tightly):
+    {"packets", "bytes", "dropped"}; None when the process or the device is gone."""
+    try:
+        text = (proc / str(pid) / "net" / "dev").read_text()
+    except OSError:
+        return None
+    return parse_proc_net_dev(text, dev)
+
+
+def parse_proc_net_dev(text: str, dev: str) -> dict[str, int] | None:
+    for line in text.splitlines()[2:]:
+        name, sep, rest = line.partition(":")
+        if not sep or name.strip() != dev:
+            continue
+        f = rest.split()
+        if len(f) < 4:
+            return None
+        return {"bytes": int(f[0]), "packets": int(f[1]), "dropped": int(f[3])}
+    return None

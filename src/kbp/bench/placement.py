@@ -267,6 +267,7 @@ def _sharing_note(cpu_of: Mapping[str, int], avail: Sequence[int],
             groups.setdefault(cpu_of[r], []).append(r)
     shared = {c: rs for c, rs in groups.items() if len(rs) > 1}
     how = "pinned" if any(r in ROLES for r in pins) else f"{len(avail)} usable CPUs"
+    own = len([r for r in ROLES if r in cpu_of]) - len(meant)     # roles that claim a CPU
     by_design = (f"; {_and([LABELS[r] for r in meant])} on the RT CPU {rt_cpu} by the "
                  "scenario's design") if meant else ""
     if not shared:
@@ -275,7 +276,7 @@ def _sharing_note(cpu_of: Mapping[str, int], avail: Sequence[int],
     parts = [f"{_and([LABELS[r] for r in rs])} share CPU {c}" for c, rs in
              sorted(shared.items())]
     tail = "" if how == "pinned" else \
-        f" (each role gets a CPU of its own from {4 - len(meant)} usable CPUs on)"
+        f" (each role gets a CPU of its own from {own} usable CPUs on)"
     return f"{how}: {'; '.join(parts)}{tail}{by_design}"
 
 

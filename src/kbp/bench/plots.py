@@ -11,8 +11,8 @@ from kbp.bench.report import _modes_in, placement_of
 CPU_PARTS = ("user", "system", "softirq", "irq", "steal")
 COLORS = {"napi": "#444444", "threaded": "#1f77b4", "busypoll": "#9467bd",
           "defer": "#8c564b", "irq-suspend": "#e377c2", "stock-kbp": "#2ca02c",
-          "stock-busy": "#17becf",
-          "busy": "#d62728", "hybrid": "#ff7f0e"}
+          "stock-busy": "#17becf", "stock-periodic": "#bcbd22",
+          "busy": "#d62728", "hybrid": "#ff7f0e", "periodic": "#7f3b08"}
 
 
 def _plt() -> Any:

@@ -354,14 +354,16 @@ def markdown(results: dict[str, Any]) -> str:
     reps = cfg.get("reps")
     pl = placement_of(results)
     scen = results.get("scenario") or {}
+    scenario = scenario_of(results)
+    what = getattr(scenario, "measures", None) or (
+        "Kernel-timestamped round trips (SO_TIMESTAMPING software stamps), microseconds.")
     out = [f"Scenario `{scen.get('name')}`: {scen.get('title', '')}.", "",
-           f"Testbed: {results.get('testbed')}. Kernel-timestamped round trips (SO_TIMESTAMPING"
-           f" software stamps), microseconds. Cells: median of {reps} repetitions [min-max] "
-           "xratio to napi (median of per-repetition ratios).", "",
+           f"Testbed: {results.get('testbed')}. {what} Cells: median of {reps} repetitions "
+           "[min-max] xratio to napi (median of per-repetition ratios).", "",
            f"{pl.summary()}.", ""]
     skipped = {m: v.get("reason") for m, v in (results.get("modes") or {}).items()
                if v.get("status") == "skipped"}
-    out.append(scenario_of(results).render(results))
+    out.append(scenario.render(results))
     out += common_sections(results)
     if skipped:
         out += ["Skipped modes:", ""] + [f"- {m}: {why}" for m, why in skipped.items()] + [""]

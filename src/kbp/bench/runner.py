@@ -65,6 +65,8 @@ from kbp.bench.modes import (
     Target,
     all_modes,
     availability,
+    periodic_problem,
+    search_state,
 )
 from kbp.bench.placement import Placement, PlacementError
 from kbp.bench.stats import summarize
@@ -82,14 +84,16 @@ SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)     # asm-generic value
 # modes that leave the RT device's NAPI a kthread, and the module's modes, which refuse such a
 # NAPI on kernels before KTHREAD_KEPT_BEFORE (the runner recreates a veth pair; a NIC cannot be)
 KTHREAD_MODES = (names.BENCH_THREADED, names.BENCH_STOCK_KBP, names.BENCH_STOCK_BUSY)
-MODULE_MODES = (names.MODE_BUSY, names.MODE_HYBRID)
+MODULE_MODES = (names.MODE_BUSY, names.MODE_HYBRID, names.BENCH_PERIODIC)
+PERIODIC_MODES = (names.BENCH_PERIODIC, names.BENCH_STOCK_PERIODIC)
 KTHREAD_KEPT_BEFORE = (6, 15, 0)
 
 
 @dataclass
 class BenchConfig:
     scenario: str = scenarios.DEFAULT
-    modes: list[str] = field(default_factory=lambda: list(names.BENCH_MODES))
+    # empty: the scenario's default modes (its ``default_modes``, else every mode), by plan()
+    modes: list[str] = field(default_factory=list)
     reps: int = 5
     parts: list[str] | None = None  # None: every part the scenario has (rtt, table2, rfc2544)
     #                                 and the runner's (idle, rtt-tcp)
@@ -104,6 +108,15 @@ class BenchConfig:
     flood_len: int = 64
     flood_bitrate: str = "0"
     tcp_len: int = 0                 # rtt-tcp: iperf3 TCP write size (0: iperf3's 128 KiB)
+    # the stream scenario's bulk streams: seconds each stream runs before the measurement
+    # (the periodic modes' interval search converges meanwhile), UDP payload bytes
+    stream_warmup: float = 3.0
+    udp_len: int = 1472              # a 1500-byte IP packet
+    # the periodic modes (periodic, stock-periodic): the interval search's round (the bench's
+    # default, 200 ms, lets its 11 rounds converge inside the stream warm-up; kbpctl's own
+    # default is the paper's 1000 ms), or a fixed interval (None: searched)
+    periodic_round_ms: int = 200
+    periodic_interval_us: int | None = None
     # idle cost: seconds each mode stays on with no traffic
     idle_duration: float = 10.0
     # EE-KBP Table 2
@@ -227,8 +240,13 @@ class Bench:
         except scenarios.UnknownScenario as e:
             raise Aborted(str(e)) from e
         known = [*self.scenario.parts, *parts.COMMON]
-        if cfg.parts is None:       # rtt-tcp is a competing load: only when loads are on
+        own = getattr(self.scenario, "default_parts", None)
+        if cfg.parts is None and own is not None:
+            cfg.parts = list(own)
+        elif cfg.parts is None:     # rtt-tcp is a competing load: only when loads are on
             cfg.parts = [p for p in known if p != parts.RTT_TCP or "on" in cfg.loads]
+        if not cfg.modes:
+            cfg.modes = list(scenarios.default_modes(self.scenario))
         bad = [p for p in cfg.parts if p not in known]
         if bad:
             raise Aborted(f"unknown part {bad[0]!r} for scenario {self.scenario.name}: choose "
@@ -241,6 +259,10 @@ class Bench:
                           f"{', '.join(names.BENCH_MODES)}")
         if "napi" not in cfg.modes:
             raise Aborted("mode napi is the baseline every ratio refers to: keep it in --modes")
+        if any(m in PERIODIC_MODES for m in cfg.modes):
+            why = periodic_problem(self.periodic_knobs())
+            if why:
+                raise Aborted(f"the periodic modes' knobs: {why}")
         if cfg.spin_app not in SPIN_APP_CHOICES:
             raise Aborted(f"unknown --busy-app {cfg.spin_app!r}: use "
                           f"{', '.join(SPIN_APP_CHOICES)}")
@@ -514,7 +536,24 @@ class Bench:
         """The device every mode serves: the server end of the RT pair, on the RT CPU."""
         assert self.tb is not None and self.placement is not None
         return Target(self.tb.server, self.tb.link("rt").dev_b,
-                      self.placement.cpu(placement_.RT), self.cfg.rt_prio)
+                      self.placement.cpu(placement_.RT), self.cfg.rt_prio,
+                      periodic=self.periodic_knobs())
+
+    def periodic_knobs(self) -> dict[str, Any]:
+        """kbpctl's periodic knobs for the periodic modes: a fixed interval
+        (--interval-us), else the search's round (--round-ms)."""
+        cfg = self.cfg
+        if cfg.periodic_interval_us is not None:
+            return {"interval_us": cfg.periodic_interval_us}
+        return {"round_ms": cfg.periodic_round_ms}
+
+    @contextlib.contextmanager
+    def mode_on(self, mode_name: str) -> Iterator[Mode]:
+        """``mode_name`` on (with its quirks, as for every run of the runner's own), for a
+        scenario's own measurements; off again afterwards, also on an exception."""
+        mode = self.modes[mode_name]
+        with self._mode(mode):
+            yield mode
 
     # -- one latency run -------------------------------------------------------------------
     def latency_run(self, mode_name: str, rep: int, *, part: str, condition: str, size: int,
@@ -560,6 +599,9 @@ class Bench:
                                      seed=cfg.seed * 1000 + rep)
                 s1 = sysstat.Snapshot.take(list(threads) + app)
                 c1 = mode.counters()
+                state = search_state(mode)
+                if state is not None:
+                    rec["search"] = state
                 for end in ends:
                     end(rec)
             finally:
@@ -667,6 +709,9 @@ class Bench:
             time.sleep(cfg.idle_duration)
             s1 = sysstat.Snapshot.take(list(threads) + app)
             c1 = mode.counters()
+            state = search_state(mode)
+            if state is not None:
+                rec["search"] = state
         rec["poller_threads"] = {str(p): n for p, n in threads.items()}
         rec["app_threads"] = [str(p) for p in app]
         rec["sys"] = sysstat.delta(s0, s1, {**threads, **dict.fromkeys(app, rec["app"])})
@@ -760,10 +805,13 @@ class Bench:
 
     _note = note
 
-    def _advance(self, planned_s: float, desc: str) -> None:
+    def advance(self, planned_s: float, desc: str) -> None:
+        """One unit of ``planned_s`` planned seconds is done (and honour a pending Ctrl-C)."""
         _checkpoint()
         if self.progress:
             self.progress.advance(planned_s, desc)
+
+    _advance = advance
 
     def latency_plan(self, duration: float) -> float:
         return parts.latency_seconds(self.cfg, duration)

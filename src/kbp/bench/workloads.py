@@ -11,6 +11,9 @@
   (veth polls on the transmitting CPU).
 * TCP heavy sender (``rtt-tcp``): the same with an iperf3 TCP stream at full speed
   (``Flood(proto="tcp")``): fewer, larger segments, GRO and ACKs back to the sender.
+* Bulk streams (scenario ``stream``, NetAP's workload): :class:`Stream`, one iperf3 TCP or
+  UDP stream at full speed from the tester's CPU to a receiver over the RT device, for a
+  fixed time with a warm-up iperf3 leaves out of its figures (``-O``).
 * EE-KBP Table 2: six constant-interval traffic conditions (80 Mbit/s and 1 Gbit/s, frames
   of 1518 / 512 / 64 bytes), scaled by one factor to what this machine can carry.
 """
@@ -36,6 +39,7 @@ from kbp.testbed import run as ns_run
 SOCKPERF_PORT = 11111           # the RT application's port (sockperf's default; kbp-echo's too)
 IPERF_PORT = 5201
 IPERF_TCP_PORT = 5202           # the TCP heavy sender's server (its own, next to the flood's)
+IPERF_STREAM_PORT = 5203        # the stream scenario's receiver (bulk TCP and UDP streams)
 
 
 class MissingTool(RuntimeError):
@@ -335,6 +339,141 @@ def iperf_summary(out: str, proto: str) -> dict[str, Any]:
     s = end.get("sum") or {}
     return {k: s.get(k) for k in ("packets", "lost_packets", "lost_percent",
                                   "bits_per_second") if k in s}
+
+
+@dataclass
+class Stream:
+    """One iperf3 bulk stream at full speed (NetAP's workload): TCP, or UDP with ``length``
+    payload bytes (``-b 0``), from the client namespace on ``sender_cpu`` to an iperf3
+    server on ``receiver_cpu``; ``start`` runs it for ``omit`` + ``seconds`` (iperf3 leaves
+    the first ``omit`` seconds out of its figures), ``finish`` waits for its JSON."""
+
+    client_ns: str
+    server_ns: str
+    server_ip: str
+    sender_cpu: int
+    receiver_cpu: int
+    proto: str = "tcp"          # "tcp" or "udp"
+    length: int = 0             # UDP payload / TCP write size (0: iperf3's own)
+    port: int = IPERF_STREAM_PORT
+    server: subprocess.Popen[str] | None = None
+    client: subprocess.Popen[str] | None = None
+
+    def start_server(self) -> None:
+        if self.server is not None:
+            return
+        self.server = procs.start(self.server_ns, [
+            "taskset", "-c", str(self.receiver_cpu), "iperf3", "-s", "-B", self.server_ip,
+            "-p", str(self.port)], stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            out = ns_run(self.server_ns, ["cat", "/proc/net/tcp"], check=False).stdout
+            if f":{self.port:04X}" in out:
+                return
+            if self.server.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError("iperf3 stream receiver did not listen")
+
+    def server_pids(self) -> list[int]:
+        """The receiver's threads (iperf3 -s after ip-netns/taskset exec'd into it)."""
+        if self.server is None:
+            return []
+        try:
+            return sorted(int(t) for t in os.listdir(f"/proc/{self.server.pid}/task"))
+        except OSError:
+            return []
+
+    def client_argv(self, seconds: int, omit: int) -> list[str]:
+        if self.proto not in ("tcp", "udp"):
+            raise ValueError(f"unknown stream protocol {self.proto!r}: tcp or udp")
+        argv = ["taskset", "-c", str(self.sender_cpu), "iperf3", "-c", self.server_ip,
+                "-p", str(self.port), "-t", str(seconds), "-O", str(omit), "-J"]
+        if self.proto == "udp":
+            argv += ["-u", "-b", "0"]
+        return [*argv, *(["-l", str(self.length)] if self.length else [])]
+
+    def start(self, seconds: int, omit: int, tries: int = 6) -> None:
+        """Start the stream (again, a second later, while the server still finishes the
+        previous test: iperf3 serves one at a time)."""
+        for i in range(tries):
+            self.client = procs.start(self.client_ns, self.client_argv(seconds, omit))
+            time.sleep(0.3)
+            if self.client.poll() is None:
+                return
+            out, err = procs.stop(self.client)
+            self.client = None
+            if "busy" not in out + err or i == tries - 1:
+                raise RuntimeError(f"iperf3 {self.proto} stream exited: "
+                                   f"{(out + err).strip()[-400:]}")
+            time.sleep(1.0)
+
+    def finish(self, timeout: float = 15.0) -> dict[str, Any]:
+        """Wait for the stream's end; what iperf3 reported (``error`` when it did not)."""
+        if self.client is None:
+            return {}
+        try:
+            out, err = self.client.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            out, err = procs.stop(self.client, signal.SIGINT, timeout=10)
+        except BaseException:           # Ctrl-C: never leave it behind
+            procs.stop(self.client, signal.SIGINT, timeout=2.0)
+            self.client = None
+            raise
+        self.client = None
+        res = stream_summary(out, self.proto)
+        if not res:
+            res = {"error": (err or out).strip()[-400:] or "iperf3 printed no result"}
+        return res
+
+    def stop(self) -> None:
+        if self.client is not None:
+            procs.stop(self.client, signal.SIGINT, timeout=10)
+            self.client = None
+
+    def stop_server(self) -> None:
+        if self.server is not None:
+            procs.stop(self.server)
+            self.server = None
+
+
+def stream_summary(out: str, proto: str) -> dict[str, Any]:
+    """An iperf3 -J stream's figures at the receiver: bytes, goodput (bits/s) and, for UDP,
+    the datagrams sent, lost and their share; TCP's retransmits (empty: no result)."""
+    try:
+        js = json.loads(out)
+    except (json.JSONDecodeError, TypeError):
+        return {}
+    end = js.get("end") if isinstance(js, dict) else None
+    if not isinstance(end, dict) or not end:
+        return {"error": str(js.get("error"))} if isinstance(js, dict) and js.get("error") \
+            else {}
+    got = end.get("sum_received") or {}
+    sent = end.get("sum_sent") or {}
+    whole = end.get("sum") or {}
+    res: dict[str, Any] = {"proto": proto}
+    if proto == "tcp":
+        res["bytes"] = got.get("bytes")
+        res["bits_per_second"] = got.get("bits_per_second")
+        res["seconds"] = got.get("seconds")
+        res["retransmits"] = sent.get("retransmits")
+        res["sent_bits_per_second"] = sent.get("bits_per_second")
+        return res
+    src = got or whole
+    res["sent_bytes"] = (sent or whole).get("bytes")
+    res["packets"] = whole.get("packets", src.get("packets"))
+    res["lost_packets"] = whole.get("lost_packets", src.get("lost_packets"))
+    res["lost_percent"] = whole.get("lost_percent", src.get("lost_percent"))
+    res["seconds"] = src.get("seconds")
+    res["sent_bits_per_second"] = (sent or whole).get("bits_per_second")
+    if got:
+        res["bytes"] = got.get("bytes")
+        res["bits_per_second"] = got.get("bits_per_second")
+    else:        # older iperf3: the sender's rate less the receiver's loss
+        bps, lost = whole.get("bits_per_second"), whole.get("lost_percent")
+        res["bits_per_second"] = None if bps is None else \
+            bps * (1 - (lost or 0) / 100)
+    return res
 
 
 # -- EE-KBP Table 2 --------------------------------------------------------------------------

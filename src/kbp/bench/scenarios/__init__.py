@@ -8,8 +8,10 @@ of roles to CPUs, the testbed (veth pairs named by the scenario's ``links``; the
 ``rt``, carries the RT flow), the RT application (sockperf server) on the RT pair, the modes,
 tracefs, Ctrl-C.  It hands itself to ``run`` as the
 session: ``order(rep)``, ``latency_run(...)``, ``rfc2544(...)``, ``note(...)``,
-``placement``, ``tb``.  Reusable measurements (the RT latency block, Table 2, RFC 2544) and
-tables live in :mod:`kbp.bench.parts` and :mod:`kbp.bench.report`.
+``placement``, ``tb``, and for a scenario's own measurements ``mode_on(mode)`` (the mode on,
+with its quirks) and ``advance(planned_s, desc)`` (progress).  Reusable measurements (the
+RT latency block, Table 2, RFC 2544) and tables live in :mod:`kbp.bench.parts` and
+:mod:`kbp.bench.report`.
 
 =============  =================================================================================
 veth-inline    the default: RT flow over veth, with and without an iperf3 UDP flood; on veth the
@@ -18,6 +20,9 @@ veth-inline    the default: RT flow over veth, with and without an iperf3 UDP fl
 shared-cpu     the papers' situation (``make demo``): RPS steers both server devices' receive
                processing to the RT CPU, where the RT app and the heavy receiver run; the kbp
                modes take the RT device off RPS onto the poller, the flood stays on the backlog
+stream         NetAP's throughput workload: iperf3 bulk TCP and UDP streams from the tester to
+               a receiver over the RT device; bandwidth, CPU time of the polling context,
+               interrupts (veth: NET_RX softirqs) per packet, the periodic modes' interval
 =============  =================================================================================
 
 The placement rules (:mod:`kbp.bench.placement`) place only the roles ``roles(cfg)`` names;
@@ -77,6 +82,20 @@ class Scenario(Protocol):
     def plots(self, results: dict[str, Any], samples: dict[str, list[int]], out: Path,
               ) -> list[Path]:
         """PNG plots written to ``out``."""
+
+    # Optional, read with getattr: ``measures`` (the report header's sentence on what the
+    # cells are; default: kernel-timestamped round trips), ``default_modes`` (a tuple of
+    # names.BENCH_MODES: the modes when --modes is not given; else every mode),
+    # ``default_parts`` (the parts when --parts is not given; else all of its own and the
+    # runner's), ``presets`` ({preset: {config field: value}}: what a CLI preset (--smoke,
+    # --demo) means for this scenario, applied over the preset's own values).
+
+
+def default_modes(scen: Scenario) -> tuple[str, ...]:
+    """The modes a run of ``scen`` compares when none are named: its ``default_modes``,
+    else every benchmark mode."""
+    from kbp import names
+    return tuple(getattr(scen, "default_modes", None) or names.BENCH_MODES)
 
 
 @cache

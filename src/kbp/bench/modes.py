@@ -821,6 +821,9 @@ def stock_search_state(t: Target) -> dict[str, Any]:
     per = getattr(ds, "periodic", None)
     if isinstance(per, dict):
         out.update(per)
+        svc = per.get("service")
+        if isinstance(svc, dict) and svc.get("running") and isinstance(svc.get("pid"), int):
+            out["service_pid"] = svc["pid"]  # the search's process: its CPU is the mode's
     gro = sorted(n.gro_flush_timeout_ns for n in ds.napis if n.gro_flush_timeout_ns is not None)
     defer = sorted({n.defer_hard_irqs for n in ds.napis if n.defer_hard_irqs is not None})
     out["gro_flush_timeout_ns"] = gro

@@ -81,7 +81,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from kbp import names, sysinfo
+from kbp import modespec, names, sysinfo
 from kbp.bench.knobs import Changes, KernelIO, Knob, KnobError, KnobIO, net_core_sysctl
 from kbp.testbed import run as ns_run
 
@@ -713,7 +713,7 @@ class BackendMode:
                 "threads": [thread_placement(p) for p in self._threads]}
 
 
-STOCK_BUSY_SINCE: Version = (6, 19, 0)    # kbp.backends.stock.BUSY_POLL_SINCE
+STOCK_BUSY_SINCE: Version = modespec.BUSY.stock.since   # kbpctl stock --mode busy
 
 # one line per mode for --help and the docs (the table in this module's docstring, short)
 SUMMARY: dict[str, str] = {

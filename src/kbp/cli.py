@@ -282,6 +282,17 @@ def busy_notice(backend: str, cpus: Iterable[int], rt_prio: int) -> str:
     return textwrap.fill(text, width=100)
 
 
+def periodic_text(per: backends.Periodic | None) -> str:
+    """The periodic knobs for the ``enabled ...`` line ("" for other modes)."""
+    if per is None:
+        return ""
+    if not per.search:
+        return f", every {per.interval_us} us"
+    return (f", interval searched in {per.min_interval_us}..{per.max_interval_us} us (rounds "
+            f"of {per.round_ms} ms, restart on a change above {per.min_change} % or every "
+            f"{per.max_round} rounds, objective {per.objective})")
+
+
 def _warn(text: str) -> None:
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
@@ -363,6 +374,7 @@ def cmd_enable(args: argparse.Namespace) -> int:
         count = f"{d.napis} {what}{'s' if d.napis != 1 else ''}" if d.napis else "its NAPIs"
         knobs = f", linger {req.linger_us} us" if req.linger_us is not None else ""
         knobs += ", freq_ctl" if req.freq_ctl else ""
+        knobs += periodic_text(req.periodic)
         _out(f"enabled {d.name}{where}: {be.name} backend, {req.mode}{knobs}, {count} on "
              f"CPU {format_cpulist(d.cpus)}, "
              f"{f'SCHED_FIFO {req.rt_prio}' if req.rt_prio else 'SCHED_NORMAL'} "

@@ -17,6 +17,7 @@ from kbp.backends import kmod as kmod_backend
 from kbp.errors import OperationFailed, Unavailable
 from kbp.netdev import Link
 from kbp.state import StateDir
+from kbp.sysinfo import FreqReport
 
 from .test_kmod import FakeModule
 
@@ -50,8 +51,7 @@ class PeriodicModule(FakeModule):
                 p.search = kmod.NetapState(round=2, rounds=9, interval_us=1590, low_us=2510,
                                            high_us=1590, range_lo_us=knobs["min_interval_us"],
                                            range_hi_us=knobs["max_interval_us"],
-                                           distance_us=1490, converged=False, restarts=0,
-                                           last_work=777)
+                                           distance_us=1490, converged=False, restarts=0)
             out.append(p)
         return out
 
@@ -138,7 +138,7 @@ def test_status_json_shows_knobs_and_search(fake: tuple[PeriodicModule, Any]) ->
                             periodic=Periodic(round_ms=200, max_interval_us=2000)))
     devs, pollers = be.describe(None, None, be.state.records())
     st = backends.Status(kernel="6.12", auto="kmod", backends={}, devices=devs,
-                         pollers=pollers, cpufreq=_NoFreq())
+                         pollers=pollers, cpufreq=FreqReport(False, note="no cpufreq"))
     js = json.loads(json.dumps(st.to_json()))
     (d,) = js["devices"]
     assert d["mode"] == "periodic" and d["problems"] == []
@@ -155,6 +155,13 @@ def test_status_json_shows_knobs_and_search(fake: tuple[PeriodicModule, Any]) ->
     assert line.startswith("kbp/1 periodic: 3 hand-backs to interrupts, search round 2")
     assert line.endswith("; rounds of 200 ms, restart on a change above 20 % or every 300 "
                          "rounds, objective bytes")
+    from rich.console import Console
+
+    from kbp.render import status_view
+    con = Console(width=250, record=True)
+    con.print(status_view(st))
+    text = " ".join(con.export_text().split())
+    assert "kmod periodic search 100..2000us" in text and " ".join(line.split()) in text
 
 
 def test_status_of_a_fixed_interval(fake: tuple[PeriodicModule, Any]) -> None:
@@ -179,11 +186,6 @@ def test_status_says_when_the_poller_drifted(fake: tuple[PeriodicModule, Any]) -
     mod.override = {"netap": 1, **{k: v for k, v in SEARCH.items() if k != "netap"}}
     (d,), _ = be.describe(None, None, be.state.records())
     assert len(d.problems) == 1 and "netap 1 (enabled with 0)" in d.problems[0]
-
-
-class _NoFreq:
-    def to_json(self) -> dict[str, Any]:
-        return {}
 
 
 # -- refusals -------------------------------------------------------------------------

@@ -45,7 +45,7 @@ def assert_back_on_stock_napi(kmod, flow: Flow) -> None:
 @pytest.mark.smoke
 @pytest.mark.usefixtures("roomy_sink")
 def test_kbpctl_periodic_fixed_interval(kmod, flow: Flow) -> None:
-    nic, n = flow.t.nic0, 2000
+    nic, n = flow.t.nic0, 4000
     try:
         out = kbpctl("enable", nic, "--mode", "periodic", "--interval-us", "500",
                      "--cpus", str(POLL_CPU))
@@ -55,8 +55,8 @@ def test_kbpctl_periodic_fixed_interval(kmod, flow: Flow) -> None:
         assert (p.mode, p.interval_us, p.netap, p.rt_prio) == ("periodic", 500, False, 50), p
         assert p.search is None
 
-        per = run_flow(kmod, flow, n, 1000)
-        print(f"\n{n} datagrams at 1000/s, kbpctl periodic 500 us: {per}")
+        per = run_flow(kmod, flow, n, 2000)     # about one datagram per interval
+        print(f"\n{n} datagrams at 2000/s, kbpctl periodic 500 us: {per}")
         assert per["unique"] == n, per
         assert per["packets"] >= n, per            # the poller carried them
         assert per["irqs"] * 10 <= n, per          # with the interrupt masked
@@ -102,7 +102,8 @@ def test_kbpctl_periodic_search(kmod, flow: Flow) -> None:
         print(f"\nsearch state: {s}")
         assert s["rounds"] >= 3 and 100 <= s["interval_us"] <= 4000, s
         assert 100 <= s["range_lo_us"] <= s["range_hi_us"] <= 4000, s
-        assert s["last_work"] > 0, "no round counted any packet"
+        last = s.get("last_objective", s.get("last_work"))   # named last_work before objective
+        assert last, "no round counted anything"
         assert (pj["policy"], pj["priority"]) == ("SCHED_FIFO", 50), pj
 
         kbpctl("disable", nic)      # under traffic

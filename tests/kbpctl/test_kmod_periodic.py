@@ -22,7 +22,14 @@ from kbp.sysinfo import FreqReport
 from .test_kmod import FakeModule
 
 SEARCH = {"netap": 1, "round_ms": 1000, "min_interval_us": 100, "max_interval_us": 4000,
-          "min_change": 20, "max_round": 300}
+          "min_change": 20, "max_round": 300, "objective": "bytes"}
+
+
+def sendable(knobs: dict[str, Any]) -> dict[str, Any]:
+    """The knobs this checkout's module client sends (the default objective is left out by
+    a client without the objective knob)."""
+    return {k: v for k, v in knobs.items()
+            if k in kmod.PERIODIC_KNOBS or v != names.OBJECTIVE_BYTES}
 
 
 class PeriodicModule(FakeModule):
@@ -31,11 +38,16 @@ class PeriodicModule(FakeModule):
     def __init__(self) -> None:
         super().__init__()
         self.refuse: kmod.KbpError | None = None
+        self.knows_objective = True
         self.override: dict[str, Any] = {}
+        self.requests: list[dict[str, Any]] = []
 
     def attach(self, dev: str, netns: str | None = None, **kw: Any) -> None:
+        self.requests.append(kw)
         if self.refuse is not None:
             raise self.refuse
+        if "objective" in kw and not self.knows_objective:   # the strict attribute check
+            raise kmod.KbpError(errno.EINVAL, "Unknown attribute type", f"attach {dev}")
         super().attach(dev, netns, **kw)
 
     def pollers(self) -> list[kmod.Poller]:
@@ -74,9 +86,10 @@ def test_periodic_knobs_map_to_the_module() -> None:
     assert kmod_backend.periodic_knobs(capped) == {
         "netap": 1, "round_ms": 200, "min_interval_us": 150, "max_interval_us": 900,
         "min_change": 5, "max_round": 40, "objective": "bytes-per-cpu"}
-    # every knob it sends is one the module client encodes (objective: when it knows it)
+    # every knob sent is one the module client encodes
     for per in (Periodic(), Periodic(interval_us=500)):
-        kmod.build_attach("eth1", cpu=1, mode="periodic", **kmod_backend.periodic_knobs(per))
+        kmod.build_attach("eth1", cpu=1, mode="periodic",
+                          **sendable(kmod_backend.periodic_knobs(per)))
 
 
 def test_attachment_of_other_modes_has_no_periodic_knobs() -> None:
@@ -102,9 +115,9 @@ def test_enable_journal_disable(fake: tuple[PeriodicModule, Any], per: Periodic 
     a = mod.attached["eth1"]
     assert (a["mode"], a["cpu"], a["rt_prio"], a["linger_us"], a["freq_ctl"]) == \
         ("periodic", 1, 50, None, False)
-    assert {k: a[k] for k in knobs} == knobs
     assert set(a) - {"cpu", "queue_map", "mode", "linger_us", "quota", "rt_prio",
-                     "freq_ctl"} == set(knobs)
+                     "freq_ctl"} == set(sendable(knobs))
+    assert {k: a[k] for k in sendable(knobs)} == sendable(knobs)
     (rec,) = be.state.records()
     assert rec.changes[0].new["periodic"] == knobs
     assert rec.request["periodic"] == dataclass_dict(per or Periodic())
@@ -202,26 +215,38 @@ def test_module_range_refusal_is_a_clear_message(fake: tuple[PeriodicModule, Any
     assert mod.attached == {} and be.state.records() == []
 
 
-def test_objective_on_a_module_without_it(fake: tuple[PeriodicModule, Any],
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_objective_with_and_without_the_knob(fake: tuple[PeriodicModule, Any],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     mod, be = fake
-    req = EnableRequest(["eth1"], cpus=[1], mode="periodic",
-                        periodic=Periodic(objective=names.OBJECTIVE_BYTES_PER_CPU))
-    # a module client without the knob: refused before anything changes
-    monkeypatch.setattr(kmod, "PERIODIC_KNOBS", tuple(k for k in kmod.PERIODIC_KNOBS
-                                                      if k != "objective"))
+    cpu_req = EnableRequest(["eth1"], cpus=[1], mode="periodic",
+                            periodic=Periodic(objective=names.OBJECTIVE_BYTES_PER_CPU))
+    default = EnableRequest(["eth1"], cpus=[1], mode="periodic")
+    without = tuple(k for k in kmod.PERIODIC_KNOBS if k != "objective")
+    # a module client without the knob: bytes-per-cpu refused before anything changes,
+    # the default not sent
+    monkeypatch.setattr(kmod, "PERIODIC_KNOBS", without)
     with pytest.raises(Unavailable, match="needs the kbp module's objective knob"):
-        be.enable(req)
+        be.enable(cpu_req)
     assert mod.attached == {} and be.state.records() == []
-    # the default objective is not sent: an old module takes the request
-    be.enable(EnableRequest(["eth1"], cpus=[1], mode="periodic"))
+    be.enable(default)
     assert "objective" not in mod.attached["eth1"]
     be.disable(["eth1"])
-    # a client with the knob, a module without it: the kernel's strict attribute check
-    monkeypatch.setattr(kmod, "PERIODIC_KNOBS", (*kmod.PERIODIC_KNOBS, "objective"))
-    mod.refuse = kmod.KbpError(errno.EINVAL, "Unknown attribute type", "attach eth1")
+    # a client and a module with the knob: the default is sent too (the module keeps a
+    # CPU's knobs across requests, so an earlier bytes-per-cpu would stay)
+    monkeypatch.setattr(kmod, "PERIODIC_KNOBS", (*without, "objective"))
+    be.enable(default)
+    assert mod.attached["eth1"]["objective"] == "bytes"
+    be.disable(["eth1"])
+    # a module without it: the default retried without the attribute ...
+    mod.knows_objective = False
+    mod.requests.clear()
+    be.enable(default)
+    assert ["objective" in r for r in mod.requests] == [True, False]
+    assert "objective" not in mod.attached["eth1"]
+    be.disable(["eth1"])
+    # ... bytes-per-cpu refused in words, and rolled back
     with pytest.raises(OperationFailed) as e:
-        be.enable(req)
+        be.enable(cpu_req)
     msg = str(e.value)
     assert "the loaded kbp module does not know the objective knob" in msg
     assert "--objective bytes-per-cpu needs a newer kbp.ko" in msg and "[Errno" not in msg

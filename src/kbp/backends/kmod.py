@@ -90,14 +90,12 @@ def _objective_name(v: Any) -> str:
 def periodic_knobs(per: Periodic) -> dict[str, Any]:
     """The module's knobs for mode periodic (kmod.attach keyword arguments): a fixed interval
     is netap 0 + interval_us; the search is netap 1 + its range, round, MinChange and
-    MaxRound. The objective goes only when it is not the default (bytes), so a module
-    without KBP_A_OBJECTIVE takes every other request."""
+    MaxRound and objective (:meth:`AttachHandler._attach` leaves the default objective out
+    for a module without KBP_A_OBJECTIVE)."""
     if not per.search:
         return {"netap": 0, "interval_us": per.interval_us}
-    knobs: dict[str, Any] = {"netap": 1, **{k: getattr(per, k) for k in SEARCH_KNOBS}}
-    if per.objective != names.OBJECTIVE_BYTES:
-        knobs["objective"] = per.objective
-    return knobs
+    return {"netap": 1, **{k: getattr(per, k) for k in SEARCH_KNOBS},
+            "objective": per.objective}
 
 
 def objective_refusal(per: Periodic | None) -> str | None:
@@ -136,17 +134,37 @@ class AttachHandler:
             if value is None:
                 self.client.detach(key["dev"], key.get("netns"))
                 return
-            qm = value.get("queue_map")
-            self.client.attach(key["dev"], key.get("netns"), cpu=value.get("cpu"),
-                               queue_map=[tuple(p) for p in qm] if qm else None,
-                               mode=value.get("mode"), linger_us=value.get("linger_us"),
-                               quota=value.get("quota"), rt_prio=value.get("rt_prio"),
-                               freq_ctl=value.get("freq_ctl"),
-                               **(value.get("periodic") or {}))
+            self._attach(key, value)
         except kmod.KbpError as e:
             if value is None and e.errno in (errno.ENOENT, errno.ENODEV):
                 raise TargetGone(str(e)) from e
             raise OSError(e.errno, _module_refusal(e, value)) from e
+
+    def _attach(self, key: Mapping[str, Any], value: Mapping[str, Any]) -> None:
+        """Attach with every knob of ``value``. The module keeps each CPU's knobs across
+        requests (and pollers), so the default objective is sent too, or a bytes-per-cpu
+        left by an earlier request would stay; but a client or module without the objective
+        knob does the default only, so there it is left out (an old module refuses the
+        unknown attribute before it changes anything: then the attach is retried)."""
+        per = dict(value.get("periodic") or {})
+        default = per.get("objective") == names.OBJECTIVE_BYTES
+        if default and "objective" not in kmod.PERIODIC_KNOBS:
+            del per["objective"]
+        qm = value.get("queue_map")
+
+        def attach() -> None:
+            self.client.attach(key["dev"], key.get("netns"), cpu=value.get("cpu"),
+                               queue_map=[tuple(p) for p in qm] if qm else None,
+                               mode=value.get("mode"), linger_us=value.get("linger_us"),
+                               quota=value.get("quota"), rt_prio=value.get("rt_prio"),
+                               freq_ctl=value.get("freq_ctl"), **per)
+        try:
+            attach()
+        except kmod.KbpError as e:
+            if not (default and _unknown_objective(e, per)):
+                raise
+            del per["objective"]
+            attach()
 
 
 def attachment(req: EnableRequest, cpus: Sequence[int], napi_count: int | None
@@ -522,7 +540,7 @@ def periodic_drift(ds: DeviceStatus, pollers: Sequence[PollerStatus]) -> list[st
             continue
         have = {**p.periodic, "netap": int(bool(p.periodic.get("netap")))}
         diff = [f"{k} {have.get(k)} (enabled with {v})" for k, v in want.items()
-                if k != "objective" and have.get(k) != v]
+                if have.get(k) != v]
         if diff:
             out.append(f"poller kbp/{p.cpu} runs {', '.join(diff)}: 'kbpctl apply' or "
                        "enable again")
@@ -544,13 +562,18 @@ def _module_refusal(e: kmod.KbpError, value: Mapping[str, Any] | None) -> str:
     name the knob and its range), or, for the objective knob sent to a module that predates
     it (the kernel's strict attribute check: EINVAL, "Unknown attribute type"), what to do."""
     per = (value or {}).get("periodic") or {}
-    if "objective" in per and e.errno == errno.EINVAL and (
-            "attribute" in e.message.lower() or e.message == os.strerror(errno.EINVAL)):
+    if _unknown_objective(e, per):
         return (f"{e.request + ': ' if e.request else ''}the loaded kbp module does not know "
                 f"the objective knob (it refused KBP_A_OBJECTIVE: {e.message}): --objective "
                 f"{per['objective']} needs a newer kbp.ko; load it, or leave --objective out "
                 f"(the search then maximizes {names.OBJECTIVE_BYTES})")
     return str(e)
+
+
+def _unknown_objective(e: kmod.KbpError, per: Mapping[str, Any]) -> bool:
+    """``e`` is a module's refusal of the objective attribute it does not know."""
+    return "objective" in per and e.errno == errno.EINVAL and (
+        "attribute" in e.message.lower() or e.message == os.strerror(errno.EINVAL))
 
 
 def _reason(e: BaseException) -> str:

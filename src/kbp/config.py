@@ -66,8 +66,7 @@ class DeviceConfig:
     def request(self) -> EnableRequest:
         per = None
         if self.periodic:
-            if self.mode not in names.MODES or not modespec.get(self.mode).takes(
-                    "interval_us"):
+            if not modespec.takes(self.mode, "interval_us"):
                 raise InvalidInput(f"device {self.name}: {sorted(self.periodic)[0]} applies "
                                    f"to mode periodic only, not {self.mode}")
             per = Periodic.from_args(**self.periodic)

@@ -115,6 +115,12 @@ def spins(mode: str | None) -> bool:
     return spec is not None and spec.spins
 
 
+def takes(mode: str | None, knob: str) -> bool:
+    """``knob`` applies to ``mode`` (False for None or an unknown mode)."""
+    spec = SPECS.get(mode or "")
+    return spec is not None and spec.takes(knob)
+
+
 def taking(knob: str) -> list[ModeSpec]:
     """The modes ``knob`` applies to."""
     return [s for s in SPECS.values() if s.takes(knob)]

@@ -16,6 +16,8 @@ def test_one_entry_per_mode_with_the_module_ids() -> None:
     assert [s.name for s in modespec.SPECS.values() if s.spins] == [names.MODE_BUSY]
     assert modespec.spins("busy") and not modespec.spins("hybrid")
     assert not modespec.spins(None) and not modespec.spins("turbo")
+    assert modespec.takes("periodic", "interval_us") and not modespec.takes("hybrid", "round_ms")
+    assert not modespec.takes(None, "linger_us") and not modespec.takes("turbo", "linger_us")
     assert set(modespec.MODE_KNOBS) == {k for s in modespec.SPECS.values() for k in s.knobs}
 
 

@@ -58,7 +58,6 @@ NAME = names.BACKEND_KMOD
 ClientFactory = Callable[[], Any]
 
 
-
 #: the knobs of a searching periodic poller, as the module names them (kmod.PERIODIC_KNOBS)
 SEARCH_KNOBS = ("round_ms", "min_interval_us", "max_interval_us", "min_change", "max_round")
 
@@ -66,7 +65,7 @@ SEARCH_KNOBS = ("round_ms", "min_interval_us", "max_interval_us", "min_change", 
 def _periodic(p: Any) -> dict[str, object] | None:
     """What status shows of a periodic poller (module/uapi/kbp.h, KBP_A_NETAP_STATE): its
     knobs (the search's only while it searches), hand-backs and the search's state."""
-    if not modespec.SPECS.get(p.mode or "", modespec.BUSY).takes("interval_us"):
+    if not modespec.takes(p.mode, "interval_us"):
         return None
     out: dict[str, object] = {"interval_us": p.interval_us, "netap": bool(p.netap),
                               "handbacks": p.handbacks}

@@ -34,8 +34,8 @@ def _backend_cell(d: DeviceStatus) -> str:
     out = f"{d.backend} {d.mode or ''}".strip()
     if d.linger_us:
         out += f" linger {d.linger_us}us"
-    if d.periodic:
-        out += " " + periodic_cell(d.periodic)
+    if d.periodic_request:
+        out += " " + periodic_cell(d.periodic_request)
     if not d.managed:
         out += " (outside kbpctl)"
     if not d.complete:

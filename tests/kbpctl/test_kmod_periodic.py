@@ -155,7 +155,8 @@ def test_status_json_shows_knobs_and_search(fake: tuple[PeriodicModule, Any]) ->
     js = json.loads(json.dumps(st.to_json()))
     (d,) = js["devices"]
     assert d["mode"] == "periodic" and d["problems"] == []
-    assert d["periodic"]["interval_us"] is None and d["periodic"]["round_ms"] == 200
+    assert d["periodic_request"]["interval_us"] is None
+    assert d["periodic_request"]["round_ms"] == 200
     (p,) = js["pollers"]
     per = p["periodic"]
     assert (per["netap"], per["handbacks"], per["round_ms"], per["max_interval_us"],
@@ -183,7 +184,8 @@ def test_status_of_a_fixed_interval(fake: tuple[PeriodicModule, Any]) -> None:
                             periodic=Periodic(interval_us=500)))
     (d,), (p,) = be.describe(None, None, be.state.records())
     assert p.periodic == {"interval_us": 500, "netap": False, "handbacks": 3}
-    assert d.problems == [] and d.periodic is not None and d.periodic["interval_us"] == 500
+    assert d.problems == [] and d.periodic_request is not None
+    assert d.periodic_request["interval_us"] == 500
     from kbp.render import _backend_cell
     assert _backend_cell(d) == "kmod periodic every 500us"
 

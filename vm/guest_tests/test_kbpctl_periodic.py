@@ -69,7 +69,7 @@ def test_kbpctl_periodic_fixed_interval(kmod, flow: Flow) -> None:
         d, pj = status_of(nic)
         assert (d["backend"], d["mode"], d["managed"], d["problems"]) == \
             ("kmod", "periodic", True, []), d
-        assert d["periodic"]["interval_us"] == 500, d
+        assert d["periodic_request"]["interval_us"] == 500, d
         assert pj["periodic"]["interval_us"] == 500 and pj["periodic"]["netap"] is False, pj
         assert (pj["policy"], pj["priority"]) == ("SCHED_FIFO", 50), pj
         assert pj["counters"]["packets"] >= n, pj
@@ -98,7 +98,7 @@ def test_kbpctl_periodic_search(kmod, flow: Flow) -> None:
                  what="three rounds of the search")
 
         d, pj = status_of(nic)
-        assert d["problems"] == [] and d["periodic"]["interval_us"] is None, d
+        assert d["problems"] == [] and d["periodic_request"]["interval_us"] is None, d
         per = pj["periodic"]
         assert (per["netap"], per["round_ms"], per["min_interval_us"], per["max_interval_us"],
                 per["min_change"], per["max_round"], per["objective"]) == \

@@ -313,8 +313,9 @@ class DeviceStatus:
     complete: bool = True  # False: an enable was interrupted (disable restores)
     managed: bool = True  # kbpctl journals it (False: not served, or attached outside kbpctl)
     keep_rps: bool | None = None  # enabled with --keep-rps (None: not served by kbpctl)
-    #: mode periodic: its knobs as enabled (Periodic's fields; interval_us None: searched)
-    periodic: dict[str, Any] | None = None
+    #: mode periodic: its knobs as enabled, from the journal (Periodic's fields; interval_us
+    #: None: searched)
+    periodic_request: dict[str, Any] | None = None
     napis: list[NapiStatus] = field(default_factory=list)
     counters: dict[str, int | None] = field(default_factory=dict)
     rps: RpsStatus | None = None  # None: no RPS in this kernel, or it could not be read

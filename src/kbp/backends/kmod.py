@@ -494,7 +494,7 @@ class KmodBackend:
                           else req.get("linger_us"),
                           rt_prio=req.get("rt_prio"), cpus=req.get("cpus"),
                           complete=rec.complete if rec else True,
-                          periodic=req.get("periodic"))
+                          periodic_request=req.get("periodic"))
         if d is not None:
             ds.counters = {"packets": d.packets, "polls": d.polls}
             for n in d.napis:
@@ -527,10 +527,10 @@ class KmodBackend:
 def periodic_drift(ds: DeviceStatus, pollers: Sequence[PollerStatus]) -> list[str]:
     """Problems when a poller serving ``ds`` runs other periodic knobs than kbpctl enabled
     (changed behind kbpctl's back, e.g. kbp.kmod.poller_set): ``apply`` re-enables."""
-    if not ds.managed or not ds.periodic or not ds.cpus:
+    if not ds.managed or not ds.periodic_request or not ds.cpus:
         return []
     try:
-        want = periodic_knobs(Periodic(**ds.periodic))
+        want = periodic_knobs(Periodic(**ds.periodic_request))
     except (TypeError, KbpctlError):
         return []   # a journal of another kbpctl: nothing to compare with
     out = []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import json
 import sys
@@ -13,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from kbp import backends, names
+from kbp import backends, modespec, names
 from kbp.backends import DEFAULT_RT_PRIO, EnableRequest
 from kbp.errors import EXIT_OK, EXIT_USAGE, InvalidInput, KbpctlError
 from kbp.sysinfo import format_cpulist, online_cpus, parse_cpulist
@@ -37,7 +36,7 @@ exit codes: 0 ok, 1 failed (rolled back), 2 invalid input, 69 kernel feature or 
 missing, 77 needs root. Docs: docs/kbpctl.md.
 """
 
-ENABLE_EPILOG = """\
+ENABLE_EPILOG_TEMPLATE = """\
 examples:
   kbpctl enable eth1                          all NAPIs of eth1, round-robin over online CPUs
   kbpctl enable eth1 eth2 --cpus 2-3          NAPI i of each device on CPU 2 + (i mod 2)
@@ -46,10 +45,7 @@ examples:
   kbpctl enable eth1 --keep-rps               leave eth1's RPS on (warns: see RPS below)
   kbpctl enable eth1 --backend stock --mode periodic --max-interval-us 1000
 
-modes: hybrid (EE-KBP: the polling thread sleeps when idle and the hardIRQ wakes it),
-busy (KBP: it never sleeps; stock backend needs Linux 6.19+ for threaded busy polling) and
-periodic (NetAP: polls every interval with the IRQ masked; stock: IRQ deferral, and without
---interval-us a search service that kbpctl starts, status shows and disable stops).
+{modes}
 --rt-prio N: SCHED_FIFO priority of the polling threads, default 50 -- except the stock
 backend's busy, whose NAPI threads run SCHED_NORMAL and refuse N > 0: they never sleep
 and yield only at cond_resched(), so at SCHED_FIFO they would starve every other task on
@@ -68,6 +64,7 @@ backlog softirq of the RPS CPUs -- the softirq path kbp takes receive work out o
 turns RPS off for the devices it serves (both backends; journaled, says what it changed);
 disable puts the exact masks back. --keep-rps leaves RPS on, with a warning.
 """
+ENABLE_EPILOG = ENABLE_EPILOG_TEMPLATE.replace("{modes}", modespec.help_text())
 
 DISABLE_EPILOG = """\
 examples:
@@ -125,6 +122,12 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
 
 
+def _mode_help() -> str:
+    """"hybrid (default), busy or periodic"."""
+    others = [s for s in modespec.SPECS.values() if s.name != names.MODE_HYBRID]
+    return f"{names.MODE_HYBRID} (default), {modespec.modes_text(others)}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description=__doc__, epilog=MAIN_EPILOG,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -147,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=ENABLE_EPILOG, formatter_class=fmt)
     e.add_argument("devices", nargs="+", metavar="DEV")
     e.add_argument("--mode", choices=names.MODES, default=names.MODE_HYBRID,
-                   help="hybrid (default), busy or periodic")
+                   help=_mode_help())
     e.add_argument("--cpus", type=_cpulist, metavar="LIST",
                    help="CPUs for the polling threads, e.g. 2-3,6 (default: all online)")
     e.add_argument("--rt-prio", type=_int, default=None, metavar="N",
@@ -280,6 +283,17 @@ def busy_notice(backend: str, cpus: Iterable[int], rt_prio: int) -> str:
     return textwrap.fill(text, width=100)
 
 
+def periodic_text(per: backends.Periodic | None) -> str:
+    """The periodic knobs for the ``enabled ...`` line ("" for other modes)."""
+    if per is None:
+        return ""
+    if not per.search:
+        return f", every {per.interval_us} us"
+    return (f", interval searched in {per.min_interval_us}..{per.max_interval_us} us (rounds "
+            f"of {per.round_ms} ms, restart on a change above {per.min_change} % or every "
+            f"{per.max_round} rounds, objective {per.objective})")
+
+
 def _warn(text: str) -> None:
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
@@ -361,15 +375,13 @@ def cmd_enable(args: argparse.Namespace) -> int:
         count = f"{d.napis} {what}{'s' if d.napis != 1 else ''}" if d.napis else "its NAPIs"
         knobs = f", linger {req.linger_us} us" if req.linger_us is not None else ""
         knobs += ", freq_ctl" if req.freq_ctl else ""
-        if req.mode == names.MODE_PERIODIC and req.periodic is not None:
-            from kbp.periodicd import summary
-            knobs += summary(dataclasses.asdict(req.periodic))
+        knobs += periodic_text(req.periodic)
         _out(f"enabled {d.name}{where}: {be.name} backend, {req.mode}{knobs}, {count} on "
              f"CPU {format_cpulist(d.cpus)}, "
              f"{f'SCHED_FIFO {req.rt_prio}' if req.rt_prio else 'SCHED_NORMAL'} "
              f"({d.changes} change{'s' if d.changes != 1 else ''} journaled)")
         rps_notice(d, req.keep_rps)
-    if req.mode == names.MODE_BUSY and res.devices:
+    if modespec.spins(req.mode) and res.devices:
         assert req.rt_prio is not None
         _warn(busy_notice(be.name, (c for d in res.devices for c in d.cpus), req.rt_prio))
     return EXIT_OK
@@ -411,7 +423,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     if not actions:
         _out(f"{cfg.path} lists no device and kbpctl serves none: nothing to do")
     busy = [a for a in actions if a.op in ("enable", "reenable") and a.request is not None
-            and a.request.mode == names.MODE_BUSY]
+            and modespec.spins(a.request.mode)]
     if busy and not args.dry_run:
         for bname in sorted({a.backend for a in busy}):
             reqs = [a.request for a in busy if a.backend == bname and a.request is not None]

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kbp import names
+from kbp import modespec, names
 from kbp.backends import EnableRequest, EnableResult, Periodic
 from kbp.errors import InvalidInput
 from kbp.state import Record
@@ -66,7 +66,7 @@ class DeviceConfig:
     def request(self) -> EnableRequest:
         per = None
         if self.periodic:
-            if self.mode != names.MODE_PERIODIC:
+            if not modespec.takes(self.mode, "interval_us"):
                 raise InvalidInput(f"device {self.name}: {sorted(self.periodic)[0]} applies "
                                    f"to mode periodic only, not {self.mode}")
             per = Periodic.from_args(**self.periodic)

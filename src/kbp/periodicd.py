@@ -248,17 +248,6 @@ def describe(root: Path, rec: Record) -> tuple[dict[str, Any], list[str]]:
     return out, problems
 
 
-def summary(periodic: Mapping[str, Any] | None) -> str:
-    """For ``kbpctl enable``'s one line: ", interval 500 us" or the search's knobs."""
-    if not periodic:
-        return ""
-    if periodic.get("interval_us") is not None:
-        return f", interval {periodic['interval_us']} us"
-    p = params(periodic)
-    return (f", interval searched in {p.min_interval_us}..{p.max_interval_us} us "
-            f"({periodic.get('objective')}, rounds of {periodic.get('round_ms')} ms)")
-
-
 # -- the service -----------------------------------------------------------------------------
 @dataclass
 class Sample:

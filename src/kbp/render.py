@@ -34,11 +34,20 @@ def _backend_cell(d: DeviceStatus) -> str:
     out = f"{d.backend} {d.mode or ''}".strip()
     if d.linger_us:
         out += f" linger {d.linger_us}us"
+    if d.periodic_request:
+        out += " " + periodic_cell(d.periodic_request)
     if not d.managed:
         out += " (outside kbpctl)"
     if not d.complete:
         out += " INCOMPLETE"
     return out
+
+
+def periodic_cell(per: dict[str, object]) -> str:
+    """A periodic device's interval as enabled: "every 500us", "search 100..4000us"."""
+    if per.get("interval_us") is not None:
+        return f"every {per['interval_us']}us"
+    return f"search {_n(per.get('min_interval_us'))}..{_n(per.get('max_interval_us'))}us"
 
 
 def rps_cell(d: DeviceStatus) -> str:
@@ -115,7 +124,16 @@ def periodic_line(p: PollerStatus) -> str:
             f"{_n(s.get('restarts'))} restarts): interval {_n(s.get('interval_us'))} us, "
             f"probes {_n(s.get('low_us'))}/{_n(s.get('high_us'))} us in "
             f"{_n(s.get('range_lo_us'))}..{_n(s.get('range_hi_us'))} us, {state}, "
-            f"last round {_n(s.get('last_work'))} packets")
+            f"last round {_n(s.get('last_work'))} packets" + _search_knobs(per))
+
+
+def _search_knobs(per: dict[str, object]) -> str:
+    """The search's knobs, when the module reported them."""
+    if per.get("round_ms") is None:
+        return ""
+    return (f"; rounds of {_n(per.get('round_ms'))} ms, restart on a change above "
+            f"{_n(per.get('min_change'))} % or every {_n(per.get('max_round'))} rounds, "
+            f"objective {_n(per.get('objective'))}")
 
 
 def device_periodic_line(d: DeviceStatus) -> str:

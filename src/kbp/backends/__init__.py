@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from kbp import names
+from kbp import modespec, names
 from kbp.errors import InvalidInput, KbpctlError, NotRoot, OperationFailed
 from kbp.netdev import get_link
 from kbp.rps import Rps, RpsStatus
@@ -157,36 +157,38 @@ def validate_common(req: EnableRequest, rt_prio_min: int = RT_PRIO_MIN) -> None:
             raise InvalidInput(f"bad device name {d!r}: use a name from 'ip link'")
     if req.mode not in names.MODES:
         raise InvalidInput(f"unknown mode {req.mode!r}: use --mode "
-                           f"{', '.join(names.MODES[:-1])} or {names.MODES[-1]}")
+                           f"{modespec.modes_text(modespec.SPECS.values())}")
+    spec = modespec.get(req.mode)
     if req.periodic is not None:
-        if req.mode != names.MODE_PERIODIC:
+        if not spec.takes("interval_us"):
             raise InvalidInput(f"the periodic knobs (--interval-us, --round-ms, ...) apply "
-                               f"to --mode periodic only, not {req.mode}: drop them or use "
-                               "--mode periodic")
+                               f"to --mode {_taking('interval_us')} only, not {req.mode}: "
+                               f"drop them or use --mode {_taking('interval_us')}")
         req.periodic.validate()
     if req.rt_prio is not None and not rt_prio_min <= req.rt_prio <= RT_PRIO_MAX:
         what = " (0: SCHED_NORMAL)" if rt_prio_min == 0 else ""
         raise InvalidInput(f"priority {req.rt_prio} is out of range: SCHED_FIFO priorities "
                            f"are {rt_prio_min}..{RT_PRIO_MAX}{what} (--rt-prio)")
     if req.linger_us is not None:
-        if req.mode != names.MODE_HYBRID:
-            raise InvalidInput(f"--linger-us applies to --mode hybrid only (not {req.mode}: "
-                               "busy never sleeps, periodic sleeps its interval): drop one "
-                               "of them")
+        if not spec.takes("linger_us"):
+            others = ", ".join(s.sleep_rule for s in modespec.SPECS.values()
+                               if not s.takes("linger_us"))
+            raise InvalidInput(f"--linger-us applies to --mode {_taking('linger_us')} only "
+                               f"(not {req.mode}: {others}): drop one of them")
         if not 0 <= req.linger_us <= MAX_LINGER_US:
             raise InvalidInput(f"--linger-us {req.linger_us} is out of range "
                                f"(0..{MAX_LINGER_US})")
-    if req.freq_ctl and req.mode == names.MODE_BUSY:
-        raise InvalidInput("--freq-ctl applies to --mode hybrid only (busy never sleeps, so "
-                           "it never lowers the frequency): drop one of them")
-    if req.freq_ctl and req.mode == names.MODE_PERIODIC:
-        raise InvalidInput("--freq-ctl applies to --mode hybrid only: a periodic poller "
-                           "sleeps for one interval at a time, too short for a frequency "
-                           "change to pay off, and the frequency would skew the interval "
-                           "search's measurements: drop one of them")
+    if req.freq_ctl and not spec.takes("freq_ctl"):
+        raise InvalidInput(f"--freq-ctl applies to --mode {_taking('freq_ctl')} only"
+                           f"{spec.why_no_freq_ctl}: drop one of them")
     if req.quota is not None and not 1 <= req.quota <= names.DEFAULT_QUOTA:
         raise InvalidInput(f"--quota {req.quota} is out of range (1..{names.DEFAULT_QUOTA}, "
                            "the NAPI weight)")
+
+
+def _taking(knob: str) -> str:
+    """The modes ``knob`` applies to, for a message ("hybrid")."""
+    return modespec.modes_text(modespec.taking(knob))
 
 
 def lookup_device(state: StateDir, backend: str, dev: str, netns: str | None,
@@ -311,6 +313,9 @@ class DeviceStatus:
     complete: bool = True  # False: an enable was interrupted (disable restores)
     managed: bool = True  # kbpctl journals it (False: not served, or attached outside kbpctl)
     keep_rps: bool | None = None  # enabled with --keep-rps (None: not served by kbpctl)
+    #: mode periodic: its knobs as enabled, from the journal (Periodic's fields; interval_us
+    #: None: searched)
+    periodic_request: dict[str, Any] | None = None
     napis: list[NapiStatus] = field(default_factory=list)
     counters: dict[str, int | None] = field(default_factory=dict)
     rps: RpsStatus | None = None  # None: no RPS in this kernel, or it could not be read
@@ -470,8 +475,8 @@ def polling_cpus(devs: Sequence[DeviceStatus], pollers: Sequence[PollerStatus],
     cpus = {n.cpu for n in napis if n.cpu is not None} | {p.cpu for p in pollers}
     if not cpus:
         return []
-    busy = {p.cpu for p in pollers if p.mode == names.MODE_BUSY}
-    busy |= {n.cpu for d in devs if d.backend and d.mode == names.MODE_BUSY for n in d.napis
+    busy = {p.cpu for p in pollers if modespec.spins(p.mode)}
+    busy |= {n.cpu for d in devs if d.backend and modespec.spins(d.mode) for n in d.napis
              if n.cpu is not None}
     mine = {os.getpid()} | {p.pid for p in pollers if p.pid} | {
         n.thread.pid for n in napis if n.thread}

@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kbp import kmod, names, rps, sysinfo
+from kbp import kmod, modespec, names, rps, sysinfo
 from kbp.backends import (
     DEFAULT_RT_PRIO,
     DeviceResult,
@@ -28,6 +28,7 @@ from kbp.backends import (
     EnableRequest,
     EnableResult,
     NapiStatus,
+    Periodic,
     PollerStatus,
     lookup_device,
     read_rps,
@@ -57,20 +58,61 @@ NAME = names.BACKEND_KMOD
 ClientFactory = Callable[[], Any]
 
 
+#: the knobs of a searching periodic poller, as the module names them (kmod.PERIODIC_KNOBS)
+SEARCH_KNOBS = ("round_ms", "min_interval_us", "max_interval_us", "min_change", "max_round")
+
 
 def _periodic(p: Any) -> dict[str, object] | None:
-    """What status shows of a periodic poller (module/uapi/kbp.h, KBP_A_NETAP_STATE)."""
-    if p.mode != "periodic":
+    """What status shows of a periodic poller (module/uapi/kbp.h, KBP_A_NETAP_STATE): its
+    knobs (the search's only while it searches), hand-backs and the search's state."""
+    if not modespec.takes(p.mode, "interval_us"):
         return None
     out: dict[str, object] = {"interval_us": p.interval_us, "netap": bool(p.netap),
                               "handbacks": p.handbacks}
+    if p.netap:
+        out.update({k: getattr(p, k, None) for k in SEARCH_KNOBS})
+        out["objective"] = _objective_name(getattr(p, "objective", None))
     if p.search is not None:
         out["search"] = dataclasses.asdict(p.search)
     return out
 
+
+def _objective_name(v: Any) -> str:
+    """The poller's objective by name (a module without the knob: bytes, its only one)."""
+    if v is None:
+        return names.OBJECTIVE_BYTES
+    if isinstance(v, int):
+        return {i: n for n, i in names.OBJECTIVE_IDS.items()}.get(v, str(v))
+    return str(v)
+
+
+def periodic_knobs(per: Periodic) -> dict[str, Any]:
+    """The module's knobs for mode periodic (kmod.attach keyword arguments): a fixed interval
+    is netap 0 + interval_us; the search is netap 1 + its range, round, MinChange and
+    MaxRound and objective (:meth:`AttachHandler._attach` leaves the default objective out
+    for a module without KBP_A_OBJECTIVE)."""
+    if not per.search:
+        return {"netap": 0, "interval_us": per.interval_us}
+    return {"netap": 1, **{k: getattr(per, k) for k in SEARCH_KNOBS},
+            "objective": per.objective}
+
+
+def objective_refusal(per: Periodic | None) -> str | None:
+    """Why this kbpctl cannot ask the module for ``per``'s objective (None: it can)."""
+    if per is None or not per.search or per.objective == names.OBJECTIVE_BYTES:
+        return None
+    if "objective" in kmod.PERIODIC_KNOBS:
+        return None
+    return (f"--objective {per.objective} needs the kbp module's objective knob "
+            "(KBP_A_OBJECTIVE), which this kbpctl's module client does not have: leave "
+            f"--objective out (the search then maximizes {names.OBJECTIVE_BYTES})")
+
+
 class AttachHandler:
     """kind ``kmod_attach``: key {dev, netns, ifindex}; value None (detached) or the
-    attachment {cpu, queue_map, mode, linger_us, quota, rt_prio, freq_ctl}."""
+    attachment {cpu, queue_map, mode, linger_us, quota, rt_prio, freq_ctl, periodic}
+    (periodic: the module's knobs of mode periodic, :func:`periodic_knobs`; None or absent
+    in journals of other modes and of older kbpctl)."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -91,16 +133,37 @@ class AttachHandler:
             if value is None:
                 self.client.detach(key["dev"], key.get("netns"))
                 return
-            qm = value.get("queue_map")
+            self._attach(key, value)
+        except kmod.KbpError as e:
+            if value is None and e.errno in (errno.ENOENT, errno.ENODEV):
+                raise TargetGone(str(e)) from e
+            raise OSError(e.errno, _module_refusal(e, value)) from e
+
+    def _attach(self, key: Mapping[str, Any], value: Mapping[str, Any]) -> None:
+        """Attach with every knob of ``value``. The module keeps each CPU's knobs across
+        requests (and pollers), so the default objective is sent too, or a bytes-per-cpu
+        left by an earlier request would stay; but a client or module without the objective
+        knob does the default only, so there it is left out (an old module refuses the
+        unknown attribute before it changes anything: then the attach is retried)."""
+        per = dict(value.get("periodic") or {})
+        default = per.get("objective") == names.OBJECTIVE_BYTES
+        if default and "objective" not in kmod.PERIODIC_KNOBS:
+            del per["objective"]
+        qm = value.get("queue_map")
+
+        def attach() -> None:
             self.client.attach(key["dev"], key.get("netns"), cpu=value.get("cpu"),
                                queue_map=[tuple(p) for p in qm] if qm else None,
                                mode=value.get("mode"), linger_us=value.get("linger_us"),
                                quota=value.get("quota"), rt_prio=value.get("rt_prio"),
-                               freq_ctl=value.get("freq_ctl"))
+                               freq_ctl=value.get("freq_ctl"), **per)
+        try:
+            attach()
         except kmod.KbpError as e:
-            if value is None and e.errno in (errno.ENOENT, errno.ENODEV):
-                raise TargetGone(str(e)) from e
-            raise OSError(e.errno, str(e)) from e
+            if not (default and _unknown_objective(e, per)):
+                raise
+            del per["objective"]
+            attach()
 
 
 def attachment(req: EnableRequest, cpus: Sequence[int], napi_count: int | None
@@ -111,6 +174,8 @@ def attachment(req: EnableRequest, cpus: Sequence[int], napi_count: int | None
                              "linger_us": req.linger_us, "quota": req.quota,
                              "rt_prio": req.resolved(NAME).rt_prio,
                              "freq_ctl": bool(req.freq_ctl)}
+    if req.periodic is not None:
+        value["periodic"] = periodic_knobs(req.periodic)
     if len(cpus) > 1:
         n = napi_count if napi_count else len(cpus)
         value["queue_map"] = [[i, cpus[i % len(cpus)]] for i in range(n)]
@@ -136,7 +201,15 @@ def check_freq_ctl(cpus: Sequence[int], host: Host = HOST) -> None:
 def default_rt_prio(mode: str) -> int:
     """The pollers' priority when none is asked for: SCHED_FIFO ``DEFAULT_RT_PRIO`` in every
     mode -- the module's busy poller yields to the other tasks of its CPU (docs/design.md
-    §2, "Sharing the CPU"), so FIFO does not starve them."""
+    §2, "Sharing the CPU"), so FIFO does not starve them.
+
+    periodic too, as hybrid: its poller sleeps between polls (an hrtimer of interval_us with
+    its NAPIs held, or untimed once every NAPI is handed back to interrupts), so at FIFO 50
+    it takes its CPU for a poll per interval and no more; under a load that fills the budget
+    it repolls at once, as hybrid does, and then yields like every module poller
+    (``single_task_running()``, at most 50 us per ms held while others wait). FIFO is what
+    keeps the interval an interval: at SCHED_NORMAL the wakeup of the timer would queue
+    behind CFS tasks on a loaded CPU, and the search would measure the scheduler."""
     return DEFAULT_RT_PRIO
 
 
@@ -185,9 +258,10 @@ class KmodBackend:
 
     # -- checks --------------------------------------------------------------------
     def _check_static(self, req: EnableRequest) -> None:
-        if req.mode == names.MODE_PERIODIC:  # TODO(issue 10): wired by the periodic work
-            raise InvalidInput(f"mode periodic is not available with the {NAME} backend yet")
         validate_common(req, rt_prio_min=0)
+        why = objective_refusal(req.periodic)
+        if why:
+            raise Unavailable(why)
         if req.cpus is not None:
             sysinfo.validate_cpus(req.cpus, self.host)
         if req.freq_ctl:
@@ -248,8 +322,8 @@ class KmodBackend:
                             with contextlib.suppress(RestoreError):
                                 self._restore(r, eff)
                     raise OperationFailed(f"enabling {started[-1] if started else '?'} with "
-                                          f"the kbp module failed: {e}{_hint(e)}; every "
-                                          "change was rolled back") from e
+                                          f"the kbp module failed: {_reason(e)}{_hint(e)}; "
+                                          "every change was rolled back") from e
         finally:
             client.close()
         return result
@@ -343,7 +417,10 @@ class KmodBackend:
         if client is None:
             return [self._status(r.dev, r.netns, r, None, False) for r in wanted], []
         try:
-            return self._devices(client, netns, devices, wanted), self._pollers(client)
+            devs, pollers = self._devices(client, netns, devices, wanted), self._pollers(client)
+            for ds in devs:
+                ds.problems += periodic_drift(ds, pollers)
+            return devs, pollers
         except kmod.KbpError as e:
             if e.errno != errno.EPERM:
                 raise
@@ -416,7 +493,8 @@ class KmodBackend:
                           linger_us=d.linger_us if d and d.linger_us is not None
                           else req.get("linger_us"),
                           rt_prio=req.get("rt_prio"), cpus=req.get("cpus"),
-                          complete=rec.complete if rec else True)
+                          complete=rec.complete if rec else True,
+                          periodic_request=req.get("periodic"))
         if d is not None:
             ds.counters = {"packets": d.packets, "polls": d.polls}
             for n in d.napis:
@@ -446,6 +524,28 @@ class KmodBackend:
         return ds
 
 
+def periodic_drift(ds: DeviceStatus, pollers: Sequence[PollerStatus]) -> list[str]:
+    """Problems when a poller serving ``ds`` runs other periodic knobs than kbpctl enabled
+    (changed behind kbpctl's back, e.g. kbp.kmod.poller_set): ``apply`` re-enables."""
+    if not ds.managed or not ds.periodic_request or not ds.cpus:
+        return []
+    try:
+        want = periodic_knobs(Periodic(**ds.periodic_request))
+    except (TypeError, KbpctlError):
+        return []   # a journal of another kbpctl: nothing to compare with
+    out = []
+    for p in pollers:
+        if p.cpu not in ds.cpus or not p.periodic:
+            continue
+        have = {**p.periodic, "netap": int(bool(p.periodic.get("netap")))}
+        diff = [f"{k} {have.get(k)} (enabled with {v})" for k, v in want.items()
+                if have.get(k) != v]
+        if diff:
+            out.append(f"poller kbp/{p.cpu} runs {', '.join(diff)}: 'kbpctl apply' or "
+                       "enable again")
+    return out
+
+
 class _Gone:
     """Attach handler when the module is gone: nothing is attached."""
 
@@ -456,8 +556,37 @@ class _Gone:
         raise TargetGone("kbp module not loaded")
 
 
-def _hint(e: Exception) -> str:
+def _module_refusal(e: kmod.KbpError, value: Mapping[str, Any] | None) -> str:
+    """The module's refusal of an attachment in words: its extack message (ERANGE/EINVAL
+    name the knob and its range), or, for the objective knob sent to a module that predates
+    it (the kernel's strict attribute check: EINVAL, "Unknown attribute type"), what to do."""
+    per = (value or {}).get("periodic") or {}
+    if _unknown_objective(e, per):
+        return (f"{e.request + ': ' if e.request else ''}the loaded kbp module does not know "
+                f"the objective knob (it refused KBP_A_OBJECTIVE: {e.message}): --objective "
+                f"{per['objective']} needs a newer kbp.ko; load it, or leave --objective out "
+                f"(the search then maximizes {names.OBJECTIVE_BYTES})")
+    return str(e)
+
+
+def _unknown_objective(e: kmod.KbpError, per: Mapping[str, Any]) -> bool:
+    """``e`` is a module's refusal of the objective attribute it does not know."""
+    return "objective" in per and e.errno == errno.EINVAL and (
+        "attribute" in e.message.lower() or e.message == os.strerror(errno.EINVAL))
+
+
+def _reason(e: BaseException) -> str:
+    """A failed enable's cause: the module's own message when it refused (not the OSError
+    the attach handler wraps it in, whose str() leads with "[Errno N]")."""
+    if isinstance(e, OSError) and isinstance(e.__cause__, kmod.KbpError):
+        return e.strerror or str(e.__cause__)
+    return str(e)
+
+
+def _hint(e: BaseException) -> str:
     """What to do about a refusal the operator can fix by asking for less."""
+    if isinstance(e, OSError) and isinstance(e.__cause__, kmod.KbpError):
+        e = e.__cause__
     if isinstance(e, kmod.KbpError) and e.errno == errno.EPERM and "CAP_SYS_NICE" in e.message:
         return (" (a process without CAP_SYS_NICE, e.g. a container with only NET_ADMIN, "
                 "may attach with --mode hybrid --rt-prio 0)")

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kbp import names, periodicd, rps, sysinfo
+from kbp import modespec, names, periodicd, rps, sysinfo
 from kbp.backends import (
     DEFAULT_RT_PRIO,
     DeviceResult,
@@ -90,7 +90,7 @@ NAME = names.BACKEND_STOCK
 LINGER_INTERVAL_US = 10  # hrtimer re-poll interval while lingering
 ENV_FEATURES = "KBP_STOCK_FEATURES"
 THREADED_SINCE = (5, 12, 0)
-BUSY_POLL_SINCE = (6, 19, 0)
+BUSY_POLL_SINCE = modespec.BUSY.stock.since
 
 
 def default_rt_prio(mode: str) -> int:
@@ -103,7 +103,20 @@ def default_rt_prio(mode: str) -> int:
     just what RT throttling leaves (5 %, nothing with sched_rt_runtime_us=-1). At
     SCHED_NORMAL that ``cond_resched()`` is where CFS shares the CPU fairly.
     """
-    return 0 if mode == names.MODE_BUSY else DEFAULT_RT_PRIO
+    return 0 if _spins(mode) else DEFAULT_RT_PRIO
+
+
+def _spins(mode: str) -> bool:
+    """The stock equivalent of ``mode`` never sleeps nor yields (modespec): SCHED_NORMAL."""
+    spec = modespec.SPECS.get(mode)
+    return spec is not None and not spec.stock.fifo
+
+
+def _threaded_value(mode: str) -> int:
+    """The NAPI 'threaded' value the stock backend sets for ``mode`` (modespec)."""
+    spec = modespec.SPECS.get(mode)
+    value = spec.stock.threaded if spec is not None else None
+    return THREADED_ON if value is None else value
 
 
 def busy_fifo_refusal(rt_prio: int) -> str:
@@ -351,7 +364,10 @@ class StockBackend:
     # -- checks --------------------------------------------------------------------
     def _check_static(self, req: EnableRequest) -> None:
         """``req`` resolved (:meth:`EnableRequest.resolved`)."""
-        busy = req.mode == names.MODE_BUSY
+        busy = _spins(req.mode)
+        spec = modespec.SPECS.get(req.mode)
+        if spec is not None and not spec.stock.built:
+            raise InvalidInput(f"mode {req.mode} is not available with the {NAME} backend yet")
         if busy and req.rt_prio is not None and req.rt_prio > 0:
             raise InvalidInput(busy_fifo_refusal(req.rt_prio))
         validate_common(req, rt_prio_min=0 if busy else RT_PRIO_MIN)
@@ -370,7 +386,7 @@ class StockBackend:
             sysinfo.validate_cpus(req.cpus, self.host)
 
     def _check_busy(self, feats: NetdevFeatures, req: EnableRequest) -> None:
-        if req.mode != names.MODE_BUSY:
+        if _threaded_value(req.mode) != THREADED_BUSY_POLL:
             return
         if not self._busy_supported(feats.napi_busy_poll):
             raise Unavailable(
@@ -460,7 +476,7 @@ class StockBackend:
             run([Planned("sysfs", sysfs_key(p.netns, p.dev, p.link.ifindex, attr), v)
                  for attr, v in rps_plan])
 
-            value = THREADED_BUSY_POLL if req.mode == names.MODE_BUSY else THREADED_ON
+            value = _threaded_value(req.mode)
             ids = [n.id for n in p.napis] if (p.napis is not None and feats.napi_threaded) \
                 else None
             run(plan_threaded(p.netns, p.dev, p.link.ifindex, ids, value))
@@ -673,7 +689,7 @@ class StockBackend:
             return [f"enable was interrupted after {rec.steps} change(s): 'kbpctl disable "
                     f"{ds.name}' restores, 'kbpctl enable' or 'kbpctl apply' redoes it"]
         mode = rec.request.get("mode") or names.MODE_HYBRID
-        want = THREADED_BUSY_POLL if mode == names.MODE_BUSY else THREADED_ON
+        want = _threaded_value(mode)
         prio = rec.request.get("rt_prio")
         policy, priority = thread_sched(prio if prio is not None else default_rt_prio(mode))
         out = []

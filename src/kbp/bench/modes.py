@@ -51,7 +51,7 @@ nothing else; the client ends and the competing flood's devices stay stock NAPI 
                         poller's search (round, interval, converged) from the module.
 ======================  =================================================================
 
-The periodic modes are refused with the backend's own reason while kbpctl does not offer
+The periodic modes are refused with the backend's own reason where kbpctl does not offer
 mode periodic on that backend (its static check, run with no device: ``unavailable()``).
 
 Every mode puts back exactly what it changed (:mod:`kbp.bench.knobs` for the sysctls and
@@ -98,7 +98,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from kbp import names, sysinfo
+from kbp import modespec, names, sysinfo
 from kbp.bench.knobs import Changes, KernelIO, Knob, KnobError, KnobIO, net_core_sysctl
 from kbp.testbed import run as ns_run
 
@@ -897,7 +897,7 @@ class PeriodicMode(BackendMode):
         return d
 
 
-STOCK_BUSY_SINCE: Version = (6, 19, 0)    # kbp.backends.stock.BUSY_POLL_SINCE
+STOCK_BUSY_SINCE: Version = modespec.BUSY.stock.since   # kbpctl stock --mode busy
 
 # one line per mode for --help and the docs (the table in this module's docstring, short)
 SUMMARY: dict[str, str] = {

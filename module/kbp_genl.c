@@ -57,6 +57,7 @@ static const struct nla_policy kbp_policy[KBP_A_MAX + 1] = {
 	[KBP_A_MAX_INTERVAL_US]	= { .type = NLA_U32 },
 	[KBP_A_MIN_CHANGE]	= { .type = NLA_U32 },
 	[KBP_A_MAX_ROUND]	= { .type = NLA_U32 },
+	[KBP_A_OBJECTIVE]	= { .type = NLA_U32 },
 	[KBP_A_IFINDEX]		= { .type = NLA_U32 },
 	[KBP_A_IFNAME]		= { .type = NLA_STRING, .len = IFNAMSIZ - 1 },
 	[KBP_A_NETNS_FD]	= { .type = NLA_U32 },
@@ -110,6 +111,8 @@ static void kbp_parse_knobs(struct genl_info *info, struct kbp_knobs *k)
 		      &k->conf.np.min_change_pct);
 	kbp_parse_u32(tb[KBP_A_MAX_ROUND], &k->has_max_round,
 		      &k->conf.np.max_round);
+	kbp_parse_u32(tb[KBP_A_OBJECTIVE], &k->has_objective,
+		      &k->conf.objective);
 }
 
 /* Knobs that take a CPU from other tasks need CAP_SYS_NICE (see the top). */
@@ -339,7 +342,12 @@ static int kbp_fill_netap(struct sk_buff *skb, struct kbp_poller *p)
 	    nla_put_u32(skb, KBP_NETAP_A_DISTANCE_US, ns.s.distance_us) ||
 	    nla_put_u32(skb, KBP_NETAP_A_CONVERGED, ns.s.converged) ||
 	    nla_put_u32(skb, KBP_NETAP_A_RESTARTS, ns.s.restarts) ||
-	    nla_put_u64_64bit(skb, KBP_NETAP_A_LAST_WORK, ns.last,
+	    nla_put_u64_64bit(skb, KBP_NETAP_A_LAST_OBJECTIVE, ns.last,
+			      KBP_NETAP_A_PAD) ||
+	    nla_put_u32(skb, KBP_NETAP_A_OBJECTIVE, ns.objective) ||
+	    nla_put_u64_64bit(skb, KBP_NETAP_A_LAST_BYTES, ns.last_bytes,
+			      KBP_NETAP_A_PAD) ||
+	    nla_put_u64_64bit(skb, KBP_NETAP_A_LAST_CPU_NS, ns.last_cpu_ns,
 			      KBP_NETAP_A_PAD))
 		return -EMSGSIZE;
 	nla_nest_end(skb, nest);
@@ -384,7 +392,8 @@ static int kbp_fill_poller(struct sk_buff *skb, struct kbp_poller *p)
 	    nla_put_u32(skb, KBP_A_MIN_INTERVAL_US, p->np.min_interval_us) ||
 	    nla_put_u32(skb, KBP_A_MAX_INTERVAL_US, p->np.max_interval_us) ||
 	    nla_put_u32(skb, KBP_A_MIN_CHANGE, p->np.min_change_pct) ||
-	    nla_put_u32(skb, KBP_A_MAX_ROUND, p->np.max_round))
+	    nla_put_u32(skb, KBP_A_MAX_ROUND, p->np.max_round) ||
+	    nla_put_u32(skb, KBP_A_OBJECTIVE, p->objective))
 		return -EMSGSIZE;
 	return kbp_fill_netap(skb, p);
 }

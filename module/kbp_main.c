@@ -104,7 +104,10 @@ static int kbp_check_periodic_knobs(const struct kbp_knobs *req,
 			       KBP_NETAP_MIN_CHANGE_PCT_HI, "min_change", extack) ?:
 	       kbp_check_range(req->has_max_round, c->np.max_round,
 			       KBP_NETAP_MAX_ROUND_LO, KBP_NETAP_MAX_ROUND_HI,
-			       "max_round", extack);
+			       "max_round", extack) ?:
+	       kbp_check_range(req->has_objective, c->objective,
+			       KBP_OBJECTIVE_BYTES, KBP_OBJECTIVE_MAX,
+			       "objective", extack);
 }
 
 int kbp_check_knobs(const struct kbp_knobs *req,
@@ -192,6 +195,8 @@ static void kbp_conf_merge(int cpu, const struct kbp_knobs *req,
 		out->np.min_change_pct = req->conf.np.min_change_pct;
 	if (req->has_max_round)
 		out->np.max_round = req->conf.np.max_round;
+	if (req->has_objective)
+		out->objective = req->conf.objective;
 }
 
 /* Set up @c as a CPU's knobs before any request. */
@@ -211,6 +216,7 @@ static bool kbp_conf_equal(const struct kbp_conf *a, const struct kbp_conf *b)
 	       a->quota == b->quota && a->rt_prio == b->rt_prio &&
 	       a->freq_ctl == b->freq_ctl && a->interval_us == b->interval_us &&
 	       a->netap == b->netap && a->round_ms == b->round_ms &&
+	       a->objective == b->objective &&
 	       !memcmp(&a->np, &b->np, sizeof(a->np));
 }
 
@@ -307,9 +313,9 @@ static int kbp_check_conflict(int cpu, const struct kbp_knobs *req,
 	if (kbp_conf_equal(&want, &have))
 		return 0;
 	kbp_refuse(extack, "poller serves other devices with other knobs",
-		   "kbp/%d serves other devices with mode=%s linger_us=%u quota=%u rt_prio=%u freq_ctl=%u interval_us=%u netap=%u; change them with poller-set",
+		   "kbp/%d serves other devices with mode=%s linger_us=%u quota=%u rt_prio=%u freq_ctl=%u interval_us=%u netap=%u objective=%u; change them with poller-set",
 		   cpu, p->ops->name, p->linger_us, p->quota, p->rt_prio,
-		   p->freq_ctl, p->interval_us, p->netap);
+		   p->freq_ctl, p->interval_us, p->netap, p->objective);
 	return -EBUSY;
 }
 

@@ -605,12 +605,180 @@ const struct kbp_mode_ops *kbp_mode_ops_by_name(const char *name)
 }
 
 /*
+ * The objective of the periodic search (docs/design.md, "Periodic mode",
+ * "The objective").  Bytes are the devices' own rx_bytes (dev_get_stats()),
+ * read by the thread at the end of each round: the poller sees what a NAPI
+ * poll returns (frames), never their length.  Each device the poller serves
+ * counts once, whichever of its NAPIs the poller has; a device whose NAPIs
+ * are split over pollers counts whole for each of them.
+ *
+ * The next link of @p not yet looked at in round count @gen whose device's
+ * bytes are to be read, with a reference on it and on its device (@dev,
+ * tracked by @tracker); NULL when none is left.  Walked from the head under
+ * a short RCU read-side section, as kbp_pass_next() does: nothing the driver
+ * runs (its ndo_get_stats64) runs inside the section.  A link's NAPI and its
+ * device are valid inside the section (the driver frees a NAPI only after a
+ * grace period, netif_napi_del(); the device outlives its NAPIs), and the
+ * device reference keeps it for dev_get_stats() after the section.
+ */
+static struct kbp_napi *kbp_round_next(struct kbp_poller *p, unsigned int gen,
+				       struct net_device **dev,
+				       netdevice_tracker *tracker)
+{
+	struct kbp_napi *kn, *ret = NULL;
+
+	rcu_read_lock();
+	list_for_each_entry_rcu(kn, &p->napis, poll_node) {
+		if (kn->round_gen == gen || test_bit(KBP_NAPI_DEAD, &kn->flags))
+			continue;
+		if (!refcount_inc_not_zero(&kn->ref))
+			continue;	/* being freed */
+		*dev = READ_ONCE(kn->napi)->dev;
+		netdev_hold(*dev, tracker, GFP_ATOMIC);
+		ret = kn;
+		break;
+	}
+	rcu_read_unlock();
+	return ret;
+}
+
+/*
+ * Every link of @dev on @p now has the baseline @rx of round count @gen: the
+ * device was counted once, through @first.  When @first goes, another link
+ * of the device carries the baseline on.  @dev is held by the caller, so a
+ * link that names it names this device.
+ */
+static void kbp_round_share(struct kbp_poller *p, struct kbp_napi *first,
+			    struct net_device *dev, unsigned int gen, u64 rx)
+{
+	struct kbp_napi *kn;
+
+	rcu_read_lock();
+	list_for_each_entry_rcu(kn, &p->napis, poll_node) {
+		if (kn == first || kn->round_gen == gen ||
+		    test_bit(KBP_NAPI_DEAD, &kn->flags) ||
+		    READ_ONCE(kn->napi)->dev != dev)
+			continue;
+		kn->round_gen = gen;
+		kn->round_rx_bytes = rx;
+	}
+	rcu_read_unlock();
+}
+
+/*
+ * Bytes @kn's device received since the last round's count (@prev): 0 the
+ * first time a link is counted (it has no baseline: a device appears in the
+ * round after the one it came in), or when the counter went back (a driver
+ * that reset its statistics).  The counters are u64 in struct
+ * rtnl_link_stats64, but a driver that keeps them in net_device_stats
+ * (unsigned long) wraps them at 2^32 on a 32-bit kernel: there a counter
+ * that went back from a 32-bit value is taken to have wrapped once.
+ */
+static u64 kbp_round_delta(struct kbp_napi *kn, unsigned int prev, u64 rx)
+{
+	u64 base = kn->round_rx_bytes;
+
+	if (!kn->round_gen || kn->round_gen != prev)
+		return 0;
+	if (rx >= base)
+		return rx - base;
+	if (BITS_PER_LONG == 32 && base <= U32_MAX)
+		return (u32)((u32)rx - (u32)base);
+	return 0;
+}
+
+/*
+ * The bytes @p's devices received since the last call (the last round's
+ * end), each device counted once; every link then holds its device's
+ * rx_bytes as the next round's baseline.  Thread only, process context,
+ * nothing held.
+ */
+static u64 kbp_round_bytes(struct kbp_poller *p)
+{
+	unsigned int prev = p->round_gen, gen = prev + 1;
+	struct rtnl_link_stats64 st;
+	netdevice_tracker tracker;
+	struct net_device *dev;
+	struct kbp_napi *kn;
+	u64 bytes = 0;
+
+	if (!gen)		/* 0 is a new link's */
+		gen = 1;
+	p->round_gen = gen;
+	while ((kn = kbp_round_next(p, gen, &dev, &tracker))) {
+		dev_get_stats(dev, &st);
+		bytes += kbp_round_delta(kn, prev, st.rx_bytes);
+		kn->round_gen = gen;
+		kn->round_rx_bytes = st.rx_bytes;
+		kbp_round_share(p, kn, dev, gen, st.rx_bytes);
+		netdev_put(dev, &tracker);
+		kbp_napi_put(kn);
+	}
+	return bytes;
+}
+
+/*
+ * CPU time of the calling thread (the poller), ns.  sum_exec_runtime is
+ * brought up to date at every context switch and tick; the thread reads its
+ * own at the end of a pass, right after a wakeup, so the part of the current
+ * slice not yet added is one pass at most, and it is counted in the next
+ * round.  A u64 load may tear on a 32-bit kernel while the tick (or a remote
+ * task_sched_runtime()) updates it: read until two loads agree.
+ */
+static u64 kbp_thread_cpu_ns(void)
+{
+	const u64 *rt = &current->se.sum_exec_runtime;
+	u64 a, b = READ_ONCE(*rt);
+
+	if (BITS_PER_LONG == 64)
+		return b;
+	do {
+		a = b;
+		b = READ_ONCE(*rt);
+	} while (a != b);
+	return a;
+}
+
+/*
+ * @bytes per second of @cpu_ns: bytes * NSEC_PER_SEC / cpu_ns without
+ * overflow, in integers (div64_u64(): no 64-bit division helper on 32-bit
+ * kernels).  0 without CPU time (cannot happen: the round's own pass ran);
+ * U64_MAX where the quotient does not fit.
+ */
+static u64 kbp_per_cpu_sec(u64 bytes, u64 cpu_ns)
+{
+	u64 q, r;
+
+	if (!cpu_ns)
+		return 0;
+	q = div64_u64_rem(bytes, cpu_ns, &r);
+	if (q > U64_MAX / NSEC_PER_SEC)
+		return U64_MAX;
+	q *= NSEC_PER_SEC;
+	/* r < cpu_ns: r * NSEC_PER_SEC fits unless the round used > 18 s */
+	if (r <= U64_MAX / NSEC_PER_SEC)
+		r = div64_u64(r * NSEC_PER_SEC, cpu_ns);
+	else
+		r = div64_u64(r, div64_u64(cpu_ns, NSEC_PER_SEC));
+	return q > U64_MAX - r ? U64_MAX : q + r;
+}
+
+/* A new round begins at @now: the baselines of its bytes and CPU time. */
+static void kbp_round_begin(struct kbp_poller *p, u64 now)
+{
+	p->round_start = now;
+	kbp_round_bytes(p);
+	p->round_cpu_ns = kbp_thread_cpu_ns();
+}
+
+/*
  * The interval of the next periodic sleep, and the search's rounds (thread
  * only; @netap_lock for what replies read).  Called after every pass of a
- * mode that holds NAPIs: a round ends at the first pass after round_ms,
- * with the packets of its passes as the objective (docs/netap.md).  The
- * search (re)starts when netap is turned on, the mode becomes periodic, or
- * its parameters change (kbp_poller_apply() sets @search_restart).
+ * mode that holds NAPIs: a round ends at the first pass after round_ms, with
+ * the search's objective (bytes, or bytes per CPU-second) of the round as
+ * its value (docs/netap.md).  The search (re)starts when netap is turned on,
+ * the mode becomes periodic, or its parameters or objective change
+ * (kbp_poller_apply() sets @search_restart).
  */
 static void kbp_search_start(struct kbp_poller *p, u64 now)
 {
@@ -626,16 +794,18 @@ static void kbp_search_start(struct kbp_poller *p, u64 now)
 	}
 	p->search_on = true;
 	p->search_rounds = 0;
+	p->search_objective = p->objective;
 	p->search_last = 0;
+	p->search_last_bytes = 0;
+	p->search_last_cpu_ns = 0;
 	p->cur_interval_us = p->search.interval_us;
 	spin_unlock(&p->netap_lock);
-	p->round_start = now;
-	p->round_work = 0;
+	kbp_round_begin(p, now);
 }
 
-static void kbp_periodic_account(struct kbp_poller *p, u64 now, int work)
+static void kbp_periodic_account(struct kbp_poller *p, u64 now)
 {
-	u64 len;
+	u64 len, bytes, cpu, cpu_ns, value;
 
 	if (!READ_ONCE(p->netap)) {
 		if (p->search_on) {
@@ -650,17 +820,27 @@ static void kbp_periodic_account(struct kbp_poller *p, u64 now, int work)
 		kbp_search_start(p, now);
 		return;
 	}
-	p->round_work += work;
 	len = (u64)READ_ONCE(p->round_ms) * NSEC_PER_MSEC;
 	if (now - p->round_start < len)
 		return;
+	bytes = kbp_round_bytes(p);
+	cpu = kbp_thread_cpu_ns();
+	/* the same task since kbp_round_begin(): a respawn begins a round */
+	cpu_ns = cpu - p->round_cpu_ns;
+	p->round_cpu_ns = cpu;
+	/* written by this thread only, in kbp_search_start() */
+	if (p->search_objective == KBP_OBJECTIVE_BYTES_PER_CPU)
+		value = kbp_per_cpu_sec(bytes, cpu_ns);
+	else
+		value = bytes;
 	spin_lock(&p->netap_lock);
-	p->search_last = p->round_work;
-	p->cur_interval_us = kbp_netap_round(&p->search, p->round_work);
+	p->search_last = value;
+	p->search_last_bytes = bytes;
+	p->search_last_cpu_ns = cpu_ns;
+	p->cur_interval_us = kbp_netap_round(&p->search, value);
 	p->search_rounds++;
 	spin_unlock(&p->netap_lock);
 	p->round_start = now;
-	p->round_work = 0;
 }
 
 static void kbp_poller_respawn(struct kbp_poller *p);
@@ -671,6 +851,10 @@ static int kbp_poller_fn(void *data)
 	struct kbp_poller *p = data;
 	u64 last_work = local_clock(), contended = 0;
 	struct kbp_freq freq = {};
+
+	/* a respawned thread: its CPU time starts from 0, so does a round */
+	if (p->search_on)
+		kbp_round_begin(p, last_work);
 
 	while (!kthread_should_stop()) {
 		const struct kbp_mode_ops *ops = READ_ONCE(p->ops);
@@ -687,7 +871,7 @@ static int kbp_poller_fn(void *data)
 		work = kbp_pass(p, ops, &more, &held);
 		now = local_clock();
 		if (ops->holds)
-			kbp_periodic_account(p, now, work);
+			kbp_periodic_account(p, now);
 
 		u64_stats_update_begin(&p->syncp);
 		u64_stats_inc(&p->passes);
@@ -770,6 +954,7 @@ struct kbp_poller *kbp_poller_create(int cpu, const struct kbp_conf *conf)
 	p->cur_interval_us = conf->interval_us;
 	p->netap = conf->netap;
 	p->round_ms = conf->round_ms;
+	p->objective = conf->objective;
 	p->np = conf->np;
 	if (WARN_ON_ONCE(!p->ops)) {	/* validated by kbp_check_knobs() */
 		kfree(p);
@@ -825,7 +1010,8 @@ void kbp_poller_destroy(struct kbp_poller *p)
  * Caller holds rtnl and kbp_lock.  The thread reads the knobs locklessly
  * (READ_ONCE) and p->ops once per pass: a pass that started with the old
  * mode ends with it.  The search parameters change under p->netap_lock, with
- * a restart of the search when they, netap or the mode change (the thread
+ * a restart of the search when they, the objective, netap or the mode
+ * change (the thread
  * starts it over before its next round, kbp_periodic_account()).
  */
 void kbp_poller_apply(struct kbp_poller *p, const struct kbp_conf *conf)
@@ -839,9 +1025,12 @@ void kbp_poller_apply(struct kbp_poller *p, const struct kbp_conf *conf)
 	WRITE_ONCE(p->quota, conf->quota);
 	spin_lock(&p->netap_lock);
 	if (conf->mode != p->mode || conf->netap != p->netap ||
+	    conf->objective != p->objective ||
 	    memcmp(&conf->np, &p->np, sizeof(p->np)))
 		p->search_restart = true;
 	p->np = conf->np;
+	/* under the lock: the thread reads it with the restart (start()) */
+	p->objective = conf->objective;
 	spin_unlock(&p->netap_lock);
 	WRITE_ONCE(p->interval_us, conf->interval_us);
 	WRITE_ONCE(p->netap, conf->netap);
@@ -874,6 +1063,7 @@ void kbp_poller_conf(struct kbp_poller *p, struct kbp_conf *conf)
 	conf->interval_us = p->interval_us;
 	conf->netap = p->netap;
 	conf->round_ms = p->round_ms;
+	conf->objective = p->objective;
 	conf->np = p->np;
 }
 
@@ -1255,7 +1445,10 @@ void kbp_poller_read_netap(struct kbp_poller *p, struct kbp_netap_snapshot *s)
 		READ_ONCE(p->ops)->holds;
 	s->s = p->search;
 	s->rounds = p->search_rounds;
+	s->objective = p->search_objective;
 	s->last = p->search_last;
+	s->last_bytes = p->search_last_bytes;
+	s->last_cpu_ns = p->search_last_cpu_ns;
 	spin_unlock(&p->netap_lock);
 }
 

@@ -36,8 +36,8 @@
  *                      list under rcu_read_lock().
  *   poller->netap_lock (spinlock, process context only) the periodic search:
  *                      its state (written by the thread once per round) and
- *                      its parameters (written under kbp_lock).  Innermost:
- *                      nothing is taken inside it.
+ *                      its parameters and objective (written under
+ *                      kbp_lock).  Innermost: nothing is taken inside it.
  */
 #ifndef _KBP_PRIV_H
 #define _KBP_PRIV_H
@@ -64,6 +64,7 @@
 #define KBP_ROUND_MS_DEF	1000U
 #define KBP_ROUND_MS_MIN	10U
 #define KBP_ROUND_MS_MAX	60000U	/* 1 min */
+#define KBP_OBJECTIVE_MAX	KBP_OBJECTIVE_BYTES_PER_CPU
 /*
  * periodic: a NAPI kept scheduled is handed back to interrupts after this
  * many consecutive empty polls (docs/design.md, "Periodic mode").
@@ -81,6 +82,7 @@ struct kbp_conf {
 	u32 interval_us;	/* the interval while the search is off */
 	u32 netap;		/* 0/1: search the interval */
 	u32 round_ms;		/* search round */
+	u32 objective;		/* enum kbp_objective: what the search maximizes */
 	struct kbp_netap_params np;	/* range, MinChange, MaxRound */
 };
 
@@ -152,10 +154,12 @@ struct kbp_poller {
 	u32 netap;
 	u32 round_ms;
 	/*
-	 * periodic search parameters: written under kbp_lock and @netap_lock,
-	 * which the thread takes to (re)start the search with them
+	 * periodic search parameters and objective: written under kbp_lock
+	 * and @netap_lock, which the thread takes to (re)start the search
+	 * with them
 	 */
 	struct kbp_netap_params np;
+	u32 objective;			/* enum kbp_objective */
 	bool search_restart;		/* set under @netap_lock: (re)start it */
 
 	/*
@@ -168,11 +172,15 @@ struct kbp_poller {
 	struct kbp_netap search;
 	bool search_on;			/* @search runs: periodic with netap */
 	u64 search_rounds;		/* rounds since the search was started */
-	u64 search_last;		/* objective of the last round */
+	u32 search_objective;		/* @objective the search runs with */
+	u64 search_last;		/* the objective's value in the last round */
+	u64 search_last_bytes;		/* bytes of the last round */
+	u64 search_last_cpu_ns;		/* thread CPU time in the last round */
 	/* periodic, written only by the thread */
 	u32 cur_interval_us;		/* of the next timed sleep */
 	u64 round_start;		/* local_clock() when the round began */
-	u64 round_work;			/* packets polled in this round */
+	u64 round_cpu_ns;		/* kbp_thread_cpu_ns() then */
+	unsigned int round_gen;		/* rounds counted (kbp_round_bytes()) */
 
 	unsigned int pass;		/* the thread's pass number (kbp_pass()) */
 
@@ -230,6 +238,13 @@ struct kbp_napi {
 	/* written only by the poller thread */
 	unsigned int pass;		/* the last pass that looked at it */
 	unsigned int idle;		/* periodic: empty polls in a row */
+	/*
+	 * periodic search: the device's rx_bytes when the last round ended
+	 * (valid once @round_gen is not 0), kept by every link of the device
+	 * on the poller; kbp_round_bytes()
+	 */
+	unsigned int round_gen;
+	u64 round_rx_bytes;
 	struct u64_stats_sync syncp;
 	u64_stats_t packets;
 	u64_stats_t polls;
@@ -240,7 +255,7 @@ struct kbp_napi {
 struct kbp_knobs {
 	bool has_mode, has_linger, has_quota, has_rt_prio, has_freq_ctl;
 	bool has_interval, has_netap, has_round_ms, has_min_interval;
-	bool has_max_interval, has_min_change, has_max_round;
+	bool has_max_interval, has_min_change, has_max_round, has_objective;
 	struct kbp_conf conf;
 };
 
@@ -324,7 +339,10 @@ struct kbp_netap_snapshot {
 	bool on;
 	struct kbp_netap s;
 	u64 rounds;
-	u64 last;
+	u32 objective;
+	u64 last;		/* the objective's value in the last round */
+	u64 last_bytes;
+	u64 last_cpu_ns;
 };
 
 void kbp_poller_read(struct kbp_poller *p, struct kbp_poller_snapshot *s);

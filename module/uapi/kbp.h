@@ -11,7 +11,8 @@
  *   modes:    busy, hybrid, periodic
  *   knobs:    mode, linger_us, quota, rt_prio, freq_ctl, cpu,
  *             periodic: interval_us, netap, round_ms, min_interval_us,
- *             max_interval_us, min_change, max_round
+ *             max_interval_us, min_change, max_round, objective
+ *   objectives (periodic search): bytes, bytes-per-cpu
  *   poller counters: passes, empty_passes, packets, wakeups, sleeps,
  *                    sleep_ns, poll_ns, freq_changes, respawns, repairs,
  *                    yields, handbacks
@@ -30,6 +31,17 @@ enum kbp_mode {
 				 * kept scheduled (IRQ masked); idle NAPIs are
 				 * handed back to interrupts
 				 */
+};
+
+/*
+ * What a periodic poller's interval search maximizes per round
+ * (KBP_A_OBJECTIVE; docs/netap.md "Objective").
+ */
+enum kbp_objective {
+	KBP_OBJECTIVE_BYTES = 0,	/* bytes its devices received (NetAP) */
+	KBP_OBJECTIVE_BYTES_PER_CPU = 1,	/* those bytes per CPU-second of
+						 * the poller thread
+						 */
 };
 
 /* state of an attached device */
@@ -96,8 +108,8 @@ enum kbp_attr {
 	KBP_A_ROUND_MS,		/* length of a search round */
 	KBP_A_MIN_INTERVAL_US,	/* search range (MinInterval) */
 	KBP_A_MAX_INTERVAL_US,	/* search range (MaxInterval), a latency cap */
-	KBP_A_MIN_CHANGE,	/* % change of a round's work that restarts a
-				 * converged search (MinChange)
+	KBP_A_MIN_CHANGE,	/* % change of a round's objective that
+				 * restarts a converged search (MinChange)
 				 */
 	KBP_A_MAX_ROUND,	/* rounds after which the search restarts */
 	KBP_A_HANDBACKS,	/* u64 counter, periodic: polls that let the
@@ -105,6 +117,9 @@ enum kbp_attr {
 				 * (idle, or the NAPI was being taken away)
 				 */
 	KBP_A_NETAP_STATE,	/* nest of KBP_NETAP_A_* (output, periodic) */
+	KBP_A_OBJECTIVE,	/* u32, enum kbp_objective: what the search
+				 * maximizes (periodic knob)
+				 */
 	__KBP_A_MAX,
 };
 
@@ -147,9 +162,20 @@ enum kbp_netap_attr {
 	KBP_NETAP_A_DISTANCE_US,	/* u32 */
 	KBP_NETAP_A_CONVERGED,	/* u32, 0/1 */
 	KBP_NETAP_A_RESTARTS,	/* u32 */
-	KBP_NETAP_A_LAST_WORK,	/* u64, objective of the last round */
+	KBP_NETAP_A_LAST_OBJECTIVE,	/* u64, the objective's value in the
+					 * last round (bytes, or bytes per
+					 * CPU-second)
+					 */
+	KBP_NETAP_A_OBJECTIVE,	/* u32, enum kbp_objective of the search */
+	KBP_NETAP_A_LAST_BYTES,	/* u64, bytes of the last round */
+	KBP_NETAP_A_LAST_CPU_NS,	/* u64, CPU time of the poller thread in
+					 * the last round
+					 */
 	__KBP_NETAP_A_MAX,
 };
+
+/* the name of KBP_NETAP_A_LAST_OBJECTIVE when it counted packets */
+#define KBP_NETAP_A_LAST_WORK	KBP_NETAP_A_LAST_OBJECTIVE
 
 #define KBP_NETAP_A_MAX (__KBP_NETAP_A_MAX - 1)
 

@@ -38,6 +38,10 @@ KBP_MODE_BUSY = 1
 KBP_MODE_HYBRID = 2
 KBP_MODE_PERIODIC = 3
 
+# enum kbp_objective (KBP_A_OBJECTIVE): names.OBJECTIVE_IDS
+KBP_OBJECTIVE_BYTES = 0
+KBP_OBJECTIVE_BYTES_PER_CPU = 1
+
 # enum kbp_state (of an attached device)
 KBP_STATE_ACTIVE = 1
 KBP_STATE_STANDBY = 2
@@ -91,6 +95,7 @@ KBP_A_MIN_CHANGE = 35
 KBP_A_MAX_ROUND = 36
 KBP_A_HANDBACKS = 37
 KBP_A_NETAP_STATE = 38
+KBP_A_OBJECTIVE = 39
 
 # enum kbp_netap_attr (nested in KBP_A_NETAP_STATE)
 KBP_NETAP_A_UNSPEC = 0
@@ -105,11 +110,16 @@ KBP_NETAP_A_RANGE_HI_US = 8
 KBP_NETAP_A_DISTANCE_US = 9
 KBP_NETAP_A_CONVERGED = 10
 KBP_NETAP_A_RESTARTS = 11
-KBP_NETAP_A_LAST_WORK = 12
+KBP_NETAP_A_LAST_OBJECTIVE = 12
+KBP_NETAP_A_LAST_WORK = KBP_NETAP_A_LAST_OBJECTIVE  # its name when it counted packets
+KBP_NETAP_A_OBJECTIVE = 13
+KBP_NETAP_A_LAST_BYTES = 14
+KBP_NETAP_A_LAST_CPU_NS = 15
 
 #: knobs of mode periodic (u32 each), as keyword arguments of attach() and poller_set()
+#: (objective: the id of names.OBJECTIVE_IDS, or its name)
 PERIODIC_KNOBS = ("interval_us", "netap", "round_ms", "min_interval_us", "max_interval_us",
-                  "min_change", "max_round")
+                  "min_change", "max_round", "objective")
 
 # enum kbp_map_attr
 KBP_MAP_A_UNSPEC = 0
@@ -175,7 +185,10 @@ class kbp_netap_state(nla):
         (KBP_NETAP_A_DISTANCE_US, "KBP_NETAP_A_DISTANCE_US", "uint32"),
         (KBP_NETAP_A_CONVERGED, "KBP_NETAP_A_CONVERGED", "uint32"),
         (KBP_NETAP_A_RESTARTS, "KBP_NETAP_A_RESTARTS", "uint32"),
-        (KBP_NETAP_A_LAST_WORK, "KBP_NETAP_A_LAST_WORK", "uint64"),
+        (KBP_NETAP_A_LAST_OBJECTIVE, "KBP_NETAP_A_LAST_OBJECTIVE", "uint64"),
+        (KBP_NETAP_A_OBJECTIVE, "KBP_NETAP_A_OBJECTIVE", "uint32"),
+        (KBP_NETAP_A_LAST_BYTES, "KBP_NETAP_A_LAST_BYTES", "uint64"),
+        (KBP_NETAP_A_LAST_CPU_NS, "KBP_NETAP_A_LAST_CPU_NS", "uint64"),
     )
 
 
@@ -222,6 +235,7 @@ class kbpmsg(genlmsg):
         (KBP_A_MAX_ROUND, "KBP_A_MAX_ROUND", "uint32"),
         (KBP_A_HANDBACKS, "KBP_A_HANDBACKS", "uint64"),
         (KBP_A_NETAP_STATE, "KBP_A_NETAP_STATE", "netap_state", NLA_F_NESTED),
+        (KBP_A_OBJECTIVE, "KBP_A_OBJECTIVE", "uint32"),
     )
     queue_map = kbp_queue_map
     map_entry = kbp_map_entry
@@ -273,6 +287,28 @@ def mode_id(mode: str | int) -> int:
             from None
 
 
+_OBJECTIVE_NAMES = {v: k for k, v in names.OBJECTIVE_IDS.items()}
+
+
+def objective_name(objective: int | None) -> str | None:
+    """KBP_A_OBJECTIVE's name (names.OBJECTIVES); an id this client does not know as a str."""
+    if objective is None:
+        return None
+    return _OBJECTIVE_NAMES.get(objective, str(objective))
+
+
+def objective_id(objective: str | int) -> int:
+    """The id of an objective given by name or id; an id is passed on as it is (the module
+    checks its range)."""
+    if isinstance(objective, str):
+        try:
+            return names.OBJECTIVE_IDS[objective]
+        except KeyError:
+            raise ValueError(f"unknown objective {objective!r} (one of "
+                             f"{', '.join(names.OBJECTIVES)})") from None
+    return int(objective)
+
+
 @dataclass
 class NetapState:
     """The interval search of a periodic poller with netap on (docs/netap.md)."""
@@ -287,7 +323,15 @@ class NetapState:
     distance_us: int | None = None
     converged: bool | None = None
     restarts: int | None = None
-    last_work: int | None = None  # packets of the last round (the objective)
+    objective: str | None = None  # what the search maximizes (names.OBJECTIVES)
+    last_objective: int | None = None  # its value in the last round: bytes, or bytes/CPU-s
+    last_bytes: int | None = None  # bytes the poller's devices received in the last round
+    last_cpu_ns: int | None = None  # CPU time of the poller thread in the last round
+
+    @property
+    def last_work(self) -> int | None:
+        """The objective's value in the last round (its name when it counted packets)."""
+        return self.last_objective
 
 
 @dataclass
@@ -321,6 +365,7 @@ class Poller:
     max_interval_us: int | None = None
     min_change: int | None = None
     max_round: int | None = None
+    objective: str | None = None  # periodic: what the search maximizes (names.OBJECTIVES)
     search: NetapState | None = None  # periodic with netap on
 
     def counters(self) -> dict[str, int | None]:
@@ -377,6 +422,7 @@ def _poller_from(msg: Any) -> Poller:
                   min_interval_us=g("KBP_A_MIN_INTERVAL_US"),
                   max_interval_us=g("KBP_A_MAX_INTERVAL_US"),
                   min_change=g("KBP_A_MIN_CHANGE"), max_round=g("KBP_A_MAX_ROUND"),
+                  objective=objective_name(g("KBP_A_OBJECTIVE")),
                   search=_netap_from(g("KBP_A_NETAP_STATE")))
 
 
@@ -391,7 +437,11 @@ def _netap_from(nest: Any) -> NetapState | None:
                       range_hi_us=g("KBP_NETAP_A_RANGE_HI_US"),
                       distance_us=g("KBP_NETAP_A_DISTANCE_US"),
                       converged=_bool(g("KBP_NETAP_A_CONVERGED")),
-                      restarts=g("KBP_NETAP_A_RESTARTS"), last_work=g("KBP_NETAP_A_LAST_WORK"))
+                      restarts=g("KBP_NETAP_A_RESTARTS"),
+                      objective=objective_name(g("KBP_NETAP_A_OBJECTIVE")),
+                      last_objective=g("KBP_NETAP_A_LAST_OBJECTIVE"),
+                      last_bytes=g("KBP_NETAP_A_LAST_BYTES"),
+                      last_cpu_ns=g("KBP_NETAP_A_LAST_CPU_NS"))
 
 
 def _napi_from(nest: Any) -> NapiInfo:
@@ -441,7 +491,8 @@ def _knobs(mode: str | int | None, linger_us: int | None, quota: int | None,
         if name not in PERIODIC_KNOBS:
             raise ValueError(f"unknown knob {name!r} (periodic: {', '.join(PERIODIC_KNOBS)})")
         if value is not None:
-            attrs.append([f"KBP_A_{name.upper()}", int(value)])
+            attrs.append([f"KBP_A_{name.upper()}",
+                          objective_id(value) if name == "objective" else int(value)])
     return attrs
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Group, RenderableType
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from kbp import rps
+from kbp import names, rps
 from kbp.backends import DeviceStatus, PollerStatus, PollingCpu, Status
 from kbp.sysinfo import CpuTask, format_cpulist
 
@@ -123,17 +125,16 @@ def periodic_line(p: PollerStatus) -> str:
     return (head + f"search round {_n(s.get('round'))} ({_n(s.get('rounds'))} in all, "
             f"{_n(s.get('restarts'))} restarts): interval {_n(s.get('interval_us'))} us, "
             f"probes {_n(s.get('low_us'))}/{_n(s.get('high_us'))} us in "
-            f"{_n(s.get('range_lo_us'))}..{_n(s.get('range_hi_us'))} us, {state}, "
-            f"last round {_n(s.get('last_work'))} packets" + _search_knobs(per))
+            f"{_n(s.get('range_lo_us'))}..{_n(s.get('range_hi_us'))} us, {state}"
+            f"{_search_knobs(per)}; {_last_round(s)}")
 
 
 def _search_knobs(per: dict[str, object]) -> str:
     """The search's knobs, when the module reported them."""
     if per.get("round_ms") is None:
         return ""
-    return (f"; rounds of {_n(per.get('round_ms'))} ms, restart on a change above "
-            f"{_n(per.get('min_change'))} % or every {_n(per.get('max_round'))} rounds, "
-            f"objective {_n(per.get('objective'))}")
+    return (f" (rounds of {_n(per.get('round_ms'))} ms, restart on a change above "
+            f"{_n(per.get('min_change'))} % or every {_n(per.get('max_round'))} rounds)")
 
 
 def device_periodic_line(d: DeviceStatus) -> str:
@@ -159,6 +160,18 @@ def device_periodic_line(d: DeviceStatus) -> str:
             f"{_n(s.get('range_lo_us'))}..{_n(s.get('range_hi_us'))} us, {state}, "
             f"last round {_n(last.get('bytes'))} bytes, objective {_n(last.get('value'))} "
             f"({_n(per.get('objective'))})")
+
+
+def _last_round(s: dict[str, Any]) -> str:
+    """The search's objective and its value in the last round (module/uapi/kbp.h)."""
+    obj = s.get("objective") or names.OBJECTIVE_BYTES
+    last = s.get("last_objective", s.get("last_work"))
+    if obj == names.OBJECTIVE_BYTES_PER_CPU:
+        cpu = s.get("last_cpu_ns")
+        return (f"objective {obj}: last round {_n(last)} bytes per CPU-second "
+                f"({_n(s.get('last_bytes'))} bytes in {_ns(cpu)} of CPU)")
+    return f"objective {obj}: last round {_n(last)} bytes"
+
 
 
 def _task_cells(t: CpuTask) -> list[str]:

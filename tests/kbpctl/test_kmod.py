@@ -63,6 +63,7 @@ def test_constants_match_uapi(enums: dict[str, int]) -> None:
 
 @pytest.mark.parametrize(("cls", "prefix"), [
     (kmod.kbpmsg, "KBP_A_"), (kmod.kbp_napi, "KBP_NAPI_A_"), (kmod.kbp_map_entry, "KBP_MAP_A_"),
+    (kmod.kbp_netap_state, "KBP_NETAP_A_"),
 ])
 def test_message_classes_mirror_uapi(enums: dict[str, int], cls: Any, prefix: str) -> None:
     ours = {name: aid for aid, name, *_ in cls.nla_map}
@@ -76,6 +77,15 @@ def test_modes_match_vocabulary(enums: dict[str, int]) -> None:
     assert kmod.mode_id("hybrid") == 2 and kmod.mode_name(1) == "busy"
     with pytest.raises(ValueError):
         kmod.mode_id("turbo")
+
+
+def test_objectives_match_vocabulary(enums: dict[str, int]) -> None:
+    for obj, oid in names.OBJECTIVE_IDS.items():
+        assert enums[f"KBP_OBJECTIVE_{obj.upper().replace('-', '_')}"] == oid
+    assert kmod.objective_id("bytes-per-cpu") == 1 and kmod.objective_id(0) == 0
+    assert kmod.objective_name(1) == "bytes-per-cpu" and kmod.objective_name(7) == "7"
+    with pytest.raises(ValueError, match="unknown objective 'packets'"):
+        kmod.objective_id("packets")
 
 
 # -- byte-level encoding --------------------------------------------------------------
@@ -204,6 +214,10 @@ def test_encode_periodic_knobs() -> None:
         kmod.KBP_CMD_POLLER_SET, u32(kmod.KBP_A_CPU, 1) + u32(kmod.KBP_A_NETAP, 0))
     with pytest.raises(ValueError, match="unknown knob 'interval'"):
         kmod.build_poller_set(1, interval=5)
+    # objective by id (kbpctl passes names.OBJECTIVE_IDS[...]) or by name
+    for obj in (1, "bytes-per-cpu"):
+        assert encoded(kmod.build_poller_set(1, objective=obj)) == genl(
+            kmod.KBP_CMD_POLLER_SET, u32(kmod.KBP_A_CPU, 1) + u32(kmod.KBP_A_OBJECTIVE, 1))
 
 
 def test_decode_periodic_poller_and_status_line() -> None:
@@ -214,18 +228,23 @@ def test_decode_periodic_poller_and_status_line() -> None:
         u32(kmod.KBP_NETAP_A_RANGE_LO_US, 100), u32(kmod.KBP_NETAP_A_RANGE_HI_US, 4000),
         u32(kmod.KBP_NETAP_A_DISTANCE_US, 2410), u32(kmod.KBP_NETAP_A_CONVERGED, 0),
         u32(kmod.KBP_NETAP_A_RESTARTS, 2), nla(kmod.KBP_NETAP_A_PAD, b""),
-        u64(kmod.KBP_NETAP_A_LAST_WORK, 12345))))
+        u64(kmod.KBP_NETAP_A_LAST_OBJECTIVE, 12345), u32(kmod.KBP_NETAP_A_OBJECTIVE, 1),
+        nla(kmod.KBP_NETAP_A_PAD, b""), u64(kmod.KBP_NETAP_A_LAST_BYTES, 1234),
+        nla(kmod.KBP_NETAP_A_PAD, b""), u64(kmod.KBP_NETAP_A_LAST_CPU_NS, 100_000_000))))
     raw = genl(kmod.KBP_CMD_POLLER_GET,
                u32(kmod.KBP_A_CPU, 1) + u32(kmod.KBP_A_MODE, kmod.KBP_MODE_PERIODIC)
                + PAD + u64(kmod.KBP_A_HANDBACKS, 7) + u32(kmod.KBP_A_INTERVAL_US, 1000)
-               + u32(kmod.KBP_A_NETAP, 1) + u32(kmod.KBP_A_ROUND_MS, 1000) + nest)
+               + u32(kmod.KBP_A_NETAP, 1) + u32(kmod.KBP_A_ROUND_MS, 1000)
+               + u32(kmod.KBP_A_OBJECTIVE, 1) + nest)
     p = kmod._poller_from(decode(raw))
-    assert (p.mode, p.handbacks, p.interval_us, p.netap, p.round_ms) == \
-        ("periodic", 7, 1000, True, 1000)
+    assert (p.mode, p.handbacks, p.interval_us, p.netap, p.round_ms, p.objective) == \
+        ("periodic", 7, 1000, True, 1000, "bytes-per-cpu")
     assert p.search == kmod.NetapState(round=3, rounds=40, interval_us=1590, low_us=2510,
                                        high_us=1590, range_lo_us=100, range_hi_us=4000,
                                        distance_us=2410, converged=False, restarts=2,
-                                       last_work=12345)
+                                       objective="bytes-per-cpu", last_objective=12345,
+                                       last_bytes=1234, last_cpu_ns=100_000_000)
+    assert p.search.last_work == 12345     # the old name still reads
     from kbp.backends import PollerStatus
     from kbp.backends.kmod import _periodic
     from kbp.render import periodic_line
@@ -234,6 +253,13 @@ def test_decode_periodic_poller_and_status_line() -> None:
     line = periodic_line(ps)
     assert line.startswith("kbp/1 periodic: 7 hand-backs to interrupts, search round 3")
     assert "interval 1590 us" in line and "probes 2510/1590 us in 100..4000 us" in line
+    assert line.endswith("objective bytes-per-cpu: last round 12345 bytes per CPU-second "
+                         "(1234 bytes in 100ms of CPU)"), line
+    p.search.objective, p.search.last_objective = "bytes", 1234
+    assert periodic_line(PollerStatus(
+        cpu=1, pid=None, mode="periodic", linger_us=0, quota=64, napis=1, policy=None,
+        priority=None, counters={}, periodic=_periodic(p))).endswith(
+        "objective bytes: last round 1234 bytes")
     p.search = None
     p.netap = False
     assert periodic_line(PollerStatus(cpu=1, pid=None, mode="periodic", linger_us=0, quota=64,

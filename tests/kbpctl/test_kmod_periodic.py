@@ -167,8 +167,8 @@ def test_status_json_shows_knobs_and_search(fake: tuple[PeriodicModule, Any]) ->
     assert _backend_cell(devs[0]) == "kmod periodic search 100..2000us"
     line = periodic_line(pollers[0])
     assert line.startswith("kbp/1 periodic: 3 hand-backs to interrupts, search round 2")
-    assert line.endswith("; rounds of 200 ms, restart on a change above 20 % or every 300 "
-                         "rounds, objective bytes")
+    assert "distance 1490 us (rounds of 200 ms, restart on a change above 20 % or every 300 "\
+        "rounds); objective bytes: last round" in line
     from rich.console import Console
 
     from kbp.render import status_view

@@ -27,15 +27,12 @@ def test_plan_periodic_per_napi_and_per_device() -> None:
     assert periodicd.DEFER_HARD_IRQS == 8
 
 
-def test_first_interval_and_summary() -> None:
+def test_first_interval() -> None:
     search = {"interval_us": None, "round_ms": 50, "min_interval_us": 100,
               "max_interval_us": 1000, "min_change": 20, "max_round": 300,
               "objective": "bytes"}
     assert periodicd.first_interval(search) == netap.Search(netap.Params(100, 1000)).interval_us
     assert periodicd.first_interval({**search, "interval_us": 777}) == 777
-    assert periodicd.summary({**search, "interval_us": 777}) == ", interval 777 us"
-    assert periodicd.summary(search) == \
-        ", interval searched in 100..1000 us (bytes, rounds of 50 ms)"
 
 
 @pytest.mark.parametrize(("objective", "prev", "cur", "value"), [

@@ -10,6 +10,8 @@ bad knobs are refused with the reason; with netap on, the interval search runs i
 from __future__ import annotations
 
 import errno
+import itertools
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +33,15 @@ from conftest import (
 from test_bad_input import refused
 
 RMEM_MAX = Path("/proc/sys/net/core/rmem_max")
+KERNEL = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
+
+
+def refused_as(kmod, code: int, text: str, summary: str, fn: Callable[[], object]) -> None:
+    """refused(), where the netlink error carries kbp's formatted text from 6.2 on and its
+    static summary before (no formatted extack messages: kbp_compat.h kbp_tell_msg()); the
+    dmesg line has the formatted text on every kernel."""
+    line = refused(kmod, code, text if KERNEL >= (6, 2) else summary, fn)
+    assert text.lower() in line.lower(), line
 
 
 @pytest.fixture()
@@ -171,23 +182,28 @@ def test_periodic_detach_under_traffic_restores_interrupts(kmod, flow: Flow) -> 
     assert res["unique"] >= 1000
 
 
-@pytest.mark.parametrize(("knobs", "code", "text"), [
-    ({"interval_us": 5}, errno.ERANGE, "interval_us 5 out of range (10-100000)"),
-    ({"interval_us": 100_001}, errno.ERANGE, "interval_us 100001 out of range"),
-    ({"netap": 2}, errno.ERANGE, "netap 2 out of range (0-1)"),
-    ({"round_ms": 5}, errno.ERANGE, "round_ms 5 out of range (10-60000)"),
-    ({"min_interval_us": 9}, errno.ERANGE, "min_interval_us 9 out of range"),
-    ({"max_interval_us": 200_000}, errno.ERANGE, "max_interval_us 200000 out of range"),
-    ({"min_change": 0}, errno.ERANGE, "min_change 0 out of range (1-1000)"),
-    ({"max_round": 19}, errno.ERANGE, "max_round 19 out of range (20-1000000)"),
+OOR = "knob out of range"    # the summary of every knob's range check (kbp_main.c)
+
+
+@pytest.mark.parametrize(("knobs", "code", "text", "summary"), [
+    ({"interval_us": 5}, errno.ERANGE, "interval_us 5 out of range (10-100000)", OOR),
+    ({"interval_us": 100_001}, errno.ERANGE, "interval_us 100001 out of range", OOR),
+    ({"netap": 2}, errno.ERANGE, "netap 2 out of range (0-1)", OOR),
+    ({"round_ms": 5}, errno.ERANGE, "round_ms 5 out of range (10-60000)", OOR),
+    ({"min_interval_us": 9}, errno.ERANGE, "min_interval_us 9 out of range", OOR),
+    ({"max_interval_us": 200_000}, errno.ERANGE, "max_interval_us 200000 out of range", OOR),
+    ({"min_change": 0}, errno.ERANGE, "min_change 0 out of range (1-1000)", OOR),
+    ({"max_round": 19}, errno.ERANGE, "max_round 19 out of range (20-1000000)", OOR),
+    ({"objective": 2}, errno.ERANGE, "objective 2 out of range (0-1)", OOR),
     ({"min_interval_us": 3000, "max_interval_us": 2000}, errno.EINVAL,
-     "min_interval_us above max_interval_us"),
-    ({"freq_ctl": True}, errno.EINVAL, "periodic wakes every interval_us"),
+     "min_interval_us above max_interval_us", "bad search parameters"),
+    ({"freq_ctl": True}, errno.EINVAL, "periodic wakes every interval_us",
+     "freq_ctl needs mode hybrid"),
 ])
 def test_periodic_bad_knobs(kmod, topo: Topo, knobs: dict[str, int], code: int,
-                            text: str) -> None:
-    refused(kmod, code, text,
-            lambda: kmod.attach(topo.nic0, cpu=POLL_CPU, mode="periodic", **knobs))
+                            text: str, summary: str) -> None:
+    refused_as(kmod, code, text, summary,
+               lambda: kmod.attach(topo.nic0, cpu=POLL_CPU, mode="periodic", **knobs))
 
 
 def test_periodic_bad_knobs_on_poller_set(kmod, topo: Topo) -> None:
@@ -195,11 +211,14 @@ def test_periodic_bad_knobs_on_poller_set(kmod, topo: Topo) -> None:
     # a range that only periodic checks is refused when the poller is switched to it
     kmod.poller_set(POLL_CPU, min_interval_us=3000)
     kmod.poller_set(POLL_CPU, max_interval_us=2000)
-    refused(kmod, errno.EINVAL, "min_interval_us above max_interval_us",
-            lambda: kmod.poller_set(POLL_CPU, mode="periodic"))
+    refused_as(kmod, errno.EINVAL, "min_interval_us above max_interval_us",
+               "bad search parameters", lambda: kmod.poller_set(POLL_CPU, mode="periodic"))
     assert kmod.poller(POLL_CPU).mode == "hybrid"
-    refused(kmod, errno.ERANGE, "interval_us 1 out of range",
-            lambda: kmod.poller_set(POLL_CPU, interval_us=1))
+    refused_as(kmod, errno.ERANGE, "interval_us 1 out of range", OOR,
+               lambda: kmod.poller_set(POLL_CPU, interval_us=1))
+    refused_as(kmod, errno.ERANGE, "objective 7 out of range (0-1)", OOR,
+               lambda: kmod.poller_set(POLL_CPU, objective=7))
+    assert kmod.poller(POLL_CPU).objective == "bytes"
     kmod.poller_set(POLL_CPU, mode="periodic", min_interval_us=100, max_interval_us=4000)
     assert kmod.poller(POLL_CPU).mode == "periodic"
 
@@ -232,10 +251,13 @@ def test_periodic_search_moves_across_rounds(kmod, flow: Flow) -> None:
     print("\n" + "\n".join(f"rounds {s.rounds} round {s.round} interval {s.interval_us} "
                            f"low {s.low_us} high {s.high_us} distance {s.distance_us} "
                            f"converged {s.converged} restarts {s.restarts} "
-                           f"last {s.last_work}" for s in seen))
+                           f"last {s.last_objective} ({s.last_bytes} bytes, "
+                           f"{s.last_cpu_ns} ns CPU)" for s in seen))
     assert seen[-1].rounds - seen[0].rounds >= 5, seen
     assert len({s.interval_us for s in seen}) >= 2, "the interval never moved"
-    assert any(s.last_work for s in seen), "no round counted any packet"
+    # the default objective: the round's bytes are its value
+    assert all(s.objective == "bytes" and s.last_objective == s.last_bytes for s in seen), seen
+    assert any(s.last_objective for s in seen), "no round counted any byte"
     # switching netap off leaves the fixed interval, and no search state
     kmod.poller_set(POLL_CPU, netap=0, interval_us=700)
     p = kmod.poller(POLL_CPU)
@@ -266,3 +288,95 @@ def test_periodic_mode_switches_under_traffic_lose_nothing(kmod, flow: Flow,
     assert sent["sent"] == n
     assert res["unique"] == n, f"lost {n - res['unique']} of {n}"
     assert kmod.poller(POLL_CPU).mode == "periodic"
+
+
+def rx_bytes(nic: str) -> int:
+    return int(Path(f"/sys/class/net/{nic}/statistics/rx_bytes").read_text())
+
+
+def test_periodic_objective_bytes_is_the_devices_rx_bytes(kmod, flow: Flow) -> None:
+    """objective bytes: a round's value is the device's rx_bytes over the round.
+
+    Without timing: samples of (rounds, rx_bytes) taken around two consecutive round ends
+    bracket the round. If rounds was r at a1 and r+1 at b1, r+1 at a2 and r+2 at b2, the
+    poller's reads of rx_bytes at the two ends lie in [a1, b1] and [a2, b2], so
+    rx(a2) - rx(b1) <= last_bytes <= rx(b2) - rx(a1), give or take the few microseconds
+    between the poller's read and its count of the round (a datagram or two: the slack).
+    """
+    nic = flow.t.nic0
+    kmod.attach(nic, cpu=POLL_CPU, mode="periodic", netap=1, round_ms=300, objective=0)
+    p = kmod.poller(POLL_CPU)
+    assert p.objective == "bytes"
+    flow.start_sink()
+    p0 = kmod.poller(POLL_CPU)
+    flow.start_sender(1000)
+    samples: list[tuple[int, int, int, int]] = []   # rounds, last_bytes, rx before, rx after
+    try:
+        carried = wait_for_or_false(
+            lambda: kmod.poller(POLL_CPU).packets > p0.packets + 200, 40)
+        assert carried, f"the poller did not carry the stream: {kmod.poller(POLL_CPU)}"
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            r0 = rx_bytes(nic)
+            s = kmod.poller(POLL_CPU).search
+            r1 = rx_bytes(nic)
+            assert s is not None and s.objective == "bytes", s
+            assert s.last_objective == s.last_bytes, s
+            samples.append((s.rounds, s.last_bytes, r0, r1))
+            time.sleep(0.03)
+    finally:
+        flow.stop_sender()
+    # round ends seen as rounds going up by one between two samples
+    ends = [i for i in range(1, len(samples)) if samples[i][0] == samples[i - 1][0] + 1]
+    checked = []
+    slack = 4 * 1500
+    for i, k in itertools.pairwise(ends):
+        a1, b1, a2, b2 = samples[i - 1], samples[i], samples[k - 1], samples[k]
+        if a2[0] != b1[0] or b2[0] != b1[0] + 1:
+            continue        # another round ended unseen in between
+        lo = a2[2] - b1[3]  # rx_bytes: read before a2's look, after b1's
+        hi = b2[3] - a1[2]
+        got = b2[1]
+        checked.append((lo, got, hi))
+        assert lo - slack <= got <= hi + slack, (lo, got, hi, a1, b1, a2, b2)
+    print(f"\n{len(samples)} samples; rounds bracketed (low, last_bytes, high): {checked}")
+    assert len(checked) >= 3, (checked, samples)
+    assert all(got > 0 for _, got, _ in checked), checked
+
+
+def test_periodic_objective_bytes_per_cpu(kmod, flow: Flow) -> None:
+    """objective bytes-per-cpu: accepted and reported; a round's value is its bytes per
+    CPU-second of the poller thread, exactly floor(bytes * 1e9 / cpu_ns); switching the
+    objective back restarts the search with bytes."""
+    kmod.attach(flow.t.nic0, cpu=POLL_CPU, mode="periodic", netap=1, round_ms=200,
+                objective="bytes-per-cpu")
+    p = kmod.poller(POLL_CPU)
+    assert p.objective == "bytes-per-cpu", p
+    assert kmod.poller(POLL_CPU).mode == "periodic"
+    flow.start_sink()
+    p0 = kmod.poller(POLL_CPU)
+    flow.start_sender(1000)
+    try:
+        carried = wait_for_or_false(
+            lambda: kmod.poller(POLL_CPU).packets > p0.packets + 200, 40)
+        assert carried, f"the poller did not carry the stream: {kmod.poller(POLL_CPU)}"
+
+        def counted() -> object:
+            s = kmod.poller(POLL_CPU).search
+            return s if s is not None and s.rounds >= 2 and s.last_bytes else None
+
+        s = wait_for(counted, 30, what="a round of bytes-per-cpu with bytes")
+        print(f"\nbytes-per-cpu: {s}")
+        assert s.objective == "bytes-per-cpu", s
+        assert s.last_cpu_ns > 0, s
+        assert s.last_objective == s.last_bytes * 10**9 // s.last_cpu_ns, s
+
+        kmod.poller_set(POLL_CPU, objective=0)
+        p = kmod.poller(POLL_CPU)
+        assert p.objective == "bytes", p
+        s = wait_for(lambda: (lambda x: x if x is not None and x.objective == "bytes"
+                              and x.rounds >= 1 else None)(kmod.poller(POLL_CPU).search),
+                     30, what="the search to restart with objective bytes")
+        assert s.last_objective == s.last_bytes, s
+    finally:
+        flow.stop_sender()

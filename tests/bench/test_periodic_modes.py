@@ -147,7 +147,7 @@ def test_kmod_search_state(monkeypatch: pytest.MonkeyPatch) -> None:
                          handbacks=2, round_ms=200,
                          search=kmod.NetapState(round=11, rounds=14, interval_us=523,
                                                 low_us=523, high_us=554, converged=True,
-                                                restarts=0, last_work=9000))
+                                                restarts=0, last_objective=9000))
     other = kmod.Poller(cpu=0, pid=9, mode="hybrid")
 
     class _Client:
@@ -169,6 +169,7 @@ def test_kmod_search_state(monkeypatch: pytest.MonkeyPatch) -> None:
     assert st is not None
     assert st["interval_us"] == 523 and st["converged"] is True and st["searching"]
     assert st["rounds"] == 14 and st["restarts"] == 0 and st["handbacks"] == 2
+    assert st["last_objective"] == 9000
     assert st["search"]["low_us"] == 523 and st["source"] == "kbp.ko poller kbp/1"
     poller.search = None
     poller.netap, poller.interval_us = False, 300

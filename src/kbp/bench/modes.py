@@ -778,7 +778,8 @@ def _flat_search(out: dict[str, Any]) -> dict[str, Any]:
     converged, round, rounds, restarts (from its ``search`` nest where it has one)."""
     s = out.get("search")
     if isinstance(s, dict):
-        for k in ("interval_us", "converged", "round", "rounds", "restarts", "last_work"):
+        for k in ("interval_us", "converged", "round", "rounds", "restarts",
+                  "last_objective"):
             if s.get(k) is not None:
                 out[k] = s[k]
         out["searching"] = True

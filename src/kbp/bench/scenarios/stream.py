@@ -29,7 +29,8 @@ same repetition):
   A veth device has no interrupt (its peer's transmit schedules its NAPI), so on veth the
   NET_RX softirqs per packet (all of the roles' CPUs, /proc/softirqs) stand in for it, and
   are reported with the NIC too;
-* the periodic modes' interval at the end of the run, whether the search had converged, its
+* the periodic modes' interval in force while measured (sampled every SEARCH_SAMPLE_S), the
+  share of samples in which the search had converged, and at the end of the run its
   rounds and restarts (``search``: kbp.ko's poller state, or the stock backend's from
   ``kbpctl status``).
 
@@ -63,6 +64,7 @@ PROTO = {TCP: "tcp", UDP: "udp"}
 TITLES = {TCP: "bulk TCP stream (iperf3) over the RT device",
           UDP: "bulk UDP stream (iperf3 -u -b 0) over the RT device"}
 RUN_OVERHEAD_S = 2.5       # mode on/off, iperf3 start and its final report
+SEARCH_SAMPLE_S = 2.0      # the periodic modes' search state, read this often while measured
 RECEIVER = "iperf3 receiver"
 
 # (metric, heading, unit) of the report's table, in order
@@ -217,6 +219,23 @@ def iperf_times(cfg: BenchConfig) -> tuple[int, int]:
     return math.ceil(cfg.duration) + 1, math.ceil(cfg.stream_warmup)
 
 
+def sample_search(mode: Any, seconds: float) -> list[dict[str, Any]]:
+    """Sleep ``seconds`` (the measured window), reading a periodic mode's search state every
+    SEARCH_SAMPLE_S on the way: the interval in force *while* the stream runs, not only at its
+    end (a search that restarts on a change reads as its first probe then).  Other modes:
+    one plain sleep, nothing read."""
+    end = time.monotonic() + seconds
+    if search_state(mode) is None:
+        time.sleep(seconds)
+        return []
+    out: list[dict[str, Any]] = []
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(SEARCH_SAMPLE_S, left))
+        st = search_state(mode) or {}
+        out.append({k: st.get(k) for k in ("interval_us", "converged", "round", "restarts")})
+    return out
+
+
 def stream_run(bench: Bench, mode_name: str, rep: int, part: str,
                stream: workloads.Stream, server: workloads.Stream,
                irqs: tuple[int, ...] = ()) -> dict[str, Any]:
@@ -245,7 +264,7 @@ def stream_run(bench: Bench, mode_name: str, rep: int, part: str,
             pids = list(threads) + receiver
             c0 = mode.counters()
             i0, d0, s0 = steer.irq_count(irqs), dev.read(), sysstat.Snapshot.take(pids)
-            time.sleep(cfg.duration)
+            samples = sample_search(mode, cfg.duration)
             s1, d1, i1 = sysstat.Snapshot.take(pids), dev.read(), steer.irq_count(irqs)
             c1 = mode.counters()
             state = search_state(mode)
@@ -260,6 +279,7 @@ def stream_run(bench: Bench, mode_name: str, rep: int, part: str,
     rec["poller"] = {k: (c1[k] - (c0.get(k) or 0)) for k in c1 if c1[k] is not None}
     if state is not None:
         rec["search"] = state
+        rec["search_samples"] = samples
     bench.results.setdefault("stream", []).append(rec)
     rec["took_s"] = time.monotonic() - t_start
     bench.advance(run_seconds(cfg), desc)
@@ -325,13 +345,22 @@ def stream_metrics(rec: dict[str, Any], place: pl.Placement) -> dict[str, float 
     irqs = rec.get("irqs")
     m["irqs_per_pkt"] = irqs / pkts if irqs is not None and pkts else None
     s = rec.get("search") or {}
-    iv = s.get("interval_us")
-    m["interval_us"] = float(iv) if isinstance(iv, int | float) else None
-    conv = s.get("converged")
-    m["converged"] = None if conv is None else float(bool(conv))
+    samples = [x for x in rec.get("search_samples") or []
+               if isinstance(x.get("interval_us"), int | float)]
+    if samples:    # the interval in force while measured: median of the samples
+        ivs = sorted(float(x["interval_us"]) for x in samples)
+        m["interval_us"] = ivs[len(ivs) // 2]
+        m["converged"] = sum(bool(x.get("converged")) for x in samples) / len(samples)
+    else:
+        iv = s.get("interval_us")
+        m["interval_us"] = float(iv) if isinstance(iv, int | float) else None
+        conv = s.get("converged")
+        m["converged"] = None if conv is None else float(bool(conv))
     for k in ("rounds", "restarts"):
         v = s.get(k)
         m[f"search_{k}"] = float(v) if isinstance(v, int | float) else None
+    r = [x.get("restarts") for x in samples if isinstance(x.get("restarts"), int)]
+    m["search_restarts_in_window"] = float(r[-1] - r[0]) if len(r) >= 2 else None
     return m
 
 
@@ -372,10 +401,8 @@ def _interval_cell(d: dict[str, Any]) -> str:
     if iv.get("median") is None:
         return "-"
     conv = (d.get("converged") or {})
-    n, yes = conv.get("n") or 0, conv.get("median")
-    tail = "" if not n else (" converged" if yes == 1 and conv.get("min") == 1 else
-                             " not converged" if (conv.get("max") or 0) == 0 else
-                             " partly converged")
+    share = conv.get("median")
+    tail = "" if share is None else f", converged {100 * share:.0f} %"
     return report.cell({k: v for k, v in iv.items() if k != "ratio_to_napi"}) + tail
 
 
@@ -408,9 +435,11 @@ def stream_sections(results: dict[str, Any]) -> list[str]:
            f"{cfg.get('duration', 0):g} s measured; UDP payload {cfg.get('udp_len')} B; "
            f"periodic modes: {how}. Polling CPU = the mode's polling threads (schedstat) + "
            f"softirq time of CPUs {cpus} (/proc/stat), % of one CPU; interval = the "
-           "periodic modes' interval at the end of the run (median), and whether the "
-           "search had converged." + (" TSO is off on the tester's veth end: veth hands a "
-                                      "TSO skb to the backlog, never to the RT device's NAPI."
+           f"periodic modes' interval in force while measured (read every {SEARCH_SAMPLE_S:g} "
+           "s; median over samples and repetitions), and the share of those samples in "
+           "which the search had converged."
+           + (" TSO is off on the tester's veth end: veth hands a "
+              "TSO skb to the backlog, never to the RT device's NAPI."
                                       if str(setup.get("sender_tso", "")).startswith("off")
                                       else ""), ""]
     for part in (p for p in (TCP, UDP) if p in summ):

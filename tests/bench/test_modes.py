@@ -366,22 +366,11 @@ def test_one_vocabulary_in_help_and_summary() -> None:
         assert f"\n{name:<13}  " in text, name
 
 
-def test_stock_busy_enables_without_a_priority(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stock_busy_enables_without_a_priority(enabled_requests: list[Any]) -> None:
     """kbpctl refuses --rt-prio with the stock backend's --mode busy: the benchmark leaves
     the priority to the backend there, and passes it everywhere else."""
     import kbp.backends as b
-    from kbp.backends import probe
-    reqs: list[Any] = []
-
-    class _Be:
-        def enable(self, req: Any) -> None:
-            reqs.append(req)
-
-        def disable(self, devs: list[str], netns: str | None) -> None:
-            pass
-
-    monkeypatch.setattr(b, "get", lambda name: _Be())
-    monkeypatch.setattr(probe, "poller_threads", lambda *a, **k: {})
+    reqs = enabled_requests
     ms = all_modes()
     for name in ("stock-busy", "stock-kbp"):
         ms[name].setup(T)

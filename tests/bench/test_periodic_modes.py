@@ -108,20 +108,9 @@ def test_this_hosts_backends_say_why_or_accept() -> None:
     assert s is None or "stock backend" in s
 
 
-def test_enable_with_the_bench_knobs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_enable_with_the_bench_knobs(enabled_requests: list[Any]) -> None:
     import kbp.backends as b
-    from kbp.backends import probe
-    reqs: list[Any] = []
-
-    class _Be:
-        def enable(self, req: Any) -> None:
-            reqs.append(req)
-
-        def disable(self, devs: list[str], netns: str | None) -> None:
-            pass
-
-    monkeypatch.setattr(b, "get", lambda name: _Be())
-    monkeypatch.setattr(probe, "poller_threads", lambda *a, **k: {})
+    reqs = enabled_requests
     ms = all_modes()
     for name in ("periodic", "stock-periodic"):
         ms[name].setup(T)

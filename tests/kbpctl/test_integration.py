@@ -6,6 +6,7 @@ runs ``kbpctl disable --all`` and deletes the namespaces, also when a test fails
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -120,9 +121,11 @@ class Bed:
         return json.loads(self.kbpctl("status", "--json").stdout)
 
 
-@pytest.fixture
-def bed() -> Iterator[Bed]:
-    # a journal dir others can read (status works without root), like /run/kbp
+@contextlib.contextmanager
+def new_bed() -> Iterator[Bed]:
+    """A veth testbed with a journal dir others can read (status works without root), like
+    /run/kbp; on the way out, whatever a failing test left enabled is restored before the
+    netns go away."""
     top = Path(tempfile.mkdtemp(prefix="kbp-test-"))
     top.chmod(0o755)
     with testbed.Testbed() as tb:
@@ -130,10 +133,15 @@ def bed() -> Iterator[Bed]:
         try:
             yield b
         finally:
-            # restore whatever a failing test left enabled, before the netns go away
             subprocess.run([*KBPCTL, "disable", "--all"], env=b.env, capture_output=True,
                            timeout=120)
             shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture
+def bed() -> Iterator[Bed]:
+    with new_bed() as b:
+        yield b
 
 
 def napi_threads(b: Bed, netns: str, dev: str) -> list[sysinfo.TaskStat]:

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +30,7 @@ from kbp.state import StateDir
 from kbp.testbed import run
 
 from .conftest import netns_skip_reason
-from .test_integration import KBPCTL, Bed, _refused, _wait_stopped, device_status
+from .test_integration import KBPCTL, Bed, _refused, _wait_stopped, device_status, new_bed
 
 pytestmark = [pytest.mark.netns, pytest.mark.root,
               pytest.mark.skipif(netns_skip_reason() is not None,
@@ -53,16 +51,8 @@ ROUND_MS = "50"
 
 @pytest.fixture
 def bed() -> Iterator[Bed]:
-    top = Path(tempfile.mkdtemp(prefix="kbp-test-"))
-    top.chmod(0o755)
-    with testbed.Testbed() as tb:
-        b = Bed(tb, top / "run")
-        try:
-            yield b
-        finally:
-            subprocess.run([*KBPCTL, "disable", "--all"], env=b.env, capture_output=True,
-                           timeout=120)
-            shutil.rmtree(top, ignore_errors=True)
+    with new_bed() as b:
+        yield b
 
 
 def stream(b: Bed) -> None:

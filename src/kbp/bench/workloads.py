@@ -249,6 +249,24 @@ def rt_app(name: str, ns: str, ip: str, cpu: int, port: int = SOCKPERF_PORT) -> 
         raise ValueError(f"unknown RT application {name!r}: {', '.join(RT_APPS)}") from None
 
 
+def start_iperf3_server(ns: str, cpu: int, ip: str, port: int,
+                        what: str) -> subprocess.Popen[str]:
+    """``iperf3 -s`` on ``ip``:``port`` in ``ns``, pinned to ``cpu``; returns once it listens
+    (RuntimeError naming ``what`` when it exits or does not listen within 10 s)."""
+    server = procs.start(ns, ["taskset", "-c", str(cpu), "iperf3", "-s", "-B", ip,
+                              "-p", str(port)], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        out = ns_run(ns, ["cat", "/proc/net/tcp"], check=False).stdout
+        if f":{port:04X}" in out:
+            return server
+        if server.poll() is not None:
+            break
+        time.sleep(0.05)
+    procs.stop(server)
+    raise RuntimeError(f"{what} did not listen")
+
+
 @dataclass
 class Flood:
     """iperf3 flood from the client namespace to a heavy receiver in the server one: UDP
@@ -270,16 +288,8 @@ class Flood:
     _t0: float = 0.0
 
     def start_server(self) -> None:
-        self.server = procs.start(self.server_ns, [
-            "taskset", "-c", str(self.receiver_cpu), "iperf3", "-s", "-B", self.server_ip,
-            "-p", str(self.port)], stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            out = ns_run(self.server_ns, ["cat", "/proc/net/tcp"], check=False).stdout
-            if f":{self.port:04X}" in out:
-                return
-            time.sleep(0.05)
-        raise RuntimeError("iperf3 server did not listen")
+        self.server = start_iperf3_server(self.server_ns, self.receiver_cpu, self.server_ip,
+                                          self.port, "iperf3 server")
 
     def rx_packets(self) -> int:
         return netstats.rx_packets(self.server_ns, self.server_dev)
@@ -360,20 +370,10 @@ class Stream:
     client: subprocess.Popen[str] | None = None
 
     def start_server(self) -> None:
-        if self.server is not None:
-            return
-        self.server = procs.start(self.server_ns, [
-            "taskset", "-c", str(self.receiver_cpu), "iperf3", "-s", "-B", self.server_ip,
-            "-p", str(self.port)], stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            out = ns_run(self.server_ns, ["cat", "/proc/net/tcp"], check=False).stdout
-            if f":{self.port:04X}" in out:
-                return
-            if self.server.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError("iperf3 stream receiver did not listen")
+        if self.server is None:
+            self.server = start_iperf3_server(self.server_ns, self.receiver_cpu,
+                                              self.server_ip, self.port,
+                                              "iperf3 stream receiver")
 
     def server_pids(self) -> list[int]:
         """The receiver's threads (iperf3 -s after ip-netns/taskset exec'd into it)."""

@@ -269,6 +269,31 @@ def test_periodic_search_moves_across_rounds(kmod, flow: Flow) -> None:
     assert p.search is None and p.interval_us == 700
 
 
+@pytest.mark.smoke
+def test_periodic_search_restarts_when_the_rate_changes(kmod, flow: Flow) -> None:
+    """A converged search starts over when a round's bytes move by more than MinChange: the
+    stream drops from 1500/s to 150/s (-90 %, against MinChange 60 %)."""
+    kmod.attach(flow.t.nic0, cpu=POLL_CPU, mode="periodic", netap=1, round_ms=200,
+                min_interval_us=200, max_interval_us=2000, min_change=60, max_round=1000,
+                objective="bytes")
+    flow.start_sink()
+    flow.start_sender(1500)
+    try:
+        conv = wait_for_or_false(
+            lambda: bool(getattr(kmod.poller(POLL_CPU).search, "converged", False)), 40)
+        before = kmod.poller(POLL_CPU).search
+        assert conv and before is not None, f"the search never converged: {before}"
+        flow.stop_sender()
+        flow.start_sender(150)
+        restarted = wait_for_or_false(
+            lambda: (kmod.poller(POLL_CPU).search.restarts or 0) > (before.restarts or 0), 10)
+        after = kmod.poller(POLL_CPU).search
+    finally:
+        flow.stop_sender()
+    print(f"\nconverged at 1500/s: {before}\nat 150/s: {after}")
+    assert restarted, f"no restart after the rate fell by 90 %: before {before}, after {after}"
+
+
 def test_periodic_mode_switches_under_traffic_lose_nothing(kmod, flow: Flow,
                                                           roomy_sink: None) -> None:
     n = 6000

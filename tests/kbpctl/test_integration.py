@@ -307,19 +307,26 @@ def _wait_stopped(pid: int, timeout: float = 30) -> None:
     raise AssertionError("kbpctl did not reach the pause point")
 
 
-@pytest.mark.parametrize(("step", "phase"), [(1, "applied"), (3, "journaled"), (4, "applied")])
-def test_killed_mid_enable_then_disable_restores(bed: Bed, step: int, phase: str) -> None:
-    before = bed.snap()
-    p = subprocess.Popen([*KBPCTL, "enable", bed.link.dev_b, "--netns", bed.tb.server,
-                          "--cpus", "1", "--linger-us", "30"],
-                         env={**bed.env, "KBP_TEST_PAUSE_AFTER_STEP": str(step),
-                              "KBP_TEST_PAUSE_PHASE": phase},
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def kill_paused(bed: Bed, args: list[str], step: int, phase: str | None = None) -> None:
+    """``kbpctl ARGS`` run until it pauses after journal step ``step`` (``phase``: where in
+    the step; KBP_TEST_PAUSE_*), then SIGKILLed there: a crash half-way."""
+    env = {**bed.env, "KBP_TEST_PAUSE_AFTER_STEP": str(step)}
+    if phase is not None:
+        env["KBP_TEST_PAUSE_PHASE"] = phase
+    p = subprocess.Popen([*KBPCTL, *args], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
     try:
         _wait_stopped(p.pid)
     finally:
         p.kill()
         p.communicate(timeout=30)
+
+
+@pytest.mark.parametrize(("step", "phase"), [(1, "applied"), (3, "journaled"), (4, "applied")])
+def test_killed_mid_enable_then_disable_restores(bed: Bed, step: int, phase: str) -> None:
+    before = bed.snap()
+    kill_paused(bed, ["enable", bed.link.dev_b, "--netns", bed.tb.server, "--cpus", "1",
+                      "--linger-us", "30"], step, phase)
     assert bed.snap() != before  # it really was half-way
     d = device_status(bed.status(), bed.link.dev_b)
     assert d["backend"] == "stock" and not d["complete"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from kbp.state import StateDir
 from kbp.testbed import run
 
 from .conftest import netns_skip_reason
-from .test_integration import KBPCTL, Bed, _refused, _wait_stopped, device_status, new_bed
+from .test_integration import Bed, _refused, device_status, kill_paused, new_bed
 
 pytestmark = [pytest.mark.netns, pytest.mark.root,
               pytest.mark.skipif(netns_skip_reason() is not None,
@@ -237,16 +236,9 @@ def test_kbpctl_killed_after_starting_the_service(bed: Bed) -> None:
     # RPS off (if a default mask turned it on), threaded, affinity, sched, defer, gro,
     # service (veth has no IRQ)
     steps = (len(r.plan_off()) if r is not None else 0) + 6
-    p = subprocess.Popen([*KBPCTL, "enable", bed.link.dev_b, "--netns", bed.tb.server,
-                          "--mode", "periodic", "--backend", "stock", "--cpus", "1",
-                          "--round-ms", ROUND_MS],
-                         env={**bed.env, "KBP_TEST_PAUSE_AFTER_STEP": str(steps)},
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_stopped(p.pid)
-    finally:
-        p.kill()
-        p.communicate(timeout=30)
+    kill_paused(bed, ["enable", bed.link.dev_b, "--netns", bed.tb.server, "--mode",
+                      "periodic", "--backend", "stock", "--cpus", "1", "--round-ms", ROUND_MS],
+                steps)
     assert journal_kinds(bed)[-1] == (periodicd.KIND, None)
     info = service_state(bed)
     first = netap.Search(netap.Params()).interval_us

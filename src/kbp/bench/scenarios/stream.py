@@ -225,7 +225,7 @@ def sample_search(mode: Any, seconds: float) -> list[dict[str, Any]]:
     end (a search that restarts on a change reads as its first probe then).  Other modes:
     one plain sleep, nothing read."""
     end = time.monotonic() + seconds
-    if search_state(mode) is None:
+    if getattr(mode, "search_state", None) is None:     # not a periodic mode: nothing to read
         time.sleep(seconds)
         return []
     out: list[dict[str, Any]] = []

@@ -94,9 +94,20 @@ examples:
   kbpctl apply                          converge to /etc/kbp/kbp.toml
   kbpctl apply --dry-run                show what would change
   kbpctl apply --config ./kbp.toml
+  kbpctl apply --watch 5                converge now and every 5 s until stopped
 
 Enables what the file lists (and re-enables what drifted or changed), disables what kbpctl
 enabled that the file no longer lists. The systemd unit kbp.service runs it at boot.
+
+The RT class (PREEMPT_RT): with [rt_class] rtnet_prio = N in the file, every device one of
+whose queue interrupts is handled by a thread at SCHED_FIFO/RR >= N is served too, with the
+[defaults] settings, and one whose threads fell below N is handed back to NET_RX, e.g.
+  chrt -f -p 60 $(pgrep '^irq/45-')     # raise eth1's RX interrupt thread above N
+  kbpctl apply                          # serves eth1 from now on
+--watch re-reads the file and re-evaluates the rule every S seconds, so devices appearing
+later and priority changes are picked up (kbp-watch.service runs it). On kernels that are
+not PREEMPT_RT, name the RT devices as [[device]] entries. kbpctl status shows each
+device's class and why.
 """
 
 
@@ -216,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--config", type=Path, default=None, metavar="PATH",
                    help="default /etc/kbp/kbp.toml")
     a.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    a.add_argument("--watch", type=float, default=None, metavar="S",
+                   help="keep converging every S seconds (>= 0.5) until SIGTERM/Ctrl-C; "
+                        "prints what changes")
     a.set_defaults(func=cmd_apply)
 
     n = sub.add_parser("snapshot", help="print every setting kbpctl may touch (JSON)",
@@ -395,6 +409,10 @@ def cmd_disable(args: argparse.Namespace) -> int:
     if not args.all and not args.devices:
         raise InvalidInput("name the devices to disable, or give --all")
     res = backends.disable(None if args.all else list(args.devices), args.netns)
+    if args.all:  # kbp is off: status no longer classifies by apply's [rt_class] rule
+        from kbp import rtclass
+        from kbp.state import StateDir
+        rtclass.save_rule(StateDir().root, None)
     for n in res.notes:
         _out(n)
     for d in res.devices:
@@ -408,30 +426,69 @@ def cmd_disable(args: argparse.Namespace) -> int:
 
 def cmd_apply(args: argparse.Namespace) -> int:
     from kbp import config
-    cfg = config.load(args.config or config.DEFAULT_PATH)
-    actions = config.converge(cfg, dry_run=args.dry_run)
-    verb = "would " if args.dry_run else ""
+    path = args.config or config.DEFAULT_PATH
+    if args.watch is None:
+        _apply_once(config.load(path), args.dry_run, quiet=False)
+        return EXIT_OK
+    if args.dry_run:
+        raise InvalidInput("--watch and --dry-run together would print the same plan "
+                           "forever: drop one of them")
+    if not args.watch >= 0.5:
+        raise InvalidInput(f"--watch {args.watch} is too short: use 0.5 seconds or more")
+    return _watch(path, args.watch)
+
+
+def _watch(path: Path, every: float) -> int:
+    """``apply --watch``: converge, then again every ``every`` seconds until SIGTERM or
+    SIGINT (exit 0, leaving the system as converged). A round that fails (a device went
+    away half-way, a config edit that does not parse) is reported and retried; the first
+    round's failure is the command's failure."""
+    import signal
+    import threading
+
+    from kbp import config
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    first = True
+    while True:
+        try:
+            _apply_once(config.load(path), False, quiet=not first)
+        except KbpctlError as e:
+            if first:
+                raise
+            _warn(f"apply: {e.message} (retrying in {every:g} s)")
+        first = False
+        if stop.wait(every):
+            return EXIT_OK
+
+
+def _apply_once(cfg: Any, dry_run: bool, quiet: bool) -> None:
+    """One convergence; ``quiet``: print only what changed."""
+    from kbp import config
+    actions = config.converge(cfg, dry_run=dry_run)
+    verb = "would " if dry_run else ""
     for a in actions:
         where = f" in netns {a.netns}" if a.netns else ""
         if a.op == "keep":
-            _out(f"{a.dev}{where}: in sync ({a.backend})")
+            if not quiet:
+                _out(f"{a.dev}{where}: in sync ({a.backend})")
         else:
             _out(f"{a.dev}{where}: {verb}{a.op} ({a.backend}): {a.why}")
         if a.result is not None and a.request is not None:
             for d in a.result.devices:
                 rps_notice(d, a.request.keep_rps)
-    if not actions:
+    if not actions and not quiet:
         _out(f"{cfg.path} lists no device and kbpctl serves none: nothing to do")
     busy = [a for a in actions if a.op in ("enable", "reenable") and a.request is not None
             and modespec.spins(a.request.mode)]
-    if busy and not args.dry_run:
+    if busy and not dry_run:
         for bname in sorted({a.backend for a in busy}):
             reqs = [a.request for a in busy if a.backend == bname and a.request is not None]
             cpus = {c for r in reqs for c in (r.cpus or online_cpus())}
             prio = reqs[0].resolved(bname).rt_prio
             assert prio is not None
             _warn(busy_notice(bname, cpus, prio))
-    return EXIT_OK
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:

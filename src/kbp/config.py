@@ -19,6 +19,10 @@ that is no longer listed. Example (also in kbp/data/kbp.toml.example)::
     # min_interval_us, max_interval_us, min_change, max_round, objective ("bytes" or
     # "bytes-per-cpu"); see kbpctl enable --help
 
+    [rt_class]                  # PREEMPT_RT: serve every device whose interrupt threads
+    rtnet_prio = 47             # run at SCHED_FIFO/RR >= 47, with [defaults] (kbp.rtclass;
+    netns = []                  # also look in these netns); `apply --watch S` re-evaluates
+
     [[device]]
     name = "eth1"
 
@@ -31,12 +35,12 @@ that is no longer listed. Example (also in kbp/data/kbp.toml.example)::
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kbp import modespec, names
+from kbp import modespec, names, rtclass
 from kbp.backends import EnableRequest, EnableResult, Periodic
 from kbp.errors import InvalidInput
 from kbp.state import Record
@@ -46,7 +50,8 @@ DEFAULT_PATH = Path("/etc/kbp/kbp.toml")
 DEVICE_KEYS = {"name", "netns", "mode", "cpus", "rt_prio", "linger_us", "quota", "freq_ctl",
                "keep_rps", "backend", *names.PERIODIC_KNOBS}
 DEFAULT_KEYS = DEVICE_KEYS - {"name", "netns"}
-TOP_KEYS = {"backend", "defaults", "device"}
+TOP_KEYS = {"backend", "defaults", "device", "rt_class"}
+RT_CLASS_KEYS = {"rtnet_prio", "netns"}
 
 
 @dataclass
@@ -81,6 +86,14 @@ class Config:
     path: Path
     backend: str = "auto"
     devices: list[DeviceConfig] = field(default_factory=list)
+    defaults: dict[str, Any] = field(default_factory=dict)  # [defaults] as written
+    rt_class: rtclass.RtClassRule | None = None
+
+    def class_device(self, dev: str, netns: str | None) -> DeviceConfig:
+        """A device the [rt_class] rule selected, with the [defaults] settings."""
+        d = DeviceConfig(name=dev, netns=netns, backend=self.backend)
+        _apply_keys(f"{self.path}: defaults", d, self.defaults)
+        return d
 
 
 def _suggest(key: str, allowed: set[str]) -> str:
@@ -156,6 +169,8 @@ def parse(text: str, path: Path = DEFAULT_PATH) -> Config:
     for k in defaults:
         if k not in DEFAULT_KEYS:
             raise InvalidInput(f"{path}: defaults.{k}: unknown key{_suggest(k, DEFAULT_KEYS)}")
+    cfg.defaults = dict(defaults)
+    cfg.rt_class = _rt_class(path, raw.get("rt_class"))
     devs = raw.get("device", [])
     if not isinstance(devs, list):
         raise InvalidInput(f"{path}: write devices as [[device]] tables")
@@ -179,6 +194,30 @@ def parse(text: str, path: Path = DEFAULT_PATH) -> Config:
     return cfg
 
 
+def _rt_class(path: Path, raw: Any) -> rtclass.RtClassRule | None:
+    if raw is None:
+        return None
+    where = f"{path}: rt_class"
+    if not isinstance(raw, dict):
+        raise InvalidInput(f"{where} must be a table: [rt_class]")
+    for k in raw:
+        if k not in RT_CLASS_KEYS:
+            raise InvalidInput(f"{where}.{k}: unknown key{_suggest(k, RT_CLASS_KEYS)}")
+    if "rtnet_prio" not in raw:
+        raise InvalidInput(f"{where}: needs rtnet_prio = N (the lowest interrupt-thread "
+                           f"priority that makes a device RT, {rtclass.RTNET_PRIO_MIN}.."
+                           f"{rtclass.RTNET_PRIO_MAX})")
+    ns = raw.get("netns", [])
+    if not isinstance(ns, list) or not all(isinstance(n, str) and n for n in ns):
+        raise InvalidInput(f"{where}.netns: expected a list of netns names, got {ns!r}")
+    rule = rtclass.RtClassRule(_int(f"{where}.rtnet_prio", raw["rtnet_prio"]), tuple(ns))
+    try:
+        rule.check_range()
+    except InvalidInput as e:
+        raise InvalidInput(f"{path}: {e}") from None
+    return rule
+
+
 def load(path: Path = DEFAULT_PATH) -> Config:
     try:
         text = path.read_text()
@@ -200,23 +239,31 @@ class Action:
 
 
 def plan(cfg: Config, records: list[Record], backend_for: Mapping[str, str],
-         problems: Mapping[tuple[str, str | None], list[str]]) -> list[Action]:
+         problems: Mapping[tuple[str, str | None], list[str]],
+         classes: Sequence[rtclass.DeviceClass] = ()) -> list[Action]:
     """What ``apply`` does: compare the config with the journals (pure).
 
     ``backend_for`` maps a configured backend name ("auto", "stock", "kmod") to the concrete
-    one; ``problems`` are status problems per managed device (drift makes it re-enable).
+    one; ``problems`` are status problems per managed device (drift makes it re-enable);
+    ``classes``: the devices the ``[rt_class]`` rule classified (RT ones are served with the
+    ``[defaults]`` unless a ``[[device]]`` entry names them).
     """
     have = {(r.dev, r.netns): r for r in records}
     actions: list[Action] = []
     wanted = set()
-    for d in cfg.devices:
+    why_class = {(c.dev, c.netns): c for c in classes}
+    listed = {(d.name, d.netns) for d in cfg.devices}
+    devices = [*cfg.devices, *(cfg.class_device(c.dev, c.netns) for c in classes
+                               if c.rt and (c.dev, c.netns) not in listed)]
+    for d in devices:
         key = (d.name, d.netns)
         wanted.add(key)
         be = backend_for[d.backend]
         req = d.request().resolved(be)  # rt_prio left out: the priority enable would journal
         rec = have.get(key)
+        new = "not enabled" if key in listed else f"RT class: {why_class[key].why}"
         if rec is None:
-            actions.append(Action("enable", d.name, d.netns, be, "not enabled", req))
+            actions.append(Action("enable", d.name, d.netns, be, new, req))
         elif rec.backend != be:
             actions.append(Action("reenable", d.name, d.netns, be,
                                   f"backend {rec.backend} -> {be}", req))
@@ -233,8 +280,10 @@ def plan(cfg: Config, records: list[Record], backend_for: Mapping[str, str],
             actions.append(Action("keep", d.name, d.netns, be, "in sync", req))
     for key, rec in sorted(have.items(), key=lambda kv: (kv[0][1] or "", kv[0][0])):
         if key not in wanted:
+            c = why_class.get(key)
             actions.append(Action("disable", rec.dev, rec.netns, rec.backend,
-                                  "not in the config"))
+                                  f"not in the config, and not RT: {c.why}" if c
+                                  else "not in the config"))
     return actions
 
 
@@ -248,11 +297,16 @@ def converge(cfg: Config, dry_run: bool = False, state: Any = None) -> list[Acti
     auto_be, _ = backends.resolve_auto(st)
     backend_for = {"auto": auto_be.name, names.BACKEND_STOCK: names.BACKEND_STOCK,
                    names.BACKEND_KMOD: names.BACKEND_KMOD}
+    classes: list[rtclass.DeviceClass] = []
+    if cfg.rt_class is not None:
+        cfg.rt_class.validate()
+        classes = rtclass.scan(cfg.rt_class)
     status = backends.status(state=st)
     problems = {(d.name, d.netns): d.problems for d in status.devices if d.backend}
-    actions = plan(cfg, st.records(), backend_for, problems)
+    actions = plan(cfg, st.records(), backend_for, problems, classes)
     if dry_run:
         return actions
+    rtclass.save_rule(st.root, cfg.rt_class)
     current = {(r.dev, r.netns): r.backend for r in st.records()}
     for a in actions:
         if a.op in ("enable", "reenable"):

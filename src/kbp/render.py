@@ -224,6 +224,28 @@ def freq_block(st: Status) -> RenderableType:
     return Group(t, Text(f.note))
 
 
+def rt_class_lines(st: Status) -> list[Text]:
+    """One line per device under the [rt_class] rule: its class and why."""
+    if st.rt_class is None:
+        return []
+    ns = st.rt_class.get("netns") or []
+    out = [Text(f"RT class: devices whose interrupt threads run at SCHED_FIFO/RR >= "
+                f"rtnet_prio {st.rt_class['rtnet_prio']} (init netns"
+                f"{''.join(', ' + n for n in ns)}; kbpctl apply)")]
+    for d in st.devices:
+        if d.rt_class is None:
+            continue
+        cls, why = d.rt_class["class"], d.rt_class["why"]
+        served = ""
+        if cls != "rt" and d.backend:
+            served = " -- served anyway: named in kbp.toml or by kbpctl enable"
+        elif cls == "rt" and not d.backend:
+            served = " -- not served yet: run kbpctl apply"
+        where = f" ({d.netns})" if d.netns else ""
+        out.append(Text(f"  {d.name}{where}: {cls}: {why}{served}"))
+    return out
+
+
 def status_view(st: Status) -> RenderableType:
     parts: list[RenderableType] = []
     b = st.backends
@@ -237,6 +259,7 @@ def status_view(st: Status) -> RenderableType:
         parts.append(pollers_table(st))
         parts += [Text(periodic_line(p)) for p in st.pollers if p.periodic]
     parts += [Text(device_periodic_line(d)) for d in st.devices if d.backend and d.periodic]
+    parts += rt_class_lines(st)
     problems = [f"{d.name}{' (' + d.netns + ')' if d.netns else ''}: {p}"
                 for d in st.devices for p in d.problems if d.backend]
     for p in problems:

@@ -241,3 +241,16 @@ def test_unit_file() -> None:
     assert svc["ExecStart"].endswith("kbpctl apply")
     assert svc["ExecStop"].endswith("kbpctl disable --all")
     assert cp["Install"]["WantedBy"] == "multi-user.target"
+
+
+def test_watch_unit_file() -> None:
+    """kbp-watch.service: the loop gets SIGTERM alone, then disable restores everything."""
+    import configparser
+    from importlib.resources import files
+    cp = configparser.ConfigParser(strict=False, interpolation=None)
+    cp.read_string(files("kbp").joinpath("data/kbp-watch.service").read_text())
+    svc = cp["Service"]
+    assert svc["Type"] == "simple" and svc["KillMode"] == "mixed"
+    assert svc["ExecStart"].endswith("kbpctl apply --watch 5")
+    assert svc["ExecStopPost"].endswith("kbpctl disable --all")
+    assert cp["Unit"]["Conflicts"] == "kbp.service"

@@ -322,6 +322,9 @@ class DeviceStatus:
     problems: list[str] = field(default_factory=list)
     #: stock mode periodic: interval, defer, and the service's search (kbp.periodicd.describe)
     periodic: dict[str, Any] | None = None
+    #: the [rt_class] rule's verdict when ``kbpctl apply`` runs one (kbp.rtclass.DeviceClass
+    #: as JSON: class, why, irq_threads); None without a rule
+    rt_class: dict[str, Any] | None = None
 
 
 @dataclass
@@ -365,6 +368,7 @@ class Status:
     pollers: list[PollerStatus]
     cpufreq: FreqReport
     polling_cpus: list[PollingCpu] = field(default_factory=list)
+    rt_class: dict[str, Any] | None = None  # the [rt_class] rule apply last converged to
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -376,6 +380,7 @@ class Status:
             "pollers": [asdict(p) for p in self.pollers],
             "cpufreq": self.cpufreq.to_json(),
             "polling_cpus": [asdict(c) for c in self.polling_cpus],
+            "rt_class": self.rt_class,
         }
 
 
@@ -488,7 +493,7 @@ def status(netns: str | None = None, devices: Sequence[str] | None = None,
            state: StateDir | None = None, host: Host = HOST) -> Status:
     """Everything ``kbpctl status`` shows, for the devices of ``netns`` and every device kbp
     serves (in any netns)."""
-    from kbp import sysinfo
+    from kbp import rtclass, sysinfo
     from kbp.backends.kmod import KmodBackend
     from kbp.backends.stock import StockBackend
     st = state or StateDir()
@@ -505,10 +510,16 @@ def status(netns: str | None = None, devices: Sequence[str] | None = None,
     sd, _ = stock.describe(netns, devices, [r for r in recs if r.backend != km.name],
                            exclude={(d.name, d.netns) for d in kd})
     devs = sorted(sd + kd, key=lambda d: (d.netns or "", d.name))
+    rule = rtclass.load_rule(st.root)
+    classes = rtclass.describe([(d.name, d.netns) for d in devs], rule, host)
+    for d in devs:
+        c = classes.get((d.name, d.netns))
+        d.rt_class = c.to_json() if c else None
     pollers = kp
     used = sorted({c for d in devs if d.backend for n in d.napis
                    if n.cpu is not None for c in [n.cpu]} | {p.cpu for p in pollers})
     freq = sysinfo.cpufreq(used or None, host)
     return Status(kernel=sysinfo.kernel_release(), auto=auto, backends=infos, devices=devs,
                   pollers=pollers, cpufreq=freq,
-                  polling_cpus=polling_cpus(devs, pollers, host))
+                  polling_cpus=polling_cpus(devs, pollers, host),
+                  rt_class=rule.to_json() if rule else None)

@@ -1,0 +1,249 @@
+"""The RT class of the outsourcing method: which devices' receive work kbp serves.
+
+The paper (../shared/papers/rt-socket-outsourcing.txt, Sect. III-A) splits receive work by
+the priority of the interrupt thread that schedules a NAPI: at or above ``sysctl
+net.core.rtnet_prio`` it is RT work, below it stays on NET_RX. kbp's equivalent, the
+``[rt_class]`` table of kbp.toml::
+
+    [rt_class]
+    rtnet_prio = 47          # PREEMPT_RT: every device with an IRQ thread at FIFO/RR >= 47
+    netns = ["server"]       # look in these netns too (default: the init netns only)
+
+``kbpctl apply`` serves every device the rule selects with the ``[defaults]`` settings (a
+``[[device]]`` entry of the same name overrides them) and hands back a device whose
+interrupt threads fell below ``rtnet_prio``; ``kbpctl apply --watch S`` re-evaluates the rule
+every S seconds, so devices appearing later and ``chrt`` on an IRQ thread are picked up.
+
+Why kbpctl and not kbp.ko: a module cannot map a device to its interrupt threads
+(``irq_to_desc()`` is exported only to KVM on powerpc since 5.11, and virtio_net does not
+record its NAPIs' IRQs before 6.13's ``netif_napi_set_irq()`` users); user space can, from
+/proc/interrupts, the device's MSI vectors and /proc/PID/stat of the ``irq/N-name`` threads.
+
+Only PREEMPT_RT kernels thread every interrupt handler (at SCHED_FIFO 50), so selection by
+priority is refused elsewhere: there the RT class is the explicit device list (``[[device]]``
+entries, ``kbpctl enable DEV``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kbp.errors import InvalidInput
+from kbp.sysinfo import (
+    HOST,
+    POLICY_NAMES,
+    RT_PRIO_MAX,
+    RT_PRIO_MIN,
+    Host,
+    kthreads,
+    read_interrupts,
+)
+
+RTNET_PRIO_MIN, RTNET_PRIO_MAX = RT_PRIO_MIN, RT_PRIO_MAX
+RT_POLICIES = ("SCHED_FIFO", "SCHED_RR")
+CLASS_RT, CLASS_NONRT = "rt", "non-rt"
+_IRQ_THREAD = re.compile(r"^irq/(\d+)-")
+_QUEUE = re.compile(r"[-_:.@]\D*\d+$")  # "-input.0", "-TxRx-3", "_comp0": a queue number
+
+
+def preempt_rt(host: Host = HOST) -> bool:
+    """The running kernel is PREEMPT_RT (``/sys/kernel/realtime`` reads 1)."""
+    try:
+        return (host.sys / "kernel/realtime").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class RtClassRule:
+    """``[rt_class]`` of kbp.toml: select devices by their interrupt threads' priority."""
+
+    rtnet_prio: int
+    netns: tuple[str, ...] = ()
+
+    def check_range(self) -> None:
+        """ERANGE-style: the accepted range in the message."""
+        if not RTNET_PRIO_MIN <= self.rtnet_prio <= RTNET_PRIO_MAX:
+            raise InvalidInput(f"rt_class.rtnet_prio {self.rtnet_prio} is out of range "
+                               f"({RTNET_PRIO_MIN}..{RTNET_PRIO_MAX}, the SCHED_FIFO "
+                               "priorities of interrupt threads)")
+
+    def validate(self, host: Host = HOST) -> None:
+        """Refuse what cannot work, before anything changes: the range, and a non-RT
+        kernel (with the reason and what to do instead)."""
+        self.check_range()
+        if not preempt_rt(host):
+            raise InvalidInput(
+                "rt_class.rtnet_prio selects devices by the priority of their interrupt "
+                "threads, and only PREEMPT_RT kernels run every interrupt handler in a "
+                "thread (this kernel is not PREEMPT_RT: /sys/kernel/realtime does not read "
+                "1); list the RT devices as [[device]] entries instead")
+
+    def to_json(self) -> dict[str, object]:
+        return {"rtnet_prio": self.rtnet_prio, "netns": list(self.netns)}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, object]) -> RtClassRule:
+        prio = raw.get("rtnet_prio")
+        ns = raw.get("netns") or []
+        if not isinstance(prio, int) or not isinstance(ns, list):
+            raise InvalidInput(f"bad rt_class record {dict(raw)!r}")
+        return cls(prio, tuple(str(n) for n in ns))
+
+
+@dataclass(frozen=True)
+class IrqThread:
+    irq: int
+    pid: int
+    comm: str
+    policy: str
+    priority: int  # SCHED_FIFO/RR priority; 0 for the other policies
+
+    @property
+    def rt_priority(self) -> int:
+        return self.priority if self.policy in RT_POLICIES else 0
+
+    def text(self) -> str:
+        return f"{self.comm} (IRQ {self.irq}) {self.policy.replace('SCHED_', '')} " \
+               f"{self.priority}"
+
+
+def irq_threads(host: Host = HOST) -> dict[int, list[IrqThread]]:
+    """IRQ number -> its handler threads (``irq/N-name`` kernel threads)."""
+    out: dict[int, list[IrqThread]] = {}
+    for st in kthreads(host):
+        m = _IRQ_THREAD.match(st.comm)
+        if m:
+            irq = int(m.group(1))
+            out.setdefault(irq, []).append(IrqThread(
+                irq, st.pid, st.comm, POLICY_NAMES.get(st.policy, str(st.policy)),
+                st.rt_priority))
+    return out
+
+
+def queue_irqs(candidates: Iterable[int], actions: Mapping[int, str]) -> list[int]:
+    """The IRQs among ``candidates`` that serve a queue: their action name ends in a queue
+    number after a separator (``virtio0-input.0``, ``eth1-TxRx-3``); link, config and
+    mailbox IRQs (``eth1``, ``virtio0-config``) do not schedule NAPIs."""
+    return sorted(i for i in set(candidates)
+                  if any(_QUEUE.search(a.strip()) for a in actions.get(i, "").split(", ")))
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    """A device's class and why (``kbpctl status``, ``apply``'s reasons)."""
+
+    dev: str
+    netns: str | None
+    cls: str  # CLASS_RT or CLASS_NONRT
+    why: str
+    threads: tuple[IrqThread, ...] = field(default=())
+
+    @property
+    def rt(self) -> bool:
+        return self.cls == CLASS_RT
+
+    def to_json(self) -> dict[str, object]:
+        return {"class": self.cls, "why": self.why,
+                "irq_threads": [{"irq": t.irq, "pid": t.pid, "comm": t.comm,
+                                 "policy": t.policy, "priority": t.priority}
+                                for t in self.threads]}
+
+
+def classify(dev: str, netns: str | None, irqs: Sequence[int],
+             threads: Mapping[int, list[IrqThread]], rtnet_prio: int) -> DeviceClass:
+    """RT when one of the device's queue interrupts is handled by a thread at or above
+    ``rtnet_prio`` (the paper's test in ``napi_schedule_irqoff()``), pure."""
+    mine = tuple(t for i in irqs for t in threads.get(i, []))
+    if not irqs:
+        return DeviceClass(dev, netns, CLASS_NONRT,
+                           "no queue interrupt (veth, tun and other software devices "
+                           "receive in the sender's context)")
+    if not mine:
+        return DeviceClass(dev, netns, CLASS_NONRT,
+                           f"no interrupt thread for IRQ {_irq_list(irqs)} (not threaded)")
+    top = max(mine, key=lambda t: (t.rt_priority, -t.irq))
+    if top.rt_priority >= rtnet_prio:
+        return DeviceClass(dev, netns, CLASS_RT,
+                           f"{top.text()} >= rtnet_prio {rtnet_prio}", mine)
+    return DeviceClass(dev, netns, CLASS_NONRT,
+                       f"its interrupt threads run below rtnet_prio {rtnet_prio} "
+                       f"(highest: {top.text()})", mine)
+
+
+def _irq_list(irqs: Sequence[int]) -> str:
+    return ", ".join(str(i) for i in irqs)
+
+
+def device_irqs(dev: str, netns: str | None, actions: Mapping[int, str],
+                client: Callable[[str | None], Any]) -> list[int]:
+    """The queue IRQs of ``dev``: its NAPIs' IRQs where the driver records them, else its
+    MSI vectors (those of the parent PCI function for virtio: ``device/../msi_irqs``), else
+    an IRQ whose action is named after the device (a single legacy interrupt).
+    ``client``: a netdev netlink client per netns (:func:`kbp.netdev.clients`)."""
+    from kbp.netdev import NetFS, get_link
+    link = get_link(dev, netns)
+    if link is None:
+        return []
+    napi_irqs = [n.irq for n in client(netns).napis(link.ifindex) if n.irq is not None]
+    if napi_irqs:
+        return queue_irqs(napi_irqs, actions) or sorted(set(napi_irqs))
+    fs = NetFS(netns)
+    msi = [int(n) for n in fs.listdir(dev, "device/msi_irqs") if n.isdigit()]
+    if not msi and (fs.read(dev, "device/modalias") or "").startswith("virtio:"):
+        msi = [int(n) for n in fs.listdir(dev, "device/../msi_irqs") if n.isdigit()]
+    named = [i for i, a in actions.items() if dev in (x.strip() for x in a.split(", "))]
+    return queue_irqs(msi, actions) or sorted(named)
+
+
+def scan(rule: RtClassRule, host: Host = HOST) -> list[DeviceClass]:
+    """Every device of the init netns and of those of ``rule.netns`` that exist now,
+    classified."""
+    from kbp.netdev import link_names
+    present = [ns for ns in rule.netns if Path("/run/netns", ns).exists()]  # may come later
+    devs = [(d, ns) for ns in (None, *present) for d in link_names(ns) if d != "lo"]
+    return list(describe(devs, rule, host).values())
+
+
+def describe(devices: Iterable[tuple[str, str | None]], rule: RtClassRule | None,
+             host: Host = HOST) -> dict[tuple[str, str | None], DeviceClass]:
+    """The class of each (device, netns) under ``rule`` (none: {})."""
+    if rule is None:
+        return {}
+    from kbp.netdev import clients
+    actions = read_interrupts(host)
+    threads = irq_threads(host)
+    with clients() as client:
+        return {(d, ns): classify(d, ns, device_irqs(d, ns, actions, client), threads,
+                                  rule.rtnet_prio)
+                for d, ns in devices}
+
+
+RULE_FILE = "rt_class.json"
+
+
+def save_rule(root: Path, rule: RtClassRule | None) -> None:
+    """Record the rule ``apply`` last converged to (``status`` classifies with it); None
+    removes it."""
+    path = root / RULE_FILE
+    if rule is None:
+        path.unlink(missing_ok=True)
+        return
+    root.mkdir(mode=0o755, parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rule.to_json()) + "\n")
+    tmp.replace(path)
+
+
+def load_rule(root: Path) -> RtClassRule | None:
+    try:
+        return RtClassRule.from_json(json.loads((root / RULE_FILE).read_text()))
+    except FileNotFoundError:
+        return None
+    except (ValueError, InvalidInput):
+        return None

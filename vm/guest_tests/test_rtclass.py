@@ -1,0 +1,176 @@
+"""The RT class of the outsourcing method against real interrupt threads (issue 11).
+
+On PREEMPT_RT every virtio interrupt has a handler thread ``irq/N-virtioK-input.0`` at
+SCHED_FIFO 50. With ``[rt_class] rtnet_prio = 55`` in kbp.toml, ``kbpctl apply`` serves NIC0
+once its queue interrupt threads are raised to 60 and hands it back to NET_RX when they drop
+to 50, while a numbered UDP flow runs through both changes without losing a datagram; NIC1
+(FIFO 50, in the peer netns, which the rule also scans) stays on NET_RX. On the other
+kernels the rule is refused with the reason, and the RT class is the device list.
+Smoke tests: ``make test`` runs them on 6.12, 6.1, 6.12-rt, 7.2 and 7.2-rt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import NS, POLL_CPU, Flow, Topo, net_rx_softirqs, sh, virtio_name, wait_for
+from test_kbpctl_kmod import kbpctl
+
+pytestmark = pytest.mark.smoke
+
+RT = Path("/sys/kernel/realtime").exists() and \
+    Path("/sys/kernel/realtime").read_text().strip() == "1"
+RTNET_PRIO = 55
+
+
+def queue_irq_threads(nic: str) -> dict[int, tuple[int, int]]:
+    """pid -> (policy, priority) of the handler threads of the NIC's queue interrupts."""
+    prefix = virtio_name(nic) + "-"
+    irqs = []
+    for line in Path("/proc/interrupts").read_text().splitlines()[1:]:
+        parts = line.split()
+        if parts and parts[0].rstrip(":").isdigit() and parts[-1].startswith(prefix) \
+                and parts[-1][-1].isdigit():
+            irqs.append(int(parts[0].rstrip(":")))
+    out = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                comm = (d / "comm").read_text().strip()
+            except OSError:
+                continue
+            if any(comm.startswith(f"irq/{i}-") for i in irqs):
+                pid = int(d.name)
+                out[pid] = (os.sched_getscheduler(pid), os.sched_getparam(pid).sched_priority)
+    return out
+
+
+def set_prio(threads: dict[int, tuple[int, int]], prio: int) -> None:
+    for pid in threads:
+        os.sched_setscheduler(pid, os.SCHED_FIFO, os.sched_param(prio))
+
+
+@pytest.fixture()
+def irq_threads(topo: Topo) -> Iterator[dict[int, tuple[int, int]]]:
+    th = queue_irq_threads(topo.nic0)
+    yield th
+    for pid, (pol, prio) in th.items():  # as they were, whatever the test did
+        os.sched_setscheduler(pid, pol, os.sched_param(prio))
+
+
+def write_config(tmp_path: Path, body: str) -> Path:
+    p = tmp_path / "kbp.toml"
+    p.write_text(f'backend = "kmod"\n[defaults]\nmode = "hybrid"\ncpus = "{POLL_CPU}"\n'
+                 f"{body}")
+    return p
+
+
+def status() -> dict[str, dict]:
+    """kbpctl status of the init netns and of NS: device@netns -> its entry, "" -> the top."""
+    init = json.loads(kbpctl("status", "--json").stdout)
+    peer = json.loads(kbpctl("status", "--json", "--netns", NS).stdout)
+    return {f"{d['name']}@{d['netns']}": d for d in init["devices"] + peer["devices"]} | \
+        {"": init}
+
+
+@pytest.mark.skipif(not RT, reason="rtnet_prio selects by interrupt-thread priority, "
+                                   "which needs a PREEMPT_RT kernel (tested on 6.12-rt)")
+def test_rt_class_follows_the_interrupt_threads_priority(
+        kmod, flow: Flow, irq_threads: dict[int, tuple[int, int]], tmp_path: Path) -> None:
+    t = flow.t
+    assert irq_threads, "no queue interrupt threads for NIC0: is this PREEMPT_RT?"
+    assert all(prio == 50 for _, prio in irq_threads.values()), irq_threads
+    cfg = write_config(tmp_path, f'[rt_class]\nrtnet_prio = {RTNET_PRIO}\nnetns = ["{NS}"]\n')
+    try:
+        out = kbpctl("apply", "--config", str(cfg)).stdout
+        assert kmod.device(t.nic0) is None, out
+        st = status()
+        assert st[""]["rt_class"] == {"rtnet_prio": RTNET_PRIO, "netns": [NS]}
+        c0 = st[f"{t.nic0}@None"]["rt_class"]
+        assert c0["class"] == "non-rt" and "below rtnet_prio 55" in c0["why"], c0
+        assert st[f"{t.nic1}@{NS}"]["rt_class"]["class"] == "non-rt"
+
+        count, rate = 24000, 800  # 30 s: two applies and a status fit in it under TCG
+        flow.start_sink(expect=count, timeout=120)
+        sent: dict[str, object] = {}
+        sender = threading.Thread(target=lambda: sent.update(flow.send(count, rate)))
+        sender.start()
+        time.sleep(1.0)
+
+        set_prio(irq_threads, 60)
+        t0 = time.monotonic()
+        out = kbpctl("apply", "--config", str(cfg)).stdout
+        took = time.monotonic() - t0
+        assert f"{t.nic0}: enable (kmod): RT class: irq/" in out, out
+        assert "FIFO 60 >= rtnet_prio 55" in out, out
+        dev = kmod.device(t.nic0)
+        assert dev is not None and all(n.cpu == POLL_CPU for n in dev.napis)
+        assert kmod.device(t.nic1, netns=NS) is None
+        before = kmod.poller(POLL_CPU).packets or 0
+        wait_for(lambda: (kmod.poller(POLL_CPU).packets or 0) > before + 100, 20,
+                 what=f"the poller to carry NIC0's flow (apply took {took:.1f} s, sender "
+                      f"{'running' if sender.is_alive() else 'done'})")
+        c0 = status()[f"{t.nic0}@None"]
+        assert c0["backend"] == "kmod" and c0["rt_class"]["class"] == "rt"
+        # NIC1 (FIFO 50) receives on NET_RX of its own CPU meanwhile
+        rx1 = f"cat /sys/class/net/{t.nic1}/statistics/rx_packets"
+        rx_before, softirq_before = int(sh(rx1, ns=NS).stdout), net_rx_softirqs()
+        sh(f"{sys.executable} -c \"import socket; s=socket.socket(2,2); "
+           f"[s.sendto(b'x',('{t.client_ip}',9)) for _ in range(200)]\"")
+        wait_for(lambda: int(sh(rx1, ns=NS).stdout) >= rx_before + 200, 10,
+                 what="NIC1 to receive the reverse burst")
+        assert net_rx_softirqs()[1 - POLL_CPU] > softirq_before[1 - POLL_CPU]
+        assert kmod.device(t.nic1, netns=NS) is None
+
+        set_prio(irq_threads, 50)
+        out = kbpctl("apply", "--config", str(cfg)).stdout
+        assert f"{t.nic0}: disable (kmod): not in the config, and not RT: its interrupt " \
+               "threads run below rtnet_prio 55" in out, out
+        assert kmod.device(t.nic0) is None and kmod.pollers() == []
+        sender.join(timeout=count / rate * 4 + 60)
+        got = flow.result()
+        assert sent["sent"] == count and got["unique"] == count, (sent, got)
+        assert status()[f"{t.nic1}@{NS}"]["backend"] is None
+    finally:
+        kbpctl("disable", "--all")
+    assert kmod.devices() == []
+    assert status()[""]["rt_class"] is None
+
+
+@pytest.mark.skipif(RT, reason="the refusal is for kernels that are not PREEMPT_RT")
+def test_rt_class_by_priority_is_refused_and_the_device_list_serves(
+        kmod, flow: Flow, tmp_path: Path) -> None:
+    t = flow.t
+    cfg = write_config(tmp_path, f"[rt_class]\nrtnet_prio = {RTNET_PRIO}\n")
+    p = kbpctl("apply", "--config", str(cfg), check=False)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert "only PREEMPT_RT kernels run every interrupt handler in a thread" in p.stderr
+    assert "[[device]] entries" in p.stderr
+    assert kmod.devices() == []
+    # the RT class by name: NIC0 listed, NIC1 not
+    cfg = write_config(tmp_path, f'[[device]]\nname = "{t.nic0}"\n')
+    try:
+        kbpctl("apply", "--config", str(cfg))
+        assert kmod.device(t.nic0) is not None and kmod.device(t.nic1, netns=NS) is None
+        flow.start_sink(expect=500)
+        before = kmod.poller(POLL_CPU).packets or 0
+        flow.send(500, rate=500)
+        assert flow.result()["unique"] == 500
+        assert (kmod.poller(POLL_CPU).packets or 0) >= before + 500
+    finally:
+        kbpctl("disable", "--all")
+    assert kmod.devices() == []
+
+
+def test_rtnet_prio_out_of_range_is_refused(kmod, tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, "[rt_class]\nrtnet_prio = 100\n")
+    p = kbpctl("apply", "--config", str(cfg), check=False)
+    assert p.returncode == 2 and "rtnet_prio 100 is out of range (1..99" in p.stderr, p.stderr
+    assert kmod.devices() == []

@@ -296,6 +296,14 @@ static void kbp_pollers_gc(void)
 		kbp_pollers[cpu] = NULL;
 		kbp_poller_destroy(p);
 		pr_info("kbp/%u stopped\n", cpu);
+		/*
+		 * Nothing names the CPU any more: its knobs go back to the
+		 * defaults, so the next attach gets what it asks for and not
+		 * what an earlier request left (a CPU merely offline keeps
+		 * them for its devices' return).
+		 */
+		if (!kbp_cpu_named(cpu))
+			kbp_conf_init(&kbp_conf[cpu], kbp_default_mode);
 	}
 }
 

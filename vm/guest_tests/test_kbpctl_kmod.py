@@ -8,14 +8,20 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 from conftest import NS, POLL_CPU, Flow, Topo, spinning
+
+RUN_DIR = "/run/kbp-guest-test"  # the guest tests' kbpctl state (KBP_RUN_DIR)
+
+
+def kbpctl_path() -> str:
+    return shutil.which("kbpctl") or os.path.join(os.path.dirname(os.environ.get(
+        "KBP_PYTHON", "python3")), "kbpctl")
 
 
 def kbpctl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("kbpctl") or os.path.join(os.path.dirname(os.environ.get(
-        "KBP_PYTHON", "python3")), "kbpctl")
-    p = subprocess.run([exe, *args], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "KBP_RUN_DIR": "/run/kbp-guest-test"})
+    p = subprocess.run([kbpctl_path(), *args], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "KBP_RUN_DIR": RUN_DIR})
     if check:
         assert p.returncode == 0, f"kbpctl {' '.join(args)}: {p.returncode} {p.stderr}"
     return p
@@ -142,3 +148,23 @@ def test_rps_turned_off_and_restored(kmod, flow: Flow) -> None:
         kbpctl("disable", "--all", check=False)
         for q in rx_queues(nic):
             (q / "rps_cpus").write_text(orig[q.name])
+
+
+@pytest.mark.smoke
+def test_a_cpus_knobs_do_not_outlive_its_last_device(kmod, topo: Topo) -> None:
+    """kbpctl leaves knobs it was not given to the module. Before the fix the module kept a
+    CPU's knobs after its last device detached, so `enable --quota 8 --linger-us 300`,
+    `disable`, `enable` gave the new poller quota 8 and linger 300 that nobody asked for."""
+    nic = topo.nic0
+    kbpctl("enable", nic, "--backend", "kmod", "--mode", "hybrid", "--cpus", str(POLL_CPU),
+           "--quota", "8", "--linger-us", "300")
+    p = kmod.poller(POLL_CPU)
+    assert (p.quota, p.linger_us) == (8, 300)
+    kbpctl("disable", nic)
+    assert kmod.pollers() == []
+    kbpctl("enable", nic, "--backend", "kmod", "--mode", "hybrid", "--cpus", str(POLL_CPU))
+    try:
+        p = kmod.poller(POLL_CPU)
+        assert (p.quota, p.linger_us) == (64, 0), (p.quota, p.linger_us)
+    finally:
+        kbpctl("disable", nic)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from conftest import NS, POLL_CPU, Flow, Topo, net_rx_softirqs, sh, virtio_name, wait_for
-from test_kbpctl_kmod import kbpctl
+from test_kbpctl_kmod import RUN_DIR, kbpctl, kbpctl_path
 
 pytestmark = pytest.mark.smoke
 
@@ -173,4 +175,35 @@ def test_rtnet_prio_out_of_range_is_refused(kmod, tmp_path: Path) -> None:
     cfg = write_config(tmp_path, "[rt_class]\nrtnet_prio = 100\n")
     p = kbpctl("apply", "--config", str(cfg), check=False)
     assert p.returncode == 2 and "rtnet_prio 100 is out of range (1..99" in p.stderr, p.stderr
+    assert kmod.devices() == []
+
+
+@pytest.mark.skipif(not RT, reason="rtnet_prio selects by interrupt-thread priority, "
+                                   "which needs a PREEMPT_RT kernel (tested on 6.12-rt)")
+def test_apply_watch_follows_a_chrt_without_being_asked(
+        kmod, topo: Topo, irq_threads: dict[int, tuple[int, int]], tmp_path: Path) -> None:
+    """kbp-watch.service's loop: a chrt on NIC0's interrupt threads is picked up by the next
+    round, both ways; SIGTERM ends the loop with 0 and leaves the system as converged."""
+    cfg = write_config(tmp_path, f"[rt_class]\nrtnet_prio = {RTNET_PRIO}\n")
+    watch = subprocess.Popen([kbpctl_path(), "apply", "--config", str(cfg), "--watch", "1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "KBP_RUN_DIR": RUN_DIR})
+    try:
+        time.sleep(3)
+        assert watch.poll() is None and kmod.device(topo.nic0) is None
+        set_prio(irq_threads, 60)
+        wait_for(lambda: kmod.device(topo.nic0) is not None, 30,
+                 what="the watch loop to serve NIC0")
+        set_prio(irq_threads, 50)
+        wait_for(lambda: kmod.device(topo.nic0) is None, 30,
+                 what="the watch loop to hand NIC0 back")
+        watch.send_signal(signal.SIGTERM)
+        out, err = watch.communicate(timeout=60)
+        assert watch.returncode == 0, err
+        assert f"{topo.nic0}: enable (kmod): RT class:" in out, out
+        assert f"{topo.nic0}: disable (kmod): not in the config, and not RT" in out, out
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+        kbpctl("disable", "--all")
     assert kmod.devices() == []

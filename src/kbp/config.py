@@ -177,11 +177,7 @@ def parse(text: str, path: Path = DEFAULT_PATH) -> Config:
     seen = set()
     for i, dv in enumerate(devs):
         where = f"{path}: device[{i}]"
-        if not isinstance(dv, dict):
-            raise InvalidInput(f"{where}: must be a table")
-        for k in dv:
-            if k not in DEVICE_KEYS:
-                raise InvalidInput(f"{where}.{k}: unknown key{_suggest(k, DEVICE_KEYS)}")
+        _check_table(where, dv, DEVICE_KEYS)
         if "name" not in dv:
             raise InvalidInput(f"{where}: needs name = \"DEV\"")
         d = DeviceConfig(name="", backend=cfg.backend)
@@ -194,15 +190,21 @@ def parse(text: str, path: Path = DEFAULT_PATH) -> Config:
     return cfg
 
 
+def _check_table(where: str, raw: Any, allowed: set[str]) -> None:
+    """``raw`` is a TOML table whose keys are all in ``allowed`` (else a refusal that
+    suggests the closest key)."""
+    if not isinstance(raw, dict):
+        raise InvalidInput(f"{where}: must be a table")
+    for k in raw:
+        if k not in allowed:
+            raise InvalidInput(f"{where}.{k}: unknown key{_suggest(k, allowed)}")
+
+
 def _rt_class(path: Path, raw: Any) -> rtclass.RtClassRule | None:
     if raw is None:
         return None
     where = f"{path}: rt_class"
-    if not isinstance(raw, dict):
-        raise InvalidInput(f"{where} must be a table: [rt_class]")
-    for k in raw:
-        if k not in RT_CLASS_KEYS:
-            raise InvalidInput(f"{where}.{k}: unknown key{_suggest(k, RT_CLASS_KEYS)}")
+    _check_table(where, raw, RT_CLASS_KEYS)
     if "rtnet_prio" not in raw:
         raise InvalidInput(f"{where}: needs rtnet_prio = N (the lowest interrupt-thread "
                            f"priority that makes a device RT, {rtclass.RTNET_PRIO_MIN}.."

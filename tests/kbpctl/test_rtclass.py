@@ -114,7 +114,7 @@ def test_config_parses_rt_class() -> None:
     ("[rt_class]\nrtnet_prio = 47\nnetns = \"x\"\n", r"rt_class\.netns: expected a list"),
     ("[rt_class]\nrtnet_prio = 47\nrtnet_pri = 3\n", r"rt_class\.rtnet_pri: unknown key \(did you "
                                                 r"mean rtnet_prio\?\)"),
-    ("rt_class = 47\n", r"rt_class must be a table"),
+    ("rt_class = 47\n", r"rt_class: must be a table"),
 ])
 def test_config_refuses_bad_rt_class(text: str, msg: str) -> None:
     with pytest.raises(InvalidInput, match=msg):

@@ -58,6 +58,11 @@ ksoftirqd on the RT and the non-RT CPU: where the heavy flow was processed), ``s
 ``steering_check`` says, per mode, in how many runs the heavy flow was processed where the
 mode puts it (the RT CPU, or the non-RT CPU in ``exclusive``).
 
+In the VM rig (``python -m kbp.bench vm --nic-pair --scenario rt-split``, kbp.ko loaded:
+hybrid and busy run there): on kernels before 6.15 the runner refuses threaded / stock-kbp
+and the module modes in one ``--nic-pair`` run (a NAPI keeps its kthread), so pass
+``--modes napi,exclusive,hybrid,busy`` there and the others in a second invocation.
+
 Parts: ``rtt`` with the loads ``--loads`` names: ``on`` (condition ``tcp``, the paper's
 situation; the presets run only this) and ``off`` (``idle``: the RT flow alone, a baseline).
 """

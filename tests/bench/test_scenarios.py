@@ -44,10 +44,10 @@ def test_a_new_scenario_is_one_file(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(scenarios, "__path__", [*scenarios.__path__, str(tmp_path)])
     scenarios.all_scenarios.cache_clear()
     try:
-        assert list(scenarios.all_scenarios()) == ["veth-inline", "shared-cpu", "stream",
-                                                   "zz-probe"]
+        assert list(scenarios.all_scenarios()) == ["veth-inline", "rt-split", "shared-cpu",
+                                                   "stream", "zz-probe"]
         with pytest.raises(scenarios.UnknownScenario,
-                           match="veth-inline, shared-cpu, stream, zz-probe"):
+                           match="veth-inline, rt-split, shared-cpu, stream, zz-probe"):
             scenarios.get("nope")
         from kbp.bench.cli import description
         assert "zz-probe       a probe scenario for the test" in description()

@@ -6,8 +6,9 @@ Scenarios (``--scenario``; the first is the default):
 {scenarios}
 
 Modes (``--modes``, default all, or the scenario's own defaults (stream: napi, hybrid,
-periodic, stock-kbp, stock-periodic); napi is the baseline; a mode this kernel cannot run
-is skipped with the reason):
+periodic, stock-kbp, stock-periodic; rt-split: napi, threaded, exclusive, stock-kbp, hybrid,
+busy); napi is the baseline; a mode this kernel cannot run is skipped with the reason; a
+scenario may have modes of its own, e.g. rt-split's exclusive):
 
 {modes}
 
@@ -84,6 +85,20 @@ def _csv(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
 
 
+def _uniform(s: str) -> list[float]:
+    """``--uniform MIN_US,MAX_US``: refused by argparse (before anything changes) unless
+    0 < MIN_US <= MAX_US."""
+    try:
+        vals = [float(x) for x in s.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r}: use MIN_US,MAX_US, e.g. 1000,10000") \
+            from None
+    why = tester.uniform_problem(vals)
+    if why:
+        raise argparse.ArgumentTypeError(why)
+    return vals
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=sorted(PRESETS), default="full",
                    help="starting point for every option below (default: full)")
@@ -99,7 +114,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the poller), other = default policy (default: the scenario's; "
                         "shared-cpu fifo, veth-inline other)")
     p.add_argument("--modes", type=_csv, help=f"comma list of {','.join(names.BENCH_MODES)} "
-                   "(see above)")
+                   "and a scenario's own (rt-split: exclusive) (see above)")
     p.add_argument("--reps", type=int, help="repetitions (modes interleaved in each)")
     p.add_argument("--parts", type=_csv,
                    help="comma list of the scenario's parts (" + "; ".join(
@@ -125,6 +140,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frame", type=int, help="RT request frame size, bytes (64..1518)")
     p.add_argument("--constant", action="store_true",
                    help="constant inter-arrival times (default: random, exponential)")
+    p.add_argument("--uniform", type=_uniform, metavar="MIN_US,MAX_US", dest="uniform_us",
+                   help="random inter-arrival times uniform in [MIN_US, MAX_US] µs instead "
+                        "(--rate and --constant then unused; rt-split's default: 1000,10000, "
+                        "the paper's 1-10 ms)")
     p.add_argument("--flood-len", type=int, help="UDP payload of the competing flood")
     p.add_argument("--table2-scale", type=float,
                    help="factor applied to EE-KBP Table 2's bit rates (default 0.02)")
@@ -185,7 +204,7 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
               "flood_len", "idle_duration", "tcp_len", "table2_scale", "table2_duration",
               "rfc_frames", "rfc_trial", "rfc_reps", "rfc_resolution", "rfc_max_pps",
               "tester_prio", "rt_prio", "periodic_round_ms", "periodic_interval_us",
-              "stream_warmup", "udp_len")
+              "stream_warmup", "udp_len", "uniform_us")
     for k in simple:
         v = getattr(a, k, None)
         if v is not None:
@@ -234,8 +253,11 @@ def description() -> str:
     for name, scen in scenarios.all_scenarios().items():
         lines = textwrap.wrap(scen.title, 80) or [""]
         rows += [f"{name:<13}  {lines[0]}", *(" " * 15 + x for x in lines[1:])]
+    own = {m: line for scen in scenarios.all_scenarios().values()
+           for m, line in (getattr(scen, "own_modes", None) or {}).items()}
     return (__doc__ or "").replace("{scenarios}", "\n".join(rows)).replace(
-        "{modes}", "\n".join(f"{name:<13}  {line}" for name, line in modes.SUMMARY.items()))
+        "{modes}", "\n".join(f"{name:<13}  {line}" for name, line in
+                             {**modes.SUMMARY, **own}.items()))
 
 
 def _console() -> Any:

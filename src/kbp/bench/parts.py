@@ -128,7 +128,8 @@ def latency_block(bench: Bench, rep: int, condition: str, load: Load | None = No
         for m in bench.order(rep):
             block.append(bench.latency_run(
                 m, rep, part=RTT, condition=condition, size=rfc.udp_payload(cfg.frame),
-                rate=cfg.rate, poisson=cfg.poisson, duration=cfg.duration))
+                rate=cfg.rate, poisson=cfg.poisson, duration=cfg.duration,
+                uniform_us=cfg.uniform_us))
     finally:
         if load is not None:
             stats = load.stop()

@@ -312,13 +312,24 @@ def rtt_sections(results: dict[str, Any], titles: dict[str, str]) -> list[str]:
         if cond not in rtt:
             continue
         short = title.split(",")[0].split("(")[0].strip()
-        out += [f"**{title}** — {cfg.get('rate'):g} req/s "
-                f"{'random (exponential)' if cfg.get('poisson') else 'constant'} "
-                f"inter-arrival, {cfg.get('frame')} B frames, {cfg.get('duration'):g} s "
-                "per run", "", latency_table(rtt[cond], latency_columns(pl)), "",
+        out += [f"**{title}** — {arrival_words(cfg)}, {cfg.get('frame')} B frames, "
+                f"{cfg.get('duration'):g} s per run", "",
+                latency_table(rtt[cond], latency_columns(pl)), "",
                 f"CPU and interrupt cost, {short} ({cond}):", "",
                 latency_table(rtt[cond], cost_columns(pl)), ""]
     return out
+
+
+def arrival_words(cfg: dict[str, Any]) -> str:
+    """The RT flow's requests in words: "2000 req/s random (exponential) inter-arrival", or
+    with --uniform "random inter-arrival uniform in 1000-10000 µs (182 req/s mean)"."""
+    uni = cfg.get("uniform_us")
+    if uni:
+        lo, hi = (float(x) for x in uni)
+        return (f"random inter-arrival uniform in {lo:g}-{hi:g} µs "
+                f"({2e6 / (lo + hi):.0f} req/s mean)")
+    how = "random (exponential)" if cfg.get("poisson") else "constant"
+    return f"{cfg.get('rate'):g} req/s {how} inter-arrival"
 
 
 def table2_section(results: dict[str, Any]) -> list[str]:

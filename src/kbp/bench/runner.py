@@ -105,6 +105,9 @@ class BenchConfig:
     rate: float = 2000.0            # mean requests/s
     frame: int = 64                 # Ethernet frame size of the RT requests
     poisson: bool = True            # random (exponential) inter-arrival times
+    # random inter-arrival times uniform in [MIN_US, MAX_US] instead (--uniform; rt-split's
+    # default is the paper's 1-10 ms); the mean rate then follows from the range
+    uniform_us: list[float] | None = None
     # competing load
     flood_len: int = 64
     flood_bitrate: str = "0"
@@ -254,10 +257,11 @@ class Bench:
                           f"from {', '.join(known)}")
         if cfg.idle_duration <= 0:
             raise Aborted("--idle-duration must be positive")
-        badm = [m for m in cfg.modes if m not in names.BENCH_MODES]
+        known_modes = [*names.BENCH_MODES, *getattr(self.scenario, "own_modes", {})]
+        badm = [m for m in cfg.modes if m not in known_modes]
         if badm:
-            raise Aborted(f"unknown mode {badm[0]!r}: choose from "
-                          f"{', '.join(names.BENCH_MODES)}")
+            raise Aborted(f"unknown mode {badm[0]!r} for scenario {self.scenario.name}: "
+                          f"choose from {', '.join(known_modes)}")
         if "napi" not in cfg.modes:
             raise Aborted("mode napi is the baseline every ratio refers to: keep it in --modes")
         if any(m in PERIODIC_MODES for m in cfg.modes):
@@ -276,6 +280,10 @@ class Bench:
         if cfg.app_policy is not None and cfg.app_policy not in APP_POLICIES:
             raise Aborted(f"unknown --app-policy {cfg.app_policy!r}: use "
                           f"{', '.join(APP_POLICIES)}")
+        if cfg.uniform_us is not None:
+            why = tester.uniform_problem(cfg.uniform_us)
+            if why:
+                raise Aborted(why)
         rfc2544.udp_payload(cfg.frame)
         for f in cfg.rfc_frames:
             rfc2544.udp_payload(f)
@@ -418,6 +426,9 @@ class Bench:
             "modes": {}, "runs": [], "rfc2544": [], "idle": [], "interrupted": False,
         }
         self.modes = all_modes()
+        make = getattr(self.scenario, "make_modes", None)
+        if make is not None:            # the scenario's own modes (own_modes), fresh objects
+            self.modes.update(make())
         for m, why in availability(cfg.modes, self.modes).items():
             self.results["modes"][m] = {"status": "skipped", "reason": why} if why else \
                 {"status": "ok"}
@@ -558,8 +569,11 @@ class Bench:
 
     # -- one latency run -------------------------------------------------------------------
     def latency_run(self, mode_name: str, rep: int, *, part: str, condition: str, size: int,
-                    rate: float, poisson: bool, duration: float) -> dict[str, Any]:
-        """One RT latency run of ``mode_name``: the record, also appended to results."""
+                    rate: float, poisson: bool, duration: float,
+                    uniform_us: list[float] | None = None) -> dict[str, Any]:
+        """One RT latency run of ``mode_name``: the record, also appended to results.
+        ``uniform_us`` (MIN_US, MAX_US): inter-arrival times uniform in that range instead
+        of ``rate`` / ``poisson`` (the record's rate is then the range's mean rate)."""
         cfg = self.cfg
         assert self.tb is not None and self.binary is not None and self.server is not None
         assert self.placement is not None and self.scenario is not None
@@ -567,9 +581,13 @@ class Bench:
         mode = self.modes[mode_name]
         desc = f"rep {rep + 1}/{cfg.reps} · {part} {condition} · {mode_name}"
         self._note(desc)
+        if uniform_us is not None:
+            rate, poisson = tester.uniform_rate(uniform_us), False
         rec: dict[str, Any] = {"rep": rep, "mode": mode_name, "scenario": self.scenario.name,
                                "part": part, "condition": condition, "rate": rate,
                                "poisson": poisson, "payload": size, "duration": duration}
+        if uniform_us is not None:
+            rec["uniform_us"] = list(uniform_us)
         rec["waited_for_quiet_s"] = self._wait_quiet(desc)
         rec["quiet"] = machine.quiet_report()
         t_start = time.monotonic()
@@ -597,7 +615,7 @@ class Bench:
                                      workloads.SOCKPERF_PORT, size=size, rate=rate,
                                      poisson=poisson, duration=duration, warmup=cfg.warmup,
                                      cpu=pl.cpu(placement_.TESTER), fifo=cfg.tester_prio,
-                                     seed=cfg.seed * 1000 + rep)
+                                     seed=cfg.seed * 1000 + rep, uniform_us=uniform_us)
                 s1 = sysstat.Snapshot.take(list(threads) + app)
                 c1 = mode.counters()
                 state = search_state(mode)

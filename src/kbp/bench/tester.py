@@ -102,16 +102,45 @@ def _parse_summary(stdout: str, argv: list[str], stderr: str) -> dict[str, Any]:
     raise TesterError(f"tester printed no summary ({' '.join(argv)}): {stderr.strip()[-400:]}")
 
 
+def uniform_problem(uniform_us: tuple[float, float] | list[float]) -> str | None:
+    """Why ``(MIN_US, MAX_US)`` is not a uniform inter-arrival range kbp-rtt takes (None:
+    it is): 0 < MIN_US <= MAX_US <= 60 s, as kbp_rtt.c's parse_uniform checks."""
+    if len(uniform_us) != 2:
+        return f"--uniform takes MIN_US,MAX_US (two numbers), not {list(uniform_us)}"
+    lo, hi = (float(x) for x in uniform_us)
+    if not 0 < lo <= hi <= 60e6:
+        return (f"--uniform {lo:g},{hi:g}: use MIN_US,MAX_US with 0 < MIN_US <= MAX_US "
+                "(µs, at most 60 s)")
+    return None
+
+
+def uniform_rate(uniform_us: tuple[float, float] | list[float]) -> float:
+    """Mean request rate (1/s) of gaps uniform in [MIN_US, MAX_US]."""
+    lo, hi = (float(x) for x in uniform_us)
+    return 2e6 / (lo + hi)
+
+
 def run_rtt(binary: Path, ns: str | None, ip: str, *, port: int, size: int, rate: float,
             poisson: bool, duration: float, warmup: float = 0.5, grace: float = 0.5,
-            cpu: int | None = None, fifo: int = 0, seed: int = 1) -> RttResult:
-    """Open-loop request/response run; round trips in ns."""
+            cpu: int | None = None, fifo: int = 0, seed: int = 1,
+            uniform_us: tuple[float, float] | list[float] | None = None) -> RttResult:
+    """Open-loop request/response run; round trips in ns.  Inter-arrival times: uniform in
+    ``uniform_us`` = (MIN_US, MAX_US) when given (``rate`` and ``poisson`` are then unused:
+    the mean rate follows from the range), else exponential (``poisson``) or constant at
+    ``rate``."""
+    if uniform_us is not None:
+        why = uniform_problem(uniform_us)
+        if why:
+            raise TesterError(why)
+        rate, poisson = uniform_rate(uniform_us), False
     with tempfile.NamedTemporaryFile(prefix="kbp-rtt-", suffix=".txt", delete=False) as f:
         samples = Path(f.name)
     argv = [str(binary), "--mode", "rtt", "--ip", ip, "--port", str(port), "--size", str(size),
             "--rate", f"{rate:g}", "--duration", f"{duration:g}", "--warmup", f"{warmup:g}",
             "--grace", f"{grace:g}", "--seed", str(seed), "--out", str(samples)]
-    if poisson:
+    if uniform_us is not None:
+        argv += ["--uniform", ",".join(f"{float(x):.12g}" for x in uniform_us)]
+    elif poisson:
         argv.append("--poisson")
     if cpu is not None:
         argv += ["--cpu", str(cpu)]

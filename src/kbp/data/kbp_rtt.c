@@ -11,9 +11,11 @@
  * comparison only.
  *
  * Modes
- *   rtt    open-loop requests with random (exponential, "poisson") or constant inter-arrival
- *          times; one line per request on the samples file:  seq rtt_kernel_ns rtt_user_ns
- *          (-1 when there was no reply or no timestamp).
+ *   rtt    open-loop requests with random (exponential, "poisson"), random uniform
+ *          (--uniform MIN_US,MAX_US: each gap drawn uniformly from [MIN_US, MAX_US], the
+ *          rt-socket-outsourcing paper's 1-10 ms) or constant inter-arrival times; one line
+ *          per request on the samples file:  seq rtt_kernel_ns rtt_user_ns (-1 when there
+ *          was no reply or no timestamp).  The summary reports the gaps it planned.
  *   rate   constant-rate trial for the RFC 2544 search: sends in small batches (sendmmsg) and
  *          counts distinct replies; no per-packet timestamps.
  * A one-line JSON summary goes to stdout.
@@ -110,6 +112,8 @@ struct opts {
 	int size;          /* UDP payload bytes (>= HDR_LEN) */
 	double rate;       /* requests per second */
 	int poisson;       /* exponential inter-arrival times */
+	double uni_min_us; /* --uniform: gaps uniform in [uni_min_us, uni_max_us] (0: off) */
+	double uni_max_us;
 	double duration;   /* seconds of measured traffic */
 	double warmup;     /* seconds of warm-up traffic (not reported) */
 	double grace;      /* seconds to wait for late replies */
@@ -119,6 +123,41 @@ struct opts {
 	const char *mode;
 	uint64_t seed;
 };
+
+/* the gap before the next request, ns: uniform, exponential or constant */
+static int64_t next_gap(const struct opts *o, double mean_ns)
+{
+	if (o->uni_max_us > 0)
+		return (int64_t)(1e3 * (o->uni_min_us +
+				       (o->uni_max_us - o->uni_min_us) * rng_uniform()));
+	if (o->poisson)
+		return (int64_t)(-mean_ns * log(1.0 - rng_uniform()));
+	return (int64_t)mean_ns;
+}
+
+static const char *arrival_name(const struct opts *o)
+{
+	if (o->uni_max_us > 0)
+		return "uniform";
+	return o->poisson ? "poisson" : "constant";
+}
+
+/* "MIN_US,MAX_US" with 0 < MIN_US <= MAX_US: 0 on success */
+static int parse_uniform(const char *arg, double *lo, double *hi)
+{
+	char *end;
+
+	*lo = strtod(arg, &end);
+	if (end == arg || *end != ',')
+		return -1;
+	arg = end + 1;
+	*hi = strtod(arg, &end);
+	if (end == arg || *end)
+		return -1;
+	if (!(*lo > 0) || !(*hi >= *lo) || *hi > 60e6)
+		return -1;
+	return 0;
+}
 
 static int make_socket(const struct opts *o, int timestamps)
 {
@@ -258,6 +297,9 @@ static int run_rtt(const struct opts *o)
 	int fd = make_socket(o, 1);
 	int64_t start, warm_end, end, next, deadline;
 	uint64_t sent = 0, first_measured = 0, i, got = 0, lost = 0, no_ts = 0;
+	int64_t gap_min = INT64_MAX, gap_max = 0;
+	double gap_sum = 0;
+	uint64_t gaps = 0;
 	FILE *out;
 
 	if (!slots)
@@ -275,7 +317,7 @@ static int run_rtt(const struct opts *o)
 		int64_t t = now_ns();
 		struct pollfd p = { .fd = fd, .events = POLLIN };
 		struct timespec to;
-		int64_t wait;
+		int64_t wait, gap;
 
 		if (t >= next) {
 			uint16_t flags = FLAG_CLIENT | FLAG_PONG;
@@ -294,8 +336,14 @@ static int run_rtt(const struct opts *o)
 				slots[sent].tx_user = -1;
 			}
 			sent++;
-			next += o->poisson ? (int64_t)(-mean_ns * log(1.0 - rng_uniform()))
-					   : (int64_t)mean_ns;
+			gap = next_gap(o, mean_ns);
+			next += gap;
+			if (gap < gap_min)
+				gap_min = gap;
+			if (gap > gap_max)
+				gap_max = gap;
+			gap_sum += gap;
+			gaps++;
 			continue;
 		}
 		wait = next - t;
@@ -348,12 +396,16 @@ static int run_rtt(const struct opts *o)
 		fclose(out);
 	printf("{\"mode\": \"rtt\", \"sent\": %llu, \"received\": %llu, \"lost\": %llu, "
 	       "\"no_timestamp\": %llu, \"duplicates\": %llu, \"unknown\": %llu, \"bad\": %llu, "
-	       "\"warmup_sent\": %llu, \"elapsed_s\": %.6f, \"interrupted\": %s}\n",
+	       "\"warmup_sent\": %llu, \"elapsed_s\": %.6f, \"interrupted\": %s, "
+	       "\"arrival\": \"%s\", \"gap_min_us\": %.3f, \"gap_max_us\": %.3f, "
+	       "\"gap_mean_us\": %.3f, \"gaps\": %llu}\n",
 	       (unsigned long long)(sent - first_measured), (unsigned long long)got,
 	       (unsigned long long)lost, (unsigned long long)no_ts, (unsigned long long)n_dup,
 	       (unsigned long long)n_unknown, (unsigned long long)n_bad,
 	       (unsigned long long)first_measured, (now_ns() - start) / 1e9,
-	       stop_now ? "true" : "false");
+	       stop_now ? "true" : "false", arrival_name(o),
+	       gaps ? gap_min / 1e3 : 0.0, gap_max / 1e3, gaps ? gap_sum / gaps / 1e3 : 0.0,
+	       (unsigned long long)gaps);
 	return 0;
 }
 
@@ -485,7 +537,8 @@ static void usage(void)
 {
 	fprintf(stderr,
 		"usage: kbp-rtt --ip IP [--port P] [--size BYTES] [--rate PPS] [--poisson]\n"
-		"               [--duration S] [--warmup S] [--grace S] [--cpu N] [--fifo PRIO]\n"
+		"               [--uniform MIN_US,MAX_US] [--duration S] [--warmup S]\n"
+		"               [--grace S] [--cpu N] [--fifo PRIO]\n"
 		"               [--out FILE] [--mode rtt|rate] [--seed N]\n");
 	exit(2);
 }
@@ -499,14 +552,15 @@ int main(int argc, char **argv)
 		{ "warmup", required_argument, 0, 'w' }, { "grace", required_argument, 0, 'g' },
 		{ "cpu", required_argument, 0, 'c' },    { "fifo", required_argument, 0, 'f' },
 		{ "out", required_argument, 0, 'o' },    { "mode", required_argument, 0, 'm' },
-		{ "seed", required_argument, 0, 'S' },   { 0, 0, 0, 0 },
+		{ "seed", required_argument, 0, 'S' },   { "uniform", required_argument, 0, 'U' },
+		{ 0, 0, 0, 0 },
 	};
 	struct opts o = { .port = 11111, .size = 18, .rate = 1000, .duration = 5, .warmup = 0.5,
 			  .grace = 0.5, .cpu = -1, .mode = "rtt", .seed = 1 };
 	struct sigaction sa = { .sa_handler = on_signal };
 	int c;
 
-	while ((c = getopt_long(argc, argv, "i:p:s:r:Pt:w:g:c:f:o:m:S:", lo, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "i:p:s:r:Pt:w:g:c:f:o:m:S:U:", lo, NULL)) != -1) {
 		switch (c) {
 		case 'i': o.ip = optarg; break;
 		case 'p': o.port = atoi(optarg); break;
@@ -521,8 +575,23 @@ int main(int argc, char **argv)
 		case 'o': o.out = optarg; break;
 		case 'm': o.mode = optarg; break;
 		case 'S': o.seed = strtoull(optarg, NULL, 0); break;
+		case 'U':
+			if (parse_uniform(optarg, &o.uni_min_us, &o.uni_max_us)) {
+				fprintf(stderr, "kbp-rtt: bad --uniform %s: use MIN_US,MAX_US with "
+					"0 < MIN_US <= MAX_US\n", optarg);
+				exit(2);
+			}
+			break;
 		default: usage();
 		}
+	}
+	if (o.uni_max_us > 0) {
+		if (o.poisson || strcmp(o.mode, "rtt")) {
+			fprintf(stderr, "kbp-rtt: --uniform is for --mode rtt, without --poisson\n");
+			exit(2);
+		}
+		/* the mean rate sizes the sample slots and is what the summary says */
+		o.rate = 2e6 / (o.uni_min_us + o.uni_max_us);
 	}
 	if (!o.ip || o.size < HDR_LEN || o.size > MAX_MSG || o.rate <= 0 || o.duration <= 0)
 		usage();

@@ -23,6 +23,11 @@ shared-cpu     the papers' situation (``make demo``): RPS steers both server dev
 stream         NetAP's throughput workload: iperf3 bulk TCP and UDP streams from the tester to
                a receiver over the RT device; bandwidth, CPU time of the polling context,
                interrupts (veth: NET_RX softirqs) per packet, the periodic modes' interval
+rt-split       rt-socket-outsourcing Sect. IV-A / Table 3: RT UDP request/response at random
+               gaps uniform in 1-10 ms and an iperf3 TCP heavy receiver, both received on the
+               RT CPU (shared-cpu's RPS); RT mean/p99/SD, heavy Gbit/s, RT CPU use; its own
+               mode ``exclusive`` (the exclusive CPU method) moves the heavy receiver and its
+               receive processing to a non-RT CPU
 =============  =================================================================================
 
 The placement rules (:mod:`kbp.bench.placement`) place only the roles ``roles(cfg)`` names;
@@ -88,7 +93,10 @@ class Scenario(Protocol):
     # names.BENCH_MODES: the modes when --modes is not given; else every mode),
     # ``default_parts`` (the parts when --parts is not given; else all of its own and the
     # runner's), ``presets`` ({preset: {config field: value}}: what a CLI preset (--smoke,
-    # --demo) means for this scenario, applied over the preset's own values).
+    # --demo) means for this scenario, applied over the preset's own values), ``own_modes``
+    # ({name: one line}: modes only this scenario has, accepted by --modes for it alone) with
+    # ``make_modes()`` (fresh kbp.bench.modes.Mode objects for them, one set per run; the
+    # scenario's ``run`` binds them to what it built).
 
 
 def default_modes(scen: Scenario) -> tuple[str, ...]:

@@ -27,6 +27,7 @@ entries, ``kbpctl enable DEV``).
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,8 +52,13 @@ _IRQ_THREAD = re.compile(r"^irq/(\d+)-")
 _QUEUE = re.compile(r"[-_:.@]\D*\d+$")  # "-input.0", "-TxRx-3", "_comp0": a queue number
 
 
-def preempt_rt(host: Host = HOST) -> bool:
-    """The running kernel is PREEMPT_RT (``/sys/kernel/realtime`` reads 1)."""
+def preempt_rt(host: Host = HOST, version: str | None = None) -> bool:
+    """The running kernel is PREEMPT_RT: its version string says so (``uname -v``: "SMP
+    PREEMPT_RT", every RT build since the config option exists), or the out-of-tree RT
+    patch's ``/sys/kernel/realtime`` reads 1 (mainline RT, e.g. Debian's 7.2-rt, has no such
+    file)."""
+    if "PREEMPT_RT" in (os.uname().version if version is None else version):
+        return True
     try:
         return (host.sys / "kernel/realtime").read_text().strip() == "1"
     except OSError:
@@ -73,16 +79,16 @@ class RtClassRule:
                                f"({RTNET_PRIO_MIN}..{RTNET_PRIO_MAX}, the SCHED_FIFO "
                                "priorities of interrupt threads)")
 
-    def validate(self, host: Host = HOST) -> None:
+    def validate(self, host: Host = HOST, version: str | None = None) -> None:
         """Refuse what cannot work, before anything changes: the range, and a non-RT
         kernel (with the reason and what to do instead)."""
         self.check_range()
-        if not preempt_rt(host):
+        if not preempt_rt(host, version):
             raise InvalidInput(
                 "rt_class.rtnet_prio selects devices by the priority of their interrupt "
                 "threads, and only PREEMPT_RT kernels run every interrupt handler in a "
-                "thread (this kernel is not PREEMPT_RT: /sys/kernel/realtime does not read "
-                "1); list the RT devices as [[device]] entries instead")
+                "thread (this kernel is not PREEMPT_RT: uname -v does not say PREEMPT_RT); "
+                "list the RT devices as [[device]] entries instead")
 
     def to_json(self) -> dict[str, object]:
         return {"rtnet_prio": self.rtnet_prio, "netns": list(self.netns)}

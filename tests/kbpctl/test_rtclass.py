@@ -85,16 +85,18 @@ def test_queue_irqs_leave_out_config_and_link_interrupts() -> None:
 
 def test_rule_refuses_out_of_range_and_non_rt_kernels(tmp_path: Path) -> None:
     rt = _rt_host(tmp_path / "rt")
+    plain_v = "#1 SMP PREEMPT_DYNAMIC Debian 6.12.117-1"
     for bad in (0, 100, -1):
         with pytest.raises(InvalidInput, match=rf"rtnet_prio {bad} is out of range "
                                                r"\(1\.\.99"):
-            rtclass.RtClassRule(bad).validate(rt)
-    rtclass.RtClassRule(99).validate(rt)
-    rtclass.RtClassRule(1).validate(rt)
+            rtclass.RtClassRule(bad).validate(rt, plain_v)
+    rtclass.RtClassRule(99).validate(rt, plain_v)   # the RT patch's /sys/kernel/realtime
     plain = _rt_host(tmp_path / "plain", realtime=False)
+    # mainline PREEMPT_RT (Debian's 7.2-rt) has no /sys/kernel/realtime: uname -v says it
+    rtclass.RtClassRule(1).validate(plain, "#1 SMP PREEMPT_RT Debian 7.2.12-1 (2026-10-22)")
     with pytest.raises(InvalidInput, match=r"only PREEMPT_RT kernels run every interrupt "
                                            r"handler in a thread.*\[\[device\]\] entries"):
-        rtclass.RtClassRule(47).validate(plain)
+        rtclass.RtClassRule(47).validate(plain, plain_v)
 
 
 def test_config_parses_rt_class() -> None:

@@ -22,18 +22,27 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import NS, POLL_CPU, Flow, Topo, net_rx_softirqs, sh, virtio_name, wait_for
+from conftest import (
+    NS,
+    POLL_CPU,
+    Flow,
+    Topo,
+    net_rx_softirqs,
+    pin_irqs,
+    sh,
+    virtio_name,
+    wait_for,
+)
 from test_kbpctl_kmod import RUN_DIR, kbpctl, kbpctl_path
 
 pytestmark = pytest.mark.smoke
 
-RT = Path("/sys/kernel/realtime").exists() and \
-    Path("/sys/kernel/realtime").read_text().strip() == "1"
+RT = "PREEMPT_RT" in os.uname().version  # mainline RT (7.2-rt) has no /sys/kernel/realtime
 RTNET_PRIO = 55
 
 
-def queue_irq_threads(nic: str) -> dict[int, tuple[int, int]]:
-    """pid -> (policy, priority) of the handler threads of the NIC's queue interrupts."""
+def queue_irqs_of(nic: str) -> list[int]:
+    """The NIC's queue interrupts (virtioN-input.0, -output.0; not -config)."""
     prefix = virtio_name(nic) + "-"
     irqs = []
     for line in Path("/proc/interrupts").read_text().splitlines()[1:]:
@@ -41,6 +50,12 @@ def queue_irq_threads(nic: str) -> dict[int, tuple[int, int]]:
         if parts and parts[0].rstrip(":").isdigit() and parts[-1].startswith(prefix) \
                 and parts[-1][-1].isdigit():
             irqs.append(int(parts[0].rstrip(":")))
+    return irqs
+
+
+def queue_irq_threads(nic: str) -> dict[int, tuple[int, int]]:
+    """pid -> (policy, priority) of the handler threads of the NIC's queue interrupts."""
+    irqs = queue_irqs_of(nic)
     out = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -207,3 +222,24 @@ def test_apply_watch_follows_a_chrt_without_being_asked(
             watch.kill()
         kbpctl("disable", "--all")
     assert kmod.devices() == []
+
+
+def test_enable_names_another_devices_interrupts_on_the_polling_cpu(kmod, topo: Topo) -> None:
+    """The exclusive-CPU remedy as advice: NIC1 (not served) with its interrupts on the
+    poller's CPU is named by enable, with the command that moves them; with them elsewhere
+    (the topology's placement) nothing is said."""
+    out = kbpctl("enable", topo.nic0, "--backend", "kmod", "--mode", "hybrid",
+                 "--cpus", str(POLL_CPU))
+    kbpctl("disable", topo.nic0)
+    assert "not served by kbp" not in out.stderr, out.stderr
+    irqs = pin_irqs(topo.nic1, POLL_CPU)
+    try:
+        out = kbpctl("enable", topo.nic0, "--backend", "kmod", "--mode", "hybrid",
+                     "--cpus", str(POLL_CPU))
+        text = " ".join(out.stderr.split())
+        assert f"{topo.nic1} in netns {NS} (not served by kbp) has its interrupts" in text, text
+        queue = [i for i in irqs if i in queue_irqs_of(topo.nic1)]
+        assert queue and all(f"/proc/irq/{i}/smp_affinity_list" in text for i in queue), text
+    finally:
+        kbpctl("disable", "--all")
+        pin_irqs(topo.nic1, 1 - POLL_CPU)

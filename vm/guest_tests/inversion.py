@@ -472,8 +472,9 @@ class Driver:
 
     def trace_setup(self, poller: int) -> None:
         """Everything tracefs needs, once, while the guest is quiet, with the ring buffer
-        off; per configuration only tracing_on flips and the buffer is cleared (the
-        poller thread, hence the pid in the filters, lives for the whole run).  Turning
+        off; per configuration only tracing_on flips, the buffer is cleared and the
+        stacktrace triggers are armed (stacks()); the poller thread, hence the pid in the
+        filters, lives for the whole run.  Turning
         a tracepoint on rewrites kernel text (text_poke_bp), and under TCG another vCPU
         running that code can hit a stale int3 (vm/README.md, "The guest's clock"):
         doing it at the start of a loaded configuration oopsed 6.12-rt in __schedule
@@ -490,20 +491,24 @@ class Driver:
             if ok:
                 tw(f"events/{ev}/filter", filters.get(ev, "0"))
                 tw(f"events/{ev}/enable", "1")
+        tw("trace", "")
+        time.sleep(1.0)
+
+    def stacks(self, on: bool) -> None:
+        """The stacktrace triggers, armed right after tracing_on=1: their count runs down
+        whether or not the ring buffer records (armed at setup, the warm-up used it all).
+        Arming one soft-enables an event that is already on: no text is rewritten."""
         for ev in ("lock/contention_begin", "irq/softirq_entry"):
             if self.events[ev]:
                 tw_ok(f"events/{ev}/trigger", "!stacktrace")
-                tw(f"events/{ev}/trigger",
-                   f"stacktrace:{self.args.stacks} if common_pid == {poller}")
-        tw("trace", "")
-        time.sleep(1.0)
+                if on:
+                    tw(f"events/{ev}/trigger",
+                       f"stacktrace:{self.args.stacks} if common_pid == {self.poller}")
 
     def trace_teardown(self) -> None:
         """After the last configuration, its traffic stopped."""
         tw("tracing_on", "0")
-        for ev in ("lock/contention_begin", "irq/softirq_entry"):
-            if self.events[ev]:
-                tw_ok(f"events/{ev}/trigger", "!stacktrace")
+        self.stacks(False)
         tw_ok("events/enable", "0")
         for ev, ok in self.events.items():
             if ok:
@@ -560,8 +565,10 @@ class Driver:
                       "irqs": irq_counts("virtio", self.cpu),
                       "nic1_rx": self.nic_rx(t.nic1, t.ns), "nic0_rx": self.nic_rx(t.nic0, None)}
             tw("tracing_on", "1")
+            self.stacks(True)
             time.sleep(a.seconds)
             tw("tracing_on", "0")
+            self.stacks(False)
             after = {"t": time.clock_gettime_ns(time.CLOCK_MONOTONIC),
                      "poller_ns": sum_exec_ns(poller),
                      "net_rx": softirq_row("NET_RX", self.cpu),

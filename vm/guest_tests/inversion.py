@@ -703,6 +703,30 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def table_foreign(results: list[dict[str, Any]]) -> str:
+    """Foreign softirq work in the poller's context, per configuration (Markdown)."""
+    rows = ["| config | flood pps | RT pkts | poller CPU | foreign NET_RX in poller: runs, ms, "
+            "% of poller CPU, us per RT pkt | one run p99/max us | all foreign vectors: ms, "
+            "% of poller CPU | origin (stack sample): irq exit / local_bh_enable |",
+            "|" + "---|" * 8]
+    for r in results:
+        f = r["poller_foreign_softirq"]
+        nr = f["by_vector_us"].get("NET_RX")
+        cpu = r["poller_cpu_ns"] / 1000 or 1.0
+        org: Counter[str] = Counter()
+        for k, v in r["poller_softirq_origin_sample"].items():
+            org[k.split()[1]] += v
+        net = (f"{nr['count']:,}, {nr['total'] / 1000:,.1f}, {nr['total'] / cpu * 100:.1f} %, "
+               f"{_n(nr['us_per_rt_pkt'], '{:.1f}')}" if nr else "0")
+        runs = f"{_n(nr['p99'])}/{_n(nr['max'])}" if nr else DASH
+        rows.append(
+            f"| {r['config']} | {r['nic1_rx_pps']:,} | {r['rt_pkts']:,} | "
+            f"{r['poller_cpu_share'] * 100:.0f} % | {net} | {runs} | "
+            f"{f['total_us'] / 1000:,.1f}, {(f['share_of_poller_cpu'] or 0) * 100:.1f} % | "
+            f"{org['irq_exit']} / {org['local_bh_enable']} |")
+    return "\n".join(rows)
+
+
 def parse_saved(args: argparse.Namespace) -> int:
     """Re-derive the figures from the raw files a run left in DIR (meta-N, trace-N, rt-N)."""
     d = Path(args.dir)
@@ -725,7 +749,7 @@ def parse_saved(args: argparse.Namespace) -> int:
         out.append(figures(meta, lines, rows, bh))
     doc = {"dir": str(d), "results": out}
     if args.table:
-        print(table(out))
+        print(table(out) + "\n\n" + table_foreign(out))
         return 0
     if args.summary:
         for r in out:
@@ -772,7 +796,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("parse", help="figures from a run's saved raw files (host)")
     p.add_argument("dir")
     p.add_argument("--summary", action="store_true", help="one summary line per config first")
-    p.add_argument("--table", action="store_true", help="only the Markdown table")
+    p.add_argument("--table", action="store_true",
+                   help="only the Markdown tables (softirq lock; foreign softirq work)")
     p.set_defaults(fn=parse_saved)
     args = ap.parse_args(argv)
     return int(args.fn(args))

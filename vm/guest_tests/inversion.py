@@ -3,22 +3,33 @@
 Runs in a guest of the VM rig (as root); prints one JSON document on stdout (the last line,
 prefixed ``INVERSION-RESULT ``).  From the repository root on the host:
 
-    python3 -m vm run 6.12-rt-amd64 --build --out /tmp/inv -- \\
-        .venv/bin/python vm/guest_tests/inversion.py run \\
-        --configs hybrid:50:shared,hybrid:51:shared,hybrid:50:exclusive,hybrid:50:none
+    mkdir -p /tmp/inv && python3 -m vm run 6.12-rt-amd64 --build --out /tmp/inv \\
+        --env PYTHONPATH=$PWD/src \\
+        --qemu-arg=-netdev --qemu-arg=hubport,id=n2,hubid=0 \\
+        --qemu-arg=-device --qemu-arg=virtio-net-pci,netdev=n2,mac=52:54:00:4b:50:02 \\
+        -- .venv/bin/python vm/guest_tests/inversion.py run --no-parse --seconds 12 \\
+        --configs busy:51:shared,busy:50:shared,hybrid:50:shared,hybrid:51:shared
+    .venv/bin/python vm/guest_tests/inversion.py parse /tmp/inv --table   # on the host
+
+The ``--qemu-arg`` pair adds a third NIC on the rig's hub (MAC :02), which the script puts in
+netns kbpflood to send the flood; without it the flood leaves through NIC0, whose TX
+completions kbp's poller then polls and whose TX queue lock the poller then shares with the
+flood sender.  Without ``--no-parse`` the guest prints the figures itself (slow under TCG).
 
 Traffic (the rig's two virtio NICs, cabled through QEMU's hub; conftest.build_topology):
 
 * RT flow: ``rt-send`` in netns kbppeer (CPU 0, SCHED_FIFO ``--app-prio``) sends numbered,
   CLOCK_MONOTONIC-stamped 64 B datagrams at ``--rt-rate`` to ``rt-recv`` in the init netns
   (CPU 1 = POLL_CPU, same priority).  They arrive on NIC0, attached to kbp's poller kbp/1
-  (``kbpctl enable NIC0 --backend kmod --mode MODE --cpus 1 --rt-prio PRIO``): the one-way
-  latency is recv time - send stamp (one guest, one clock).
-* Flood: ``iperf3 -u -b 0 -l 64`` from the init netns (CPU 0) to a server in kbppeer
-  (CPU 0).  It is *received by NIC1*, which is not attached to kbp; the placement says where
-  NIC1's interrupts (and so its NET_RX: on PREEMPT_RT its IRQ thread, else the hardirq's
-  softirq) go: ``shared`` = POLL_CPU (the inversion case), ``exclusive`` = the other CPU
-  (remedy b), ``none`` = no flood.  RPS stays off on NIC1 (the default).
+  (``kbpctl enable NIC0 --backend kmod --mode MODE --cpus 1 --rt-prio PRIO`` for the first
+  configuration, then the module's poller-set for mode and rt_prio: one poller thread for
+  the whole run); the one-way latency is recv time - send stamp (one guest, one clock).
+* Flood: ``iperf3 -u -b 0 -l 64`` from netns kbpflood (the third NIC; else the init netns)
+  on CPU 0 to a server in kbppeer (CPU 0). It is *received by NIC1*, which is not attached
+  to kbp; the placement says where NIC1's interrupts (and so its NET_RX: on PREEMPT_RT its
+  IRQ thread, else the hardirq's softirq) go: ``shared`` = POLL_CPU (the inversion case),
+  ``exclusive`` = the other CPU (remedy b), ``none`` = no flood. RPS stays off on NIC1 (the
+  default).
 
 Measured per configuration over ``--seconds`` with tracefs on POLL_CPU only
 (tracing_cpumask), trace_clock mono (microsecond resolution in the text output):

@@ -206,6 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
     pg.add_argument("--objective", choices=names.OBJECTIVES,
                     help="what the search maximizes per round: bytes received (default, "
                          "the paper's) or bytes per CPU-second of the polling context")
+    e.add_argument("--isolate", action="store_true",
+                   help="move the queue interrupts of devices kbp does not serve off the "
+                        "polling CPUs (journaled; disable puts them back): their NET_RX "
+                        "would run inside the poller, or hold the softirq lock it waits for "
+                        "on PREEMPT_RT (the exclusive-CPU method; needs --cpus)")
     e.add_argument("--keep-rps", action="store_true",
                    help="leave RPS on for the devices (default: turn it off, journaled, "
                         "restored by disable); with RPS the poller's packets are re-queued "
@@ -372,7 +377,7 @@ def cmd_enable(args: argparse.Namespace) -> int:
     req = EnableRequest(devices=list(args.devices), netns=args.netns, mode=args.mode,
                         cpus=args.cpus, rt_prio=args.rt_prio, linger_us=args.linger_us,
                         quota=args.quota, freq_ctl=args.freq_ctl, keep_rps=args.keep_rps,
-                        periodic=_periodic_args(args))
+                        periodic=_periodic_args(args), isolate=args.isolate)
     backends.validate_common(req, rt_prio_min=0)   # the backend checks its own minimum
     why = ""
     if args.backend == "auto":
@@ -410,7 +415,7 @@ def _contention_notes(cpus: set[int], rt_prio: int, netns: str | None) -> None:
     from kbp.state import StateDir
     served = [(r.dev, r.netns) for r in StateDir().records()]
     for n in contention.notes(cpus, rt_prio, served, netns, online_cpus()):
-        _warn(textwrap.fill(f"{PROG}: {n}", width=100, break_on_hyphens=False))
+        _warn(f"{PROG}: {n}")  # one line each: scripts grep them
 
 
 def cmd_disable(args: argparse.Namespace) -> int:

@@ -48,7 +48,7 @@ from kbp.sysinfo import parse_cpulist
 
 DEFAULT_PATH = Path("/etc/kbp/kbp.toml")
 DEVICE_KEYS = {"name", "netns", "mode", "cpus", "rt_prio", "linger_us", "quota", "freq_ctl",
-               "keep_rps", "backend", *names.PERIODIC_KNOBS}
+               "keep_rps", "isolate", "backend", *names.PERIODIC_KNOBS}
 DEFAULT_KEYS = DEVICE_KEYS - {"name", "netns"}
 TOP_KEYS = {"backend", "defaults", "device", "rt_class"}
 RT_CLASS_KEYS = {"rtnet_prio", "netns"}
@@ -66,6 +66,7 @@ class DeviceConfig:
     quota: int | None = None
     freq_ctl: bool = False
     keep_rps: bool = False
+    isolate: bool = False
     periodic: dict[str, Any] = field(default_factory=dict)  # mode periodic: knobs given
 
     def request(self) -> EnableRequest:
@@ -78,7 +79,7 @@ class DeviceConfig:
         return EnableRequest(devices=[self.name], netns=self.netns, mode=self.mode,
                              cpus=self.cpus, rt_prio=self.rt_prio, linger_us=self.linger_us,
                              quota=self.quota, freq_ctl=self.freq_ctl, keep_rps=self.keep_rps,
-                             periodic=per)
+                             periodic=per, isolate=self.isolate)
 
 
 @dataclass
@@ -146,6 +147,8 @@ def _apply_keys(where: str, d: DeviceConfig, raw: Mapping[str, Any]) -> None:
             d.freq_ctl = _bool(w, v)
         elif k == "keep_rps":
             d.keep_rps = _bool(w, v)
+        elif k == "isolate":
+            d.isolate = _bool(w, v)
         elif k == "objective":
             d.periodic[k] = _str(w, v)
         elif k in names.PERIODIC_KNOBS:

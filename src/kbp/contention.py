@@ -23,8 +23,11 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kbp import rtclass
+from kbp.errors import InvalidInput
+from kbp.state import TargetGone
 from kbp.sysinfo import (
     HOST,
     Host,
@@ -51,7 +54,7 @@ def foreign_irqs(cpus: Iterable[int], served: Iterable[tuple[str, str | None]],
                  netns: Sequence[str | None] = (None,), host: Host = HOST
                  ) -> list[ForeignIrqs]:
     """The devices of ``netns`` (not in ``served``) whose queue interrupts are affined to one
-    of ``cpus`` (effective affinity, else the requested one)."""
+    of ``cpus``."""
     from kbp.netdev import clients, link_names
     want, skip = set(cpus), set(served)
     actions = read_interrupts(host)
@@ -73,13 +76,20 @@ def foreign_irqs(cpus: Iterable[int], served: Iterable[tuple[str, str | None]],
 
 
 def _irq_cpus(irq: int, host: Host) -> list[int]:
+    """The CPUs an interrupt lands on: its effective affinity where the kernel shows one
+    that agrees with the requested list (an IRQ allowed on every CPU is delivered to one),
+    else the requested list (x86 applies a new one at the vector's next interrupt, so the
+    effective list lags behind a change until then)."""
     try:
-        text = read_irq_effective(irq, host)
-        if text is None:
-            text = (host.proc / "irq" / str(irq) / "smp_affinity_list").read_text()
-        return parse_cpulist(text)
+        want = parse_cpulist((host.proc / "irq" / str(irq) /
+                              "smp_affinity_list").read_text())
     except (OSError, ValueError):
         return []
+    try:
+        eff = parse_cpulist(read_irq_effective(irq, host) or "")
+    except ValueError:
+        eff = []
+    return eff if eff and set(eff) <= set(want) else want
 
 
 def foreign_irq_note(f: ForeignIrqs, online: Sequence[int]) -> str:
@@ -143,3 +153,87 @@ def notes(cpus: Iterable[int], rt_prio: int, served: Iterable[tuple[str, str | N
         found = []
     out += [foreign_irq_note(f, online) for f in found]
     return out
+
+
+def check_isolate(cpus: Sequence[int] | None, online: Sequence[int]) -> None:
+    """``--isolate`` needs a CPU without a poller for the other devices' interrupts."""
+    polling = set(online if cpus is None else cpus)
+    if [c for c in online if c not in polling]:
+        return
+    which = ("without --cpus the pollers use every online CPU" if cpus is None else
+             f"CPUs {format_cpulist(sorted(polling))} are every online CPU")
+    raise InvalidInput(f"--isolate moves other devices' interrupts off the polling CPUs, but "
+                       f"{which}: give --cpus a subset, or drop --isolate")
+
+
+def isolate_plan(cpus: Iterable[int], served: Iterable[tuple[str, str | None]],
+                 netns: str | None, online: Sequence[int], host: Host = HOST
+                 ) -> list[tuple[int, str]]:
+    """``--isolate``: (IRQ, new affinity list) for every queue interrupt of a device kbp does
+    not serve that lands on ``cpus``: its affinity without the polling CPUs (every other
+    online CPU when nothing is left). Journaled as ``irq`` changes of the enabled device,
+    so ``disable`` puts them back."""
+    polling = set(cpus)
+    rest = [c for c in online if c not in polling]
+    named = sorted(p.name for p in Path("/run/netns").glob("*"))
+    out = []
+    for f in foreign_irqs(polling, served, (None, netns, *named), host):
+        for irq in f.irqs:
+            try:
+                now = parse_cpulist((host.proc / "irq" / str(irq) /
+                                     "smp_affinity_list").read_text())
+            except (OSError, ValueError):
+                now = []
+            keep = [c for c in now if c not in polling] or rest
+            out.append((irq, format_cpulist(keep)))
+    return out
+
+
+def rps_isolate_plan(cpus: Iterable[int], served: Iterable[tuple[str, str | None]],
+                     netns: Sequence[str | None]) -> list[tuple[dict[str, Any], str]]:
+    """``--isolate``, RPS: (sysfs key, new mask) for every receive queue of a device kbp does
+    not serve whose ``rps_cpus`` names a polling CPU: the mask without the polling CPUs (0,
+    no RPS, when nothing is left: the packets stay on the CPU that received them)."""
+    from kbp.netdev import NetFS, get_link, link_names
+    from kbp.rps import RPS_CPUS, mask_cpus
+    polling, skip = set(cpus), set(served)
+    out = []
+    for ns in dict.fromkeys(netns):
+        fs = NetFS(ns)
+        for dev in link_names(ns):
+            if dev == "lo" or (dev, ns) in skip:
+                continue
+            queues = fs.rx_queues(dev, [RPS_CPUS])
+            link = get_link(dev, ns)
+            if link is None:
+                continue
+            for q, v in queues.items():
+                on = mask_cpus(v.get(RPS_CPUS))
+                if polling & set(on):
+                    keep = sum(1 << c for c in on if c not in polling)
+                    out.append(({"netns": ns, "dev": dev, "ifindex": link.ifindex,
+                                 "attr": f"queues/{q}/{RPS_CPUS}"}, f"{keep:x}"))
+    return out
+
+
+def isolate(ex: Any, cpus: Iterable[int], served: Iterable[tuple[str, str | None]],
+            netns: str | None, online: Sequence[int], host: Host = HOST) -> int:
+    """Carry out :func:`isolate_plan` and :func:`rps_isolate_plan` through a journal's
+    executor (kinds ``irq`` and ``sysfs``); returns the number of changes. An interrupt whose
+    affinity the kernel manages (EIO), or a target that went away, is left as it is: the
+    other devices still work, and the note after ``enable`` names an interrupt that stayed."""
+    cpus, served = list(cpus), list(served)
+    named = sorted(p.name for p in Path("/run/netns").glob("*"))
+    steps: list[tuple[str, dict[str, Any], str]] = [
+        ("irq", {"irq": irq}, new)
+        for irq, new in isolate_plan(cpus, served, netns, online, host)]
+    steps += [("sysfs", key, new)
+              for key, new in rps_isolate_plan(cpus, served, (None, netns, *named))]
+    moved = 0
+    for kind, key, new in steps:
+        try:
+            if ex.apply(kind, key, new) is not None:
+                moved += 1
+        except (OSError, TargetGone):
+            continue
+    return moved

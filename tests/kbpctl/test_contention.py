@@ -51,3 +51,20 @@ def test_foreign_irqs_of_this_machine_are_on_the_cpus_they_name() -> None:
     if found:
         again = contention.foreign_irqs(cpus, [(found[0].dev, found[0].netns)])
         assert (found[0].dev, found[0].netns) not in {(f.dev, f.netns) for f in again}
+
+
+def test_check_isolate_needs_a_cpu_without_a_poller() -> None:
+    from kbp.errors import InvalidInput
+    contention.check_isolate([1], [0, 1])
+    with pytest.raises(InvalidInput, match=r"without --cpus the pollers use every online "
+                                           r"CPU: give --cpus a subset, or drop --isolate"):
+        contention.check_isolate(None, [0, 1])
+    with pytest.raises(InvalidInput, match=r"CPUs 0-1 are every online CPU"):
+        contention.check_isolate([0, 1], [0, 1])
+
+
+def test_isolate_is_journaled_only_when_asked_for() -> None:
+    """Journals written before --isolate existed compare equal in apply's plan."""
+    from kbp.backends import EnableRequest
+    assert "isolate" not in EnableRequest(["eth1"]).settings()
+    assert EnableRequest(["eth1"], isolate=True).settings()["isolate"] is True

@@ -122,6 +122,8 @@ class EnableRequest:
     quota: int | None = None  # kmod only
     freq_ctl: bool = False  # kmod only: EE-KBP CPU-frequency control (hybrid)
     keep_rps: bool = False  # leave RPS on (default: turn it off, journaled; see kbp.rps)
+    #: move other devices' queue interrupts off the polling CPUs, journaled (kbp.contention)
+    isolate: bool = False
     periodic: Periodic | None = None  # mode periodic: its knobs (None there: the defaults)
 
     def resolved(self, backend: str) -> EnableRequest:
@@ -140,7 +142,9 @@ class EnableRequest:
         return {"mode": self.mode, "cpus": self.cpus, "rt_prio": self.rt_prio,
                 "linger_us": self.linger_us, "quota": self.quota, "freq_ctl": self.freq_ctl,
                 "keep_rps": self.keep_rps,
-                "periodic": asdict(self.periodic) if self.periodic is not None else None}
+                "periodic": asdict(self.periodic) if self.periodic is not None else None,
+                # only when asked for: journals written before --isolate stay in sync
+                **({"isolate": True} if self.isolate else {})}
 
 
 def validate_common(req: EnableRequest, rt_prio_min: int = RT_PRIO_MIN) -> None:

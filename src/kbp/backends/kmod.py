@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kbp import kmod, modespec, names, rps, sysinfo
+from kbp import contention, kmod, modespec, names, rps, sysinfo
 from kbp.backends import (
     DEFAULT_RT_PRIO,
     DeviceResult,
@@ -38,7 +38,7 @@ from kbp.backends import (
     validate_common,
 )
 from kbp.backends.stock import _safe, sysfs_key, thread_status
-from kbp.effects import SysfsHandler
+from kbp.effects import IrqHandler, SysfsHandler
 from kbp.errors import InvalidInput, KbpctlError, OperationFailed, Unavailable
 from kbp.netdev import NETNS_DIR, NetdevClient, NetFS, check_netns, link_names
 from kbp.state import (
@@ -266,6 +266,8 @@ class KmodBackend:
             sysinfo.validate_cpus(req.cpus, self.host)
         if req.freq_ctl:
             check_freq_ctl(req.cpus or sysinfo.online_cpus(self.host), self.host)
+        if req.isolate:
+            contention.check_isolate(req.cpus, sysinfo.online_cpus(self.host))
 
     def _prepare(self, client: Any, dev: str, netns: str | None,
                  replace_other: bool = False) -> tuple[Any, Record | None]:
@@ -337,7 +339,7 @@ class KmodBackend:
                 fss[netns] = NetFS(netns)
             return fss[netns]
         return {"kmod_attach": AttachHandler(client) if client is not None else _Gone(),
-                "sysfs": SysfsHandler(_safe(fs))}
+                "sysfs": SysfsHandler(_safe(fs)), "irq": IrqHandler(self.host)}
 
     def _enable_one(self, client: Any, eff: Mapping[str, Any], hook: Callable[[str], None],
                     req: EnableRequest, dev: str, link: Any) -> DeviceResult:
@@ -356,6 +358,11 @@ class KmodBackend:
                 if ex.apply("sysfs", sysfs_key(req.netns, dev, link.ifindex, attr),
                             v) is not None:
                     changes += 1
+            if req.isolate:  # the other devices' interrupts off the polling CPUs
+                served = [(r.dev, r.netns) for r in self.state.records()] + \
+                    [(d, req.netns) for d in req.devices]
+                changes += contention.isolate(ex, cpus, served, req.netns,
+                                              sysinfo.online_cpus(self.host), self.host)
             key = {"dev": dev, "netns": req.netns, "ifindex": link.ifindex}
             if ex.apply("kmod_attach", key, attachment(req, cpus, napi_count)) is not None:
                 changes += 1

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kbp import modespec, names, periodicd, rps, sysinfo
+from kbp import contention, modespec, names, periodicd, rps, sysinfo
 from kbp.backends import (
     DEFAULT_RT_PRIO,
     DeviceResult,
@@ -371,6 +371,8 @@ class StockBackend:
         if busy and req.rt_prio is not None and req.rt_prio > 0:
             raise InvalidInput(busy_fifo_refusal(req.rt_prio))
         validate_common(req, rt_prio_min=0 if busy else RT_PRIO_MIN)
+        if req.isolate:
+            contention.check_isolate(req.cpus, sysinfo.online_cpus(self.host))
         if req.quota is not None:
             raise InvalidInput("--quota is a knob of the kbp module: the stock backend polls "
                                "with the driver's NAPI weight (drop --quota or use "
@@ -493,6 +495,11 @@ class StockBackend:
                 msi = ctx.fs(p.netns).msi_irqs(p.dev)
                 name_irqs = [q.irq for q in sysinfo.device_irqs(p.dev, msi or None, self.host)]
             run(plan_irqs(irq_targets(napi_irqs, name_irqs, thread_cpus)))
+            if req.isolate:  # the other devices' interrupts off the polling CPUs
+                served = [(r.dev, r.netns) for r in self.state.records()] + \
+                    [(d, req.netns) for d in req.devices]
+                changes += contention.isolate(ex, thread_cpus, served, req.netns,
+                                              sysinfo.online_cpus(self.host), self.host)
 
             ok = feats.napi_knob("defer_hard_irqs") and feats.napi_knob("gro_flush_timeout")
             lids = [n.id for n in napis] if (napis and ok) else None

@@ -26,8 +26,13 @@ def test_registered() -> None:
     assert s.links == ("rt", "heavy") and s.parts == ("rtt",)
     assert s.rt_roles == ("heavy",) and s.app_policy == "fifo"
     assert scenarios.default_modes(s) == ("napi", "threaded", "exclusive", "stock-kbp",
-                                          "hybrid", "busy")
-    assert set(s.make_modes()) == {"exclusive"}
+                                          "hybrid", "busy", "stock-kbp-excl", "hybrid-excl",
+                                          "busy-excl")
+    assert set(s.make_modes()) == {"exclusive", "stock-kbp-excl", "hybrid-excl",
+                                   "busy-excl"}
+    both = s.make_modes()["stock-kbp-excl"]
+    assert both.inner.name == "stock-kbp" and both.spins is False
+    assert rt_split.exclusive_like("busy-excl") and not rt_split.exclusive_like("busy")
     assert s.make_modes()["exclusive"] is not s.make_modes()["exclusive"]   # fresh per run
     assert "exclusive" in cli.description()
 

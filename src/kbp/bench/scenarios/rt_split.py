@@ -98,7 +98,16 @@ CONDITIONS: dict[str, str] = {
     "idle": "RT flow alone, its receive processing on the RT CPU (baseline)",
 }
 PAPER_UNIFORM_US = (1000.0, 10000.0)        # Sect. IV-A: random gaps of 1 to 10 ms
-ORDER = (names.BENCH_NAPI, names.BENCH_THREADED, EXCLUSIVE, *KBP_MODES)
+EXCL_SUFFIX = "-excl"
+#: the kbp modes combined with the exclusive CPU (kbpctl enable --isolate's placement plus the
+#: heavy receiver moved): "stock-kbp-excl", "hybrid-excl", "busy-excl"
+KBP_EXCL_MODES = tuple(m + EXCL_SUFFIX for m in KBP_MODES)
+ORDER = (names.BENCH_NAPI, names.BENCH_THREADED, EXCLUSIVE, *KBP_MODES, *KBP_EXCL_MODES)
+
+
+def exclusive_like(mode: str) -> bool:
+    """The mode puts the heavy flow on the non-RT CPU (exclusive, or a kbp mode with it)."""
+    return mode == EXCLUSIVE or mode in KBP_EXCL_MODES
 # Table 3 of the paper (µs: mean, p99, SD) and Fig. 7's throughput, by the mode standing in
 PAPER_TABLE3: dict[str, tuple[str, float, float, float]] = {
     names.BENCH_NAPI: ("(non-RT) vanilla Linux", 92.5, 225.0, 29.2),
@@ -214,6 +223,64 @@ class ExclusiveMode:
                 "heavy_receiver_cpus": h.receiver_cpus() if h else None}
 
 
+class KbpExclusiveMode:
+    """``<kbp mode>-excl``: a kbp mode (the RT device on the poller) *and* the exclusive CPU
+    (the heavy receiver and its device's RPS on the non-RT CPU): what an operator gets with
+    ``kbpctl enable --isolate`` plus the heavy application placed elsewhere. Everything but
+    the move is the inner mode's."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name + EXCL_SUFFIX
+        self.spins = inner.spins
+        self.excl = ExclusiveMode(name=self.name)
+
+    @property
+    def heavy(self) -> HeavySide | None:
+        return self.excl.heavy
+
+    @heavy.setter
+    def heavy(self, h: HeavySide | None) -> None:
+        self.excl.heavy = h
+
+    def unavailable(self) -> str | None:
+        return self.inner.unavailable()
+
+    def app_place(self, home: AppPlace, env: AppEnv) -> AppPlace:
+        return self.inner.app_place(home, env)
+
+    def app(self) -> str:
+        return self.inner.app()
+
+    def needs_fresh_device(self, t: Target) -> bool:
+        return bool(self.inner.needs_fresh_device(t))
+
+    def setup(self, t: Target) -> None:
+        if self.excl.heavy is None:
+            raise RtSplitError(f"mode {self.name} runs only in the rt-split scenario (no "
+                               "heavy receiver to move)")
+        self.inner.setup(t)
+        self.excl._moved = True
+        self.excl.heavy.place(self.excl.heavy.nonrt_cpu)
+
+    def teardown(self) -> None:
+        try:
+            if self.excl._moved and self.excl.heavy is not None:
+                self.excl._moved = False
+                self.excl.heavy.place(self.excl.heavy.rt_cpu)
+        finally:
+            self.inner.teardown()
+
+    def threads(self) -> dict[int, str]:
+        return dict(self.inner.threads())
+
+    def counters(self) -> dict[str, int | None]:
+        return dict(self.inner.counters())
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.inner.describe(), "exclusive": self.excl.describe()}
+
+
 def nonrt_cpu(place: pl.Placement) -> int:
     """The exclusive CPU method's non-RT CPU: a usable CPU no role uses, else one only the
     harness uses, else the flood sender's (never the RT CPU)."""
@@ -241,11 +308,14 @@ class RtSplit:
     rt_roles: tuple[str, ...] = (pl.HEAVY,)
     app_policy = "fifo"
     default_modes: tuple[str, ...] = (names.BENCH_NAPI, names.BENCH_THREADED, EXCLUSIVE,
-                                      *KBP_MODES)
+                                      *KBP_MODES, *KBP_EXCL_MODES)
     default_parts: tuple[str, ...] = (pt.RTT,)
     own_modes: ClassVar[dict[str, str]] = {
         EXCLUSIVE: "rt-split only: the exclusive CPU method (RT device on napi; the heavy "
-                   "receiver and its RPS on the non-RT CPU)"}
+                   "receiver and its RPS on the non-RT CPU)",
+        **{m + EXCL_SUFFIX: f"rt-split only: {m} and the exclusive CPU together (kbpctl "
+                            "enable --isolate's placement, the heavy receiver moved too)"
+           for m in KBP_MODES}}
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "full": {"loads": ["on"], "parts": [pt.RTT], "duration": 10.0},
         "demo": {"loads": ["on"], "parts": [pt.RTT], "duration": 4.0, "reps": 3},
@@ -268,7 +338,10 @@ class RtSplit:
         return ["iperf3"]
 
     def make_modes(self) -> dict[str, Any]:
-        return {EXCLUSIVE: ExclusiveMode()}
+        from kbp.bench.modes import all_modes
+        base = all_modes()
+        return {EXCLUSIVE: ExclusiveMode(),
+                **{m + EXCL_SUFFIX: KbpExclusiveMode(base[m]) for m in KBP_MODES}}
 
     def check(self, cfg: BenchConfig) -> None:
         from kbp.bench.runner import Aborted, BenchConfig
@@ -315,9 +388,10 @@ class RtSplit:
         tb.defer(load.stop_server)
         tb.defer(load.stop)
         heavy = HeavySide(tb.server, hv.dev_b, rt_cpu, other, load, cpu_now=rt_cpu)
-        excl = bench.modes.get(EXCLUSIVE)
-        if isinstance(excl, ExclusiveMode):
-            excl.heavy = heavy
+        for m in (EXCLUSIVE, *KBP_EXCL_MODES):
+            excl = bench.modes.get(m)
+            if isinstance(excl, ExclusiveMode | KbpExclusiveMode):
+                excl.heavy = heavy
         bench.results["steering"] = {
             "mechanism": "RT NIC IRQ + RPS of the heavy device" if nic else "RPS",
             "cpu": rt_cpu, "devices": steering.now(),
@@ -514,9 +588,9 @@ def steering_check(runs: list[dict[str, Any]]) -> dict[str, Any]:
         h = r.get("heavy") or {}
         if r.get("condition") != LOADS["on"] or not h.get("rx_pps"):
             continue
-        key = "nonrt_cpu_rx" if r["mode"] == EXCLUSIVE else "rt_cpu_rx"
+        key = "nonrt_cpu_rx" if exclusive_like(r["mode"]) else "rt_cpu_rx"
         got = (r.get(key) or {}).get("processed_per_s") or 0.0
-        d = out.setdefault(r["mode"], {"where": "non-RT CPU" if r["mode"] == EXCLUSIVE
+        d = out.setdefault(r["mode"], {"where": "non-RT CPU" if exclusive_like(r["mode"])
                                        else "RT CPU", "runs": 0, "ok": 0})
         d["runs"] += 1
         d["ok"] += int(got >= STEER_SHARE * h["rx_pps"])

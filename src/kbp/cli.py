@@ -403,19 +403,9 @@ def cmd_enable(args: argparse.Namespace) -> int:
     if modespec.spins(req.mode) and res.devices:
         assert req.rt_prio is not None
         _warn(busy_notice(be.name, (c for d in res.devices for c in d.cpus), req.rt_prio))
-    if res.devices:
-        assert req.rt_prio is not None
-        _contention_notes({c for d in res.devices for c in d.cpus}, req.rt_prio, req.netns)
-    return EXIT_OK
-
-
-def _contention_notes(cpus: set[int], rt_prio: int, netns: str | None) -> None:
-    """Non-RT receive work that will meet the pollers on ``cpus`` (kbp.contention)."""
-    from kbp import contention
-    from kbp.state import StateDir
-    served = [(r.dev, r.netns) for r in StateDir().records()]
-    for n in contention.notes(cpus, rt_prio, served, netns, online_cpus()):
+    for n in res.notes:  # other receive work on the polling CPUs (kbp.contention)
         _warn(f"{PROG}: {n}")  # one line each: scripts grep them
+    return EXIT_OK
 
 
 def cmd_disable(args: argparse.Namespace) -> int:
@@ -506,13 +496,9 @@ def _apply_once(cfg: Any, dry_run: bool, quiet: bool) -> None:
             prio = reqs[0].resolved(bname).rt_prio
             assert prio is not None
             _warn(busy_notice(bname, cpus, prio))
-    done = [a for a in actions if a.op in ("enable", "reenable") and a.result is not None
-            and a.request is not None]
-    for a in done:
-        assert a.request is not None and a.result is not None
-        prio = a.request.rt_prio
-        assert prio is not None
-        _contention_notes({c for d in a.result.devices for c in d.cpus}, prio, a.netns)
+    for a in actions:
+        for n in a.result.notes if a.result is not None else []:
+            _warn(f"{PROG}: {n}")
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:

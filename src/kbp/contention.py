@@ -65,7 +65,7 @@ def foreign_irqs(cpus: Iterable[int], served: Iterable[tuple[str, str | None]],
                 if dev == "lo" or (dev, ns) in skip:
                     continue
                 hit, on = [], set()
-                for irq in rtclass.device_irqs(dev, ns, actions, client):
+                for irq in rtclass.device_irqs(dev, ns, actions, client, host):
                     where = set(_irq_cpus(irq, host)) & want
                     if where:
                         hit.append(irq)

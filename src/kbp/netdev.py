@@ -336,6 +336,10 @@ class Link:
     operstate: str | None
     up: bool
     rx_packets: int | None
+    #: the device it sits on (IFLA_PARENT_DEV_NAME/_BUS_NAME, 5.15+): ("virtio1", "virtio"),
+    #: ("0000:01:00.0", "pci"); None for software devices. /sys/bus/BUS/devices/NAME is
+    #: readable from any netns, unlike /sys/class/net
+    parent: tuple[str, str] | None = None
 
 
 def _iproute(netns: str | None) -> IPRoute:
@@ -360,9 +364,11 @@ def get_link(dev: str | int, netns: str | None = None) -> Link | None:
     info = msg.get_attr("IFLA_LINKINFO")
     kind = info.get_attr("IFLA_INFO_KIND") if info is not None else None
     stats = msg.get_attr("IFLA_STATS64")
+    pname, pbus = msg.get_attr("IFLA_PARENT_DEV_NAME"), msg.get_attr("IFLA_PARENT_DEV_BUS_NAME")
     return Link(ifindex=msg["index"], name=msg.get_attr("IFLA_IFNAME"), kind=kind,
                 operstate=msg.get_attr("IFLA_OPERSTATE"), up=bool(msg["flags"] & 1),
-                rx_packets=stats["rx_packets"] if stats is not None else None)
+                rx_packets=stats["rx_packets"] if stats is not None else None,
+                parent=(str(pname), str(pbus)) if pname and pbus else None)
 
 
 def link_names(netns: str | None = None) -> list[str]:

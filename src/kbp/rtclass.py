@@ -187,22 +187,31 @@ def _irq_list(irqs: Sequence[int]) -> str:
 
 
 def device_irqs(dev: str, netns: str | None, actions: Mapping[int, str],
-                client: Callable[[str | None], Any]) -> list[int]:
-    """The queue IRQs of ``dev``: its NAPIs' IRQs where the driver records them, else its
-    MSI vectors (those of the parent PCI function for virtio: ``device/../msi_irqs``), else
-    an IRQ whose action is named after the device (a single legacy interrupt).
-    ``client``: a netdev netlink client per netns (:func:`kbp.netdev.clients`)."""
-    from kbp.netdev import NetFS, get_link
+                client: Callable[[str | None], Any], host: Host = HOST) -> list[int]:
+    """The queue IRQs of ``dev``: its NAPIs' IRQs where the driver records them, else the
+    MSI vectors of the device it sits on (``/sys/bus/BUS/devices/NAME/msi_irqs``; for
+    virtio those of the PCI function above it), else an IRQ whose action is named after the
+    device (a single legacy interrupt). No sysfs of another netns is needed: the parent
+    comes from rtnetlink. ``client``: a netdev netlink client per netns
+    (:func:`kbp.netdev.clients`)."""
+    from kbp.netdev import get_link
     link = get_link(dev, netns)
     if link is None:
         return []
     napi_irqs = [n.irq for n in client(netns).napis(link.ifindex) if n.irq is not None]
     if napi_irqs:
         return queue_irqs(napi_irqs, actions) or sorted(set(napi_irqs))
-    fs = NetFS(netns)
-    msi = [int(n) for n in fs.listdir(dev, "device/msi_irqs") if n.isdigit()]
-    if not msi and (fs.read(dev, "device/modalias") or "").startswith("virtio:"):
-        msi = [int(n) for n in fs.listdir(dev, "device/../msi_irqs") if n.isdigit()]
+    msi: list[int] = []
+    if link.parent is not None:
+        name, bus = link.parent
+        base = host.sys / "bus" / bus / "devices" / name
+        for d in (base, base / "..") if bus == "virtio" else (base,):
+            try:
+                msi = [int(n) for n in os.listdir(d / "msi_irqs") if n.isdigit()]
+            except OSError:
+                continue
+            if msi:
+                break
     named = [i for i, a in actions.items() if dev in (x.strip() for x in a.split(", "))]
     return queue_irqs(msi, actions) or sorted(named)
 
@@ -225,7 +234,7 @@ def describe(devices: Iterable[tuple[str, str | None]], rule: RtClassRule | None
     actions = read_interrupts(host)
     threads = irq_threads(host)
     with clients() as client:
-        return {(d, ns): classify(d, ns, device_irqs(d, ns, actions, client), threads,
+        return {(d, ns): classify(d, ns, device_irqs(d, ns, actions, client, host), threads,
                                   rule.rtnet_prio)
                 for d, ns in devices}
 

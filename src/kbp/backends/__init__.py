@@ -230,6 +230,18 @@ def read_rps(fs: Callable[[str | None], Any], dev: str, netns: str | None,
         return None
 
 
+def contention_notes(req: EnableRequest, result: EnableResult, state: StateDir,
+                     host: Host = HOST) -> list[str]:
+    """kbp.contention's notes for the devices ``result`` just enabled (``req`` resolved)."""
+    from kbp import contention
+    from kbp.sysinfo import online_cpus
+    cpus = {c for d in result.devices for c in d.cpus}
+    if not cpus or req.rt_prio is None:
+        return []
+    served = [(r.dev, r.netns) for r in state.records()]
+    return contention.notes(cpus, req.rt_prio, served, req.netns, online_cpus(host), host)
+
+
 def rps_off_plan(r: Rps | None, req: EnableRequest) -> list[tuple[str, str]]:
     """(sysfs attribute, value) that turn RPS off, unless ``--keep-rps``."""
     return [] if r is None or req.keep_rps else r.plan_off()
@@ -267,6 +279,8 @@ class EnableResult:
     backend: str
     reason: str
     devices: list[DeviceResult] = field(default_factory=list)
+    #: advice on what else meets the pollers on their CPUs (kbp.contention), one line each
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from kbp.backends import (
     NapiStatus,
     Periodic,
     PollerStatus,
+    contention_notes,
     lookup_device,
     read_rps,
     require_root,
@@ -328,6 +329,7 @@ class KmodBackend:
                                           "every change was rolled back") from e
         finally:
             client.close()
+        result.notes = contention_notes(req, result, self.state, self.host)
         return result
 
     def _effector(self, client: Any) -> dict[str, Any]:

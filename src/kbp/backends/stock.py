@@ -52,6 +52,7 @@ from kbp.backends import (
     NapiStatus,
     PollerStatus,
     ThreadStatus,
+    contention_notes,
     lookup_device,
     read_rps,
     require_root,
@@ -454,6 +455,7 @@ class StockBackend:
                 raise OperationFailed(
                     f"enabling {started[-1].dev if started else '?'} failed: {e}; "
                     f"every change was rolled back{extra}") from e
+        result.notes = contention_notes(req, result, self.state, self.host)
         return result
 
     def _enable_one(self, ctx: _Ctx, p: _Prep, req: EnableRequest, eff: Any,

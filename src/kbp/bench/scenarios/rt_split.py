@@ -82,7 +82,8 @@ from kbp.bench import netstats, plots, report, steer, workloads
 from kbp.bench import parts as pt
 from kbp.bench import placement as pl
 from kbp.bench.knobs import KnobError
-from kbp.bench.modes import AppEnv, AppPlace, Target, sysfs_net
+from kbp.bench.modes import AppEnv, AppPlace, Target, _Defaults, sysfs_net
+from kbp.bench.scenarios.shared_cpu import Patient
 from kbp.bench.stats import aggregate, ratios_to_baseline
 from kbp.testbed import set_gro
 
@@ -168,7 +169,7 @@ class HeavySide:
 
 
 @dataclass
-class ExclusiveMode:
+class ExclusiveMode(_Defaults):
     """``exclusive``: the exclusive CPU method.  The RT device is plain napi (as ``napi``);
     while the mode is on the heavy receiver and its device's RPS are on the non-RT CPU, and
     teardown puts both back on the RT CPU.  Bound to the run's heavy side by the scenario."""
@@ -181,15 +182,6 @@ class ExclusiveMode:
 
     def unavailable(self) -> str | None:
         return None
-
-    def app_place(self, home: AppPlace, env: AppEnv) -> AppPlace:
-        return home
-
-    def app(self) -> str:
-        return names.APP_SOCKPERF
-
-    def needs_fresh_device(self, t: Target) -> bool:
-        return False
 
     def setup(self, t: Target) -> None:
         self.target = t
@@ -409,7 +401,7 @@ class RtSplit:
                                 for k, v in PAPER_TABLE3.items()}}
         irqs = tuple((bench.results.get("nic_pair") or {}).get("irqs", {}).get(rt.dev_b, ()))
         bench.probes.append(_probe(steering, heavy, irqs))
-        patient = _Patient(load)
+        patient = Patient(load)
         for rep in range(cfg.reps):
             loads = cfg.loads if rep % 2 == 0 else list(reversed(cfg.loads))
             for cond in loads:
@@ -447,27 +439,6 @@ class RtSplit:
     def plots(self, results: dict[str, Any], samples: dict[str, list[int]], out: Path,
               ) -> list[Path]:
         return plots.standard(results, samples, out, CONDITIONS)
-
-
-class _Patient:
-    """The TCP heavy sender, started again while iperf3's server still ends the previous
-    test (it serves one at a time, and on the busy RT CPU it can take a moment)."""
-
-    def __init__(self, flood: workloads.Flood, tries: int = 6) -> None:
-        self.flood, self.tries = flood, tries
-
-    def start(self) -> None:
-        for i in range(self.tries):
-            try:
-                self.flood.start()
-                return
-            except RuntimeError as e:
-                if "busy" not in str(e) or i == self.tries - 1:
-                    raise
-                time.sleep(1.0)
-
-    def stop(self) -> dict[str, Any]:
-        return self.flood.stop()
 
 
 def _heavy_counters(heavy: HeavySide) -> dict[str, int] | None:

@@ -34,6 +34,7 @@ from kbp.sysinfo import (
     format_cpulist,
     parse_cpulist,
     read_interrupts,
+    read_irq_affinity,
     read_irq_effective,
 )
 
@@ -80,16 +81,27 @@ def _irq_cpus(irq: int, host: Host) -> list[int]:
     that agrees with the requested list (an IRQ allowed on every CPU is delivered to one),
     else the requested list (x86 applies a new one at the vector's next interrupt, so the
     effective list lags behind a change until then)."""
-    try:
-        want = parse_cpulist((host.proc / "irq" / str(irq) /
-                              "smp_affinity_list").read_text())
-    except (OSError, ValueError):
-        return []
+    want = _requested(irq, host)
     try:
         eff = parse_cpulist(read_irq_effective(irq, host) or "")
     except ValueError:
         eff = []
     return eff if eff and set(eff) <= set(want) else want
+
+
+def _requested(irq: int, host: Host) -> list[int]:
+    """The interrupt's requested affinity ([] when it cannot be read)."""
+    try:
+        return parse_cpulist(read_irq_affinity(irq, host))
+    except (OSError, ValueError):
+        return []
+
+
+def scope(netns: str | None) -> tuple[str | None, ...]:
+    """The netns whose devices are looked at: the init netns, ``netns`` and every named one
+    (an interrupt is global; the device may live anywhere)."""
+    from kbp.netdev import named_netns
+    return tuple(dict.fromkeys((None, netns, *named_netns())))
 
 
 def foreign_irq_note(f: ForeignIrqs, online: Sequence[int]) -> str:
@@ -146,9 +158,8 @@ def notes(cpus: Iterable[int], rt_prio: int, served: Iterable[tuple[str, str | N
     note = prio_note(rt_prio, has_bh_lock())
     if note:
         out.append(note)
-    named = sorted(p.name for p in Path("/run/netns").glob("*"))
     try:
-        found = foreign_irqs(cpus, served, (None, netns, *named), host)
+        found = foreign_irqs(cpus, served, scope(netns), host)
     except (OSError, ValueError):
         found = []
     out += [foreign_irq_note(f, online) for f in found]
@@ -167,7 +178,7 @@ def check_isolate(cpus: Sequence[int] | None, online: Sequence[int]) -> None:
 
 
 def isolate_plan(cpus: Iterable[int], served: Iterable[tuple[str, str | None]],
-                 netns: str | None, online: Sequence[int], host: Host = HOST
+                 netns: Sequence[str | None], online: Sequence[int], host: Host = HOST
                  ) -> list[tuple[int, str]]:
     """``--isolate``: (IRQ, new affinity list) for every queue interrupt of a device kbp does
     not serve that lands on ``cpus``: its affinity without the polling CPUs (every other
@@ -175,16 +186,10 @@ def isolate_plan(cpus: Iterable[int], served: Iterable[tuple[str, str | None]],
     so ``disable`` puts them back."""
     polling = set(cpus)
     rest = [c for c in online if c not in polling]
-    named = sorted(p.name for p in Path("/run/netns").glob("*"))
     out = []
-    for f in foreign_irqs(polling, served, (None, netns, *named), host):
+    for f in foreign_irqs(polling, served, netns, host):
         for irq in f.irqs:
-            try:
-                now = parse_cpulist((host.proc / "irq" / str(irq) /
-                                     "smp_affinity_list").read_text())
-            except (OSError, ValueError):
-                now = []
-            keep = [c for c in now if c not in polling] or rest
+            keep = [c for c in _requested(irq, host) if c not in polling] or rest
             out.append((irq, format_cpulist(keep)))
     return out
 
@@ -222,13 +227,11 @@ def isolate(ex: Any, cpus: Iterable[int], served: Iterable[tuple[str, str | None
     executor (kinds ``irq`` and ``sysfs``); returns the number of changes. An interrupt whose
     affinity the kernel manages (EIO), or a target that went away, is left as it is: the
     other devices still work, and the note after ``enable`` names an interrupt that stayed."""
-    cpus, served = list(cpus), list(served)
-    named = sorted(p.name for p in Path("/run/netns").glob("*"))
+    cpus, served, where = list(cpus), list(served), scope(netns)
     steps: list[tuple[str, dict[str, Any], str]] = [
         ("irq", {"irq": irq}, new)
-        for irq, new in isolate_plan(cpus, served, netns, online, host)]
-    steps += [("sysfs", key, new)
-              for key, new in rps_isolate_plan(cpus, served, (None, netns, *named))]
+        for irq, new in isolate_plan(cpus, served, where, online, host)]
+    steps += [("sysfs", key, new) for key, new in rps_isolate_plan(cpus, served, where)]
     moved = 0
     for kind, key, new in steps:
         try:

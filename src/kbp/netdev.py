@@ -169,6 +169,14 @@ class NetdevFeatures:
                 "threaded_busy_poll": self.napi_busy_poll}
 
 
+def named_netns() -> list[str]:
+    """The names of the netns ``ip netns`` knows (/run/netns), sorted; [] without any."""
+    try:
+        return sorted(os.listdir(NETNS_DIR))
+    except OSError:
+        return []
+
+
 def check_netns(netns: str | None) -> None:
     if netns is None:
         return

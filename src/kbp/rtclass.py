@@ -219,8 +219,9 @@ def device_irqs(dev: str, netns: str | None, actions: Mapping[int, str],
 def scan(rule: RtClassRule, host: Host = HOST) -> list[DeviceClass]:
     """Every device of the init netns and of those of ``rule.netns`` that exist now,
     classified."""
-    from kbp.netdev import link_names
-    present = [ns for ns in rule.netns if Path("/run/netns", ns).exists()]  # may come later
+    from kbp.netdev import link_names, named_netns
+    known = set(named_netns())
+    present = [ns for ns in rule.netns if ns in known]  # may come later
     devs = [(d, ns) for ns in (None, *present) for d in link_names(ns) if d != "lo"]
     return list(describe(devs, rule, host).values())
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kbp.bench import cli, placement, report, scenarios
+from kbp.bench import cli, modes, placement, report, scenarios
 from kbp.bench.runner import Aborted, Bench, BenchConfig
 from kbp.bench.scenarios import rt_split
 
@@ -111,7 +111,7 @@ def _heavy(monkeypatch: pytest.MonkeyPatch) -> tuple[rt_split.HeavySide, dict[st
         masks.update(m)
     monkeypatch.setattr(rt_split.steer, "read_rps", lambda ns, dev: dict(masks))
     monkeypatch.setattr(rt_split.steer, "write_rps", write)
-    monkeypatch.setattr(rt_split, "sysfs_net", lambda ns, dev, attr: "0")
+    monkeypatch.setattr(modes, "sysfs_net", lambda ns, dev, attr: "0")
     h = rt_split.HeavySide("ns-s", "heavy-s-ab", 1, 0, _FakeFlood(),  # type: ignore[arg-type]
                            cpu_now=1)
     return h, calls
@@ -135,10 +135,10 @@ def test_exclusive_moves_and_puts_back(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_exclusive_refuses_without_the_scenario(monkeypatch: pytest.MonkeyPatch) -> None:
     from kbp.bench.modes import Target
-    monkeypatch.setattr(rt_split, "sysfs_net", lambda ns, dev, attr: "0")
+    monkeypatch.setattr(modes, "sysfs_net", lambda ns, dev, attr: "0")
     with pytest.raises(rt_split.RtSplitError, match="only in the rt-split scenario"):
         rt_split.ExclusiveMode().setup(Target("ns", "dev", 1))
-    monkeypatch.setattr(rt_split, "sysfs_net", lambda ns, dev, attr: "1")
+    monkeypatch.setattr(modes, "sysfs_net", lambda ns, dev, attr: "1")
     with pytest.raises(rt_split.RtSplitError, match="threaded is 1"):
         rt_split.ExclusiveMode().setup(Target("ns", "dev", 1))
 

@@ -230,6 +230,23 @@ def read_rps(fs: Callable[[str | None], Any], dev: str, netns: str | None,
         return None
 
 
+def served_devices(state: StateDir, req: EnableRequest) -> list[tuple[str, str | None]]:
+    """The devices kbp serves (journaled) and those ``req`` enables: the ones ``--isolate``
+    and the contention notes leave alone."""
+    return [(r.dev, r.netns) for r in state.records()] + [(d, req.netns) for d in req.devices]
+
+
+def isolate_others(ex: Any, req: EnableRequest, cpus: Sequence[int], state: StateDir,
+                   host: Host = HOST) -> int:
+    """``--isolate`` inside a device's enable (its journal's executor ``ex``): the other
+    devices' queue interrupts and RPS off ``cpus`` (kbp.contention.isolate); the number of
+    changes made."""
+    from kbp import contention
+    from kbp.sysinfo import online_cpus
+    return contention.isolate(ex, cpus, served_devices(state, req), req.netns,
+                              online_cpus(host), host)
+
+
 def contention_notes(req: EnableRequest, result: EnableResult, state: StateDir,
                      host: Host = HOST) -> list[str]:
     """kbp.contention's notes for the devices ``result`` just enabled (``req`` resolved)."""
@@ -238,8 +255,8 @@ def contention_notes(req: EnableRequest, result: EnableResult, state: StateDir,
     cpus = {c for d in result.devices for c in d.cpus}
     if not cpus or req.rt_prio is None:
         return []
-    served = [(r.dev, r.netns) for r in state.records()]
-    return contention.notes(cpus, req.rt_prio, served, req.netns, online_cpus(host), host)
+    return contention.notes(cpus, req.rt_prio, served_devices(state, req), req.netns,
+                            online_cpus(host), host)
 
 
 def rps_off_plan(r: Rps | None, req: EnableRequest) -> list[tuple[str, str]]:

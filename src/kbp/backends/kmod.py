@@ -31,6 +31,7 @@ from kbp.backends import (
     Periodic,
     PollerStatus,
     contention_notes,
+    isolate_others,
     lookup_device,
     read_rps,
     require_root,
@@ -41,7 +42,7 @@ from kbp.backends import (
 from kbp.backends.stock import _safe, sysfs_key, thread_status
 from kbp.effects import IrqHandler, SysfsHandler
 from kbp.errors import InvalidInput, KbpctlError, OperationFailed, Unavailable
-from kbp.netdev import NETNS_DIR, NetdevClient, NetFS, check_netns, link_names
+from kbp.netdev import NETNS_DIR, NetdevClient, NetFS, check_netns, link_names, named_netns
 from kbp.state import (
     MISSING,
     Executor,
@@ -361,10 +362,7 @@ class KmodBackend:
                             v) is not None:
                     changes += 1
             if req.isolate:  # the other devices' interrupts off the polling CPUs
-                served = [(r.dev, r.netns) for r in self.state.records()] + \
-                    [(d, req.netns) for d in req.devices]
-                changes += contention.isolate(ex, cpus, served, req.netns,
-                                              sysinfo.online_cpus(self.host), self.host)
+                changes += isolate_others(ex, req, cpus, self.state, self.host)
             key = {"dev": dev, "netns": req.netns, "ifindex": link.ifindex}
             if ex.apply("kmod_attach", key, attachment(req, cpus, napi_count)) is not None:
                 changes += 1
@@ -462,7 +460,7 @@ class KmodBackend:
                     d.ifname not in devices or d.netns_inum != here)):
                 continue
             seen.add((d.ifname, d.netns_inum))
-            ns = next((n for n in _known_netns() if _netns_inum(n) == d.netns_inum), None)
+            ns = next((n for n in named_netns() if _netns_inum(n) == d.netns_inum), None)
             out.append(self._unmanaged(d, ns))
         for name in _probe_names(netns, devices):
             if (name, here) in seen or (name, here) in by_key:
@@ -625,9 +623,3 @@ def _probe_names(netns: str | None, devices: Sequence[str] | None) -> list[str]:
     except (KbpctlError, OSError):
         return []
 
-
-def _known_netns() -> list[str]:
-    try:
-        return sorted(os.listdir(NETNS_DIR))
-    except OSError:
-        return []

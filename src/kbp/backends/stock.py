@@ -53,6 +53,7 @@ from kbp.backends import (
     PollerStatus,
     ThreadStatus,
     contention_notes,
+    isolate_others,
     lookup_device,
     read_rps,
     require_root,
@@ -498,10 +499,7 @@ class StockBackend:
                 name_irqs = [q.irq for q in sysinfo.device_irqs(p.dev, msi or None, self.host)]
             run(plan_irqs(irq_targets(napi_irqs, name_irqs, thread_cpus)))
             if req.isolate:  # the other devices' interrupts off the polling CPUs
-                served = [(r.dev, r.netns) for r in self.state.records()] + \
-                    [(d, req.netns) for d in req.devices]
-                changes += contention.isolate(ex, thread_cpus, served, req.netns,
-                                              sysinfo.online_cpus(self.host), self.host)
+                changes += isolate_others(ex, req, thread_cpus, self.state, self.host)
 
             ok = feats.napi_knob("defer_hard_irqs") and feats.napi_knob("gro_flush_timeout")
             lids = [n.id for n in napis] if (napis and ok) else None

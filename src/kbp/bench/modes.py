@@ -236,6 +236,15 @@ class _Defaults:
 
 
 # -- napi ------------------------------------------------------------------------------------
+def require_softirq_napi(t: Target, mode: str, error: type[Exception] = RuntimeError) -> None:
+    """The RT device's NAPI runs in softirq (threaded 0), as a napi-like mode expects; a
+    threaded one means a previous mode was not torn down (``error`` with the reason)."""
+    cur = sysfs_net(t.netns, t.dev, "threaded")
+    if cur != "0":
+        raise error(f"{t.dev}: threaded is {cur}, expected 0 for mode {mode} "
+                    "(a previous mode was not torn down?)")
+
+
 @dataclass
 class NapiMode(_Defaults):
     name: str = "napi"
@@ -247,10 +256,7 @@ class NapiMode(_Defaults):
 
     def setup(self, t: Target) -> None:
         self.target = t
-        cur = sysfs_net(t.netns, t.dev, "threaded")
-        if cur != "0":
-            raise RuntimeError(f"{t.dev}: threaded is {cur}, expected 0 for mode napi "
-                               "(a previous mode was not torn down?)")
+        require_softirq_napi(t, self.name)
 
     def teardown(self) -> None:
         self.target = None

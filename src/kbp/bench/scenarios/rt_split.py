@@ -82,7 +82,7 @@ from kbp.bench import netstats, plots, report, steer, workloads
 from kbp.bench import parts as pt
 from kbp.bench import placement as pl
 from kbp.bench.knobs import KnobError
-from kbp.bench.modes import AppEnv, AppPlace, Target, _Defaults, sysfs_net
+from kbp.bench.modes import AppEnv, AppPlace, Target, _Defaults, require_softirq_napi
 from kbp.bench.scenarios.shared_cpu import Patient
 from kbp.bench.stats import aggregate, ratios_to_baseline
 from kbp.testbed import set_gro
@@ -185,18 +185,23 @@ class ExclusiveMode(_Defaults):
 
     def setup(self, t: Target) -> None:
         self.target = t
-        cur = sysfs_net(t.netns, t.dev, "threaded")
-        if cur != "0":
-            raise RtSplitError(f"{t.dev}: threaded is {cur}, expected 0 for mode exclusive "
-                               "(a previous mode was not torn down?)")
-        if self.heavy is None:
-            raise RtSplitError("mode exclusive runs only in the rt-split scenario (no heavy "
-                               "receiver to move)")
-        self._moved = True
-        self.heavy.place(self.heavy.nonrt_cpu)
+        require_softirq_napi(t, self.name, RtSplitError)
+        self.move_out()
 
     def teardown(self) -> None:
         self.target = None
+        self.move_back()
+
+    def move_out(self) -> None:
+        """The heavy receiver and its device's RPS to the non-RT CPU (the exclusive CPU)."""
+        if self.heavy is None:
+            raise RtSplitError(f"mode {self.name} runs only in the rt-split scenario (no "
+                               "heavy receiver to move)")
+        self._moved = True
+        self.heavy.place(self.heavy.nonrt_cpu)
+
+    def move_back(self) -> None:
+        """Undo :meth:`move_out` (nothing when it did not run)."""
         if self._moved and self.heavy is not None:
             self._moved = False
             self.heavy.place(self.heavy.rt_cpu)
@@ -248,18 +253,15 @@ class KbpExclusiveMode:
         return bool(self.inner.needs_fresh_device(t))
 
     def setup(self, t: Target) -> None:
-        if self.excl.heavy is None:
+        if self.excl.heavy is None:  # refuse before the inner mode changes anything
             raise RtSplitError(f"mode {self.name} runs only in the rt-split scenario (no "
                                "heavy receiver to move)")
         self.inner.setup(t)
-        self.excl._moved = True
-        self.excl.heavy.place(self.excl.heavy.nonrt_cpu)
+        self.excl.move_out()
 
     def teardown(self) -> None:
         try:
-            if self.excl._moved and self.excl.heavy is not None:
-                self.excl._moved = False
-                self.excl.heavy.place(self.excl.heavy.rt_cpu)
+            self.excl.move_back()
         finally:
             self.inner.teardown()
 

@@ -126,8 +126,8 @@ def test_setup_sets_every_napi_and_rps_off_teardown_restores_exactly() -> None:
     assert m.app_place(AppPlace(1, 51), AppEnv()) == AppPlace(1, 51)   # placed like sockperf
     m.setup(T)
     for nid in (8193, 8194):
-        assert k.files[(NS, napi_knob(nid, "defer-hard-irqs", NS).path)] == "100"
-        assert k.files[(NS, napi_knob(nid, "gro-flush-timeout", NS).path)] == "50000"
+        assert k.files[(NS, napi_knob(nid, "defer-hard-irqs", NS).path)] == "2"
+        assert k.files[(NS, napi_knob(nid, "gro-flush-timeout", NS).path)] == "20000"
         assert k.files[(NS, napi_knob(nid, "irq-suspend-timeout", NS).path)] == "20000000"
     for q in ("rx-0", "rx-1"):
         assert k.files[(NS, f"{Q}/{q}/rps_cpus")] == "00000000,00000000"   # same width

@@ -153,7 +153,7 @@ def test_irq_suspend_sets_the_napis_and_rps_off_then_restores_exactly(
         assert [n.id for n in on] == [n.id for n in napis_before]
         for n in on:
             assert (n.defer_hard_irqs, n.gro_flush_timeout, n.irq_suspend_timeout) == \
-                (100, 50_000, 20_000_000), n
+                (2, 20_000, 20_000_000), n
         assert steer.rps_cpus(steer.read_rps(tb.server, rt.dev_b)) == []
         d = mode.describe()
         assert d["found"][f"netdev napi {on[0].id} irq-suspend-timeout (netns {tb.server})"] \
@@ -193,8 +193,15 @@ def test_smoke_bench_napi_and_irq_suspend_shared_cpu(tmp_path: Path) -> None:
         assert r["app"] == "kbp-echo", r.get("app")
         assert t["sent"] > 500 and r["rtt_ns"]["n"] > 0.5 * t["sent"], t
         ms = r["mode_setup"]
-        assert set(ms["set"].values()) >= {"100", "50000", "20000000"}, ms["set"]
+        assert set(ms["set"].values()) >= {"2", "20000", "20000000"}, ms["set"]
         assert any("/rps_cpus (netns " in k for k in ms["set"]), ms["set"]   # RPS off
+        if r["condition"] == "idle":
+            # the deferral ends within 2 empty re-polls of a request (and GRO lets go of it
+            # then): the RT CPU's NET_RX rounds per request stay a handful (request poll,
+            # re-polls, the reply's veth NAPI). With the selftest's 100 x 50 us the timer
+            # re-polled through every gap and held each request to the next jiffy (~10 per
+            # request at 2000/s: docs/results.md, irq-suspend).
+            assert r["rt_cpu_rx"]["net_rx"] <= 6 * t["sent"], (r["rt_cpu_rx"], t)
     rt_cpu = res["placement"]["cpus"]["rt"]
     for r in res["runs"]:
         rt_dev = next(d for d in r["steering"] if d.startswith("rt-"))

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from kbp.bench import parts as pt
 from kbp.bench import placement, report, scenarios, steer
 from kbp.bench.cli import PRESETS
 from kbp.bench.placement import PlacementError
@@ -77,6 +78,28 @@ def test_app_policy() -> None:
     assert b.app_fifo() == 0
     with pytest.raises(Aborted, match="unknown --app-policy"):
         Bench(BenchConfig(app_policy="rr"), cpus_available=lambda: [0, 1]).plan()
+
+
+def test_the_flood_kind() -> None:
+    """shared-cpu floods with the shaped TCP heavy sender unless --flood udp; veth-inline
+    keeps UDP; a scenario whose load is its own refuses --flood, an unknown kind is refused,
+    and the report names the flood in force."""
+    def bench(scen: str, flood: str | None = None) -> Bench:
+        b = Bench(BenchConfig(scenario=scen, flood=flood), cpus_available=lambda: [0, 1])
+        b.plan()
+        return b
+    assert bench("shared-cpu").flood_proto() == "tcp"
+    assert bench("shared-cpu", "udp").flood_proto() == "udp"
+    assert bench("veth-inline").flood_proto() == "udp"
+    assert bench("veth-inline", "tcp").flood_proto() == "tcp"
+    for scen in ("rt-split", "stream"):
+        with pytest.raises(Aborted, match=f"--flood does not apply to {scen}"):
+            bench(scen, "tcp")
+    with pytest.raises(Aborted, match="unknown --flood 'icmp': use udp, tcp"):
+        bench("shared-cpu", "icmp")
+    assert "TCP heavy sender" in pt.flood_words({"flood": {"proto": "tcp"}})
+    assert "UDP flood (64 B" in pt.flood_words({"flood": {"proto": "udp",
+                                                          "payload_bytes": 64}})
 
 
 def _run(mode: str, cond: str, rep: int, p999: float, rt: int, rps: dict[str, list[int]],

@@ -40,17 +40,25 @@ def _host_rps() -> dict[str, str]:
     return out
 
 
-def test_both_flows_on_the_rt_cpu_then_the_rt_flow_on_the_poller(tmp_path: Path) -> None:
+@pytest.mark.parametrize("flood", [None, "udp"])
+def test_both_flows_on_the_rt_cpu_then_the_rt_flow_on_the_poller(tmp_path: Path,
+                                                                  flood: str | None) -> None:
+    """The default flood (the TCP heavy sender, its pair shaped per packet) and --flood udp."""
     _skip_unless_ready()
     before_ns, before_set, before_rps = _ours(), _settings(), _host_rps()
     cfg = BenchConfig(scenario="shared-cpu", modes=["napi", "stock-kbp"], reps=1,
                       duration=1.5, warmup=0.2, parts=["rtt"], trace=False, out=tmp_path,
-                      command="pytest")
+                      command="pytest", flood=flood)
     res = Bench(cfg).run()
     report.add_summary(res)
     res = json.loads(json.dumps(res))
 
     assert res["scenario"]["name"] == "shared-cpu" and not res["interrupted"]
+    if flood is None:       # read back from the kernel while the pair existed
+        assert res["flood"] == {"proto": "tcp", "payload_bytes": 0, "bitrate": "0",
+                                "shaping": {"sender_tso": False, "receiver_gro": False}}
+    else:
+        assert res["flood"]["proto"] == "udp" and "shaping" not in res["flood"]
     cpus = res["placement"]["cpus"]
     rt = cpus["rt"]
     assert cpus["heavy"] == rt and cpus["app"] == rt and cpus["tester"] != rt
@@ -80,7 +88,7 @@ def test_both_flows_on_the_rt_cpu_then_the_rt_flow_on_the_poller(tmp_path: Path)
                 assert rx["received_rps"] < 0.05 * sent, rx
         if cond == "flood":
             fb = r["flood_block"]
-            assert fb["rx_pps"] > 1000
+            assert fb["rx_pps"] > 1000 and fb["proto"] == (flood or "tcp")
             # the heavy receiver's packets went up the stack on the RT CPU too
             assert rx["processed_per_s"] > 0.5 * fb["rx_pps"], (rx, fb)
             assert rx["received_rps"] > 0

@@ -32,7 +32,10 @@ def test_registered_with_the_protocol() -> None:
     assert s is st.SCENARIO and s.links == ("rt",) and s.parts == ("stream-tcp", "stream-udp")
     assert s.tools(BenchConfig()) == ["iperf3"]
     assert scenarios.default_modes(s) == tuple(DEFAULT_MODES)
-    assert scenarios.default_modes(scenarios.get("shared-cpu")) == names.BENCH_MODES
+    assert scenarios.default_modes(scenarios.get("veth-inline")) == names.BENCH_MODES
+    # shared-cpu: every mode but the periodic ones (NetAP is for bulk streams)
+    assert scenarios.default_modes(scenarios.get("shared-cpu")) == tuple(
+        m for m in names.BENCH_MODES if "periodic" not in m)
     assert "stream" in cli.description()
 
 
@@ -100,12 +103,16 @@ def test_cli_defaults_presets_and_knobs() -> None:
     assert (cfg.duration, cfg.stream_warmup, cfg.udp_len) == (2.0, 12.0, 64)
     assert cfg.periodic_round_ms == 1000 and cfg.parts == ["stream-tcp"]
     assert _cfg(["--interval-us", "500"]).periodic_interval_us == 500
-    # other scenarios keep every mode and their own parts
+    # other scenarios keep their own modes and parts
     cfg = _cfg(["--scenario", "shared-cpu", "--smoke"])
     assert cfg.parts == ["rtt", "rfc2544"]
-    b = Bench(_cfg(["--scenario", "shared-cpu"]), cpus_available=lambda: [0, 1])
+    b = Bench(_cfg(["--scenario", "veth-inline"]), cpus_available=lambda: [0, 1])
     b.plan()
     assert b.cfg.modes == list(names.BENCH_MODES)
+    b = Bench(_cfg(["--scenario", "shared-cpu", "--modes", "napi,stock-periodic"]),
+              cpus_available=lambda: [0, 1])
+    b.plan()
+    assert b.cfg.modes == ["napi", "stock-periodic"]          # named: they run
 
 
 def test_iperf3_times_and_argv() -> None:

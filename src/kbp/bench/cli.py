@@ -72,8 +72,8 @@ from kbp.testbed import remove_stale, stale_namespaces
 PRESETS: dict[str, dict[str, Any]] = {
     "full": {},
     "demo": {"scenario": "shared-cpu", "budget_s": 290.0,
-             "reps": 5, "duration": 4.0, "parts": ["rtt", "rfc2544"], "rfc_frames": [64],
-             "rfc_reps": 1, "rfc_trial": 1.0, "rfc_resolution": 0.1},
+             "reps": 5, "duration": 3.0, "parts": ["rtt", "rfc2544"], "rfc_frames": [64],
+             "rfc_reps": 1, "rfc_trial": 0.5, "rfc_resolution": 0.1},
     "smoke": {"modes": ["napi", "stock-kbp"], "reps": 1, "duration": 1.0, "warmup": 0.2,
               "parts": ["rtt", "rfc2544"], "rfc_frames": [64], "rfc_reps": 1,
               "rfc_trial": 0.3, "rfc_resolution": 0.25, "rfc_max_pps": 20000.0},
@@ -123,7 +123,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--idle-duration", type=float,
                    help="seconds of no traffic per mode in the idle part (default 10)")
     p.add_argument("--tcp-len", type=int,
-                   help="rtt-tcp: iperf3 TCP write size in bytes (default: iperf3's 128 KiB)")
+                   help="iperf3 TCP write size in bytes of rtt-tcp, --flood tcp and rt-split "
+                        "(default: iperf3's 128 KiB)")
     p.add_argument("--scenarios", type=_csv, dest="parts_deprecated", metavar="PARTS",
                    help="deprecated: the old name of --parts")
     p.add_argument("--loads", type=_csv, help="competing load for rtt: off,on")
@@ -144,6 +145,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="random inter-arrival times uniform in [MIN_US, MAX_US] µs instead "
                         "(--rate and --constant then unused; rt-split's default: 1000,10000, "
                         "the paper's 1-10 ms)")
+    p.add_argument("--flood", choices=parts.FLOODS,
+                   help="the heavy receiver's load (veth-inline, shared-cpu): udp = iperf3 "
+                        "UDP datagrams of --flood-len bytes at full speed; tcp = one iperf3 "
+                        "TCP stream at full speed with TSO off at the sender and GRO off at "
+                        "the receiver, so its receive work is per MTU packet and fills the RT "
+                        "CPU (default: tcp in shared-cpu, udp in veth-inline)")
     p.add_argument("--flood-len", type=int, help="UDP payload of the competing flood")
     p.add_argument("--table2-scale", type=float,
                    help="factor applied to EE-KBP Table 2's bit rates (default 0.02)")
@@ -201,7 +208,7 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
     except scenarios.UnknownScenario:
         pass
     simple = ("scenario", "modes", "reps", "parts", "loads", "duration", "rate", "frame",
-              "flood_len", "idle_duration", "tcp_len", "table2_scale", "table2_duration",
+              "flood", "flood_len", "idle_duration", "tcp_len", "table2_scale", "table2_duration",
               "rfc_frames", "rfc_trial", "rfc_reps", "rfc_resolution", "rfc_max_pps",
               "tester_prio", "rt_prio", "periodic_round_ms", "periodic_interval_us",
               "stream_warmup", "udp_len", "uniform_us")

@@ -21,7 +21,7 @@ nothing else; the client ends and the competing flood's devices stay stock NAPI 
                         before the interrupt, on veth the peer's wake-up, is re-armed).
 ``irq-suspend``         the kernel's IRQ suspension (Linux 6.13+, napi.rst "IRQ suspension")
                         on the RT server device, per NAPI through netdev ``napi-set``:
-                        ``defer-hard-irqs`` = 100, ``gro-flush-timeout`` = 50000 ns,
+                        ``defer-hard-irqs`` = 2, ``gro-flush-timeout`` = 20000 ns,
                         ``irq-suspend-timeout`` = 20000000 ns, RPS off on that device; the RT
                         application is ``kbp-echo``, an epoll echo server that asks for it
                         (``EPIOCSPARAMS``: prefer_busy_poll 1, busy_poll_usecs 0, budget 16).
@@ -400,8 +400,10 @@ class DeferMode(KnobMode):
 
 
 # -- irq-suspend: the kernel's IRQ suspension, for an epoll app that asks for it --------------
-IRQ_SUSPEND_DEFER_HARD_IRQS = "100"         # napi-set defer-hard-irqs
-IRQ_SUSPEND_GRO_FLUSH_TIMEOUT_NS = "50000"  # napi-set gro-flush-timeout (50 us)
+# napi.rst "IRQ suspension": defer-hard-irqs / gro-flush-timeout "low"; the same as defer's,
+# so the two modes differ only by the suspension.  NOT the selftest's 100 x 50 us: see below.
+IRQ_SUSPEND_DEFER_HARD_IRQS = "2"           # napi-set defer-hard-irqs
+IRQ_SUSPEND_GRO_FLUSH_TIMEOUT_NS = "20000"  # napi-set gro-flush-timeout (20 us)
 IRQ_SUSPEND_TIMEOUT_NS = "20000000"         # napi-set irq-suspend-timeout (20 ms)
 IRQ_SUSPEND_SINCE: Version = (6, 13, 0)     # napi-set irq-suspend-timeout
 EPOLL_PARAMS_SINCE: Version = (6, 9, 0)     # EPIOCSPARAMS / EPIOCGPARAMS on an epoll fd
@@ -539,20 +541,25 @@ class IrqSuspendMode(KnobMode):
     for up to ``irq-suspend-timeout``, re-armed at every such call; once a call finds none,
     the suspension ends and IRQ deferral takes over (after a poll with work, up to
     ``defer-hard-irqs`` empty re-polls from a ``gro-flush-timeout`` hrtimer before the IRQ
-    is re-armed).  On veth the "IRQ" is the peer's wake-up of the NAPI (``rx_notify_masked``).
+    is re-armed; GRO keeps what it holds until that last re-poll or the next jiffy).  On
+    veth the "IRQ" is the peer's wake-up of the NAPI (``rx_notify_masked``).
 
-    The values are the kernel's own example, tools/testing/selftests/net/busy_poll_test.sh
-    (the test of the series that added it): ``defer-hard-irqs`` 100, ``gro-flush-timeout``
-    50 us, ``irq-suspend-timeout`` 20 ms; epoll ``busy_poll_usecs`` 0, budget 16,
-    ``prefer_busy_poll`` 1, 8 events per call (kbp-echo's defaults,
-    :data:`kbp.bench.workloads.ECHO_BUSY_POLL_USECS` ...).  napi.rst itself gives no numbers
-    but the rules they follow: ``irq-suspend-timeout`` much larger than ``gro-flush-timeout``
-    (a safety net that covers one userland processing cycle: an echo takes microseconds, 20 ms
-    is far above it), ``gro-flush-timeout`` and ``defer-hard-irqs`` "low" but set (without
-    them the suspension has "no discernible effect": epoll busy polling cannot take the NAPI
-    over from the IRQ).  So with this app an idle gap longer than 100 x 50 us = 5 ms hands
-    the NAPI back to its IRQ; a shorter one is bridged by the 50 us timer (a request can wait
-    up to that long in the gap), and a busy period is polled by the app alone.  The
+    The values follow Documentation/networking/napi.rst ("IRQ suspension"), which gives no
+    numbers but the rules: ``irq-suspend-timeout`` much larger than ``gro-flush-timeout`` (a
+    safety net for one userland processing cycle: 20 ms), ``gro-flush-timeout`` and
+    ``defer-hard-irqs`` set but "low" (they decide what happens once epoll finds nothing):
+    2 and 20 us, defer's values.  epoll ``busy_poll_usecs`` 0, budget 16, ``prefer_busy_poll``
+    1, 8 events per call (kbp-echo's defaults, :data:`kbp.bench.workloads.ECHO_BUSY_POLL_USECS`
+    ...).  The selftest's 100 x 50 us (tools/testing/selftests/net/busy_poll_test.sh, a bulk
+    TCP transfer over netdevsim) does not fit this testbed: the RT device has
+    ``rx-udp-gro-forwarding`` on (:mod:`kbp.testbed`), so veth's GRO holds each request
+    (udp4_gro_receive() -> udp_gro_receive_segment(); no socket lookup without a UDP tunnel
+    socket), and while a deferral timeout is pending napi_complete_done() flushes only
+    packets older than the current jiffy (gro_flush_normal(gro, flush_old=true)).  With 100
+    re-polls x 50 us = 5 ms > one jiffy (4 ms at HZ=250) every request waited for the next
+    tick: RTT ~U(0, 4 ms), p50 2.1 ms (docs/results.md, 2026-11-23).  With 2 re-polls the
+    hold ends at the third completion (<= ~40 us, as in defer), and after ~40 us without
+    traffic the "interrupt" (on veth the peer's wake-up, ``rx_notify_masked``) is back.  The
     mode is the per-NAPI netlink settings (there is no sysfs one for ``irq-suspend-timeout``),
     set on every NAPI of the RT device, which has one per receive queue.
 

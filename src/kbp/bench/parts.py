@@ -18,15 +18,18 @@ and the parts the runner offers in every scenario (``COMMON``), after the scenar
 
 from __future__ import annotations
 
+import json
 import math
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kbp.bench import placement as pl
 from kbp.bench import rfc2544 as rfc
 from kbp.bench import workloads
+from kbp.testbed import run, set_gro
 
 if TYPE_CHECKING:
     from kbp.bench.runner import Bench, BenchConfig
+    from kbp.testbed import VethLink
 
 RTT, TABLE2, RFC2544 = "rtt", "table2", "rfc2544"
 IDLE, RTT_TCP = "idle", "rtt-tcp"
@@ -99,19 +102,60 @@ def plan_seconds(cfg: BenchConfig, n_modes: int, rtt_conditions: int) -> float:
     return s
 
 
-def start_flood(bench: Bench) -> workloads.Flood:
-    """The heavy receiver's UDP flood over the ``flood`` link, from the flood sender's CPU
-    to the heavy receiver's; its server runs from now on, both stop when the testbed closes."""
+FLOODS = ("udp", "tcp")      # --flood: the heavy receiver's load in veth-inline and shared-cpu
+
+
+def per_packet(link: VethLink) -> dict[str, bool]:
+    """Shape a veth pair so a TCP stream's receive work is one packet per MTU segment, as a
+    NIC's interrupt delivers it: TSO off at the sender's end (no 64 KiB super-segments), GRO
+    off at the receiver's (no merging before RPS); returns both as the kernel reads them back
+    (``ethtool --json -k``), so results show what was in force, not what was asked."""
+    run(link.ns_a, ["ethtool", "-K", link.dev_a, "tso", "off"])
+    set_gro(link.ns_b, link.dev_b, False)
+    return {"sender_tso": _feature(link.ns_a, link.dev_a, "tcp-segmentation-offload"),
+            "receiver_gro": _feature(link.ns_b, link.dev_b, "generic-receive-offload")}
+
+
+def _feature(ns: str, dev: str, name: str) -> bool:
+    out = run(ns, ["ethtool", "--json", "-k", dev]).stdout
+    return bool(json.loads(out)[0][name]["active"])
+
+
+def start_flood(bench: Bench, proto: str = "udp") -> workloads.Flood:
+    """The heavy receiver's flood over the ``flood`` link, from the flood sender's CPU to the
+    heavy receiver's; its server runs from now on, both stop when the testbed closes.
+
+    ``proto`` "udp": iperf3 UDP datagrams of ``--flood-len`` bytes at ``--flood-bitrate``.
+    "tcp": one iperf3 TCP stream at full speed over the pair shaped by :func:`per_packet`
+    (``--tcp-len`` writes): the heavy sender of rt-socket-outsourcing, whose receive work
+    fills the receiving CPU (what it does and why: docs/results.md, "shared-cpu")."""
     cfg, tb, place = bench.cfg, bench.tb, bench.placement
     assert tb is not None and place is not None
+    if proto not in FLOODS:
+        raise ValueError(f"unknown flood {proto!r}: {' or '.join(FLOODS)}")
     fl = tb.link("flood")
+    rec: dict[str, Any] = {"proto": proto}
+    if proto == "tcp":
+        rec["shaping"] = per_packet(fl)
+    udp = proto == "udp"
+    rec.update(payload_bytes=cfg.flood_len if udp else cfg.tcp_len,
+               bitrate=cfg.flood_bitrate if udp else "0")
+    bench.results["flood"] = rec
     flood = workloads.Flood(tb.client, tb.server, fl.ip_b, fl.dev_b,
                             sender_cpu=place.cpu(pl.FLOOD), receiver_cpu=place.cpu(pl.HEAVY),
-                            length=cfg.flood_len, bitrate=cfg.flood_bitrate)
+                            length=rec["payload_bytes"], bitrate=rec["bitrate"], proto=proto)
     flood.start_server()
     tb.defer(flood.stop_server)
     tb.defer(flood.stop)
     return flood
+
+
+def flood_words(results: dict[str, Any]) -> str:
+    """The flood of a run, in words (report lines and titles)."""
+    f = results.get("flood") or {}
+    if f.get("proto") == "tcp":
+        return "a TCP heavy sender (one iperf3 stream, TSO and GRO off: per-packet receive work)"
+    return f"a UDP flood ({f.get('payload_bytes', 64)} B iperf3 datagrams)"
 
 
 def latency_block(bench: Bench, rep: int, condition: str, load: Load | None = None,

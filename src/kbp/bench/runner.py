@@ -108,7 +108,9 @@ class BenchConfig:
     # random inter-arrival times uniform in [MIN_US, MAX_US] instead (--uniform; rt-split's
     # default is the paper's 1-10 ms); the mean rate then follows from the range
     uniform_us: list[float] | None = None
-    # competing load
+    # competing load: the flood's kind (--flood udp|tcp; None: the scenario's own, see
+    # Scenario.flood), UDP payload and bitrate
+    flood: str | None = None
     flood_len: int = 64
     flood_bitrate: str = "0"
     tcp_len: int = 0                 # rtt-tcp: iperf3 TCP write size (0: iperf3's 128 KiB)
@@ -287,6 +289,7 @@ class Bench:
         rfc2544.udp_payload(cfg.frame)
         for f in cfg.rfc_frames:
             rfc2544.udp_payload(f)
+        self._check_flood(cfg)
         self.scenario.check(cfg)
         try:
             self.placement = placement_.plan(self.cpus_available(), cfg.cpus,
@@ -339,6 +342,21 @@ class Bench:
         assert self.scenario is not None
         extra = (parts.TCP_LINK,) if parts.RTT_TCP in (self.cfg.parts or []) else ()
         return (*self.scenario.links, *extra)
+
+    def _check_flood(self, cfg: BenchConfig) -> None:
+        """--flood: known, and only for a scenario with a flood of that kind to choose."""
+        own = getattr(self.scenario, "flood", None)
+        if cfg.flood is None:
+            return
+        if cfg.flood not in parts.FLOODS:
+            raise Aborted(f"unknown --flood {cfg.flood!r}: use {', '.join(parts.FLOODS)}")
+        if own is None:
+            raise Aborted(f"--flood does not apply to {self.scenario.name}: its load is its "
+                          "own (--flood chooses veth-inline's and shared-cpu's)")
+
+    def flood_proto(self) -> str:
+        """The flood this run uses: --flood, else the scenario's own default."""
+        return self.cfg.flood or getattr(self.scenario, "flood", None) or "udp"
 
     def plan_seconds(self) -> float:
         """Planned duration of the whole benchmark (for the progress bar)."""

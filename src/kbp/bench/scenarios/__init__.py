@@ -96,7 +96,8 @@ class Scenario(Protocol):
     # --demo) means for this scenario, applied over the preset's own values), ``own_modes``
     # ({name: one line}: modes only this scenario has, accepted by --modes for it alone) with
     # ``make_modes()`` (fresh kbp.bench.modes.Mode objects for them, one set per run; the
-    # scenario's ``run`` binds them to what it built).
+    # scenario's ``run`` binds them to what it built), ``flood`` (the kind of its flood when
+    # --flood is not given, one of parts.FLOODS; a scenario without it refuses --flood).
 
 
 def default_modes(scen: Scenario) -> tuple[str, ...]:

@@ -85,7 +85,6 @@ from kbp.bench.knobs import KnobError
 from kbp.bench.modes import AppEnv, AppPlace, Target, _Defaults, require_softirq_napi
 from kbp.bench.scenarios.shared_cpu import Patient
 from kbp.bench.stats import aggregate, ratios_to_baseline
-from kbp.testbed import set_gro
 
 if TYPE_CHECKING:
     from kbp.bench.runner import Bench, BenchConfig
@@ -367,8 +366,7 @@ class RtSplit:
         rt_cpu, other = place.cpu(pl.RT), nonrt_cpu(place)
         rt, hv = tb.link("rt"), tb.link(HEAVY_LINK)
         nic = rt.kind == "nic"
-        tb.run(hv.ns_a, ["ethtool", "-K", hv.dev_a, "tso", "off"])
-        set_gro(hv.ns_b, hv.dev_b, False)
+        shaping = pt.per_packet(hv)
         steering = steer.Steering(tb.server, [hv.dev_b] if nic else [rt.dev_b, hv.dev_b],
                                   rt_cpu)
         tb.defer(steering.undo)
@@ -398,7 +396,7 @@ class RtSplit:
                                 "TSO off on its veth end",
                       "receiver": "iperf3 -s on the RT CPU (the non-RT CPU in exclusive), "
                                   "GRO off on its veth end (no NAPI: netif_rx + RPS)",
-                      "tcp_len": cfg.tcp_len},
+                      "tcp_len": cfg.tcp_len, "shaping": shaping},
             "paper_table3_us": {k: {"method": v[0], "mean": v[1], "p99": v[2], "sd": v[3]}
                                 for k, v in PAPER_TABLE3.items()}}
         irqs = tuple((bench.results.get("nic_pair") or {}).get("irqs", {}).get(rt.dev_b, ()))

@@ -1,13 +1,21 @@
 """Scenario ``shared-cpu``: the papers' situation, RT and heavy receive work meeting on one
 CPU (KBP Sect. 3.2.5, rt-socket-outsourcing Sect. II-C).
 
-Two veth pairs as in ``veth-inline`` (``rt``: tester -> sockperf server; ``flood``: iperf3
-UDP 64 B at full speed from the flood sender's CPU to the heavy receiver), but RPS steers the
-receive processing of *both* server devices to the RT CPU, where the RT app and the heavy
-receiver (iperf3 server) run.  veth has no interrupt: its NAPI polls on the transmitting CPU
-and hands each packet to RPS, which queues it on the RT CPU's backlog and sends that CPU an
-IPI; NET_RX then runs there at the IPI's exit, or in ksoftirqd once softirq load is high --
-the NIC IRQ affined to the RT CPU of the papers, with both flows in one queue.  Why RPS and
+Two veth pairs as in ``veth-inline`` (``rt``: tester -> sockperf server; ``flood``: the heavy
+sender, from the flood sender's CPU to the heavy receiver), but RPS steers the receive
+processing of *both* server devices to the RT CPU, where the RT app and the heavy receiver
+(iperf3 server) run.  The flood (``--flood``) is by default ``tcp``: one iperf3 TCP stream at
+full speed with TSO off at the sender and GRO off at the receiver, so its receive work is one
+packet per MTU segment on the RT CPU (~650,000 packets/s on this 2-CPU host) and fills that
+CPU: NET_RX in softirq and ksoftirqd, the papers' "softirq load is high" -- rt-socket-
+outsourcing's heavy sender.  ``udp`` (iperf3 64 B datagrams) is sender-bound on a CPU the
+tester shares and left the RT CPU below saturation (no NET_RX round out of budget), so it hurt
+napi in some runs only; docs/results.md, "shared-cpu", has both.
+
+veth has no interrupt: its NAPI polls on the transmitting CPU and hands each packet to RPS,
+which queues it on the RT CPU's backlog and sends that CPU an IPI; NET_RX then runs there at
+the IPI's exit, or in ksoftirqd once softirq load is high -- the NIC IRQ affined to the RT CPU
+of the papers, with both flows in one queue.  Why RPS and
 not a tun device or the VM's virtio NICs: docs/results.md, "shared-cpu: the mechanism".
 
 In ``napi`` and ``threaded`` both devices keep RPS, so the RT request waits in the RT CPU's
@@ -36,6 +44,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from kbp import names
 from kbp.bench import parts as pt
 from kbp.bench import placement as pl
 from kbp.bench import plots, report, steer, workloads
@@ -47,7 +56,8 @@ if TYPE_CHECKING:
 LOADS = {"off": "idle", "on": "flood"}
 CONDITIONS: dict[str, str] = {
     "idle": "RT flow alone, RPS of its server device to the RT CPU (idle baseline)",
-    "flood": "RT flow with the heavy receiver's flood, both devices' RPS to the RT CPU",
+    "flood": "RT flow with the heavy receiver's flood (see above), both devices' RPS to the "
+             "RT CPU",
 }
 NIC_CONDITIONS: dict[str, str] = {   # --nic-pair: the RT port's IRQ on the RT CPU, no RPS on it
     "idle": "RT flow alone over the NIC pair, the RT port's interrupts on the RT CPU (idle "
@@ -67,18 +77,27 @@ RX_FIELDS = ("net_rx_per_s", "processed_per_s", "received_rps", "time_squeeze",
 
 class SharedCpu:
     name = "shared-cpu"
-    title = ("RT flow and a UDP flood's heavy receiver with their receive processing steered "
-             "(RPS) to the RT CPU; kbp modes move the RT device onto the poller")
+    title = ("RT flow and a heavy receiver's flood (TCP; --flood udp) with their receive "
+             "processing steered (RPS) to the RT CPU; kbp modes move the RT device onto the "
+             "poller")
     links = ("rt", "flood")
     parts = (pt.RTT, pt.RFC2544)
     rt_roles: tuple[str, ...] = (pl.HEAVY,)
     app_policy = "fifo"
+    flood = "tcp"
+    # every mode but the periodic ones: NetAP trades per-request latency for CPU on bulk
+    # streams (scenario ``stream``); at 2000 RT requests/s its interval puts ms into every
+    # round trip (measured: docs/results.md, "shared-cpu"). Named with --modes, they run here.
+    default_modes: tuple[str, ...] = tuple(m for m in names.BENCH_MODES
+                                           if m not in (names.BENCH_PERIODIC,
+                                                        names.BENCH_STOCK_PERIODIC))
     role_doc: ClassVar[dict[str, str]] = {
         pl.RT: "RPS target of both server devices: the backlog NET_RX of the RT flow "
                "(napi, threaded) and of the flood (every mode)",
         pl.TESTER: "the RT device's veth NAPI in napi mode (veth polls on the transmitting "
                    "CPU), which hands each packet to RPS",
-        pl.FLOOD: "iperf3 UDP client (the flood) and the flood device's veth NAPI",
+        pl.FLOOD: "iperf3 client (the flood: TCP with TSO off, or UDP) and the flood "
+                  "device's veth NAPI",
         pl.HEAVY: "iperf3 server (the heavy receiver), on the RT CPU by design",
     }
 
@@ -119,7 +138,7 @@ class SharedCpu:
                      "it" if nic else
                      "kbp modes: kbpctl enable turns RPS off on the RT device while on; "
                      "irq-suspend turns it off too")}
-        flood = pt.start_flood(bench)
+        flood = pt.start_flood(bench, bench.flood_proto())
         load = Patient(flood)
         irqs = tuple((bench.results.get("nic_pair") or {}).get("irqs", {}).get(rt.dev_b, ()))
         bench.probes.append(_probe(steering, rt_cpu, irqs))
@@ -145,7 +164,7 @@ class SharedCpu:
     def render(self, results: dict[str, Any]) -> str:
         summ = results.get("summary") or {}
         out = [acceptance_line(summ.get("acceptance") or {}), "",
-               f"RT app: {app_words(results)}.", ""]
+               f"RT app: {app_words(results)}. Flood: {pt.flood_words(results)}.", ""]
         out += flood_vs_idle_section(summ.get("flood_vs_idle") or {})
         nic = bool(results.get("nic_pair"))
         out += report.rtt_sections(results, conditions(results))

@@ -36,16 +36,17 @@ CONDITIONS: dict[str, str] = {
 
 class VethInline:
     name = "veth-inline"
-    title = ("RT flow over veth with and without a UDP flood on a second pair; the RT NAPI "
-             "runs inline in the tester's send() in napi mode")
+    title = ("RT flow over veth with and without a flood (UDP; --flood tcp) on a second "
+             "pair; the RT NAPI runs inline in the tester's send() in napi mode")
     links = ("rt", "flood")
     parts = (pt.RTT, pt.TABLE2, pt.RFC2544)
     rt_roles: tuple[str, ...] = ()
     app_policy = "other"
+    flood = "udp"
     role_doc: ClassVar[dict[str, str]] = {
         pl.TESTER: "in napi mode also the RT device's NAPI (veth polls on the transmitting "
                    "CPU)",
-        pl.FLOOD: "iperf3 UDP client (the flood) and, in every mode, the flood's receive "
+        pl.FLOOD: "iperf3 client (the flood) and, in every mode, the flood's receive "
                   "NAPI (veth)",
         pl.HEAVY: "iperf3 server (the heavy receiver)",
     }
@@ -75,7 +76,7 @@ class VethInline:
         assert tb is not None and place is not None
         flood = None
         if self._flood(cfg):
-            flood = pt.start_flood(bench)
+            flood = pt.start_flood(bench, bench.flood_proto())
         for rep in range(cfg.reps):
             if pt.RTT in (cfg.parts or []):
                 loads = cfg.loads if rep % 2 == 0 else list(reversed(cfg.loads))

@@ -82,10 +82,13 @@ def test_bad_input_refused_in_plan(kw: dict[str, Any], match: str) -> None:
         _bench([0, 1], **kw).plan()
 
 
-def test_exclusive_is_rt_split_only() -> None:
-    with pytest.raises(Aborted, match="unknown mode 'exclusive' for scenario shared-cpu"):
-        _bench([0, 1], scenario="shared-cpu", modes=["napi", "exclusive"]).plan()
+def test_exclusive_is_rt_split_and_shared_cpu_only() -> None:
+    with pytest.raises(Aborted, match="unknown mode 'exclusive' for scenario veth-inline"):
+        _bench([0, 1], scenario="veth-inline", modes=["napi", "exclusive"]).plan()
     _bench([0, 1], modes=["napi", "exclusive"], uniform_us=[500.0, 2000.0]).plan()
+    b = _bench([0, 1], scenario="shared-cpu")
+    b.plan()
+    assert {"exclusive", "stock-kbp-excl", "hybrid-excl", "busy-excl"} <= set(b.cfg.modes)
 
 
 def test_uniform_in_other_scenarios_too() -> None:
@@ -136,7 +139,8 @@ def test_exclusive_moves_and_puts_back(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_exclusive_refuses_without_the_scenario(monkeypatch: pytest.MonkeyPatch) -> None:
     from kbp.bench.modes import Target
     monkeypatch.setattr(modes, "sysfs_net", lambda ns, dev, attr: "0")
-    with pytest.raises(rt_split.RtSplitError, match="only in the rt-split scenario"):
+    with pytest.raises(rt_split.RtSplitError,
+                       match="only in the rt-split and shared-cpu scenarios"):
         rt_split.ExclusiveMode().setup(Target("ns", "dev", 1))
     monkeypatch.setattr(modes, "sysfs_net", lambda ns, dev, attr: "1")
     with pytest.raises(rt_split.RtSplitError, match="threaded is 1"):

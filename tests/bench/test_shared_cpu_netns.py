@@ -102,6 +102,35 @@ def test_both_flows_on_the_rt_cpu_then_the_rt_flow_on_the_poller(tmp_path: Path,
     assert _procs() == [] and _iperf() == []
 
 
+def test_exclusive_modes_take_the_flood_off_the_rt_cpu(tmp_path: Path) -> None:
+    """exclusive and stock-kbp-excl (kbpctl enable --isolate's placement): while on, the
+    flood's RPS and the heavy receiver are on the other CPU, so the flood's packets no longer
+    go up the stack on the RT CPU; stock-kbp-excl still polls the RT device there."""
+    _skip_unless_ready()
+    before_ns, before_set, before_rps = _ours(), _settings(), _host_rps()
+    cfg = BenchConfig(scenario="shared-cpu", modes=["napi", "exclusive", "stock-kbp-excl"],
+                      reps=1,
+                      duration=1.5, warmup=0.2, parts=["rtt"], loads=["on"], trace=False,
+                      out=tmp_path, command="pytest")
+    res = json.loads(json.dumps(Bench(cfg).run()))
+    assert not res["interrupted"] and "restore_problems" not in res
+    rt = res["placement"]["cpus"]["rt"]
+    assert {r["mode"] for r in res["runs"]} == {"napi", "exclusive", "stock-kbp-excl"}
+    for r in (r for r in res["runs"] if r["mode"] != "napi"):
+        rx, fb = r["rt_cpu_rx"], r["flood_block"]
+        fl_dev = next(d for d in r["steering"] if d.startswith("flood-"))
+        assert r["steering"][fl_dev] not in ([rt], []), r["steering"]
+        assert fb["rx_pps"] > 1000 and rx["processed_per_s"] < 0.2 * fb["rx_pps"], (rx, fb)
+        setup = r["mode_setup"]
+        heavy = setup if r["mode"] == "exclusive" else setup["exclusive"]
+        assert heavy["heavy_receiver_cpus"] == r["steering"][fl_dev], heavy
+        if r["mode"] == "stock-kbp-excl":
+            assert r["poller"].get("poll_ns", 0) > 0, r["poller"]
+    assert _ours() == before_ns and _settings() == before_set
+    assert _host_rps() == before_rps
+    assert _procs() == [] and _iperf() == []
+
+
 def test_ctrl_c_leaves_no_rps_mask_or_namespace(tmp_path: Path) -> None:
     _skip_unless_ready()
     before_ns, before_set, before_rps = _ours(), _settings(), _host_rps()

@@ -33,9 +33,11 @@ def test_registered_with_the_protocol() -> None:
     assert s.tools(BenchConfig()) == ["iperf3"]
     assert scenarios.default_modes(s) == tuple(DEFAULT_MODES)
     assert scenarios.default_modes(scenarios.get("veth-inline")) == names.BENCH_MODES
-    # shared-cpu: every mode but the periodic ones (NetAP is for bulk streams)
-    assert scenarios.default_modes(scenarios.get("shared-cpu")) == tuple(
-        m for m in names.BENCH_MODES if "periodic" not in m)
+    # shared-cpu: every mode but the periodic ones (NetAP is for bulk streams), then the
+    # exclusive CPU modes
+    assert scenarios.default_modes(scenarios.get("shared-cpu")) == (
+        *(m for m in names.BENCH_MODES if "periodic" not in m), "exclusive",
+        "stock-kbp-excl", "hybrid-excl", "busy-excl")
     assert "stream" in cli.description()
 
 

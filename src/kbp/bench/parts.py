@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kbp.bench import placement as pl
@@ -156,6 +157,27 @@ def flood_words(results: dict[str, Any]) -> str:
     if f.get("proto") == "tcp":
         return "a TCP heavy sender (one iperf3 stream, TSO and GRO off: per-packet receive work)"
     return f"a UDP flood ({f.get('payload_bytes', 64)} B iperf3 datagrams)"
+
+
+class Patient:
+    """The flood, started again when iperf3's server still reports the previous test (with
+    the heavy receiver on the busy RT CPU it can take a moment to finish one)."""
+
+    def __init__(self, flood: workloads.Flood, tries: int = 6) -> None:
+        self.flood, self.tries = flood, tries
+
+    def start(self) -> None:
+        for i in range(self.tries):
+            try:
+                self.flood.start()
+                return
+            except RuntimeError as e:
+                if "busy" not in str(e) or i == self.tries - 1:
+                    raise
+                time.sleep(1.0)
+
+    def stop(self) -> dict[str, Any]:
+        return self.flood.stop()
 
 
 def latency_block(bench: Bench, rep: int, condition: str, load: Load | None = None,

@@ -83,7 +83,6 @@ from kbp.bench import parts as pt
 from kbp.bench import placement as pl
 from kbp.bench.knobs import KnobError
 from kbp.bench.modes import AppEnv, AppPlace, Target, _Defaults, require_softirq_napi
-from kbp.bench.scenarios.shared_cpu import Patient
 from kbp.bench.stats import aggregate, ratios_to_baseline
 
 if TYPE_CHECKING:
@@ -194,7 +193,8 @@ class ExclusiveMode(_Defaults):
     def move_out(self) -> None:
         """The heavy receiver and its device's RPS to the non-RT CPU (the exclusive CPU)."""
         if self.heavy is None:
-            raise RtSplitError(f"mode {self.name} runs only in the rt-split scenario (no "
+            raise RtSplitError(f"mode {self.name} runs only in the rt-split and shared-cpu "
+                               "scenarios (no "
                                "heavy receiver to move)")
         self._moved = True
         self.heavy.place(self.heavy.nonrt_cpu)
@@ -253,7 +253,8 @@ class KbpExclusiveMode:
 
     def setup(self, t: Target) -> None:
         if self.excl.heavy is None:  # refuse before the inner mode changes anything
-            raise RtSplitError(f"mode {self.name} runs only in the rt-split scenario (no "
+            raise RtSplitError(f"mode {self.name} runs only in the rt-split and shared-cpu "
+                               "scenarios (no "
                                "heavy receiver to move)")
         self.inner.setup(t)
         self.excl.move_out()
@@ -287,6 +288,32 @@ def nonrt_cpu(place: pl.Placement) -> int:
     return place.cpu(pl.FLOOD)
 
 
+#: the exclusive CPU modes, which rt-split and shared-cpu offer (their ``own_modes``)
+EXCLUSIVE_MODES_DOC: dict[str, str] = {
+    EXCLUSIVE: "rt-split and shared-cpu only: the exclusive CPU method (RT device on napi; "
+               "the heavy receiver and its RPS on the non-RT CPU)",
+    **{m + EXCL_SUFFIX: f"rt-split and shared-cpu only: {m} and the exclusive CPU together "
+                        "(kbpctl enable --isolate's placement, the heavy receiver moved too)"
+       for m in KBP_MODES}}
+
+
+def make_exclusive_modes() -> dict[str, Any]:
+    """Fresh objects of the exclusive CPU modes (a scenario's ``make_modes``), unbound until
+    :func:`bind_heavy`."""
+    from kbp.bench.modes import all_modes
+    base = all_modes()
+    return {EXCLUSIVE: ExclusiveMode(),
+            **{m + EXCL_SUFFIX: KbpExclusiveMode(base[m]) for m in KBP_MODES}}
+
+
+def bind_heavy(bench: Bench, heavy: HeavySide) -> None:
+    """Tell the run's exclusive CPU modes which heavy receiver and device they move."""
+    for m in (EXCLUSIVE, *KBP_EXCL_MODES):
+        excl = bench.modes.get(m)
+        if isinstance(excl, ExclusiveMode | KbpExclusiveMode):
+            excl.heavy = heavy
+
+
 # -- the scenario ---------------------------------------------------------------------------
 class RtSplit:
     name = "rt-split"
@@ -303,12 +330,7 @@ class RtSplit:
     default_modes: tuple[str, ...] = (names.BENCH_NAPI, names.BENCH_THREADED, EXCLUSIVE,
                                       *KBP_MODES, *KBP_EXCL_MODES)
     default_parts: tuple[str, ...] = (pt.RTT,)
-    own_modes: ClassVar[dict[str, str]] = {
-        EXCLUSIVE: "rt-split only: the exclusive CPU method (RT device on napi; the heavy "
-                   "receiver and its RPS on the non-RT CPU)",
-        **{m + EXCL_SUFFIX: f"rt-split only: {m} and the exclusive CPU together (kbpctl "
-                            "enable --isolate's placement, the heavy receiver moved too)"
-           for m in KBP_MODES}}
+    own_modes: ClassVar[dict[str, str]] = EXCLUSIVE_MODES_DOC
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "full": {"loads": ["on"], "parts": [pt.RTT], "duration": 10.0},
         "demo": {"loads": ["on"], "parts": [pt.RTT], "duration": 4.0, "reps": 3},
@@ -331,10 +353,7 @@ class RtSplit:
         return ["iperf3"]
 
     def make_modes(self) -> dict[str, Any]:
-        from kbp.bench.modes import all_modes
-        base = all_modes()
-        return {EXCLUSIVE: ExclusiveMode(),
-                **{m + EXCL_SUFFIX: KbpExclusiveMode(base[m]) for m in KBP_MODES}}
+        return make_exclusive_modes()
 
     def check(self, cfg: BenchConfig) -> None:
         from kbp.bench.runner import Aborted, BenchConfig
@@ -380,10 +399,7 @@ class RtSplit:
         tb.defer(load.stop_server)
         tb.defer(load.stop)
         heavy = HeavySide(tb.server, hv.dev_b, rt_cpu, other, load, cpu_now=rt_cpu)
-        for m in (EXCLUSIVE, *KBP_EXCL_MODES):
-            excl = bench.modes.get(m)
-            if isinstance(excl, ExclusiveMode | KbpExclusiveMode):
-                excl.heavy = heavy
+        bind_heavy(bench, heavy)
         bench.results["steering"] = {
             "mechanism": "RT NIC IRQ + RPS of the heavy device" if nic else "RPS",
             "cpu": rt_cpu, "devices": steering.now(),
@@ -401,7 +417,7 @@ class RtSplit:
                                 for k, v in PAPER_TABLE3.items()}}
         irqs = tuple((bench.results.get("nic_pair") or {}).get("irqs", {}).get(rt.dev_b, ()))
         bench.probes.append(_probe(steering, heavy, irqs))
-        patient = Patient(load)
+        patient = pt.Patient(load)
         for rep in range(cfg.reps):
             loads = cfg.loads if rep % 2 == 0 else list(reversed(cfg.loads))
             for cond in loads:

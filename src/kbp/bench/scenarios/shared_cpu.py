@@ -39,7 +39,6 @@ situation and its kbp numbers say little.
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -47,7 +46,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from kbp import names
 from kbp.bench import parts as pt
 from kbp.bench import placement as pl
-from kbp.bench import plots, report, steer, workloads
+from kbp.bench import plots, report, steer
+from kbp.bench.scenarios import rt_split as rs
 from kbp.bench.stats import aggregate
 
 if TYPE_CHECKING:
@@ -88,9 +88,14 @@ class SharedCpu:
     # every mode but the periodic ones: NetAP trades per-request latency for CPU on bulk
     # streams (scenario ``stream``); at 2000 RT requests/s its interval puts ms into every
     # round trip (measured: docs/results.md, "shared-cpu"). Named with --modes, they run here.
-    default_modes: tuple[str, ...] = tuple(m for m in names.BENCH_MODES
-                                           if m not in (names.BENCH_PERIODIC,
-                                                        names.BENCH_STOCK_PERIODIC))
+    # Plus the exclusive CPU modes (rt-split's): ``exclusive`` (napi with the flood's RPS and
+    # the heavy receiver on the non-RT CPU) and ``<kbp mode>-excl`` (the same with the RT
+    # device on the poller: what kbpctl enable --isolate recommends, design.md §3).
+    default_modes: tuple[str, ...] = (
+        *(m for m in names.BENCH_MODES
+          if m not in (names.BENCH_PERIODIC, names.BENCH_STOCK_PERIODIC)),
+        rs.EXCLUSIVE, *rs.KBP_EXCL_MODES)
+    own_modes: ClassVar[dict[str, str]] = rs.EXCLUSIVE_MODES_DOC
     role_doc: ClassVar[dict[str, str]] = {
         pl.RT: "RPS target of both server devices: the backlog NET_RX of the RT flow "
                "(napi, threaded) and of the flood (every mode)",
@@ -100,6 +105,9 @@ class SharedCpu:
                   "device's veth NAPI",
         pl.HEAVY: "iperf3 server (the heavy receiver), on the RT CPU by design",
     }
+
+    def make_modes(self) -> dict[str, Any]:
+        return rs.make_exclusive_modes()
 
     def roles(self, cfg: BenchConfig) -> tuple[str, ...]:
         return (pl.TESTER, pl.RT, pl.FLOOD, pl.HEAVY)
@@ -139,7 +147,9 @@ class SharedCpu:
                      "kbp modes: kbpctl enable turns RPS off on the RT device while on; "
                      "irq-suspend turns it off too")}
         flood = pt.start_flood(bench, bench.flood_proto())
-        load = Patient(flood)
+        rs.bind_heavy(bench, rs.HeavySide(tb.server, fl.dev_b, rt_cpu, rs.nonrt_cpu(place),
+                                          flood, cpu_now=rt_cpu))
+        load = pt.Patient(flood)
         irqs = tuple((bench.results.get("nic_pair") or {}).get("irqs", {}).get(rt.dev_b, ()))
         bench.probes.append(_probe(steering, rt_cpu, irqs))
         for rep in range(cfg.reps):
@@ -187,27 +197,6 @@ def conditions(results: dict[str, Any]) -> dict[str, str]:
     return NIC_CONDITIONS if results.get("nic_pair") else CONDITIONS
 
 
-class Patient:
-    """The flood, started again when iperf3's server still reports the previous test (with
-    the heavy receiver on the busy RT CPU it can take a moment to finish one)."""
-
-    def __init__(self, flood: workloads.Flood, tries: int = 6) -> None:
-        self.flood, self.tries = flood, tries
-
-    def start(self) -> None:
-        for i in range(self.tries):
-            try:
-                self.flood.start()
-                return
-            except RuntimeError as e:
-                if "busy" not in str(e) or i == self.tries - 1:
-                    raise
-                time.sleep(1.0)
-
-    def stop(self) -> dict[str, Any]:
-        return self.flood.stop()
-
-
 def _probe(steering: steer.Steering, cpu: int, irqs: tuple[int, ...] = ()) -> Any:
     """Around each latency run: receive work on the RT CPU (and the RT NIC port's interrupts
     with --nic-pair) and the RPS masks in force."""
@@ -223,7 +212,7 @@ def _probe(steering: steer.Steering, cpu: int, irqs: tuple[int, ...] = ()) -> An
     return begin
 
 
-def _rfc_under_flood(bench: Bench, rep: int, flood: Patient) -> None:
+def _rfc_under_flood(bench: Bench, rep: int, flood: pt.Patient) -> None:
     bench.note(f"rep {rep + 1}: starting the heavy receiver's flood (RFC 2544)")
     flood.start()
     done: list[dict[str, Any]] = []

@@ -147,6 +147,38 @@ def test_exclusive_refuses_without_the_scenario(monkeypatch: pytest.MonkeyPatch)
         rt_split.ExclusiveMode().setup(Target("ns", "dev", 1))
 
 
+def test_the_idle_part_skips_the_exclusive_modes_with_the_reason() -> None:
+    """The idle part runs before the scenario starts the heavy flow: the exclusive modes have
+    nothing to move yet, so they are recorded as skipped (their idle cost is their base
+    mode's) instead of failing the whole run (which they did, 2026-11-24)."""
+    from kbp.bench import parts
+    m = rt_split.make_exclusive_modes()
+    assert "napi's" in (m["exclusive"].idle_problem() or "")
+    assert "stock-kbp's" in (m["stock-kbp-excl"].idle_problem() or "")
+    ran: list[str] = []
+
+    class _B:
+        def __init__(self) -> None:
+            self.modes = {"napi": object(), **m}
+            self.results: dict[str, Any] = {"idle_skipped": {}}
+
+        def order(self, rep: int) -> list[str]:
+            return ["napi", "exclusive", "stock-kbp-excl"]
+
+        def note(self, s: str) -> None:
+            pass
+
+        def idle_run(self, name: str) -> None:
+            ran.append(name)
+    b = _B()
+    parts.idle(b)  # type: ignore[arg-type]
+    assert ran == ["napi"]
+    assert set(b.results["idle_skipped"]) == {"exclusive", "stock-kbp-excl"}
+    lines = report.idle_section({"summary": {"idle": {"napi": {}}}, "config": {},
+                                 "idle_skipped": b.results["idle_skipped"]})
+    assert any(line.startswith("- stock-kbp-excl: ") for line in lines)
+
+
 def test_mask_that_does_not_stick_is_a_restore_problem(monkeypatch: pytest.MonkeyPatch,
                                                        ) -> None:
     from kbp.bench.knobs import KnobError

@@ -220,10 +220,12 @@ def idle_section(results: dict[str, Any]) -> list[str]:
     if not idle:
         return []
     cfg = results.get("config") or {}
+    skipped = [f"- {m}: {why}" for m, why in (results.get("idle_skipped") or {}).items()]
     return [f"**Idle cost** — each mode on, no traffic, {cfg.get('idle_duration', 10):g} s: "
             "CPU time of the polling threads (% of one CPU; busypoll polls in the RT app's "
             "own calls, so see the RT app column)", "",
-            latency_table(idle, IDLE_COLUMNS), ""]
+            latency_table(idle, IDLE_COLUMNS), "",
+            *(["Not in the idle part:", "", *skipped, ""] if skipped else [])]
 
 
 def fmt(v: float | None) -> str:

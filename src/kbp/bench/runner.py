@@ -441,7 +441,8 @@ class Bench:
             "tools": machine.tool_versions(),
             "quiet_before": machine.quiet_report(),
             "placement": self._placement_json(),
-            "modes": {}, "runs": [], "rfc2544": [], "idle": [], "interrupted": False,
+            "modes": {}, "runs": [], "rfc2544": [], "idle": [], "idle_skipped": {},
+            "interrupted": False,
         }
         self.modes = all_modes()
         make = getattr(self.scenario, "make_modes", None)

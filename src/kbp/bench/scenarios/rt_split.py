@@ -173,6 +173,7 @@ class ExclusiveMode(_Defaults):
     teardown puts both back on the RT CPU.  Bound to the run's heavy side by the scenario."""
 
     name: str = EXCLUSIVE
+    base: str = names.BENCH_NAPI    # the mode it is without the move (idle_problem)
     spins: bool = False
     heavy: HeavySide | None = None
     target: Target | None = None
@@ -185,6 +186,12 @@ class ExclusiveMode(_Defaults):
         self.target = t
         require_softirq_napi(t, self.name, RtSplitError)
         self.move_out()
+
+    def idle_problem(self) -> str | None:
+        """Why the idle part cannot run this mode: nothing to move before the heavy flow."""
+        return None if self.heavy is not None else (
+            f"{self.name} moves the heavy flow, which does not exist in the idle part: "
+            f"its idle cost is {self.base}'s")
 
     def teardown(self) -> None:
         self.target = None
@@ -229,7 +236,7 @@ class KbpExclusiveMode:
         self.inner = inner
         self.name = inner.name + EXCL_SUFFIX
         self.spins = inner.spins
-        self.excl = ExclusiveMode(name=self.name)
+        self.excl = ExclusiveMode(name=self.name, base=inner.name)
 
     @property
     def heavy(self) -> HeavySide | None:
@@ -250,6 +257,9 @@ class KbpExclusiveMode:
 
     def needs_fresh_device(self, t: Target) -> bool:
         return bool(self.inner.needs_fresh_device(t))
+
+    def idle_problem(self) -> str | None:
+        return self.excl.idle_problem()
 
     def setup(self, t: Target) -> None:
         if self.excl.heavy is None:  # refuse before the inner mode changes anything

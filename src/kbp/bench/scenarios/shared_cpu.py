@@ -77,9 +77,9 @@ RX_FIELDS = ("net_rx_per_s", "processed_per_s", "received_rps", "time_squeeze",
 
 class SharedCpu:
     name = "shared-cpu"
-    title = ("RT flow and a heavy receiver's flood (TCP; --flood udp) with their receive "
-             "processing steered (RPS) to the RT CPU; kbp modes move the RT device onto the "
-             "poller")
+    title = ("RT flow and a heavy receiver's flood (a TCP heavy sender; --flood udp for a UDP "
+             "one) with their receive processing steered (RPS) to the RT CPU; kbp modes move "
+             "the RT device onto the poller")
     links = ("rt", "flood")
     parts = (pt.RTT, pt.RFC2544)
     rt_roles: tuple[str, ...] = (pl.HEAVY,)

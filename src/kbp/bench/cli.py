@@ -8,7 +8,8 @@ Scenarios (``--scenario``; the first is the default):
 Modes (``--modes``, default all, or the scenario's own defaults (stream: napi, hybrid,
 periodic, stock-kbp, stock-periodic; rt-split: napi, threaded, exclusive, stock-kbp, hybrid,
 busy); napi is the baseline; a mode this kernel cannot run is skipped with the reason; a
-scenario may have modes of its own, e.g. rt-split's exclusive):
+scenario may have modes of its own, e.g. rt-split's and shared-cpu's exclusive and
+<kbp mode>-excl):
 
 {modes}
 
@@ -24,8 +25,9 @@ full       every mode and part, 5 repetitions of 10 s runs, load off/on and TCP,
            runs), RFC 2544 at 64/512/1518 B (3 searches per mode), idle cost 10 s per mode;
            about 57 minutes with the five modes a host without kbp.ko ran before irq-suspend
            (a sixth, on 6.13+)
-demo       every mode (unrunnable ones are reported as skipped), 5 repetitions of 4 s runs,
-           load off/on, RFC 2544 at 64 B once per mode; under 5 minutes (``make demo``)
+demo       the scenario's default modes (unrunnable ones are reported as skipped), 5
+           repetitions of 3 s runs, load off/on (shared-cpu: idle, and the TCP heavy
+           sender as the flood), no RFC 2544; under 5 minutes (``make demo``)
 smoke      napi and stock-kbp, 1 repetition of 1 s runs, coarse RFC 2544: a functional check
 =========  =====================================================================================
 

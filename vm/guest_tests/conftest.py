@@ -464,10 +464,14 @@ class Flow:
                              "--to", f"{SERVER_IP}:{self.port}", "--count", "0",
                              "--rate", str(rate)], ns=NS)
 
-    def stop_sender(self) -> None:
-        if self.sender:
-            stop(self.sender)
-            self.sender = None
+    def stop_sender(self) -> dict[str, Any] | None:
+        """Stop the sender of start_sender(); what it says it sent ({"sent": N, ...})."""
+        if not self.sender:
+            return None
+        out = stop(self.sender)
+        self.sender = None
+        lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+        return dict(json.loads(lines[-1])) if lines else None
 
     def result(self, timeout: float = 60) -> dict[str, Any]:
         assert self.sink is not None

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -114,11 +113,10 @@ def test_rt_class_follows_the_interrupt_threads_priority(
         assert c0["class"] == "non-rt" and "below rtnet_prio 55" in c0["why"], c0
         assert st[f"{t.nic1}@{NS}"]["rt_class"]["class"] == "non-rt"
 
-        count, rate = 24000, 800  # 30 s: two applies and a status fit in it under TCG
-        flow.start_sink(expect=count, timeout=120)
-        sent: dict[str, object] = {}
-        sender = threading.Thread(target=lambda: sent.update(flow.send(count, rate)))
-        sender.start()
+        # numbered datagrams until both applies are done, however long they take under TCG
+        # (a fixed 30 s flow once ended before a 32 s apply on 6.12-rt): none may be lost
+        flow.start_sink(timeout=900)
+        flow.start_sender(rate=800)
         time.sleep(1.0)
 
         set_prio(irq_threads, 60)
@@ -132,8 +130,7 @@ def test_rt_class_follows_the_interrupt_threads_priority(
         assert kmod.device(t.nic1, netns=NS) is None
         before = kmod.poller(POLL_CPU).packets or 0
         wait_for(lambda: (kmod.poller(POLL_CPU).packets or 0) > before + 100, 20,
-                 what=f"the poller to carry NIC0's flow (apply took {took:.1f} s, sender "
-                      f"{'running' if sender.is_alive() else 'done'})")
+                 what=f"the poller to carry NIC0's flow (apply took {took:.1f} s)")
         c0 = status()[f"{t.nic0}@None"]
         assert c0["backend"] == "kmod" and c0["rt_class"]["class"] == "rt"
         # NIC1 (FIFO 50) receives on NET_RX of its own CPU meanwhile
@@ -151,9 +148,12 @@ def test_rt_class_follows_the_interrupt_threads_priority(
         assert f"{t.nic0}: disable (kmod): not in the config, and not RT: its interrupt " \
                "threads run below rtnet_prio 55" in out, out
         assert kmod.device(t.nic0) is None and kmod.pollers() == []
-        sender.join(timeout=count / rate * 4 + 60)
-        got = flow.result()
-        assert sent["sent"] == count and got["unique"] == count, (sent, got)
+        time.sleep(1.0)                     # some datagrams on the stock path again
+        sent = flow.stop_sender()
+        assert sent and sent["sent"] > 1000, sent
+        time.sleep(1.0)                     # the last ones reach the sink
+        got = flow.result(timeout=2)        # then SIGTERM: it prints what it saw
+        assert got["unique"] == sent["sent"], (sent, got)
         assert status()[f"{t.nic1}@{NS}"]["backend"] is None
     finally:
         kbpctl("disable", "--all")

@@ -4,7 +4,8 @@
     python3 udpflow.py send --to 198.18.100.1:9000 --count N --rate PPS [--burst B]
 
 The sink prints one JSON line when it stops (N unique datagrams seen, timeout, or SIGTERM):
-{"received": ..., "unique": ..., "max_seq": ...}.  --count 0 sends until killed.
+{"received": ..., "unique": ..., "max_seq": ...}.  --count 0 sends until SIGTERM; the sender
+prints {"sent": ..., "seconds": ...} when it stops (count reached or SIGTERM).
 """
 
 from __future__ import annotations
@@ -63,7 +64,14 @@ def send(args: argparse.Namespace) -> int:
     interval = args.burst / args.rate
     start = time.monotonic()
     seq = 0
-    while args.count == 0 or seq < args.count:
+    stop = False
+
+    def on_term(*_: object) -> None:     # --count 0 ends here, and still says what it sent
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    while not stop and (args.count == 0 or seq < args.count):
         for _ in range(args.burst):
             if args.count and seq >= args.count:
                 break

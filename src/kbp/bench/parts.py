@@ -122,18 +122,18 @@ def _feature(ns: str, dev: str, name: str) -> bool:
     return bool(json.loads(out)[0][name]["active"])
 
 
-def start_flood(bench: Bench, proto: str = "udp") -> workloads.Flood:
+def start_flood(bench: Bench) -> workloads.Flood:
     """The heavy receiver's flood over the ``flood`` link, from the flood sender's CPU to the
     heavy receiver's; its server runs from now on, both stop when the testbed closes.
 
-    ``proto`` "udp": iperf3 UDP datagrams of ``--flood-len`` bytes at ``--flood-bitrate``.
+    Its kind is ``bench.flood_proto()`` (--flood, checked by the plan, else the scenario's).
+    "udp": iperf3 UDP datagrams of ``--flood-len`` bytes at ``--flood-bitrate``.
     "tcp": one iperf3 TCP stream at full speed over the pair shaped by :func:`per_packet`
     (``--tcp-len`` writes): the heavy sender of rt-socket-outsourcing, whose receive work
     fills the receiving CPU (what it does and why: docs/results.md, "shared-cpu")."""
     cfg, tb, place = bench.cfg, bench.tb, bench.placement
     assert tb is not None and place is not None
-    if proto not in FLOODS:
-        raise ValueError(f"unknown flood {proto!r}: {' or '.join(FLOODS)}")
+    proto = bench.flood_proto()
     fl = tb.link("flood")
     rec: dict[str, Any] = {"proto": proto}
     if proto == "tcp":

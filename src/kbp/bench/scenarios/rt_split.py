@@ -197,14 +197,18 @@ class ExclusiveMode(_Defaults):
         self.target = None
         self.move_back()
 
-    def move_out(self) -> None:
-        """The heavy receiver and its device's RPS to the non-RT CPU (the exclusive CPU)."""
+    def require_heavy(self) -> HeavySide:
+        """The bound heavy side, or RtSplitError outside the scenarios that bind one."""
         if self.heavy is None:
             raise RtSplitError(f"mode {self.name} runs only in the rt-split and shared-cpu "
-                               "scenarios (no "
-                               "heavy receiver to move)")
+                               "scenarios (no heavy receiver to move)")
+        return self.heavy
+
+    def move_out(self) -> None:
+        """The heavy receiver and its device's RPS to the non-RT CPU (the exclusive CPU)."""
+        heavy = self.require_heavy()
         self._moved = True
-        self.heavy.place(self.heavy.nonrt_cpu)
+        heavy.place(heavy.nonrt_cpu)
 
     def move_back(self) -> None:
         """Undo :meth:`move_out` (nothing when it did not run)."""
@@ -262,10 +266,7 @@ class KbpExclusiveMode:
         return self.excl.idle_problem()
 
     def setup(self, t: Target) -> None:
-        if self.excl.heavy is None:  # refuse before the inner mode changes anything
-            raise RtSplitError(f"mode {self.name} runs only in the rt-split and shared-cpu "
-                               "scenarios (no "
-                               "heavy receiver to move)")
+        self.excl.require_heavy()  # refuse before the inner mode changes anything
         self.inner.setup(t)
         self.excl.move_out()
 

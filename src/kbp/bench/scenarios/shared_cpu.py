@@ -146,7 +146,7 @@ class SharedCpu:
                      "it" if nic else
                      "kbp modes: kbpctl enable turns RPS off on the RT device while on; "
                      "irq-suspend turns it off too")}
-        flood = pt.start_flood(bench, bench.flood_proto())
+        flood = pt.start_flood(bench)
         rs.bind_heavy(bench, rs.HeavySide(tb.server, fl.dev_b, rt_cpu, rs.nonrt_cpu(place),
                                           flood, cpu_now=rt_cpu))
         load = pt.Patient(flood)

@@ -76,7 +76,7 @@ class VethInline:
         assert tb is not None and place is not None
         flood = None
         if self._flood(cfg):
-            flood = pt.start_flood(bench, bench.flood_proto())
+            flood = pt.start_flood(bench)
         for rep in range(cfg.reps):
             if pt.RTT in (cfg.parts or []):
                 loads = cfg.loads if rep % 2 == 0 else list(reversed(cfg.loads))

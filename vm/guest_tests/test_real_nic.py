@@ -1,0 +1,226 @@
+"""kbp against real-NIC behaviour, through the test NIC (vm/testdata/kbp_test_nic).
+
+virtio-net and veth add and delete their NAPIs only under rtnl, one queue each.  The test
+NIC does what ice, i40e, mlx5 and the tunnels do (its header says which mode imitates
+which driver): several RX queues scheduled from hardIRQ on their own CPUs, NAPIs deleted
+and freed by a reset from a workqueue without rtnl, ``ethtool -L`` under traffic, per-CPU
+gro_cells NAPIs that must not be polled from another CPU.  Every frame carries its queue
+and a sequence number, so a test can tell a lost or reordered packet from the driver's own
+drops (frames still in a ring that a reset tore down).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import POLL_CPU, dmesg_lines, dmesg_since, sh, wait_for
+from test_bad_input import refused
+from test_hardening import DEFAULT_PRIO, RT_KERNEL, kill, no_rt_throttling, running_on, spin
+
+__all__ = ["no_rt_throttling"]  # a fixture, used by name
+
+KO = Path(os.environ.get("KBP_TEST_MODULES", "/nonexistent")) / "kbp_test_nic.ko"
+DEV = "ktn0"
+KERNEL = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
+RECONCILE = Path("/sys/module/kbp/parameters/reconcile_ms")
+
+pytestmark = pytest.mark.skipif(not KO.exists(), reason="kbp_test_nic.ko not built "
+                                "(python3 -m vm test builds every vm/testdata module)")
+
+
+@contextlib.contextmanager
+def test_nic(**params: object) -> Iterator[str]:
+    """Load the test NIC with ``params``, bring it up; unload it (which unregisters it,
+    and so detaches it) at the end."""
+    args = " ".join(f"{k}={v}" for k, v in params.items())
+    sh(f"insmod {KO} {args}")
+    try:
+        sh(f"ip link set {DEV} up")
+        yield DEV
+    finally:
+        sh("rmmod kbp_test_nic", check=False)
+
+
+@contextlib.contextmanager
+def reconcile_every(ms: int) -> Iterator[None]:
+    """kbp's reconcile work at another period (its module parameter), put back after."""
+    old = RECONCILE.read_text().strip()
+    RECONCILE.write_text(str(ms))
+    try:
+        yield
+    finally:
+        RECONCILE.write_text(old)
+
+
+def stats(dev: str = DEV) -> tuple[dict[str, int], dict[int, dict[str, int]]]:
+    """The test NIC's counters: the head line, and one dict per queue index used."""
+    lines = Path(f"/sys/class/net/{dev}/ktn/stats").read_text().splitlines()
+
+    def pairs(words: list[str]) -> dict[str, int]:
+        return {k: int(v) for k, v in zip(words[::2], words[1::2], strict=True)}
+
+    head = pairs(lines[0].split())
+    queues = {int(w[0][1:]): pairs(w[1:]) for w in (ln.split() for ln in lines[1:])}
+    return head, queues
+
+
+def total(key: str, dev: str = DEV) -> int:
+    return sum(q[key] for q in stats(dev)[1].values())
+
+
+def reset(n: int, dev: str = DEV, timeout: float = 180) -> None:
+    """``n`` resets from the driver's workqueue (no rtnl), waited for."""
+    done = stats(dev)[0]["resets"]
+    Path(f"/sys/class/net/{dev}/ktn/reset").write_text(str(n))
+    wait_for(lambda: stats(dev)[0]["resets"] >= done + n, timeout, step=0.2,
+             what=f"{n} resets of {dev}")
+
+
+def assert_in_order(dev: str = DEV) -> None:
+    """No frame reordered, and every gap is a frame the driver itself dropped at a
+    teardown (the same sequence without kbp loses exactly those)."""
+    _, qs = stats(dev)
+    for i, q in qs.items():
+        assert q["reorders"] == 0, f"queue {i}: {q}"
+        assert q["gaps"] == q["ring_dropped"], f"queue {i}: lost frames: {q}"
+
+
+def kbp_carries(dev: str = DEV, frames: int = 300, timeout: float = 30) -> None:
+    k0 = total("by_kbp", dev)
+    wait_for(lambda: total("by_kbp", dev) > k0 + frames, timeout,
+             what=f"kbp's poller to carry {dev}'s frames")
+
+
+def hooked(kmod, dev: str, nr: int) -> bool:
+    d = kmod.device(dev)
+    return d is not None and d.state == "active" and len(d.napis) == nr
+
+
+# -- per-CPU NAPIs (gro_cells: vxlan, geneve, gre, ipip, ip6tnl) -------------------------
+def test_per_cpu_napis_are_refused(kmod) -> None:
+    """A device whose every NAPI is per-CPU (NAPI_STATE_NO_BUSY_POLL, fed without a lock
+    on its own CPU) is refused with the reason; before, kbp polled CPU 0's cell from
+    CPU 1 while CPU 0 queued into it."""
+    with test_nic(percpu=1, rate=2000) as dev:
+        refused(kmod, errno.EOPNOTSUPP, "per-CPU",
+                lambda: kmod.attach(dev, cpu=POLL_CPU, mode="hybrid"))
+        time.sleep(1.0)
+        _, qs = stats(dev)
+        assert all(q["gaps"] == 0 and q["reorders"] == 0 for q in qs.values()), qs
+        assert total("by_kbp", dev) == 0
+
+
+# -- resets without rtnl (ice, igc, ixgbe) ---------------------------------------------
+@pytest.mark.parametrize("mode", ["hybrid", "busy", "periodic"])
+def test_resets_without_rtnl_under_traffic(kmod, mode: str) -> None:
+    """100 resets that napi_disable(), netif_napi_del() and kfree() every queue vector
+    from a workqueue, without rtnl, while 4 queues on 2 CPUs carry traffic and kbp's
+    reconcile work runs every 10 ms: no splat (slub_debug on the debug flavour), no hang,
+    the new NAPIs are served again, no frame lost or reordered beyond the driver's own
+    drops."""
+    with reconcile_every(10), test_nic(queues=4, cpus="0,1,0,1", rate=2000) as dev:
+        kmod.attach(dev, cpu=POLL_CPU, mode=mode)
+        wait_for(lambda: hooked(kmod, dev, 4), 10, what="4 NAPIs hooked")
+        kbp_carries(dev)
+        reset(100, dev)
+        wait_for(lambda: hooked(kmod, dev, 4), 20, what="the new NAPIs hooked again")
+        kbp_carries(dev)
+        assert_in_order(dev)
+        assert stats(dev)[0]["resets"] >= 100
+
+
+def test_resets_spread_over_pollers(kmod) -> None:
+    """The same with the queues on two pollers (queue map), so each poller's list empties
+    and fills again at every reset."""
+    with reconcile_every(10), test_nic(queues=4, cpus="0,1,0,1", rate=2000) as dev:
+        kmod.attach(dev, queue_map={0: 0, 1: 1, 2: 0, 3: 1}, mode="hybrid")
+        wait_for(lambda: hooked(kmod, dev, 4), 10, what="4 NAPIs hooked")
+        kbp_carries(dev)
+        reset(100, dev)
+        wait_for(lambda: hooked(kmod, dev, 4), 20, what="the new NAPIs hooked again")
+        kbp_carries(dev)
+        assert_in_order(dev)
+
+
+# -- ethtool -L under traffic (mlx4, i40e, virtio-net) -----------------------------------
+@pytest.mark.smoke
+def test_channel_changes_under_traffic(kmod) -> None:
+    """Queues go 4 -> 2 -> 6 -> 4 under rtnl while traffic flows: every NAPI the driver
+    adds again is served, the queue map's CPUs are kept, nothing lost beyond the driver's
+    drops."""
+    with test_nic(queues=4, cpus="0,1,0,1,0,1", rate=2000) as dev:
+        kmod.attach(dev, cpu=POLL_CPU, mode="hybrid")
+        kbp_carries(dev)
+        for n in (2, 6, 4):
+            sh(f"ethtool -L {dev} combined {n}")
+            wait_for(lambda n=n: hooked(kmod, dev, n), 20, what=f"{n} NAPIs hooked")
+            kbp_carries(dev)
+        assert {x.cpu for x in kmod.device(dev).napis} == {POLL_CPU}
+        assert_in_order(dev)
+
+
+# -- 7.2: a NAPI deleted while the kernel had stopped kbp's thread on it ------------------
+@pytest.mark.skipif(KERNEL < (6, 17), reason="napi_stop_kthread() (threaded off stops "
+                    "napi->thread and leaves it NULL) is 6.17+; before, threaded off only "
+                    "clears NAPI_STATE_THREADED")
+def test_napi_deleted_after_threaded_off(kmod) -> None:
+    """sysfs threaded 0 stops the poller on every NAPI and leaves napi->thread NULL; the
+    driver then deletes those NAPIs (ethtool -L) before the reconcile work hooks them
+    again.  Before, the links stayed on the poller's list and periodic's round end read
+    the freed NAPI's ->dev (a GPF with slub_debug)."""
+    with reconcile_every(60000), test_nic(queues=4, cpus="1,1,1,1", rate=2000) as dev:
+        kmod.attach(dev, cpu=POLL_CPU, mode="periodic", round_ms=10, netap=1)
+        kbp_carries(dev)
+        sh(f"echo 0 > /sys/class/net/{dev}/threaded")
+        sh(f"ethtool -L {dev} combined 2")
+        time.sleep(1.0)     # many periodic rounds on the poller meanwhile
+        assert kmod.poller(POLL_CPU).napis <= 2
+
+
+# -- a starved poller: the detach bound is per device -----------------------------------
+@pytest.mark.skipif(RT_KERNEL, reason="PREEMPT_RT: a FIFO-99 hog starves rcuc/N too "
+                    "(see test_detach_from_a_starved_poller_is_bounded)")
+@pytest.mark.skipif(KERNEL < (6, 2), reason="before 6.2 softirqs raised while ksoftirqd/N "
+                    "is runnable wait for it (see test_detach_from_a_starved_poller_is_bounded)")
+def test_detach_of_many_napis_from_a_starved_poller_is_bounded(
+        kmod, no_rt_throttling: None) -> None:
+    """8 NAPIs on one poller that a FIFO-99 hog starves: detach takes them all back
+    within one 5 s bound, not 5 s each (40 s under rtnl before)."""
+    with test_nic(queues=8, cpus=",".join([str(POLL_CPU)] * 8), rate=2000) as dev:
+        kmod.attach(dev, cpu=POLL_CPU, mode="busy", rt_prio=DEFAULT_PRIO)
+        kbp_carries(dev)
+        mark = len(dmesg_lines())
+        hog = spin(POLL_CPU, fifo=99)
+        try:
+            wait_for(lambda: running_on(hog, POLL_CPU), 30, what="the FIFO-99 hog to run")
+            k0 = total("by_kbp", dev)
+            time.sleep(1.0)
+            assert total("by_kbp", dev) == k0, "the hog does not starve the poller"
+            t0 = time.monotonic()
+            det = subprocess.Popen([sys.executable, "-c",
+                                    f"from kbp import kmod; kmod.detach({dev!r})"])
+            try:
+                rc = det.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                kill(hog)
+                det.wait(timeout=120)
+                raise AssertionError("detach did not return in 60 s") from None
+            took = time.monotonic() - t0
+            back = [ln for ln in dmesg_since(mark) if "taken back from kbp/" in ln]
+        finally:
+            kill(hog)
+        assert rc == 0
+        assert back, "no NAPI was taken back"
+        # the Python process's start under TCG with one usable vCPU is most of it
+        # (test_detach_from_a_starved_poller_is_bounded); 8 x 5 s before
+        assert took < 30, f"detach took {took:.1f} s for 8 NAPIs"
+        time.sleep(1.0)
+        assert_in_order(dev)

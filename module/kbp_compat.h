@@ -16,6 +16,9 @@
 #ifdef KBP_HAVE_GRO_NODE
 #include <net/gro.h>
 #endif
+#ifdef KBP_HAVE_RXQ_NAPI
+#include <net/netdev_rx_queue.h>
+#endif
 
 /* 6.11 added the per-task BPF net context that NAPI pollers set up. */
 #ifdef KBP_HAVE_BPF_NET_CTX

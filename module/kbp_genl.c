@@ -115,19 +115,43 @@ static void kbp_parse_knobs(struct genl_info *info, struct kbp_knobs *k)
 		      &k->conf.objective);
 }
 
+/*
+ * The knob of @k that takes a CPU from other tasks, or NULL: a poller that
+ * never sleeps, a SCHED_FIFO one, a hybrid one that keeps spinning for
+ * more than KBP_LINGER_US_FREE after each packet (1 s would be busy under a
+ * trickle), a periodic one woken more often than NetAP's MinInterval.
+ */
+static const char *kbp_takes_cpu(const struct kbp_knobs *k)
+{
+	const struct kbp_mode_ops *ops = k->has_mode ?
+					 kbp_mode_ops(k->conf.mode) : NULL;
+
+	if (ops && !ops->sleeps)
+		return "mode busy";
+	if (k->has_rt_prio && k->conf.rt_prio)
+		return "rt_prio > 0";
+	if (k->has_linger && k->conf.linger_us > KBP_LINGER_US_FREE)
+		return "linger_us above the limit";
+	if (k->has_interval &&
+	    k->conf.interval_us < KBP_NETAP_MIN_INTERVAL_US)
+		return "interval_us below the limit";
+	if (k->has_min_interval &&
+	    k->conf.np.min_interval_us < KBP_NETAP_MIN_INTERVAL_US)
+		return "min_interval_us below the limit";
+	return NULL;
+}
+
 /* Knobs that take a CPU from other tasks need CAP_SYS_NICE (see the top). */
 static int kbp_may_take_cpu(struct sk_buff *skb, struct genl_info *info,
 			    const struct kbp_knobs *k)
 {
-	const struct kbp_mode_ops *ops = k->has_mode ?
-					 kbp_mode_ops(k->conf.mode) : NULL;
-	bool takes = (ops && !ops->sleeps) ||
-		     (k->has_rt_prio && k->conf.rt_prio);
+	const char *what = kbp_takes_cpu(k);
 
-	if (!takes || netlink_capable(skb, CAP_SYS_NICE))
+	if (!what || netlink_capable(skb, CAP_SYS_NICE))
 		return 0;
-	kbp_refuse(info->extack, "mode busy and rt_prio > 0 need CAP_SYS_NICE",
-		   "mode busy and rt_prio > 0 need CAP_SYS_NICE");
+	kbp_refuse(info->extack, "mode busy, rt_prio > 0, long linger_us and short interval_us need CAP_SYS_NICE",
+		   "%s needs CAP_SYS_NICE (busy, rt_prio > 0, linger_us > %u, interval_us < %u take a CPU)",
+		   what, KBP_LINGER_US_FREE, (u32)KBP_NETAP_MIN_INTERVAL_US);
 	return -EPERM;
 }
 

@@ -255,13 +255,18 @@ static struct kbp_poller *kbp_poller_get(int cpu, struct kbp_dev *kd)
 	return p;
 }
 
-/* Is @cpu named by an attachment (its default CPU or its queue map)? */
-static bool kbp_cpu_named(int cpu)
+/*
+ * Is @cpu named by an attachment other than @self (its default CPU or its
+ * queue map)?
+ */
+static bool kbp_cpu_named_by_other(int cpu, const struct kbp_dev *self)
 {
 	struct kbp_dev *kd;
 	unsigned int i;
 
 	list_for_each_entry(kd, &kbp_devs, node) {
+		if (kd == self)
+			continue;
 		if (kd->cpu == cpu)
 			return true;
 		for (i = 0; i < kd->nr_map; i++)
@@ -269,6 +274,11 @@ static bool kbp_cpu_named(int cpu)
 				return true;
 	}
 	return false;
+}
+
+static bool kbp_cpu_named(int cpu)
+{
+	return kbp_cpu_named_by_other(cpu, NULL);
 }
 
 /*
@@ -287,7 +297,7 @@ static void kbp_pollers_gc(void)
 	for (cpu = 0; cpu < nr_cpu_ids; cpu++) {
 		struct kbp_poller *p = kbp_pollers[cpu];
 
-		if (!p || !list_empty(&p->napis) ||
+		if (!p || !kbp_poller_idle(p) ||
 		    test_bit(KBP_POLLER_STUCK, &p->flags))
 			continue;
 		if (!kbp_exiting && !test_bit(KBP_POLLER_FAILED, &p->flags) &&
@@ -307,16 +317,39 @@ static void kbp_pollers_gc(void)
 	}
 }
 
-/* The running poller (or the stored knobs) on @cpu conflict with @req? */
+/*
+ * The running poller (or the stored knobs) on @cpu conflict with @req of
+ * @self?  A CPU's knobs are changed by poller-set, or by the attachment that
+ * starts its poller; a later one (up again, hooked by the reconcile work, or
+ * from another netns) that asks for others is refused, even while the
+ * poller is idle: it would rewrite the knobs of a CPU another attachment
+ * names (a container's attach, those of the host's CPU).  A poller that has
+ * not run for seconds (KBP_POLLER_STUCK, starved) takes no new NAPI.
+ */
 static int kbp_check_conflict(int cpu, const struct kbp_knobs *req,
+			      const struct kbp_dev *self,
 			      struct netlink_ext_ack *extack)
 {
 	struct kbp_poller *p = kbp_pollers[cpu];
 	struct kbp_conf want, have;
 
-	if (!p || list_empty(&p->napis))
-		return 0;
+	if (p && test_bit(KBP_POLLER_STUCK, &p->flags)) {
+		kbp_refuse(extack, "poller is starved",
+			   "kbp/%d has not run for seconds (a higher-priority task hogs CPU %d): try again once it runs",
+			   cpu, cpu);
+		return -EBUSY;
+	}
 	kbp_conf_merge(cpu, req, &want);
+	if (!p || list_empty(&p->napis)) {
+		if (!kbp_cpu_named_by_other(cpu, self) ||
+		    kbp_conf_equal(&want, &kbp_conf[cpu]))
+			return 0;
+		kbp_refuse(extack, "CPU's knobs belong to another attachment",
+			   "CPU %d's poller knobs belong to another attached device (mode=%s linger_us=%u rt_prio=%u): ask for the same, or change them with poller-set",
+			   cpu, kbp_mode_ops(kbp_conf[cpu].mode)->name,
+			   kbp_conf[cpu].linger_us, kbp_conf[cpu].rt_prio);
+		return -EBUSY;
+	}
 	kbp_poller_conf(p, &have);
 	if (kbp_conf_equal(&want, &have))
 		return 0;
@@ -356,36 +389,84 @@ int kbp_poller_configure(int cpu, const struct kbp_knobs *req,
 /* --- NAPI <-> poller -------------------------------------------------- */
 
 /*
- * dev->napi_list is walked with rtnl and (6.14+) the device's instance lock
- * held: on 7.2 the list is the instance lock's, and drivers change it under
- * rtnl too (kbp refuses those that do not, kbp_dev_needs_ops_lock()).
+ * dev->napi_list.  kbp walks it with rtnl and (6.14+) the device's instance
+ * lock held, under which every driver adds and deletes NAPIs on 6.14+ and
+ * most do before.  But before 6.14 some delete them without rtnl, from a
+ * reset work of their own (ice: ice_reset_subtask() -> ice_rebuild() ->
+ * ice_vsi_rebuild(), then kfree() of the queue vector), so the list is
+ * walked as what it is, an RCU list (netif_napi_add() and __netif_napi_del()
+ * use list_add_rcu() and list_del_rcu(), and netif_napi_del() waits for a
+ * grace period before the driver may free the NAPI): a napi_struct found on
+ * it is valid only inside the rcu_read_lock() section that found it.
  */
-static unsigned int kbp_napi_count(struct net_device *dev)
+static unsigned int kbp_napi_count_rcu(struct net_device *dev)
 {
 	struct napi_struct *n;
 	unsigned int nr = 0;
 
-	list_for_each_entry(n, &dev->napi_list, dev_list)
+	list_for_each_entry_rcu(n, &dev->napi_list, dev_list)
 		nr++;
+	return nr;
+}
+
+static unsigned int kbp_napi_count(struct net_device *dev)
+{
+	unsigned int nr;
+
+	rcu_read_lock();
+	nr = kbp_napi_count_rcu(dev);
+	rcu_read_unlock();
 	return nr;
 }
 
 /*
  * dev->napi_list is newest first (netif_napi_add() uses list_add_rcu());
- * index 0 is the NAPI the driver added first.
+ * index 0 is the NAPI the driver added first.  rcu_read_lock() held.
  */
 static struct napi_struct *kbp_napi_by_index(struct net_device *dev,
 					     unsigned int index)
 {
-	unsigned int nr = kbp_napi_count(dev), pos = 0;
+	unsigned int nr = kbp_napi_count_rcu(dev), pos = 0;
 	struct napi_struct *n;
 
-	list_for_each_entry(n, &dev->napi_list, dev_list) {
+	list_for_each_entry_rcu(n, &dev->napi_list, dev_list) {
 		if (nr - 1 - pos == index)
 			return n;
 		pos++;
 	}
 	return NULL;
+}
+
+/*
+ * kbp serves the NAPIs a socket may busy-poll.  NAPI_STATE_NO_BUSY_POLL marks
+ * the ones that must run where they are scheduled: gro_cells' per-CPU NAPIs
+ * (vxlan, geneve, gre, ipip, ip6tnl), fed from their own CPU by an unlocked
+ * __skb_queue_tail(), and TX-only NAPIs (netif_napi_add_tx()).  Those stay
+ * with the kernel.
+ */
+static bool kbp_napi_servable(const struct napi_struct *n)
+{
+	return !test_bit(NAPI_STATE_NO_BUSY_POLL, &n->state);
+}
+
+static int kbp_refuse_unservable(struct net_device *dev,
+				 struct netlink_ext_ack *extack)
+{
+	kbp_refuse(extack, "device has only per-CPU or TX-only NAPIs",
+		   "%s: its NAPIs are per-CPU or TX-only (NO_BUSY_POLL, as gro_cells' of tunnels): polled from another CPU they corrupt their queues",
+		   dev->name);
+	return -EOPNOTSUPP;
+}
+
+/* @t is the thread of one of kbp's pollers.  kbp_lock held. */
+static bool kbp_napi_ours(struct task_struct *t)
+{
+	unsigned int cpu;
+
+	for (cpu = 0; cpu < nr_cpu_ids; cpu++)
+		if (kbp_pollers[cpu] && READ_ONCE(kbp_pollers[cpu]->task) == t)
+			return true;
+	return false;
 }
 
 static bool kbp_napi_owned(struct kbp_dev *kd, struct napi_struct *n)
@@ -398,11 +479,37 @@ static bool kbp_napi_owned(struct kbp_dev *kd, struct napi_struct *n)
 	return false;
 }
 
-/* The CPU that serves NAPI #@index of @kd: queue map, default, IRQ. */
-static int kbp_napi_cpu(struct kbp_dev *kd, struct napi_struct *n,
-			unsigned int index, struct netlink_ext_ack *extack)
+/*
+ * A NAPI's index, what queue maps and replies call "NAPI #i": the RX queue
+ * it serves, where the driver says so (netif_queue_set_napi(), 6.10+: ice,
+ * mlx5, bnxt, virtio-net...), under rtnl or (7.x) the instance lock, both
+ * held here.  That survives what list positions do not: a driver that adds
+ * its NAPIs in another order than its queues, a channel change that deletes
+ * and adds them again, and 6.18+ keeping dev->napi_list sorted by NAPI id.
+ * Else, and before 6.10, @pos: the NAPI's place in the order the driver
+ * added them (kbp_napi_by_index()).
+ */
+static unsigned int kbp_napi_index(struct net_device *dev,
+				   struct napi_struct *n, unsigned int pos)
 {
+#ifdef KBP_HAVE_RXQ_NAPI
 	unsigned int i;
+
+	for (i = 0; i < dev->real_num_rx_queues; i++)
+		if (READ_ONCE(__netif_get_rx_queue(dev, i)->napi) == n)
+			return i;
+#endif
+	return pos;
+}
+
+/*
+ * The CPU that serves @n, NAPI #@pos of @kd in add order: queue map (by
+ * kbp_napi_index()), default, IRQ.
+ */
+static int kbp_napi_cpu(struct kbp_dev *kd, struct napi_struct *n,
+			unsigned int pos, struct netlink_ext_ack *extack)
+{
+	unsigned int i, index = kbp_napi_index(kd->dev, n, pos);
 	int irq;
 
 	for (i = 0; i < kd->nr_map; i++)
@@ -444,45 +551,87 @@ static bool kbp_thread_is_stale(struct net_device *dev, struct napi_struct *n)
 	       !test_bit(NAPI_STATE_SCHED_THREADED, &n->state);
 }
 
-/* Stop such a kthread, as __netif_napi_del() would; a later
- * dev_set_threaded(true) creates a new one.
+/*
+ * Stop the stale kthread of NAPI #@index, as __netif_napi_del() would; a
+ * later dev_set_threaded(true) creates a new one.  Taken off napi->thread
+ * first, inside the RCU section that found the NAPI, so a driver deleting
+ * the NAPI meanwhile does not stop it too; kthread_stop() outside it.
  */
-static void kbp_reap_stale_thread(struct napi_struct *n)
+static void kbp_reap_stale_thread(struct net_device *dev, unsigned int index)
 {
-	struct task_struct *t = READ_ONCE(n->thread);
+	struct task_struct *t = NULL;
+	struct napi_struct *n;
+	unsigned int id = 0;
 
+	rcu_read_lock();
+	n = kbp_napi_by_index(dev, index);
+	if (n && kbp_napi_servable(n) && kbp_thread_is_stale(dev, n)) {
+		t = xchg(&n->thread, NULL);
+		if (t)
+			get_task_struct(t);
+		id = n->napi_id;
+	}
+	rcu_read_unlock();
 	if (!t)
 		return;
 	pr_info("%s: stopping idle threaded-NAPI kthread %s (pid %d) of NAPI %u\n",
-		n->dev->name, t->comm, t->pid, n->napi_id);
+		dev->name, t->comm, t->pid, id);
 	kthread_stop(t);
-	WRITE_ONCE(n->thread, NULL);
+	put_task_struct(t);
 }
 
-/* Hook @n (NAPI #@index of @kd) to the poller of @cpu. */
-static int kbp_napi_hook(struct kbp_dev *kd, struct napi_struct *n,
-			 unsigned int index, int cpu)
+/*
+ * A link of @kd to the poller of @cpu (started if need be), for a NAPI that
+ * kbp_napi_link() gives it.  May sleep: no RCU read-side section.
+ */
+static struct kbp_napi *kbp_napi_new(struct kbp_dev *kd, int cpu)
 {
 	struct kbp_poller *p;
 	struct kbp_napi *kn;
 
 	kn = kzalloc(sizeof(*kn), GFP_KERNEL);
 	if (!kn)
-		return -ENOMEM;
+		return ERR_PTR(-ENOMEM);
 	p = kbp_poller_get(cpu, kd);
 	if (IS_ERR(p)) {
 		kfree(kn);
-		return PTR_ERR(p);
+		return ERR_CAST(p);
 	}
-	kn->napi = n;
+	kn->poller = p;
 	kn->kdev = kd;
-	kn->index = index;
-	kn->napi_id = n->napi_id;
 	refcount_set(&kn->ref, 1);
 	u64_stats_init(&kn->syncp);
+	return kn;
+}
+
+/*
+ * Hook @n (NAPI #@index of @kd, found on the device's list in the caller's
+ * rcu_read_lock() section) with @kn.  A NAPI a driver is deleting meanwhile
+ * leaves a DEAD link (kbp_poller_add_napi()).
+ */
+static void kbp_napi_link(struct kbp_dev *kd, struct kbp_napi *kn,
+			  struct napi_struct *n, unsigned int pos)
+{
+	kn->napi = n;
+	kn->index = kbp_napi_index(kd->dev, n, pos);
+	kn->napi_id = n->napi_id;
 	list_add_tail(&kn->dev_node, &kd->napis);
-	kbp_poller_add_napi(p, kn);
-	return 0;
+	kbp_poller_add_napi(kn->poller, kn);
+}
+
+/*
+ * NAPI #@index of @kd, if it is still there and still free to hook: found,
+ * servable, not ours already, no kthread on it.  rcu_read_lock() held.
+ */
+static struct napi_struct *kbp_napi_free_at(struct kbp_dev *kd,
+					    unsigned int index)
+{
+	struct napi_struct *n = kbp_napi_by_index(kd->dev, index);
+
+	if (!n || !kbp_napi_servable(n) || kbp_napi_owned(kd, n) ||
+	    READ_ONCE(n->thread))
+		return NULL;
+	return n;
 }
 
 static void kbp_napi_free(struct kbp_dev *kd, struct kbp_napi *kn)
@@ -527,25 +676,32 @@ static void kbp_dev_restore_threaded(struct net_device *dev)
 static void __kbp_dev_deactivate(struct kbp_dev *kd)
 {
 	struct kbp_napi *kn, *tmp;
+	unsigned long deadline;
 	bool any = false;
 
 	ASSERT_RTNL();
 	lockdep_assert_held(&kbp_lock);
 	kbp_netdev_assert_locked(kd->dev);
+	/* a driver may delete a NAPI meanwhile without rtnl: see kbp_napi_count() */
+	rcu_read_lock();
 	list_for_each_entry(kn, &kd->napis, dev_node)
 		if (!test_bit(KBP_NAPI_DEAD, &kn->flags))
 			any |= kbp_poller_unhook_napi(kn);
+	rcu_read_unlock();
 	if (any)	/* every ____napi_schedule() that saw THREADED is done */
 		synchronize_rcu();
 
 	/* the poller completes each NAPI or hands it to the softirq */
+	deadline = jiffies + KBP_RELEASE_WAIT;
 	list_for_each_entry(kn, &kd->napis, dev_node)
 		if (!test_bit(KBP_NAPI_DEAD, &kn->flags) &&
 		    !test_bit(KBP_NAPI_FOREIGN, &kn->flags))
-			kbp_poller_wait_released(kn);
+			kbp_poller_wait_released(kn, deadline);
 
 	list_for_each_entry_safe(kn, tmp, &kd->napis, dev_node) {
+		rcu_read_lock();
 		kbp_poller_del_napi(kn);
+		rcu_read_unlock();
 		kbp_napi_free(kd, kn);
 	}
 	kd->active = false;
@@ -565,15 +721,22 @@ static void kbp_dev_deactivate(struct kbp_dev *kd)
 /* Every NAPI of @kd would be served by an active CPU (no log, no extack). */
 static bool kbp_dev_cpus_active(struct kbp_dev *kd)
 {
-	unsigned int nr = kbp_napi_count(kd->dev), i;
+	struct napi_struct *n;
+	unsigned int nr, i;
+	bool ok = true;
 	int cpu;
 
-	for (i = 0; i < nr; i++) {
-		cpu = kbp_napi_cpu(kd, kbp_napi_by_index(kd->dev, i), i, NULL);
-		if (cpu < 0 || cpu >= nr_cpu_ids || !cpu_active(cpu))
-			return false;
+	rcu_read_lock();
+	nr = kbp_napi_count_rcu(kd->dev);
+	for (i = 0; i < nr && ok; i++) {
+		n = kbp_napi_by_index(kd->dev, i);
+		if (!n || !kbp_napi_servable(n))
+			continue;
+		cpu = kbp_napi_cpu(kd, n, i, NULL);
+		ok = cpu >= 0 && cpu < nr_cpu_ids && cpu_active(cpu);
 	}
-	return true;
+	rcu_read_unlock();
+	return ok;
 }
 
 /* A NAPI of @kd is served by a poller whose CPU is going or gone offline. */
@@ -596,7 +759,8 @@ static bool kbp_dev_on_inactive_cpu(struct kbp_dev *kd)
 static int kbp_dev_activate(struct kbp_dev *kd, struct netlink_ext_ack *extack)
 {
 	struct net_device *dev = kd->dev;
-	unsigned int nr = kbp_napi_count(dev), i;
+	unsigned int nr = kbp_napi_count(dev), i, served = 0;
+	struct kbp_napi **kns = NULL;
 	struct napi_struct *n;
 	int err = 0, *cpus;
 
@@ -609,7 +773,7 @@ static int kbp_dev_activate(struct kbp_dev *kd, struct netlink_ext_ack *extack)
 		return -EOPNOTSUPP;
 	}
 	for (i = 0; i < kd->nr_map; i++) {
-		if (kd->map[i].index >= nr) {
+		if (kd->map[i].index >= max(nr, dev->real_num_rx_queues)) {
 			kbp_refuse(extack, "queue map names a NAPI the device does not have",
 				   "queue map names NAPI #%u but %s has %u",
 				   kd->map[i].index, dev->name, nr);
@@ -618,39 +782,77 @@ static int kbp_dev_activate(struct kbp_dev *kd, struct netlink_ext_ack *extack)
 	}
 	/*
 	 * Validate everything before changing anything.  Each NAPI's CPU is
-	 * computed once: an IRQ's affinity may change between two looks.
+	 * computed once: an IRQ's affinity may change between two looks.  A
+	 * NAPI is looked at only inside an RCU section (kbp_napi_count()).
 	 */
 	cpus = kmalloc_array(nr, sizeof(*cpus), GFP_KERNEL);
-	if (!cpus)
-		return -ENOMEM;
-	for (i = 0; i < nr; i++) {
+	kns = kcalloc(nr, sizeof(*kns), GFP_KERNEL);
+	if (!cpus || !kns) {
+		err = -ENOMEM;
+		goto out;
+	}
+	rcu_read_lock();
+	for (i = 0; i < nr && !err; i++) {
+		cpus[i] = -1;
 		n = kbp_napi_by_index(dev, i);
+		if (!n || !kbp_napi_servable(n))
+			continue;
 		if (READ_ONCE(n->thread) && !kbp_thread_is_stale(dev, n)) {
 			kbp_refuse(extack, "NAPI is served by a threaded-NAPI kthread",
 				   "%s: NAPI #%u is served by its threaded-NAPI kthread",
 				   dev->name, i);
 			err = -EBUSY;
-			goto out;
+			break;
 		}
 		cpus[i] = kbp_napi_cpu(kd, n, i, extack);
-		err = cpus[i] < 0 ? cpus[i] : kbp_check_cpu(cpus[i], extack);
-		if (err)
-			goto out;
+		if (cpus[i] < 0)
+			err = cpus[i];
+		served++;
 	}
+	rcu_read_unlock();
+	if (!err && !served)
+		err = kbp_refuse_unservable(dev, extack);
+	/* up again, or retried: the knobs may have changed meanwhile */
+	for (i = 0; i < nr && !err; i++)
+		if (cpus[i] >= 0)
+			err = kbp_check_cpu(cpus[i], extack) ?:
+			      kbp_check_conflict(cpus[i], &kd->knobs, kd, extack);
+	if (err)
+		goto out;
+	/* the links and their pollers (may sleep), then the hooks */
 	for (i = 0; i < nr; i++) {
-		n = kbp_napi_by_index(dev, i);
-		kbp_reap_stale_thread(n);
-		err = kbp_napi_hook(kd, n, i, cpus[i]);
-		if (err) {
+		if (cpus[i] < 0)
+			continue;
+		kns[i] = kbp_napi_new(kd, cpus[i]);
+		if (IS_ERR(kns[i])) {
+			err = PTR_ERR(kns[i]);
+			kns[i] = NULL;
 			NL_SET_ERR_MSG_MOD(extack, "out of memory starting a poller");
 			pr_warn("%s: cannot hook NAPI #%u: %d\n", dev->name, i, err);
-			__kbp_dev_deactivate(kd);
 			goto out;
 		}
+	}
+	for (i = 0; i < nr; i++) {
+		if (!kns[i])
+			continue;
+		kbp_reap_stale_thread(dev, i);
+		rcu_read_lock();
+		n = kbp_napi_free_at(kd, i);
+		if (n) {	/* else deleted meanwhile by a driver's reset */
+			kbp_napi_link(kd, kns[i], n, i);
+			kns[i] = NULL;
+		}
+		rcu_read_unlock();
 	}
 	kd->active = true;
 	kd->retry = false;
 out:
+	if (kns)
+		for (i = 0; i < nr; i++)
+			kfree(kns[i]);	/* not linked: not on any list */
+	if (err)
+		kbp_pollers_gc();	/* the ones started for it */
+	kfree(kns);
 	kfree(cpus);
 	return err;
 }
@@ -712,6 +914,15 @@ static int kbp_req_check_cpu(int cpu, const struct kbp_knobs *req,
 	return kbp_conf_check(cpu, &want, extack);
 }
 
+/* The same, and no conflict with what @cpu's poller runs or stores. */
+static int kbp_req_check_cpu_conflict(int cpu, const struct kbp_knobs *req,
+				      const struct kbp_dev *kd,
+				      struct netlink_ext_ack *extack)
+{
+	return kbp_req_check_cpu(cpu, req, extack) ?:
+	       kbp_check_conflict(cpu, req, kd, extack);
+}
+
 /* Every CPU @req would use on its device, for conflict checks. */
 static int kbp_req_check_cpus(struct kbp_attach_req *req, struct kbp_dev *kd,
 			      struct netlink_ext_ack *extack)
@@ -720,12 +931,14 @@ static int kbp_req_check_cpus(struct kbp_attach_req *req, struct kbp_dev *kd,
 	int cpu, err;
 
 	if (req->cpu >= 0) {
-		err = kbp_req_check_cpu(req->cpu, &req->knobs, extack);
+		err = kbp_req_check_cpu_conflict(req->cpu, &req->knobs, kd,
+						 extack);
 		if (err)
 			return err;
 	}
 	for (i = 0; i < req->nr_map; i++) {
-		err = kbp_req_check_cpu(req->map[i].cpu, &req->knobs, extack);
+		err = kbp_req_check_cpu_conflict(req->map[i].cpu, &req->knobs,
+						 kd, extack);
 		if (err)
 			return err;
 	}
@@ -733,11 +946,18 @@ static int kbp_req_check_cpus(struct kbp_attach_req *req, struct kbp_dev *kd,
 		return 0;
 	nr = kbp_napi_count(req->dev);
 	for (i = 0; i < nr; i++) {
-		cpu = kbp_napi_cpu(kd, kbp_napi_by_index(req->dev, i), i, extack);
+		struct napi_struct *n;
+
+		rcu_read_lock();
+		n = kbp_napi_by_index(req->dev, i);
+		cpu = n && kbp_napi_servable(n) ?
+		      kbp_napi_cpu(kd, n, i, extack) : INT_MAX;
+		rcu_read_unlock();
+		if (cpu == INT_MAX)
+			continue;
 		if (cpu < 0)
 			return cpu;
-		err = kbp_req_check_cpu(cpu, &req->knobs, extack) ?:
-		      kbp_check_conflict(cpu, &req->knobs, extack);
+		err = kbp_req_check_cpu_conflict(cpu, &req->knobs, kd, extack);
 		if (err)
 			return err;
 	}
@@ -789,7 +1009,7 @@ int kbp_dev_bind(struct kbp_attach_req *req, struct netlink_ext_ack *extack)
 			   dev->name, dev->name);
 		return -EBUSY;
 	}
-	if (netif_running(dev) && list_empty(&dev->napi_list)) {
+	if (netif_running(dev) && !kbp_napi_count(dev)) {
 		kbp_refuse(extack, "device has no NAPI instance",
 			   "%s has no NAPI instance", dev->name);
 		return -EOPNOTSUPP;
@@ -884,16 +1104,28 @@ static const char *kbp_dev_handback_reason(struct kbp_dev *kd, bool *retry)
 		return "a poller's CPU is going offline";
 	}
 	list_for_each_entry_safe(kn, tmp, &kd->napis, dev_node) {
+		bool busy_poll = false;
+
+		/*
+		 * A link not DEAD inside the section has its NAPI until the
+		 * section ends: its deleter's grace period waits for us.
+		 */
+		rcu_read_lock();
 		if (!test_bit(KBP_NAPI_DEAD, &kn->flags) &&
 		    !test_bit(NAPI_STATE_LISTED, &kn->napi->state))
 			kbp_poller_drop_napi(kn);
+		if (!test_bit(KBP_NAPI_DEAD, &kn->flags))
+			/* netlink "napi-set threaded busy-poll" (7.2) */
+			busy_poll = kbp_napi_busy_poll_asked(kn->napi) ||
+				    kbp_napi_cfg_busy_poll(&kn->cfg);
+		rcu_read_unlock();
 		if (test_bit(KBP_NAPI_DEAD, &kn->flags)) {
+			if (test_bit(KBP_NAPI_ORPHAN, &kn->flags))
+				kd->orphaned++;
 			kbp_napi_free(kd, kn);
 			continue;
 		}
-		/* netlink "napi-set threaded busy-poll" (7.2) */
-		if (kbp_napi_busy_poll_asked(kn->napi) ||
-		    kbp_napi_cfg_busy_poll(&kn->cfg))
+		if (busy_poll)
 			return "threaded busy polling was asked for one of its NAPIs";
 	}
 	return NULL;
@@ -939,9 +1171,14 @@ static void kbp_dev_reconcile(struct kbp_dev *kd)
 
 	why = kbp_dev_handback_reason(kd, &retry);
 	list_for_each_entry(kn, &kd->napis, dev_node) {
+		enum kbp_napi_check check;
+
 		if (why)
 			break;
-		switch (kbp_poller_check_napi(kn)) {
+		rcu_read_lock();	/* as in kbp_dev_handback_reason() */
+		check = kbp_poller_check_napi(kn);
+		rcu_read_unlock();
+		switch (check) {
 		case KBP_NAPI_OK:
 		case KBP_NAPI_REPAIRED:
 			break;
@@ -962,19 +1199,60 @@ static void kbp_dev_reconcile(struct kbp_dev *kd)
 		goto out;
 	}
 
-	/* NAPIs the driver added since (re-created after a delete, new channels) */
+	/*
+	 * NAPIs the driver added since (re-created after a delete, new
+	 * channels, or given up by a respawn: kbp_napi_orphan()); a NAPI with
+	 * a kthread that is not a stale one is the kernel's own (7.2 gives a
+	 * NAPI one when threaded NAPI is turned on for it).
+	 */
 	nr = kbp_napi_count(dev);
-	for (i = 0; i < nr; i++) {
+	for (i = 0; i < nr && !why; i++) {
+		struct kbp_napi *nkn;
+		bool linked = false;
+
+		rcu_read_lock();
 		n = kbp_napi_by_index(dev, i);
-		if (kbp_napi_owned(kd, n) || READ_ONCE(n->thread))
+		if (n && kbp_napi_servable(n) && !kbp_napi_owned(kd, n) &&
+		    READ_ONCE(n->thread) && !kbp_thread_is_stale(dev, n) &&
+		    !kbp_napi_ours(READ_ONCE(n->thread)))
+			why = "one of its NAPIs was given a threaded-NAPI kthread";
+		n = n ? kbp_napi_free_at(kd, i) : NULL;
+		cpu = n ? kbp_napi_cpu(kd, n, i, NULL) : -1;
+		rcu_read_unlock();
+		if (!n)
 			continue;
-		cpu = kbp_napi_cpu(kd, n, i, NULL);
-		if (cpu < 0 || !cpu_active(cpu) || kbp_napi_hook(kd, n, i, cpu))
+		nkn = cpu >= 0 && cpu_active(cpu) &&
+		      !kbp_check_conflict(cpu, &kd->knobs, kd, NULL) ?
+		      kbp_napi_new(kd, cpu) : NULL;
+		if (!IS_ERR_OR_NULL(nkn)) {
+			rcu_read_lock();
+			n = kbp_napi_free_at(kd, i);
+			if (n) {
+				kbp_napi_link(kd, nkn, n, i);
+				linked = true;
+			}
+			rcu_read_unlock();
+			if (!linked)
+				kfree(nkn);	/* deleted meanwhile */
+		}
+		if (linked && kd->orphaned) {
+			/* the kernel stopped our thread on it (7.2: threaded off) */
+			kd->orphaned--;
+			atomic64_inc(&nkn->poller->repairs);
+			pr_info_ratelimited("%s: NAPI #%u lost its poller (threaded NAPI turned off): hooked again\n",
+					    dev->name, i);
+		} else if (linked) {
+			pr_info_ratelimited("%s: hooked new NAPI #%u to kbp/%d\n",
+					    dev->name, i, cpu);
+		} else if (n)
 			pr_warn_ratelimited("%s: cannot hook new NAPI #%u\n",
 					    dev->name, i);
-		else
-			pr_info("%s: hooked new NAPI #%u to kbp/%d\n", dev->name,
-				i, cpu);
+	}
+	kd->orphaned = 0;	/* any not hooked again by now are gone */
+	if (why) {
+		pr_info("%s: %s: NAPIs back to the kernel\n", dev->name, why);
+		kd->retry = false;
+		__kbp_dev_deactivate(kd);
 	}
 out:
 	kbp_netdev_unlock(dev);

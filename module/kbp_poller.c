@@ -162,7 +162,7 @@ static int kbp_poll_napi(struct kbp_poller *p, const struct kbp_mode_ops *ops,
 {
 	struct napi_struct *n = kn->napi;
 	int budget = min_t(int, READ_ONCE(p->quota), n->weight);
-	bool hold = false, handback = false;
+	bool hold = false, handback = false, kept = false;
 	struct kbp_bpf_ctx bpf_ctx;
 	int work = 0;
 	void *have;
@@ -192,12 +192,13 @@ static int kbp_poll_napi(struct kbp_poller *p, const struct kbp_mode_ops *ops,
 			*more = true;
 	} else if (hold) {
 		kbp_gro_flush(n, false);
-		if (kbp_napi_repoll(kn, n, work))
-			*held = true;
+		kept = kbp_napi_repoll(kn, n, work);
+		*held |= kept;
 	}
 	if (ops->holds) {
 		/* written only here, by this thread */
 		kn->idle = work ? 0 : (hold ? kn->idle + 1 : 0);
+		kn->held = kept;
 		if (handback)
 			kbp_stat_add(p, &p->handbacks, 1);
 	}
@@ -299,6 +300,28 @@ static bool kbp_has_work(struct kbp_poller *p)
 	rcu_read_lock();
 	list_for_each_entry_rcu(kn, &p->napis, poll_node) {
 		if (kbp_owns(kn->napi)) {
+			ret = true;
+			break;
+		}
+	}
+	rcu_read_unlock();
+	return ret;
+}
+
+/*
+ * periodic: a NAPI scheduled after its poll in this pass (owned, not kept
+ * scheduled by the poll): its interrupt is unmasked and its schedule's
+ * wake-up may have come before the sleep's set_current_state(), so the
+ * timed sleep must not wait the interval for it.
+ */
+static bool kbp_has_unheld_work(struct kbp_poller *p)
+{
+	struct kbp_napi *kn;
+	bool ret = false;
+
+	rcu_read_lock();
+	list_for_each_entry_rcu(kn, &p->napis, poll_node) {
+		if (!kn->held && kbp_owns(kn->napi)) {
 			ret = true;
 			break;
 		}
@@ -533,7 +556,9 @@ static void kbp_wait_interval(struct kbp_poller *p, bool held)
 	}
 	t = ns_to_ktime((u64)p->cur_interval_us * NSEC_PER_USEC);
 	set_current_state(KBP_SLEEP_STATE);
-	if (kthread_should_stop() || test_bit(KBP_POLLER_STUCK, &p->flags)) {
+	/* pairs with set_bit(SCHED_THREADED) + wake_up_process(), as kbp_sleep() */
+	if (kthread_should_stop() || test_bit(KBP_POLLER_STUCK, &p->flags) ||
+	    kbp_has_unheld_work(p)) {
 		__set_current_state(TASK_RUNNING);
 		return;
 	}
@@ -852,6 +877,8 @@ static int kbp_poller_fn(void *data)
 	u64 last_work = local_clock(), contended = 0;
 	struct kbp_freq freq = {};
 
+	complete(&p->started);	/* kbp_poller_spawn() may publish us now */
+
 	/* a respawned thread: its CPU time starts from 0, so does a round */
 	if (p->search_on)
 		kbp_round_begin(p, last_work);
@@ -915,11 +942,14 @@ static int kbp_apply_prio(struct task_struct *t, u32 rt_prio)
 	return sched_setattr_nocheck(t, &attr);
 }
 
+#define KBP_START_WAIT	HZ
+
 static struct task_struct *kbp_poller_spawn(struct kbp_poller *p)
 {
 	struct task_struct *t;
 	int err;
 
+	reinit_completion(&p->started);
 	t = kthread_create_on_cpu(kbp_poller_fn, p, p->cpu, "kbp/%u");
 	if (IS_ERR(t))
 		return t;
@@ -928,6 +958,18 @@ static struct task_struct *kbp_poller_spawn(struct kbp_poller *p)
 		pr_warn("kbp: kbp/%d: cannot set rt_prio %u: %d\n", p->cpu,
 			READ_ONCE(p->rt_prio), err);
 	get_task_struct(t);
+	/*
+	 * Let it run once before anyone can know it: kthread() skips the
+	 * thread function of a thread stopped before its first run, and a
+	 * driver deleting a NAPI without rtnl may kthread_stop() whatever
+	 * napi->thread says at any time.  Bounded: a CPU that a
+	 * higher-priority task hogs may not run it soon, and the caller may
+	 * hold rtnl.
+	 */
+	wake_up_process(t);
+	if (!wait_for_completion_timeout(&p->started, KBP_START_WAIT))
+		pr_warn("kbp: kbp/%d: new thread (pid %d) has not run within %u ms (starved?)\n",
+			p->cpu, t->pid, jiffies_to_msecs(KBP_START_WAIT));
 	return t;
 }
 
@@ -942,6 +984,7 @@ struct kbp_poller *kbp_poller_create(int cpu, const struct kbp_conf *conf)
 	p->cpu = cpu;
 	spin_lock_init(&p->lock);
 	spin_lock_init(&p->netap_lock);
+	init_completion(&p->started);
 	INIT_LIST_HEAD(&p->napis);
 	u64_stats_init(&p->syncp);
 	p->mode = conf->mode;
@@ -966,7 +1009,6 @@ struct kbp_poller *kbp_poller_create(int cpu, const struct kbp_conf *conf)
 		kfree(p);
 		return ERR_CAST(t);
 	}
-	/* first woken by kbp_poller_add_napi(): it starts with work */
 	p->task = t;
 	WRITE_ONCE(p->pid, t->pid);
 	return p;
@@ -1084,21 +1126,58 @@ static void kbp_napi_point_at(struct kbp_poller *p, struct kbp_napi *kn)
 	set_bit(NAPI_STATE_THREADED, &n->state);
 }
 
+static void kbp_napi_unlink_dead(struct kbp_napi *kn);
+
 /*
- * Caller holds rtnl, kbp_lock and the NAPI's instance lock.  Once
+ * Caller holds rtnl, kbp_lock, the NAPI's instance lock (6.14+) and
+ * rcu_read_lock(), inside which it found @kn's NAPI on dev->napi_list.  Once
  * napi->thread and THREADED are set the next napi_schedule() of this NAPI
  * wakes the poller; a schedule already queued on a softnet poll list is
  * finished by the softirq, as with dev_set_threaded().
+ *
+ * Before 6.14 a driver may delete the NAPI meanwhile without rtnl (a reset
+ * from its own work, ice's for example).  __netif_napi_del() clears LISTED (a
+ * fully ordered RMW), then reads napi->thread to stop it; we write
+ * napi->thread, then read LISTED: either the deleter stops the poller, whose
+ * respawn drops the link, or we see LISTED clear and drop it here.  False if
+ * the NAPI is going (the link is DEAD, freed by the reconcile work).
  */
-void kbp_poller_add_napi(struct kbp_poller *p, struct kbp_napi *kn)
+bool kbp_poller_add_napi(struct kbp_poller *p, struct kbp_napi *kn)
 {
+	struct napi_struct *n = kn->napi;
+	bool ok = true;
+
 	kn->poller = p;
 	spin_lock(&p->lock);
 	list_add_tail_rcu(&kn->poll_node, &p->napis);
 	kbp_napi_point_at(p, kn);
+	smp_mb();	/* napi->thread before LISTED; see above */
+	if (!test_bit(NAPI_STATE_LISTED, &n->state)) {
+		kbp_napi_clear_threaded(n);
+		if (READ_ONCE(n->thread) == p->task)
+			WRITE_ONCE(n->thread, NULL);
+		kbp_napi_unlink_dead(kn);
+		ok = false;
+	}
 	if (p->task)
 		wake_up_process(p->task);
 	spin_unlock(&p->lock);
+	return ok;
+}
+
+/*
+ * The poller serves nothing and is not replacing its thread: kbp_pollers_gc()
+ * may stop it and free it.  Caller holds rtnl and kbp_lock.
+ */
+bool kbp_poller_idle(struct kbp_poller *p)
+{
+	bool idle;
+
+	spin_lock(&p->lock);
+	idle = list_empty(&p->napis) &&
+	       !test_bit(KBP_POLLER_RESPAWNING, &p->flags);
+	spin_unlock(&p->lock);
+	return idle;
 }
 
 /*
@@ -1220,9 +1299,13 @@ static void kbp_napi_unlink_dead(struct kbp_napi *kn)
 
 /*
  * @kn's NAPI was deleted (NAPI_STATE_LISTED clear) while its napi->thread was
- * not the poller (7.2: after the kernel stopped it), so no respawn saw it.
- * Caller holds rtnl, kbp_lock and the instance lock, under which the driver
- * deleted it.
+ * not the poller, so no respawn saw it.  Caller holds rtnl, kbp_lock and
+ * rcu_read_lock(), and saw @kn not DEAD inside that section.  A NAPI whose
+ * napi->thread is still the poller is being deleted by a driver that does
+ * it without rtnl: the deleter stops the poller, and the respawn drops the
+ * link; dropping it here would empty the poller's list under a thread the
+ * deleter is stopping, and kbp_pollers_gc() would stop it a second time and
+ * free the poller under its respawn.
  */
 void kbp_poller_drop_napi(struct kbp_napi *kn)
 {
@@ -1231,7 +1314,8 @@ void kbp_poller_drop_napi(struct kbp_napi *kn)
 	if (test_bit(KBP_NAPI_DEAD, &kn->flags))
 		return;
 	spin_lock(&p->lock);
-	if (!test_bit(KBP_NAPI_DEAD, &kn->flags))
+	if (!test_bit(KBP_NAPI_DEAD, &kn->flags) &&
+	    READ_ONCE(kn->napi->thread) != p->task)
 		kbp_napi_unlink_dead(kn);
 	spin_unlock(&p->lock);
 }
@@ -1246,25 +1330,39 @@ void kbp_poller_drop_napi(struct kbp_napi *kn)
  */
 static bool kbp_poller_release(struct kbp_napi *kn)
 {
-	struct napi_struct *n = kn->napi;
-
 	if (test_and_set_bit_lock(KBP_NAPI_POLLING, &kn->flags))
 		return false;
-	if (test_and_clear_bit(NAPI_STATE_SCHED_THREADED, &n->state)) {
+	rcu_read_lock();	/* a DEAD link's NAPI may be freed */
+	if (!test_bit(KBP_NAPI_DEAD, &kn->flags) &&
+	    test_and_clear_bit(NAPI_STATE_SCHED_THREADED, &kn->napi->state)) {
 		local_bh_disable();
-		__napi_schedule(n);
+		__napi_schedule(kn->napi);
 		local_bh_enable();
 	}
+	rcu_read_unlock();
 	return true;
 }
 
 /* The poller still owns the NAPI, or is finishing a poll of it. */
 static bool kbp_napi_held(struct kbp_napi *kn)
 {
-	if (test_bit(NAPI_STATE_SCHED_THREADED, &kn->napi->state))
+	bool held;
+
+	/*
+	 * A driver that deletes NAPIs without rtnl may delete this one
+	 * meanwhile: its deletion stops the poller, whose respawn marks the
+	 * link DEAD (and hands the NAPI on) before the driver's grace period
+	 * and kfree().
+	 */
+	rcu_read_lock();
+	held = !test_bit(KBP_NAPI_DEAD, &kn->flags) &&
+	       test_bit(NAPI_STATE_SCHED_THREADED, &kn->napi->state);
+	rcu_read_unlock();
+	if (held)
 		return true;
 	smp_rmb();	/* pairs with clear_bit_unlock() in kbp_pass() */
-	return test_bit(KBP_NAPI_POLLING, &kn->flags);
+	return test_bit(KBP_NAPI_POLLING, &kn->flags) &&
+	       !test_bit(KBP_NAPI_DEAD, &kn->flags);
 }
 
 /*
@@ -1273,15 +1371,14 @@ static bool kbp_napi_held(struct kbp_napi *kn)
  * Caller holds rtnl and kbp_lock and has set KBP_NAPI_DETACHING, cleared
  * THREADED and waited for a grace period.  Bounded: a poller that cannot run
  * (a higher-priority task hogs its CPU) must not hang rtnl.  After
- * KBP_RELEASE_WAIT the NAPI is taken back between two polls; a poller stuck
+ * @deadline, one for the whole device (KBP_RELEASE_WAIT from the detach's
+ * start: a NIC with 64 queues on starved pollers must not hold rtnl for
+ * 64 times that), the NAPI is taken back between two polls; a poller stuck
  * inside a poll (only possible where bh-disabled code is preemptible, i.e.
  * PREEMPT_RT) is raised to the highest RT priority to finish it.
  */
-#define KBP_RELEASE_WAIT	(5 * HZ)
-
-void kbp_poller_wait_released(struct kbp_napi *kn)
+void kbp_poller_wait_released(struct kbp_napi *kn, unsigned long deadline)
 {
-	unsigned long deadline = jiffies + KBP_RELEASE_WAIT;
 	struct kbp_poller *p = kn->poller;
 	const char *name = kn->kdev->dev->name;
 	struct task_struct *t = NULL;
@@ -1371,10 +1468,42 @@ static void kbp_poller_respawn_failed(struct kbp_poller *p, long err)
  * thread, move the NAPIs that point at us to it, drop the ones that lost
  * NAPI_STATE_LISTED, and exit.
  */
+/*
+ * A NAPI that pointed at the stopped thread and no longer has THREADED set:
+ * the kernel stopped us on it (7.2: napi_stop_kthread(), which then clears
+ * napi->thread itself) or a driver is disabling it (napi_disable() clears
+ * THREADED), or kbp's own detach cleared it.  In none of these cases would a
+ * later deletion of the NAPI stop our thread, so the link must not stay on
+ * the list: drop it (the reconcile work hooks the NAPI again, as a new one)
+ * and give a NAPI we still own to the softirq.  p->lock held.
+ */
+static void kbp_napi_orphan(struct kbp_napi *kn)
+{
+	struct napi_struct *n = kn->napi;
+
+	if (test_and_clear_bit(NAPI_STATE_SCHED_THREADED, &n->state)) {
+		local_bh_disable();
+		__napi_schedule(n);
+		local_bh_enable();
+	}
+	WRITE_ONCE(n->thread, NULL);
+	set_bit(KBP_NAPI_ORPHAN, &kn->flags);
+	kbp_napi_unlink_dead(kn);
+}
+
 static void kbp_poller_respawn(struct kbp_poller *p)
 {
 	struct task_struct *old = current, *t;
 	struct kbp_napi *kn, *tmp;
+	int cpu = p->cpu;
+
+	/*
+	 * Whoever stopped us may not hold rtnl (a driver's reset deleting
+	 * its NAPIs): keep kbp_pollers_gc() from freeing @p meanwhile.
+	 */
+	spin_lock(&p->lock);
+	set_bit(KBP_POLLER_RESPAWNING, &p->flags);
+	spin_unlock(&p->lock);
 
 	t = kbp_poller_spawn(p);
 	if (IS_ERR(t)) {
@@ -1385,13 +1514,16 @@ static void kbp_poller_respawn(struct kbp_poller *p)
 			struct napi_struct *n = kn->napi;
 
 			/*
-			 * Only NAPIs that point at us: one the kernel stopped
-			 * us on keeps napi->thread until we exit (then it
-			 * clears it), and one it had stopped us on before
-			 * (NULL) waits for the reconcile work.
+			 * Only NAPIs that point at us, and of those only the
+			 * ones still THREADED (kbp_napi_orphan()).
 			 */
-			if (READ_ONCE(n->thread) == old)
+			if (READ_ONCE(n->thread) == old) {
+				if (!test_bit(NAPI_STATE_THREADED, &n->state)) {
+					kbp_napi_orphan(kn);
+					continue;
+				}
 				WRITE_ONCE(n->thread, t);
+			}
 			/*
 			 * napi->thread before LISTED; __netif_napi_del_locked()
 			 * clears LISTED (a full barrier), then reads
@@ -1407,9 +1539,13 @@ static void kbp_poller_respawn(struct kbp_poller *p)
 		WRITE_ONCE(p->pid, t->pid);
 		atomic64_inc(&p->respawns);
 		wake_up_process(t);
-		pr_info("kbp: kbp/%d replaced (pid %d -> %d) after the kernel stopped it (NAPI deleted or threaded NAPI turned off)\n",
-			p->cpu, old->pid, t->pid);
+		pr_info_ratelimited("kbp: kbp/%d replaced (pid %d -> %d) after the kernel stopped it (NAPI deleted or threaded NAPI turned off)\n",
+				    cpu, old->pid, t->pid);
 	}
+	/* the last touch of @p: gc may free it from here on */
+	spin_lock(&p->lock);
+	clear_bit(KBP_POLLER_RESPAWNING, &p->flags);
+	spin_unlock(&p->lock);
 	/* no hardIRQ path still holds the old task from napi->thread */
 	synchronize_rcu();
 	kbp_reconcile_soon();

@@ -43,6 +43,7 @@
 #define _KBP_PRIV_H
 
 #include <linux/atomic.h>
+#include <linux/completion.h>
 #include <linux/list.h>
 #include <linux/mutex.h>
 #include <linux/refcount.h>
@@ -57,6 +58,8 @@
 
 #define KBP_QUOTA_MAX		NAPI_POLL_WEIGHT
 #define KBP_LINGER_US_MAX	1000000U	/* 1 s */
+/* above it, linger_us needs CAP_SYS_NICE (kbp_genl.c, kbp_takes_cpu()) */
+#define KBP_LINGER_US_FREE	100U
 #define KBP_RT_PRIO_MAX		(MAX_RT_PRIO - 1)
 #define KBP_MAP_MAX		256
 /* periodic: the interval (and the search range) in KBP_NETAP_INTERVAL_US_* */
@@ -126,6 +129,11 @@ enum {
 	KBP_POLLER_STUCK,	/* did not give a NAPI back in time (starved): not
 				 * stopped under rtnl until it runs again
 				 */
+	KBP_POLLER_RESPAWNING,	/* the kernel stopped the thread, which is
+				 * replacing itself: kbp_pollers_gc() must not
+				 * free the poller under it (set and cleared
+				 * under @lock)
+				 */
 };
 
 struct kbp_poller {
@@ -138,6 +146,13 @@ struct kbp_poller {
 	 */
 	struct task_struct *task;
 	pid_t pid;			/* for reporting; READ_ONCE */
+	/*
+	 * Completed by a new thread when it runs: a thread is published (in
+	 * napi->thread) only once it has, since kthread() skips the thread
+	 * function of a thread stopped before its first run, and such a
+	 * thread would neither poll nor respawn (kbp_poller_spawn()).
+	 */
+	struct completion started;
 	unsigned long flags;
 
 	spinlock_t lock;		/* writers of @napis */
@@ -212,6 +227,10 @@ enum {
 				 * poll, for good by a detach that takes the NAPI
 				 * back from a poller that cannot run
 				 */
+	KBP_NAPI_ORPHAN,	/* DEAD because a respawn found THREADED clear
+				 * (kbp_napi_orphan()): the reconcile work
+				 * hooks the NAPI again, as a repair
+				 */
 	KBP_NAPI_FOREIGN,	/* at detach napi->thread was not the poller's
 				 * (7.2: the kernel stopped it, maybe gave the
 				 * NAPI its own kthread): nothing to hand back
@@ -237,6 +256,7 @@ struct kbp_napi {
 	refcount_t ref;
 	/* written only by the poller thread */
 	unsigned int pass;		/* the last pass that looked at it */
+	bool held;			/* periodic: kept scheduled by the last poll */
 	unsigned int idle;		/* periodic: empty polls in a row */
 	/*
 	 * periodic search: the device's rx_bytes when the last round ended
@@ -278,6 +298,8 @@ struct kbp_dev {
 					 * offline: the reconcile work attaches
 					 * it again once it is back
 					 */
+	/* orphaned links freed, not yet hooked again (kbp_dev_reconcile()) */
+	unsigned int orphaned;
 	/* counters of this device's NAPIs that are gone */
 	u64 packets_gone;
 	u64 polls_gone;
@@ -313,11 +335,15 @@ struct kbp_poller *kbp_poller_create(int cpu, const struct kbp_conf *conf);
 void kbp_poller_destroy(struct kbp_poller *p);
 void kbp_poller_apply(struct kbp_poller *p, const struct kbp_conf *conf);
 void kbp_poller_conf(struct kbp_poller *p, struct kbp_conf *conf);
-void kbp_poller_add_napi(struct kbp_poller *p, struct kbp_napi *kn);
+bool kbp_poller_add_napi(struct kbp_poller *p, struct kbp_napi *kn);
+bool kbp_poller_idle(struct kbp_poller *p);
 bool kbp_poller_unhook_napi(struct kbp_napi *kn);
 void kbp_poller_del_napi(struct kbp_napi *kn);
 void kbp_poller_drop_napi(struct kbp_napi *kn);
-void kbp_poller_wait_released(struct kbp_napi *kn);
+void kbp_poller_wait_released(struct kbp_napi *kn, unsigned long deadline);
+
+/* the bound of a detach's wait for its pollers, per device (jiffies) */
+#define KBP_RELEASE_WAIT	(5 * HZ)
 
 /* what kbp_poller_check_napi() found (and did) */
 enum kbp_napi_check {

@@ -239,6 +239,8 @@ def attempt(name, fn):
         out[name + "_msg"] = e.message
 attempt("busy", lambda: kmod.attach("kbpcb", cpu=%(cpu)d, mode="busy"))
 attempt("fifo", lambda: kmod.attach("kbpcb", cpu=%(cpu)d, mode="hybrid", rt_prio=99))
+attempt("linger", lambda: kmod.attach("kbpcb", cpu=%(cpu)d, mode="hybrid", linger_us=1000))
+attempt("interval", lambda: kmod.attach("kbpcb", cpu=%(cpu)d, mode="periodic", interval_us=10))
 attempt("hybrid", lambda: kmod.attach("kbpcb", cpu=%(cpu)d, mode="hybrid", rt_prio=0))
 attempt("poller_set", lambda: kmod.poller_set(%(cpu)d, linger_us=7))
 out["pollers"] = [(p.cpu, p.pid) for p in kmod.pollers()]
@@ -276,6 +278,10 @@ def test_container_with_net_admin_cannot_take_a_cpu(kmod, topo: Topo,
     out = run_as_container(container_ns, CONTAINER % {"cpu": POLL_CPU}, new_pidns=False)
     assert out["busy"] == errno.EPERM and "CAP_SYS_NICE" in out["busy_msg"], out
     assert out["fifo"] == errno.EPERM and "CAP_SYS_NICE" in out["fifo_msg"], out
+    # a hybrid poller that lingers 1 ms after each packet, a periodic one woken every
+    # 10 us: both spin a CPU as busy does (issue 22, item 8)
+    assert out["linger"] == errno.EPERM and "CAP_SYS_NICE" in out["linger_msg"], out
+    assert out["interval"] == errno.EPERM and "CAP_SYS_NICE" in out["interval_msg"], out
     assert out["hybrid"] == 0, out                  # its own device, a SCHED_OTHER poller
     assert out["poller_set"] == errno.EPERM and "initial network namespace" in \
         out["poller_set_msg"], out
@@ -287,6 +293,37 @@ def test_container_with_net_admin_cannot_take_a_cpu(kmod, topo: Topo,
     out = run_as_container(container_ns, CONTAINER % {"cpu": POLL_CPU}, new_pidns=True)
     assert out["hybrid"] == 0 and out["pollers"] and all(pid == 0 for _, pid in out["pollers"])
     assert out["napi_pids"] and all(pid == 0 for pid in out["napi_pids"]), out
+
+
+IDLE_HOST_CPU = """
+import json
+from kbp import kmod
+out = {}
+try:
+    kmod.attach("kbpcb", cpu=%(cpu)d, mode="hybrid", linger_us=50)
+    out["attach"] = 0
+except kmod.KbpError as e:
+    out["attach"], out["attach_msg"] = e.errno, e.message
+print(json.dumps(out))
+"""
+
+
+def test_container_cannot_rewrite_an_idle_host_cpus_knobs(kmod, topo: Topo,
+                                                          container_ns: str) -> None:
+    """The host's device on a CPU is down, so that CPU's poller is idle: a container's
+    attach there with other knobs is refused instead of rewriting them (before, the host's
+    device came back up on the container's linger_us; issue 22, item 8)."""
+    kmod.attach(topo.nic0, cpu=OTHER_CPU, mode="hybrid", linger_us=0)
+    sh(f"ip link set {topo.nic0} down")
+    try:
+        out = run_as_container(container_ns, IDLE_HOST_CPU % {"cpu": OTHER_CPU},
+                               new_pidns=False)
+        assert out["attach"] == errno.EBUSY and "another attached device" in \
+            out["attach_msg"], out
+    finally:
+        sh(f"ip link set {topo.nic0} up")
+    wait_for(lambda: kmod.device(topo.nic0).state == "active", 10, what="nic0 active again")
+    assert kmod.poller(OTHER_CPU).linger_us == 0
 
 
 # -- 5. freq_ctl on a shared cpufreq policy ---------------------------------------------

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import POLL_CPU, dmesg_lines, dmesg_since, sh, wait_for
+from conftest import POLL_CPU, dmesg_lines, sh, wait_for
 from test_bad_input import refused
 from test_hardening import DEFAULT_PRIO, RT_KERNEL, kill, no_rt_throttling, running_on, spin
 
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.skipif(not KO.exists(), reason="kbp_test_nic.ko not bui
 
 
 @contextlib.contextmanager
-def test_nic(**params: object) -> Iterator[str]:
+def ktn_device(**params: object) -> Iterator[str]:
     """Load the test NIC with ``params``, bring it up; unload it (which unregisters it,
     and so detaches it) at the end."""
     args = " ".join(f"{k}={v}" for k, v in params.items())
@@ -99,6 +99,13 @@ def kbp_carries(dev: str = DEV, frames: int = 300, timeout: float = 30) -> None:
              what=f"kbp's poller to carry {dev}'s frames")
 
 
+def taken_back_since(t0: float) -> list[str]:
+    """dmesg's "NAPI #i taken back" lines stamped after ``t0`` (CLOCK_MONOTONIC, as
+    printk's stamps): the resets' lines may have wrapped the ring, so no line count."""
+    return [ln for ln in dmesg_lines() if "taken back from kbp/" in ln and
+            ln.startswith("[") and float(ln[1:ln.index("]")]) >= t0 - 1.0]
+
+
 def hooked(kmod, dev: str, nr: int) -> bool:
     d = kmod.device(dev)
     return d is not None and d.state == "active" and len(d.napis) == nr
@@ -109,7 +116,7 @@ def test_per_cpu_napis_are_refused(kmod) -> None:
     """A device whose every NAPI is per-CPU (NAPI_STATE_NO_BUSY_POLL, fed without a lock
     on its own CPU) is refused with the reason; before, kbp polled CPU 0's cell from
     CPU 1 while CPU 0 queued into it."""
-    with test_nic(percpu=1, rate=2000) as dev:
+    with ktn_device(percpu=1, rate=2000) as dev:
         refused(kmod, errno.EOPNOTSUPP, "per-CPU",
                 lambda: kmod.attach(dev, cpu=POLL_CPU, mode="hybrid"))
         time.sleep(1.0)
@@ -126,7 +133,7 @@ def test_resets_without_rtnl_under_traffic(kmod, mode: str) -> None:
     reconcile work runs every 10 ms: no splat (slub_debug on the debug flavour), no hang,
     the new NAPIs are served again, no frame lost or reordered beyond the driver's own
     drops."""
-    with reconcile_every(10), test_nic(queues=4, cpus="0,1,0,1", rate=2000) as dev:
+    with reconcile_every(10), ktn_device(queues=4, cpus="0,1,0,1", rate=2000) as dev:
         kmod.attach(dev, cpu=POLL_CPU, mode=mode)
         wait_for(lambda: hooked(kmod, dev, 4), 10, what="4 NAPIs hooked")
         kbp_carries(dev)
@@ -140,7 +147,7 @@ def test_resets_without_rtnl_under_traffic(kmod, mode: str) -> None:
 def test_resets_spread_over_pollers(kmod) -> None:
     """The same with the queues on two pollers (queue map), so each poller's list empties
     and fills again at every reset."""
-    with reconcile_every(10), test_nic(queues=4, cpus="0,1,0,1", rate=2000) as dev:
+    with reconcile_every(10), ktn_device(queues=4, cpus="0,1,0,1", rate=2000) as dev:
         kmod.attach(dev, queue_map={0: 0, 1: 1, 2: 0, 3: 1}, mode="hybrid")
         wait_for(lambda: hooked(kmod, dev, 4), 10, what="4 NAPIs hooked")
         kbp_carries(dev)
@@ -156,7 +163,7 @@ def test_channel_changes_under_traffic(kmod) -> None:
     """Queues go 4 -> 2 -> 6 -> 4 under rtnl while traffic flows: every NAPI the driver
     adds again is served, the queue map's CPUs are kept, nothing lost beyond the driver's
     drops."""
-    with test_nic(queues=4, cpus="0,1,0,1,0,1", rate=2000) as dev:
+    with ktn_device(queues=4, cpus="0,1,0,1,0,1", rate=2000) as dev:
         kmod.attach(dev, cpu=POLL_CPU, mode="hybrid")
         kbp_carries(dev)
         for n in (2, 6, 4):
@@ -164,6 +171,31 @@ def test_channel_changes_under_traffic(kmod) -> None:
             wait_for(lambda n=n: hooked(kmod, dev, n), 20, what=f"{n} NAPIs hooked")
             kbp_carries(dev)
         assert {x.cpu for x in kmod.device(dev).napis} == {POLL_CPU}
+        assert_in_order(dev)
+
+
+# -- queue maps name RX queues, not list positions (item 7) -------------------------------
+@pytest.mark.skipif(KERNEL < (6, 10), reason="netif_queue_set_napi() (the RX queue a NAPI "
+                    "serves) is 6.10+; before, a NAPI's index is its place in add order")
+def test_queue_map_names_rx_queues(kmod) -> None:
+    """The driver adds its NAPIs last queue first (their list order is not their
+    queues'; 6.18+ sorts the list by NAPI id anyway): the queue map's entry 0 is RX queue
+    0, whose frames kbp/POLL_CPU polls, before and after ethtool -L takes the queues away
+    and gives them back.  Before, entry 0 was the first NAPI on the list: queue 3's."""
+    other = 1 - POLL_CPU
+    qmap = {0: POLL_CPU, 1: other, 2: other, 3: other}
+    with ktn_device(queues=4, cpus="0,1,0,1", rate=2000, reverse=1) as dev:
+        kmod.attach(dev, queue_map=qmap, mode="hybrid")
+        for n in (4, 2, 4):
+            sh(f"ethtool -L {dev} combined {n}")
+            wait_for(lambda n=n: hooked(kmod, dev, n), 20, what=f"{n} NAPIs hooked")
+            kbp_carries(dev)
+            time.sleep(0.5)
+            qs = stats(dev)[1]
+            assert {i: qs[i]["rx_cpu"] for i in range(n)} == \
+                {i: qmap[i] for i in range(n)}, qs
+            assert {x.index: x.cpu for x in kmod.device(dev).napis} == \
+                {i: qmap[i] for i in range(n)}
         assert_in_order(dev)
 
 
@@ -176,7 +208,7 @@ def test_napi_deleted_after_threaded_off(kmod) -> None:
     driver then deletes those NAPIs (ethtool -L) before the reconcile work hooks them
     again.  Before, the links stayed on the poller's list and periodic's round end read
     the freed NAPI's ->dev (a GPF with slub_debug)."""
-    with reconcile_every(60000), test_nic(queues=4, cpus="1,1,1,1", rate=2000) as dev:
+    with reconcile_every(60000), ktn_device(queues=4, cpus="1,1,1,1", rate=2000) as dev:
         kmod.attach(dev, cpu=POLL_CPU, mode="periodic", round_ms=10, netap=1)
         kbp_carries(dev)
         sh(f"echo 0 > /sys/class/net/{dev}/threaded")
@@ -194,10 +226,9 @@ def test_detach_of_many_napis_from_a_starved_poller_is_bounded(
         kmod, no_rt_throttling: None) -> None:
     """8 NAPIs on one poller that a FIFO-99 hog starves: detach takes them all back
     within one 5 s bound, not 5 s each (40 s under rtnl before)."""
-    with test_nic(queues=8, cpus=",".join([str(POLL_CPU)] * 8), rate=2000) as dev:
+    with ktn_device(queues=8, cpus=",".join([str(POLL_CPU)] * 8), rate=2000) as dev:
         kmod.attach(dev, cpu=POLL_CPU, mode="busy", rt_prio=DEFAULT_PRIO)
         kbp_carries(dev)
-        mark = len(dmesg_lines())
         hog = spin(POLL_CPU, fifo=99)
         try:
             wait_for(lambda: running_on(hog, POLL_CPU), 30, what="the FIFO-99 hog to run")
@@ -214,11 +245,11 @@ def test_detach_of_many_napis_from_a_starved_poller_is_bounded(
                 det.wait(timeout=120)
                 raise AssertionError("detach did not return in 60 s") from None
             took = time.monotonic() - t0
-            back = [ln for ln in dmesg_since(mark) if "taken back from kbp/" in ln]
+            back = taken_back_since(t0)
         finally:
             kill(hog)
         assert rc == 0
-        assert back, "no NAPI was taken back"
+        assert len(back) == 8, f"NAPIs taken back: {back}"
         # the Python process's start under TCG with one usable vCPU is most of it
         # (test_detach_from_a_starved_poller_is_bounded); 8 x 5 s before
         assert took < 30, f"detach took {took:.1f} s for 8 NAPIs"

@@ -29,6 +29,11 @@
  *                 an unlocked __skb_queue_tail() and marked
  *                 NAPI_STATE_NO_BUSY_POLL, so it must never be polled from
  *                 another CPU.
+ *   reverse=1     the NAPIs are added last queue first, so their order on
+ *                 dev->napi_list is not their queues' (the queue a NAPI
+ *                 serves is told with netif_queue_set_napi(), 6.10+, as
+ *                 ice, mlx5 and bnxt do; under rtnl, which the reset path
+ *                 takes just for that, as ice_vsi_rebuild() does).
  *   ops_lock=1    (7.x) request_ops_lock: the core runs the ops under the
  *                 instance lock (mlx5, bnxt, gve, fbnic and netdevsim).
  *
@@ -73,6 +78,10 @@ static bool percpu;
 module_param(percpu, bool, 0444);
 MODULE_PARM_DESC(percpu, "gro_cells-style per-CPU NAPIs with NO_BUSY_POLL (default 0)");
 
+static bool reverse;
+module_param(reverse, bool, 0444);
+MODULE_PARM_DESC(reverse, "add the queues' NAPIs last queue first (default 0)");
+
 static bool ops_lock;
 module_param(ops_lock, bool, 0444);
 MODULE_PARM_DESC(ops_lock, "request the instance lock for the ops (7.x request_ops_lock)");
@@ -104,6 +113,7 @@ struct ktn_ring {
 	u64 by_kbp;
 	u64 by_softirq;
 	u64 by_other;
+	int rx_cpu;		/* where the last frame was received */
 	int cpu;
 	bool used;
 };
@@ -129,6 +139,7 @@ struct ktn_priv {
 	unsigned int nq;		/* queues while up */
 	unsigned int want;		/* queues asked for (ethtool -L) */
 	bool up;
+	bool no_rtnl;			/* the reset path: rtnl not held */
 	struct work_struct reset_work;
 	atomic_t resets_pending;
 	unsigned int resets;		/* done, under cfg_lock */
@@ -292,6 +303,7 @@ static int ktn_rcv(struct sk_buff *skb, struct net_device *dev,
 	if (seq >= r->expect)
 		r->expect = seq + 1;
 	r->delivered++;
+	r->rx_cpu = smp_processor_id();
 	if (in_serving_softirq())
 		r->by_softirq++;
 	else if (!strncmp(current->comm, "kbp/", 4))
@@ -328,6 +340,25 @@ static void ktn_timer_init(struct ktn_queue *q)
 #else
 	hrtimer_init(&q->timer, CLOCK_MONOTONIC, mode);
 	q->timer.function = ktn_timer_fn;
+#endif
+}
+
+/*
+ * Tell the core which RX queue each NAPI serves (6.10+), or that none does.
+ * Under rtnl: held by open, stop and set_channels; the reset path does it
+ * before and after its work without rtnl (ktn_reset_fn()), taking rtnl
+ * then, like ice.  Not for the per-CPU NAPIs, which serve no queue.
+ */
+static void ktn_queues_set_napi(struct ktn_priv *priv, bool set)
+{
+#ifdef KTN_HAVE_QUEUE_NAPI
+	unsigned int i;
+
+	if (percpu || priv->no_rtnl)
+		return;
+	for (i = 0; i < priv->nq; i++)
+		netif_queue_set_napi(priv->dev, i, NETDEV_QUEUE_TYPE_RX,
+				     set ? &priv->q[i]->napi : NULL);
 #endif
 }
 
@@ -378,11 +409,12 @@ static void ktn_napi_del(struct napi_struct *n)
 /* cfg_lock held; rtnl held or not (the reset path has none) */
 static int ktn_queues_up(struct ktn_priv *priv)
 {
-	unsigned int i, n = percpu ? min_t(unsigned int, nr_cpu_ids, KTN_MAX_QUEUES) :
-				     priv->want;
+	unsigned int i, j, n = percpu ? min_t(unsigned int, nr_cpu_ids, KTN_MAX_QUEUES) :
+					priv->want;
 	struct ktn_queue *q;
 
-	for (i = 0; i < n; i++) {
+	for (j = 0; j < n; j++) {
+		i = reverse ? n - 1 - j : j;
 		q = kzalloc(sizeof(*q), GFP_KERNEL);
 		if (!q)
 			goto err;
@@ -401,6 +433,7 @@ static int ktn_queues_up(struct ktn_priv *priv)
 		priv->q[i] = q;
 	}
 	priv->nq = n;
+	ktn_queues_set_napi(priv, true);
 	for (i = 0; i < n; i++)
 		ktn_napi_enable(&priv->q[i]->napi);
 	for (i = 0; i < n; i++)
@@ -408,7 +441,9 @@ static int ktn_queues_up(struct ktn_priv *priv)
 			ktn_timer_start(priv->q[i]);
 	return 0;
 err:
-	while (i--) {
+	for (i = 0; i < n; i++) {
+		if (!priv->q[i])
+			continue;
 		ktn_napi_del(&priv->q[i]->napi);
 		kfree(priv->q[i]);
 		priv->q[i] = NULL;
@@ -427,6 +462,7 @@ static void ktn_queues_down(struct ktn_priv *priv)
 
 	for (i = 0; i < priv->nq; i++)
 		hrtimer_cancel(&priv->q[i]->timer);
+	ktn_queues_set_napi(priv, false);
 	for (i = 0; i < priv->nq; i++)
 		ktn_napi_disable(&priv->q[i]->napi);
 	for (i = 0; i < priv->nq; i++) {
@@ -459,22 +495,48 @@ static void ktn_ops_unlock(struct net_device *dev)
 #endif
 }
 
-/* The reset: no rtnl, no NETDEV_GOING_DOWN; the device stays up. */
+/* The reset path's queue <-> NAPI association, under rtnl (then cfg_lock). */
+static void ktn_reset_queue_napi(struct ktn_priv *priv, bool set)
+{
+	if (ops_lock)		/* its reset holds rtnl throughout */
+		return;
+	/* rtnl, then cfg_lock: the order of open, stop and set_channels */
+	rtnl_lock();
+	mutex_lock(&priv->cfg_lock);
+	if (priv->up)
+		ktn_queues_set_napi(priv, set);
+	mutex_unlock(&priv->cfg_lock);
+	rtnl_unlock();
+}
+
+/*
+ * The reset: no NETDEV_GOING_DOWN, the device stays up, and without rtnl
+ * (ice) except for an ops-locked device, whose reset holds rtnl and then its
+ * instance lock throughout (the core's order; cfg_lock after rtnl always).
+ */
 static void ktn_reset_fn(struct work_struct *work)
 {
 	struct ktn_priv *priv = container_of(work, struct ktn_priv, reset_work);
 
 	while (atomic_read(&priv->resets_pending) > 0) {
+		ktn_reset_queue_napi(priv, false);
+		if (ops_lock)
+			rtnl_lock();
 		mutex_lock(&priv->cfg_lock);
 		if (priv->up) {
+			priv->no_rtnl = !ops_lock;
 			ktn_ops_lock(priv->dev);
 			ktn_queues_down(priv);
 			if (ktn_queues_up(priv))
 				netdev_err(priv->dev, "reset: cannot rebuild the queues\n");
 			ktn_ops_unlock(priv->dev);
+			priv->no_rtnl = false;
 		}
 		priv->resets++;
 		mutex_unlock(&priv->cfg_lock);
+		if (ops_lock)
+			rtnl_unlock();
+		ktn_reset_queue_napi(priv, true);
 		atomic_dec(&priv->resets_pending);
 		cond_resched();
 	}
@@ -572,8 +634,8 @@ static ssize_t stats_show(struct device *d, struct device_attribute *attr, char 
 		if (!r->used)
 			continue;
 		len += sysfs_emit_at(buf, len,
-				     "q%u cpu %d produced %llu consumed %llu ring_dropped %llu missed %llu delivered %llu gaps %llu reorders %llu by_kbp %llu by_softirq %llu by_other %llu\n",
-				     i, r->cpu, r->produced, r->consumed, r->ring_dropped,
+				     "q%u cpu %d rx_cpu %d produced %llu consumed %llu ring_dropped %llu missed %llu delivered %llu gaps %llu reorders %llu by_kbp %llu by_softirq %llu by_other %llu\n",
+				     i, r->cpu, r->rx_cpu, r->produced, r->consumed, r->ring_dropped,
 				     r->missed, r->delivered, r->gaps, r->reorders,
 				     r->by_kbp, r->by_softirq, r->by_other);
 	}

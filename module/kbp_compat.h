@@ -179,8 +179,9 @@ static inline unsigned int kbp_dev_threaded(const struct net_device *dev)
 /*
  * Drivers with instance-lock ops (queue API, shapers, request_ops_lock: 6.15+)
  * add, enable, disable and delete NAPIs under the instance lock, possibly
- * without rtnl, and their netdevice notifiers run with that lock held.  kbp
- * refuses them (docs/design.md, section 7).
+ * without rtnl, and their NETDEV_UP and GOING_DOWN notifiers run with that
+ * lock held: kbp follows their state from the reconcile work instead
+ * (docs/design.md, sections 7 and 8).
  */
 #ifdef KBP_HAVE_NETDEV_OPS_LOCK
 #include <net/netdev_lock.h>

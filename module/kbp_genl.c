@@ -149,7 +149,7 @@ static int kbp_may_take_cpu(struct sk_buff *skb, struct genl_info *info,
 
 	if (!what || netlink_capable(skb, CAP_SYS_NICE))
 		return 0;
-	kbp_refuse(info->extack, "mode busy, rt_prio > 0, long linger_us and short interval_us need CAP_SYS_NICE",
+	kbp_refuse(info->extack, "knobs that take a CPU need CAP_SYS_NICE",
 		   "%s needs CAP_SYS_NICE (busy, rt_prio > 0, linger_us > %u, interval_us < %u take a CPU)",
 		   what, KBP_LINGER_US_FREE, (u32)KBP_NETAP_MIN_INTERVAL_US);
 	return -EPERM;

@@ -312,7 +312,7 @@ static void kbp_pollers_gc(void)
 		 * what an earlier request left (a CPU merely offline keeps
 		 * them for its devices' return).
 		 */
-		if (!kbp_cpu_named(cpu))
+		if (!kbp_cpu_named(cpu) && !kbp_conf[cpu].by_poller_set)
 			kbp_conf_init(&kbp_conf[cpu], kbp_default_mode);
 	}
 }
@@ -380,6 +380,7 @@ int kbp_poller_configure(int cpu, const struct kbp_knobs *req,
 	if (err)
 		return err;
 	kbp_conf[cpu] = want;
+	kbp_conf[cpu].by_poller_set = true;
 	p = kbp_pollers[cpu];
 	if (p)
 		kbp_poller_apply(p, &kbp_conf[cpu]);
@@ -997,12 +998,6 @@ int kbp_dev_bind(struct kbp_attach_req *req, struct netlink_ext_ack *extack)
 			   "%s is already attached", dev->name);
 		return -EEXIST;
 	}
-	if (kbp_dev_needs_ops_lock(dev)) {
-		kbp_refuse(extack, "driver changes NAPIs under the instance lock without rtnl",
-			   "%s: its driver changes NAPIs under the device's instance lock without rtnl (netdev ops lock): not supported",
-			   dev->name);
-		return -EOPNOTSUPP;
-	}
 	if (kbp_dev_threaded(dev)) {
 		kbp_refuse(extack, "device runs threaded NAPI",
 			   "%s runs threaded NAPI: write 0 to /sys/class/net/%s/threaded first",
@@ -1052,6 +1047,7 @@ int kbp_dev_bind(struct kbp_attach_req *req, struct netlink_ext_ack *extack)
 		}
 	}
 	nr = kd->active ? kbp_napi_count(dev) : 0;
+	kd->up_pending = !kd->active && kbp_dev_needs_ops_lock(dev);
 	kbp_netdev_unlock(dev);
 	req->map = NULL;			/* now kd's */
 	kfree(saved);
@@ -1132,6 +1128,52 @@ static const char *kbp_dev_handback_reason(struct kbp_dev *kd, bool *retry)
 }
 
 /*
+ * What the notifier does at NETDEV_UP and NETDEV_GOING_DOWN, for a device
+ * whose driver needs the instance lock for its ops (7.x: queue API, shapers,
+ * request_ops_lock), which sends those events with that lock held
+ * (kbp_netdev_event()).  Kicked by them, the reconcile work takes the lock
+ * after rtnl and kbp_lock, so it sees the device either up or down, never
+ * half-way: down, its NAPIs go back to the kernel (standby); up again, they
+ * are attached.  Meanwhile, between GOING_DOWN and this, the driver's
+ * ndo_stop() may delete NAPIs kbp still holds: each deletion stops the
+ * poller, whose respawn drops the link (§8 of docs/design.md), the same as a
+ * reset without rtnl.  True if it dealt with @kd's state.  rtnl, kbp_lock
+ * and the instance lock held.
+ */
+static bool kbp_dev_follow_ops_locked(struct kbp_dev *kd)
+{
+	struct net_device *dev = kd->dev;
+	int err;
+
+	if (!kbp_dev_needs_ops_lock(dev))
+		return false;
+	if (!netif_running(dev)) {
+		if (kd->active) {
+			__kbp_dev_deactivate(kd);
+			pr_info("%s: down, NAPIs back to the kernel until up\n",
+				dev->name);
+		}
+		kd->up_pending = true;
+		return true;
+	}
+	if (kd->active || !kd->up_pending)
+		return false;
+	kd->up_pending = false;
+	if (!kbp_dev_cpus_active(kd)) {
+		kd->retry = true;
+		return true;
+	}
+	err = kbp_dev_activate(kd, NULL);
+	if (err)
+		pr_warn("%s: up, but cannot attach its NAPIs (%d); stays in standby\n",
+			dev->name, err);
+	else
+		pr_info("%s: up, %u NAPIs attached\n", dev->name,
+			kbp_napi_count(dev));
+	return true;
+}
+
+/*
  * Keep an attachment true, every reconcile_ms and when kicked:
  *  - hand the device back when threaded NAPI was turned on (sections 5 and 7
  *    of docs/design.md), a poller's CPU goes offline, or (7.2) one of its
@@ -1161,6 +1203,8 @@ static void kbp_dev_reconcile(struct kbp_dev *kd)
 
 	/* after rtnl and kbp_lock: the NAPIs' threaded state holds still */
 	kbp_netdev_lock(dev);
+	if (kbp_dev_follow_ops_locked(kd))
+		goto out;
 	if (!kd->active) {
 		if (kd->retry && netif_running(dev) &&
 		    kbp_dev_cpus_active(kd) && !kbp_dev_activate(kd, NULL))
@@ -1287,12 +1331,15 @@ static int kbp_netdev_event(struct notifier_block *nb, unsigned long event,
 	    event != NETDEV_UNREGISTER)
 		return NOTIFY_DONE;
 	/*
-	 * Never attached (kbp_dev_bind() refuses them), and their UP and
-	 * GOING_DOWN events come with the instance lock held, which kbp takes
-	 * after kbp_lock: do not take kbp_lock under it.
+	 * A device with instance-lock ops (7.x) sends UP and GOING_DOWN with
+	 * that lock held, which kbp takes after kbp_lock: do not take kbp_lock
+	 * under it.  The reconcile work follows its state instead
+	 * (kbp_dev_follow_ops_locked()); its UNREGISTER comes without the lock.
 	 */
-	if (kbp_dev_needs_ops_lock(dev))
+	if (event != NETDEV_UNREGISTER && kbp_dev_needs_ops_lock(dev)) {
+		kbp_reconcile_soon();
 		return NOTIFY_DONE;
+	}
 
 	mutex_lock(&kbp_lock);
 	kd = kbp_dev_find(dev);

@@ -640,8 +640,8 @@ const struct kbp_mode_ops *kbp_mode_ops_by_name(const char *name)
  * The next link of @p not yet looked at in round count @gen whose device's
  * bytes are to be read, with a reference on it and on its device (@dev,
  * tracked by @tracker); NULL when none is left.  Walked from the head under
- * a short RCU read-side section, as kbp_pass_next() does: nothing the driver
- * runs (its ndo_get_stats64) runs inside the section.  A link's NAPI and its
+ * a short RCU read-side section, as kbp_pass_next() does (the driver's
+ * ndo_get_stats64 runs in one of its own, kbp_round_bytes()).  A link's NAPI and its
  * device are valid inside the section (the driver frees a NAPI only after a
  * grace period, netif_napi_del(); the device outlives its NAPIs), and the
  * device reference keeps it for dev_get_stats() after the section.
@@ -731,7 +731,21 @@ static u64 kbp_round_bytes(struct kbp_poller *p)
 		gen = 1;
 	p->round_gen = gen;
 	while ((kn = kbp_round_next(p, gen, &dev, &tracker))) {
-		dev_get_stats(dev, &st);
+		/*
+		 * Not once unregistering has begun: the driver's stats may be
+		 * gone after its ndo_uninit().  unregister_netdevice_many()
+		 * marks the device, then waits for a grace period, then calls
+		 * ndo_uninit(): a reader that saw it registered inside this
+		 * section is done by then.  /proc/net/dev calls
+		 * ndo_get_stats64() inside an RCU section too.
+		 */
+		memset(&st, 0, sizeof(st));
+		rcu_read_lock();
+		if (READ_ONCE(dev->reg_state) == NETREG_REGISTERED)
+			dev_get_stats(dev, &st);
+		else
+			st.rx_bytes = kn->round_rx_bytes;	/* no change */
+		rcu_read_unlock();
 		bytes += kbp_round_delta(kn, prev, st.rx_bytes);
 		kn->round_gen = gen;
 		kn->round_rx_bytes = st.rx_bytes;
@@ -1451,8 +1465,8 @@ static void kbp_poller_respawn_failed(struct kbp_poller *p, long err)
 	}
 	set_bit(KBP_POLLER_FAILED, &p->flags);
 	p->task = NULL;
-	spin_unlock(&p->lock);
 	WRITE_ONCE(p->pid, 0);
+	spin_unlock(&p->lock);
 }
 
 /*
@@ -1535,8 +1549,8 @@ static void kbp_poller_respawn(struct kbp_poller *p)
 				kbp_napi_unlink_dead(kn);
 		}
 		p->task = t;
+		WRITE_ONCE(p->pid, t->pid);	/* with the task it names */
 		spin_unlock(&p->lock);
-		WRITE_ONCE(p->pid, t->pid);
 		atomic64_inc(&p->respawns);
 		wake_up_process(t);
 		pr_info_ratelimited("kbp: kbp/%d replaced (pid %d -> %d) after the kernel stopped it (NAPI deleted or threaded NAPI turned off)\n",

@@ -27,7 +27,9 @@
  *                      kbp_lock, one device at a time, around kbp's walks of
  *                      dev->napi_list and its writes of those fields; never
  *                      by a poller thread.  Devices whose driver needs it for
- *                      its ops (netdev_need_ops_lock()) are refused.
+ *                      its ops (netdev_need_ops_lock()) send NETDEV_UP and
+ *                      GOING_DOWN with it held: kbp does not take kbp_lock
+ *                      there, the reconcile work follows their state.
  *   poller->lock       (spinlock, process context only) poller->napis,
  *                      poller->task and napi->thread of the NAPIs on the list
  *                      change only under it.  Taken under kbp_lock (and the
@@ -87,6 +89,12 @@ struct kbp_conf {
 	u32 round_ms;		/* search round */
 	u32 objective;		/* enum kbp_objective: what the search maximizes */
 	struct kbp_netap_params np;	/* range, MinChange, MaxRound */
+	/*
+	 * Set by poller-set: kept when the CPU's poller stops even if no
+	 * attachment names the CPU (one served through its NAPIs' IRQs).
+	 * Not a knob: kbp_conf_equal() ignores it.
+	 */
+	bool by_poller_set;
 };
 
 struct kbp_poller;
@@ -297,6 +305,10 @@ struct kbp_dev {
 	bool retry;			/* standby because a CPU it uses is
 					 * offline: the reconcile work attaches
 					 * it again once it is back
+					 */
+	bool up_pending;		/* instance-lock ops (7.x): seen down,
+					 * the reconcile work attaches it when
+					 * it is up (kbp_dev_follow_ops_locked())
 					 */
 	/* orphaned links freed, not yet hooked again (kbp_dev_reconcile()) */
 	unsigned int orphaned;

@@ -24,6 +24,7 @@ import pytest
 from conftest import POLL_CPU, dmesg_lines, sh, wait_for
 from test_bad_input import refused
 from test_hardening import DEFAULT_PRIO, RT_KERNEL, kill, no_rt_throttling, running_on, spin
+from test_kernel72 import napi_set_threaded, napis_of
 
 __all__ = ["no_rt_throttling"]  # a fixture, used by name
 
@@ -104,6 +105,12 @@ def taken_back_since(t0: float) -> list[str]:
     printk's stamps): the resets' lines may have wrapped the ring, so no line count."""
     return [ln for ln in dmesg_lines() if "taken back from kbp/" in ln and
             ln.startswith("[") and float(ln[1:ln.index("]")]) >= t0 - 1.0]
+
+
+def kbp_polls_within(seconds: float, dev: str = DEV) -> bool:
+    k0 = total("by_kbp", dev)
+    time.sleep(seconds)
+    return total("by_kbp", dev) > k0
 
 
 def hooked(kmod, dev: str, nr: int) -> bool:
@@ -199,22 +206,71 @@ def test_queue_map_names_rx_queues(kmod) -> None:
         assert_in_order(dev)
 
 
-# -- 7.2: a NAPI deleted while the kernel had stopped kbp's thread on it ------------------
+# -- 7.2: a NAPI deleted while the kernel had stopped kbp's thread on it ----------------
 @pytest.mark.skipif(KERNEL < (6, 17), reason="napi_stop_kthread() (threaded off stops "
-                    "napi->thread and leaves it NULL) is 6.17+; before, threaded off only "
-                    "clears NAPI_STATE_THREADED")
+                    "napi->thread and leaves it NULL) and per-NAPI napi-set are 6.17+; "
+                    "before, threaded off only clears NAPI_STATE_THREADED")
 def test_napi_deleted_after_threaded_off(kmod) -> None:
-    """sysfs threaded 0 stops the poller on every NAPI and leaves napi->thread NULL; the
-    driver then deletes those NAPIs (ethtool -L) before the reconcile work hooks them
-    again.  Before, the links stayed on the poller's list and periodic's round end read
-    the freed NAPI's ->dev (a GPF with slub_debug)."""
-    with reconcile_every(60000), ktn_device(queues=4, cpus="1,1,1,1", rate=2000) as dev:
+    """napi-set threaded disabled stops the poller on every NAPI and leaves napi->thread
+    NULL; the driver then deletes and frees those NAPIs (a reset, no rtnl) before the
+    reconcile work can hook them again (kbp_test_rtnl holds rtnl meanwhile).  Before, the
+    links stayed on the poller's list: it polled freed NAPIs, and periodic's round end
+    read the freed NAPI's ->dev (a GPF with slub_debug); now the respawn takes them off."""
+    rtnl_ko = KO.parent / "kbp_test_rtnl.ko"
+    with reconcile_every(60000), ktn_device(queues=4, cpus="1,1,1,1", rate=2000,
+                                             queue_napi=0) as dev:
         kmod.attach(dev, cpu=POLL_CPU, mode="periodic", round_ms=10, netap=1)
         kbp_carries(dev)
-        sh(f"echo 0 > /sys/class/net/{dev}/threaded")
-        sh(f"ethtool -L {dev} combined 2")
-        time.sleep(1.0)     # many periodic rounds on the poller meanwhile
-        assert kmod.poller(POLL_CPU).napis <= 2
+        ids = [n.id for n in napis_of(dev)]
+        assert len(ids) == 4, ids
+        mark = len(dmesg_lines())
+        holder = subprocess.Popen(["insmod", str(rtnl_ko), "before_ms=5000", "after_ms=0"])
+        try:
+            wait_for(lambda: any("kbp_test_rtnl: holding rtnl" in ln
+                                 for ln in dmesg_lines()[mark:]), 10, what="rtnl held")
+            for i in ids:
+                napi_set_threaded(i, "disabled")
+            reset(1, dev)
+            time.sleep(0.5)     # 50 periodic rounds
+            stale = kmod.poller(POLL_CPU).napis
+        finally:
+            holder.wait(timeout=60)
+            sh("rmmod kbp_test_rtnl", check=False)
+        assert stale == 0, f"{stale} links to deleted NAPIs left on the poller"
+        wait_for(lambda: hooked(kmod, dev, 4), 20, what="the new NAPIs hooked")
+        kbp_carries(dev)
+        assert_in_order(dev)
+
+
+# -- 7.x: drivers with instance-lock ops (mlx5, bnxt, gve, fbnic) ------------------------
+@pytest.mark.skipif(KERNEL < (6, 15), reason="request_ops_lock (drivers whose ops run "
+                    "under the instance lock) is 6.15+")
+@pytest.mark.parametrize("mode", ["hybrid", "periodic"])
+def test_ops_locked_driver(kmod, mode: str) -> None:
+    """A driver that asks for the instance lock (its NETDEV_UP and GOING_DOWN come with
+    that lock held, its NAPIs change under it): attached instead of refused, served through
+    ethtool -L, resets and a down/up, detached cleanly."""
+    with ktn_device(queues=2, cpus="0,1", rate=2000, ops_lock=1) as dev:
+        kmod.attach(dev, cpu=POLL_CPU, mode=mode)
+        wait_for(lambda: hooked(kmod, dev, 2), 10, what="2 NAPIs hooked")
+        kbp_carries(dev)
+        sh(f"ethtool -L {dev} combined 3")
+        wait_for(lambda: hooked(kmod, dev, 3), 20, what="3 NAPIs hooked")
+        kbp_carries(dev)
+        reset(20, dev)
+        wait_for(lambda: hooked(kmod, dev, 3), 20, what="the NAPIs hooked again")
+        kbp_carries(dev)
+        sh(f"ip link set {dev} down")
+        wait_for(lambda: kmod.device(dev).state == "standby", 10, what="standby while down")
+        sh(f"ip link set {dev} up")
+        wait_for(lambda: hooked(kmod, dev, 3), 20, what="attached again when up")
+        kbp_carries(dev)
+        assert_in_order(dev)
+        kmod.detach(dev)
+        k0 = total("by_kbp", dev)
+        d0 = total("delivered", dev)
+        wait_for(lambda: total("delivered", dev) > d0 + 300, 20, what="the kernel to carry")
+        assert total("by_kbp", dev) == k0
 
 
 # -- a starved poller: the detach bound is per device -----------------------------------
@@ -232,9 +288,8 @@ def test_detach_of_many_napis_from_a_starved_poller_is_bounded(
         hog = spin(POLL_CPU, fifo=99)
         try:
             wait_for(lambda: running_on(hog, POLL_CPU), 30, what="the FIFO-99 hog to run")
-            k0 = total("by_kbp", dev)
-            time.sleep(1.0)
-            assert total("by_kbp", dev) == k0, "the hog does not starve the poller"
+            wait_for(lambda: not kbp_polls_within(1.0, dev), 20,
+                     what="the hog to starve the poller")
             t0 = time.monotonic()
             det = subprocess.Popen([sys.executable, "-c",
                                     f"from kbp import kmod; kmod.detach({dev!r})"])

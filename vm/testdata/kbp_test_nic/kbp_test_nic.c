@@ -82,6 +82,10 @@ static bool reverse;
 module_param(reverse, bool, 0444);
 MODULE_PARM_DESC(reverse, "add the queues' NAPIs last queue first (default 0)");
 
+static bool queue_napi = true;
+module_param(queue_napi, bool, 0444);
+MODULE_PARM_DESC(queue_napi, "tell the core which queue each NAPI serves (6.10+; default 1); 0: a driver that does not, whose reset then takes no rtnl at all");
+
 static bool ops_lock;
 module_param(ops_lock, bool, 0444);
 MODULE_PARM_DESC(ops_lock, "request the instance lock for the ops (7.x request_ops_lock)");
@@ -354,7 +358,7 @@ static void ktn_queues_set_napi(struct ktn_priv *priv, bool set)
 #ifdef KTN_HAVE_QUEUE_NAPI
 	unsigned int i;
 
-	if (percpu || priv->no_rtnl)
+	if (percpu || priv->no_rtnl || !queue_napi)
 		return;
 	for (i = 0; i < priv->nq; i++)
 		netif_queue_set_napi(priv->dev, i, NETDEV_QUEUE_TYPE_RX,
@@ -498,7 +502,7 @@ static void ktn_ops_unlock(struct net_device *dev)
 /* The reset path's queue <-> NAPI association, under rtnl (then cfg_lock). */
 static void ktn_reset_queue_napi(struct ktn_priv *priv, bool set)
 {
-	if (ops_lock)		/* its reset holds rtnl throughout */
+	if (ops_lock || !queue_napi)	/* rtnl throughout, or not at all */
 		return;
 	/* rtnl, then cfg_lock: the order of open, stop and set_channels */
 	rtnl_lock();

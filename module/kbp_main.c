@@ -14,6 +14,7 @@
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
 #include <linux/cpuhotplug.h>
+#include <linux/delay.h>
 #include <linux/cpumask.h>
 #include <linux/interrupt.h>
 #include <linux/irq.h>
@@ -1464,12 +1465,20 @@ static void __exit kbp_exit(void)
 	mutex_unlock(&kbp_lock);
 	rtnl_unlock();
 
-	/* stuck pollers, which gc left: no NAPIs, nothing else refers to them */
+	/*
+	 * Stuck pollers, which gc left: no NAPIs, nothing else refers to them.
+	 * And any whose respawn was still running (gc leaves those too): no
+	 * NAPI points at them any more, so it finishes on its own.
+	 */
 	for (cpu = 0; cpu < nr_cpu_ids; cpu++) {
-		if (kbp_pollers[cpu]) {
-			kbp_poller_destroy(kbp_pollers[cpu]);
-			kbp_pollers[cpu] = NULL;
-		}
+		struct kbp_poller *p = kbp_pollers[cpu];
+
+		if (!p)
+			continue;
+		while (!kbp_poller_idle(p))
+			usleep_range(1000, 2000);
+		kbp_poller_destroy(p);
+		kbp_pollers[cpu] = NULL;
 	}
 
 	cpuhp_remove_state_nocalls(kbp_cpuhp_state);

@@ -133,7 +133,8 @@ def test_per_cpu_napis_are_refused(kmod) -> None:
 
 
 # -- resets without rtnl (ice, igc, ixgbe) ---------------------------------------------
-@pytest.mark.parametrize("mode", ["hybrid", "busy", "periodic"])
+@pytest.mark.parametrize("mode", [pytest.param("hybrid", marks=pytest.mark.smoke),
+                                  "busy", "periodic"])
 def test_resets_without_rtnl_under_traffic(kmod, mode: str) -> None:
     """100 resets that napi_disable(), netif_napi_del() and kfree() every queue vector
     from a workqueue, without rtnl, while 4 queues on 2 CPUs carry traffic and kbp's
@@ -207,6 +208,7 @@ def test_queue_map_names_rx_queues(kmod) -> None:
 
 
 # -- 7.2: a NAPI deleted while the kernel had stopped kbp's thread on it ----------------
+@pytest.mark.smoke     # make test runs 7.2 and 7.2-rt with the smoke tests only
 @pytest.mark.skipif(KERNEL < (6, 17), reason="napi_stop_kthread() (threaded off stops "
                     "napi->thread and leaves it NULL) and per-NAPI napi-set are 6.17+; "
                     "before, threaded off only clears NAPI_STATE_THREADED")
@@ -245,7 +247,8 @@ def test_napi_deleted_after_threaded_off(kmod) -> None:
 # -- 7.x: drivers with instance-lock ops (mlx5, bnxt, gve, fbnic) ------------------------
 @pytest.mark.skipif(KERNEL < (6, 15), reason="request_ops_lock (drivers whose ops run "
                     "under the instance lock) is 6.15+")
-@pytest.mark.parametrize("mode", ["hybrid", "periodic"])
+@pytest.mark.parametrize("mode", [pytest.param("hybrid", marks=pytest.mark.smoke),
+                                  "periodic"])
 def test_ops_locked_driver(kmod, mode: str) -> None:
     """A driver that asks for the instance lock (its NETDEV_UP and GOING_DOWN come with
     that lock held, its NAPIs change under it): attached instead of refused, served through

@@ -266,6 +266,7 @@ static int ktn_poll(struct napi_struct *napi, int budget)
 			if (!skb)
 				break;
 		} else {
+			/* the frames before produced (ktn_produce()'s release) */
 			if (r->consumed == smp_load_acquire(&r->produced))
 				break;
 			skb = ktn_frame(q->priv, napi, q->index, r->consumed);
@@ -639,7 +640,8 @@ static ssize_t stats_show(struct device *d, struct device_attribute *attr, char 
 			continue;
 		len += sysfs_emit_at(buf, len,
 				     "q%u cpu %d rx_cpu %d produced %llu consumed %llu ring_dropped %llu missed %llu delivered %llu gaps %llu reorders %llu by_kbp %llu by_softirq %llu by_other %llu\n",
-				     i, r->cpu, r->rx_cpu, r->produced, r->consumed, r->ring_dropped,
+				     i, r->cpu, r->rx_cpu, r->produced, r->consumed,
+				     r->ring_dropped,
 				     r->missed, r->delivered, r->gaps, r->reorders,
 				     r->by_kbp, r->by_softirq, r->by_other);
 	}

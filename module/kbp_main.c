@@ -313,7 +313,7 @@ static void kbp_pollers_gc(void)
 		 * what an earlier request left (a CPU merely offline keeps
 		 * them for its devices' return).
 		 */
-		if (!kbp_cpu_named(cpu) && !kbp_conf[cpu].by_poller_set)
+		if (!kbp_cpu_named(cpu))
 			kbp_conf_init(&kbp_conf[cpu], kbp_default_mode);
 	}
 }
@@ -381,7 +381,6 @@ int kbp_poller_configure(int cpu, const struct kbp_knobs *req,
 	if (err)
 		return err;
 	kbp_conf[cpu] = want;
-	kbp_conf[cpu].by_poller_set = true;
 	p = kbp_pollers[cpu];
 	if (p)
 		kbp_poller_apply(p, &kbp_conf[cpu]);
@@ -567,8 +566,16 @@ static void kbp_reap_stale_thread(struct net_device *dev, unsigned int index)
 
 	rcu_read_lock();
 	n = kbp_napi_by_index(dev, index);
-	if (n && kbp_napi_servable(n) && kbp_thread_is_stale(dev, n)) {
+	if (n && kbp_thread_is_stale(dev, n)) {
+		/*
+		 * xchg() is fully ordered, as the deleter's clearing of
+		 * LISTED: if LISTED is still set it will find NULL and stop
+		 * nothing; if not, it may be stopping @t already, and a
+		 * second kthread_stop() would wait forever.
+		 */
 		t = xchg(&n->thread, NULL);
+		if (t && !test_bit(NAPI_STATE_LISTED, &n->state))
+			t = NULL;
 		if (t)
 			get_task_struct(t);
 		id = n->napi_id;
@@ -835,9 +842,10 @@ static int kbp_dev_activate(struct kbp_dev *kd, struct netlink_ext_ack *extack)
 		}
 	}
 	for (i = 0; i < nr; i++) {
+		/* every NAPI's, served or not: what __netif_napi_del() would stop */
+		kbp_reap_stale_thread(dev, i);
 		if (!kns[i])
 			continue;
-		kbp_reap_stale_thread(dev, i);
 		rcu_read_lock();
 		n = kbp_napi_free_at(kd, i);
 		if (n) {	/* else deleted meanwhile by a driver's reset */

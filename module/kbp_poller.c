@@ -884,6 +884,18 @@ static void kbp_periodic_account(struct kbp_poller *p, u64 now)
 
 static void kbp_poller_respawn(struct kbp_poller *p);
 
+/* Until kbp_poller_add_napi() gives us a NAPI (it wakes us after adding). */
+static void kbp_wait_first_napi(struct kbp_poller *p)
+{
+	for (;;) {
+		set_current_state(KBP_SLEEP_STATE);
+		if (kthread_should_stop() || !list_empty(&p->napis))
+			break;
+		schedule();
+	}
+	__set_current_state(TASK_RUNNING);
+}
+
 /* The poller thread: small loop, every decision a named predicate above. */
 static int kbp_poller_fn(void *data)
 {
@@ -892,6 +904,8 @@ static int kbp_poller_fn(void *data)
 	struct kbp_freq freq = {};
 
 	complete(&p->started);	/* kbp_poller_spawn() may publish us now */
+	/* a new poller: no NAPI yet (a respawned one has them), not a sleep */
+	kbp_wait_first_napi(p);
 
 	/* a respawned thread: its CPU time starts from 0, so does a round */
 	if (p->search_on)

@@ -89,12 +89,6 @@ struct kbp_conf {
 	u32 round_ms;		/* search round */
 	u32 objective;		/* enum kbp_objective: what the search maximizes */
 	struct kbp_netap_params np;	/* range, MinChange, MaxRound */
-	/*
-	 * Set by poller-set: kept when the CPU's poller stops even if no
-	 * attachment names the CPU (one served through its NAPIs' IRQs).
-	 * Not a knob: kbp_conf_equal() ignores it.
-	 */
-	bool by_poller_set;
 };
 
 struct kbp_poller;

@@ -21,9 +21,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import POLL_CPU, dmesg_lines, sh, wait_for
+from conftest import POLL_CPU, dmesg_lines, load_module, sh, wait_for
 from test_bad_input import refused
-from test_hardening import DEFAULT_PRIO, RT_KERNEL, kill, no_rt_throttling, running_on, spin
+from test_hardening import (
+    DEFAULT_PRIO,
+    RT_KERNEL,
+    cpu_online,
+    kill,
+    no_rt_throttling,
+    running_on,
+    spin,
+)
 from test_kernel72 import napi_set_threaded, napis_of
 
 __all__ = ["no_rt_throttling"]  # a fixture, used by name
@@ -274,6 +282,49 @@ def test_ops_locked_driver(kmod, mode: str) -> None:
         d0 = total("delivered", dev)
         wait_for(lambda: total("delivered", dev) > d0 + 300, 20, what="the kernel to carry")
         assert total("by_kbp", dev) == k0
+
+
+# -- hotplug and rmmod while traffic flows ----------------------------------------------
+def test_cpu_offline_under_traffic(kmod) -> None:
+    """4 queues on two pollers; CPU 1 goes offline (its queues' "interrupts" move with
+    their timers): the whole device goes back to the kernel (design.md §8), no frame lost;
+    online again, it is attached again as configured."""
+    if not Path(f"/sys/devices/system/cpu/cpu{POLL_CPU}/online").exists():
+        pytest.skip(reason=f"CPU {POLL_CPU} cannot be offlined in this guest")
+    other = 1 - POLL_CPU
+    qmap = {0: other, 1: POLL_CPU, 2: other, 3: POLL_CPU}
+    with ktn_device(queues=4, cpus="0,1,0,1", rate=2000) as dev:
+        kmod.attach(dev, queue_map=qmap, mode="hybrid")
+        kbp_carries(dev)
+        cpu_online(POLL_CPU, False)
+        try:
+            wait_for(lambda: kmod.device(dev).napi_count == 0, 10,
+                     what="the device handed back")
+            s0 = total("by_softirq", dev)
+            wait_for(lambda: total("by_softirq", dev) > s0 + 300, 20,
+                     what="the kernel to carry it while the CPU is offline")
+        finally:
+            cpu_online(POLL_CPU, True)
+        wait_for(lambda: hooked(kmod, dev, 4), 20, what="attached again")
+        assert {x.index: x.cpu for x in kmod.device(dev).napis} == qmap
+        kbp_carries(dev)
+        assert_in_order(dev)
+
+
+def test_rmmod_under_traffic(kmod) -> None:
+    """rmmod kbp while 4 queues flow through two pollers: every NAPI goes back to the
+    kernel, no frame lost or reordered, the module loads again."""
+    with ktn_device(queues=4, cpus="0,1,0,1", rate=2000) as dev:
+        kmod.attach(dev, queue_map={0: 0, 1: 1, 2: 0, 3: 1}, mode="busy")
+        kbp_carries(dev)
+        try:
+            sh("rmmod kbp")
+            s0 = total("by_softirq", dev)
+            wait_for(lambda: total("by_softirq", dev) > s0 + 300, 20,
+                     what="the kernel to carry it after rmmod")
+            assert_in_order(dev)
+        finally:
+            load_module()
 
 
 # -- a starved poller: the detach bound is per device -----------------------------------

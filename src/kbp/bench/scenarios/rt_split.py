@@ -523,6 +523,7 @@ def split_metrics(rec: dict[str, Any], place: pl.Placement) -> dict[str, float |
     for p in ("mean", "p99", "sd", "p99.9", "max", "p50"):
         v = rtt.get(p)
         m[f"rtt_{p}_us"] = None if v is None else v / 1000.0
+    m["rtt_n"] = None if rtt.get("n") is None else float(rtt["n"])
     sent = (rec.get("tester") or {}).get("sent") or 0
     m["lost_pct"] = 100.0 * rec.get("lost", 0) / sent if sent else None
     h = rec.get("heavy") or {}
@@ -643,8 +644,12 @@ def table3_section(cond: str, d: dict[str, Any], place: pl.Placement) -> list[st
             "| mode | " + " | ".join(h for _, h in TABLE3_COLUMNS) + " |",
             "|---|" + "---|" * len(TABLE3_COLUMNS)]
     for mode in _modes(d):
-        rows.append(f"| {mode} | " + " | ".join(report.cell(d[mode].get(k))
-                                               for k, _ in TABLE3_COLUMNS) + " |")
+        n = (d[mode].get("rtt_n") or {}).get("median")
+        rows.append(f"| {mode} | " + " | ".join(
+            report.cell(d[mode].get(k)) + (report.tail_note(n, report.TAIL_COLUMNS[k])
+                                           if k in report.TAIL_COLUMNS and d[mode].get(k)
+                                           else "")
+            for k, _ in TABLE3_COLUMNS) + " |")
     return [*rows, ""]
 
 

@@ -282,6 +282,8 @@ def flood_vs_idle(runs: list[dict[str, Any]]) -> dict[str, Any]:
                                           if v.get(p) is not None)
             d[f"flood_{p}_us"] = aggregate(v.get(p) / 1000 for v in flood.values()
                                            if v.get(p) is not None)
+        for c, vs in (("idle", idle), ("flood", flood)):
+            d[f"{c}_n"] = aggregate(v.get("n") for v in vs.values())
         out[mode] = d
     return out
 
@@ -331,7 +333,10 @@ def flood_vs_idle_section(fvi: dict[str, Any]) -> list[str]:
                 v = (d.get(f"{c}_{p}_us") or {}).get("median")
                 b = (base.get(f"{c}_{p}_us") or {}).get("median")
                 x = f" x{v / b:.2f}" if v is not None and b and mode != "napi" else ""
-                cells.append(f"{report.fmt(v)}{x}")
+                n = (d.get(f"{c}_n") or {}).get("median")
+                k = report.tail_note(n, 99.9 if p == "p99.9" else 100.0) if v is not None \
+                    else ""
+                cells.append(f"{report.fmt(v)}{x}{k}")
             cells.append(report.cell(d.get(f"{p}_ratio")))
         rows.append(f"| {mode} | " + " | ".join(cells) + " |")
     return [*rows, ""]

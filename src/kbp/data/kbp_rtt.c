@@ -5,8 +5,10 @@
  * It talks to an unmodified sockperf server (sockperf's 14-byte message header: be64 sequence,
  * be16 flags CLIENT|PONG, be32 length) and measures round-trip times with the kernel's software
  * timestamps (SO_TIMESTAMPING): the TX stamp is taken when the request reaches the device's
- * xmit (veth_xmit -> skb_tx_timestamp), the RX stamp when the reply is handed to the stack by
- * the client device's NAPI poll.  The tester's own scheduling (sendto() entry, wake-up after the
+ * xmit (veth_xmit -> skb_tx_timestamp), the RX stamp when the reply enters the client
+ * device's receive path (the benchmark turns GRO off there, so veth hands it to __netif_rx()
+ * as the server sends it; with GRO on, when the client device's NAPI poll hands it to the
+ * stack).  The tester's own scheduling (sendto() entry, wake-up after the
  * reply) is therefore NOT in the measured round trip.  User-space times are recorded too, for
  * comparison only.
  *

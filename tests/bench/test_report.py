@@ -66,8 +66,9 @@ def test_markdown_tables() -> None:
                 "throughput_mbps": 0.768, "bound": "device", "sys": None}]}
     report.add_summary(res)
     md = report.markdown(res)
-    assert "| napi | 50 | 100 |" in md
-    assert "| stock-kbp | 50 x1.00 | 50 x0.50 |" in md
+    # p99 of a run's 100 samples is its 2nd largest: k and n disclosed, marked (< 10 above)
+    assert "| napi | 50 | 100 (k=2 of n=100)† |" in md
+    assert "| stock-kbp | 50 x1.00 | 50 x0.50 (k=2 of n=100)† |" in md
     assert "200 x0.20" in md                       # load-on p99 ratio
     assert "| 64 B | stock-kbp | 1,500 x1.50 |" in md
     assert "busy: kbp module not loaded" in md

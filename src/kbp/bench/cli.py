@@ -194,6 +194,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wait-quiet", type=float, metavar="SECONDS",
                    help="before each run, wait while a QEMU process runs (at most SECONDS "
                         "in all); runs still record the load they saw")
+    p.add_argument("--seed", type=int, metavar="N",
+                   help="seed of the request arrivals, the modes' random order in each "
+                        "repetition and the tails' bootstrap (default 1)")
+    p.add_argument("--settle", type=float, metavar="SECONDS",
+                   help="after a mode that moves load (the exclusive CPU modes), wait this "
+                        "long before the next mode (default 1)")
 
 
 def config_from_args(a: argparse.Namespace) -> BenchConfig:
@@ -242,6 +248,12 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         cfg.trace = False
     if a.wait_quiet is not None:
         cfg.wait_quiet_s = a.wait_quiet
+    if a.seed is not None:
+        cfg.seed = a.seed
+    if a.settle is not None:
+        if a.settle < 0:
+            raise Aborted("--settle must not be negative")
+        cfg.settle_s = a.settle
     if a.busy_app:
         cfg.spin_app = a.busy_app
     if getattr(a, "app_policy", None):

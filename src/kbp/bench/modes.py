@@ -15,6 +15,9 @@ nothing else; the client ends and the competing flood's devices stay stock NAPI 
                         sleep.  Global sysctls on kernels that keep them in the initial
                         namespace only (up to at least 6.18): set there, they apply to the
                         RT app's namespace too (and to the whole machine while the mode is on).
+                        RPS off on the RT server device (the polled NAPI hands the request to
+                        the socket, not to the RT CPU's backlog); the tester's socket has
+                        ``SO_BUSY_POLL`` 0, so it never busy-polls.
 ``defer``               the kernel's IRQ deferral on the RT server device: sysfs
                         ``napi_defer_hard_irqs`` = 2, ``gro_flush_timeout`` = 20000 ns
                         (after a poll with work, up to 2 empty re-polls from a 20 µs hrtimer
@@ -359,7 +362,11 @@ class KnobMode(_Defaults):
 @dataclass
 class BusyPollMode(KnobMode):
     """``busypoll``: net.core.busy_read and busy_poll = 50 where the RT app's namespace sees
-    them (its own when the kernel has them per namespace, else the global ones)."""
+    them (its own when the kernel has them per namespace, else the global ones), and RPS off
+    on the RT device while on (as irq-suspend): with RPS the NAPI the app busy-polls would
+    hand every request to the RT CPU's backlog again instead of to the socket.  The tester
+    does not busy-poll although the sysctls may be global: kbp-rtt sets SO_BUSY_POLL 0 on its
+    socket (checked by :func:`kbp.bench.tester.check_busy_poll`)."""
 
     name: str = names.BENCH_BUSYPOLL
 
@@ -370,14 +377,34 @@ class BusyPollMode(KnobMode):
         return None
 
     def wanted(self, t: Target) -> list[tuple[Knob, str]]:
-        return [(net_core_sysctl(n, t.netns, self.io), BUSY_POLL_US)
-                for n in ("busy_read", "busy_poll")]
+        return [*rps_off(t, self.io), *((net_core_sysctl(n, t.netns, self.io), BUSY_POLL_US)
+                                       for n in ("busy_read", "busy_poll"))]
 
     def how(self) -> str:
         scope = "per namespace" if any("(netns" in k for k in self._set) else \
             "global (not per namespace on this kernel)"
         return (f"sysctl net.core.busy_read = net.core.busy_poll = {BUSY_POLL_US} us "
-                f"(tuned network-latency), {scope}; the app's recv/epoll busy-poll the NAPI")
+                f"(tuned network-latency), {scope}; the app's recv/epoll busy-poll the NAPI; "
+                "RPS off on the RT server device; the tester's socket SO_BUSY_POLL 0")
+
+
+def rps_off(t: Target, io: KnobIO, max_queues: int = 4096) -> list[tuple[Knob, str]]:
+    """Knobs that turn RPS off on every receive queue of the target device (``rps_cpus``
+    and a non-zero ``rps_flow_cnt`` written as zero, in the width they read); queues found
+    through ``io`` (rx-0, rx-1, ... while their ``rps_cpus`` exists)."""
+    want: list[tuple[Knob, str]] = []
+    d = f"/sys/class/net/{t.dev}/queues"
+    for i in range(max_queues):
+        cpus = Knob(f"{d}/rx-{i}/rps_cpus", t.netns)
+        if not io.exists(cpus):
+            break
+        was = io.read(cpus)
+        if zero_mask(was) != was:
+            want.append((cpus, zero_mask(was)))
+        flows = Knob(f"{d}/rx-{i}/rps_flow_cnt", t.netns)
+        if io.exists(flows) and io.read(flows) != "0":
+            want.append((flows, "0"))
+    return want
 
 
 @dataclass
@@ -918,7 +945,7 @@ SUMMARY: dict[str, str] = {
     names.BENCH_NAPI: "stock NAPI in NET_RX softirq (the baseline)",
     names.BENCH_THREADED: "stock threaded NAPI (sysfs threaded=1), kthreads unpinned",
     names.BENCH_BUSYPOLL: f"sysctls net.core.busy_read = busy_poll = {BUSY_POLL_US} "
-                          "(tuned network-latency)",
+                          "(tuned network-latency), RPS off on the RT device",
     names.BENCH_DEFER: f"IRQ deferral on the RT device: napi_defer_hard_irqs {DEFER_HARD_IRQS}, "
                        f"gro_flush_timeout {GRO_FLUSH_TIMEOUT_NS} ns",
     names.BENCH_IRQ_SUSPEND: "IRQ suspension on the RT device (Linux 6.13+), RT app kbp-echo "

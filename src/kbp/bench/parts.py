@@ -1,5 +1,6 @@
 """Measurements a scenario composes (its ``parts``), each over every runnable mode in the
-repetition's rotated order, so no mode always runs first or right after a load starts:
+repetition's order (the runner's: a seeded random permutation per repetition), so no mode
+always runs first, right after a load starts or after the same neighbour:
 
 ``rtt``      RT latency runs under one condition (``latency_block``), with an optional load
              (a :class:`Load`, e.g. the iperf3 flood) running for the whole block

@@ -21,7 +21,7 @@ from typing import Any
 from kbp import names
 from kbp.bench import parts as parts_
 from kbp.bench.placement import Placement
-from kbp.bench.stats import aggregate, pct_key, ratios_to_baseline
+from kbp.bench.stats import FEW_ABOVE, aggregate, kth_largest, pct_key, ratios_to_baseline
 
 BASELINE = "napi"
 Column = tuple[str, str, str]      # (metric key, heading, unit)
@@ -83,6 +83,12 @@ def run_metrics(rec: dict[str, Any], pl: Placement) -> dict[str, float | None]:
     rtt = rec.get("rtt_ns") or {}
     for p in ("p50", "p90", "p99", "p99.9", "max", "mean", "sd", "min"):
         m[f"rtt_{p}_us"] = _us(rtt.get(p))
+    m["rtt_n"] = None if rtt.get("n") is None else float(rtt["n"])
+    late = rec.get("lateness_ns") or {}
+    for p in ("p50", "p99", "max"):
+        m[f"late_{p}_us"] = _us(late.get(p))
+    chk = rec.get("rt_cpu_check") or {}
+    m["rt_cpu_pkts_per_request"] = chk.get("per_request")
     user = rec.get("rtt_user_ns") or {}
     for p in ("p50", "p99", "max"):
         m[f"user_rtt_{p}_us"] = _us(user.get(p))
@@ -221,7 +227,8 @@ def idle_section(results: dict[str, Any]) -> list[str]:
         return []
     cfg = results.get("config") or {}
     skipped = [f"- {m}: {why}" for m, why in (results.get("idle_skipped") or {}).items()]
-    return [f"**Idle cost** — each mode on, no traffic, {cfg.get('idle_duration', 10):g} s: "
+    return [f"**Idle cost** — single run per mode (not a median of repetitions): each "
+            f"mode on, no traffic, {cfg.get('idle_duration', 10):g} s: "
             "CPU time of the polling threads (% of one CPU; busypoll polls in the RT app's "
             "own calls, so see the RT app column)", "",
             latency_table(idle, IDLE_COLUMNS), "",
@@ -265,14 +272,31 @@ def _heading(col: Column) -> str:
     return f"{lab} ({u})" if u else lab
 
 
+# tail columns of the latency tables: the percentile each is (100: the maximum)
+TAIL_COLUMNS = {"rtt_p99_us": 99.0, "rtt_p99.9_us": 99.9, "rtt_max_us": 100.0}
+FEW_MARK = "†"
+
+
+def tail_note(n: float | None, p: float) -> str:
+    """" (k=7 of n=6000)" -- which largest sample of a run's n the statistic is -- and the
+    FEW_MARK when fewer than FEW_ABOVE samples lie above it."""
+    if not n:
+        return ""
+    k = kth_largest(int(n), p)
+    return f" (k={k} of n={int(n):,}){FEW_MARK if k - 1 < FEW_ABOVE else ''}"
+
+
 def latency_table(cond: dict[str, Any], columns: Iterable[Column]) -> str:
     cols = list(columns)
     head = "| mode | " + " | ".join(_heading(c) for c in cols) + " |"
     sep = "|---|" + "---|" * len(cols)
     rows = [head, sep]
     for mode in _modes_in(cond):
-        rows.append(f"| {mode} | " + " | ".join(cell(cond[mode].get(k)) for k, _, _ in cols)
-                    + " |")
+        n = (cond[mode].get("rtt_n") or {}).get("median")
+        rows.append(f"| {mode} | " + " | ".join(
+            cell(cond[mode].get(k)) + (tail_note(n, TAIL_COLUMNS[k]) if k in TAIL_COLUMNS
+                                       and cond[mode].get(k) else "")
+            for k, _, _ in cols) + " |")
     return "\n".join(rows)
 
 
@@ -349,8 +373,11 @@ def rfc_section(results: dict[str, Any]) -> list[str]:
     rfc = (results.get("summary") or {}).get("rfc2544")
     if not rfc:
         return []
-    return [f"**RFC 2544 zero-loss throughput** (binary search, {cfg.get('rfc_trial'):g} s "
-            f"trials, stops within {100 * cfg.get('rfc_resolution', 0):g} % of the result)",
+    n = min(int(cfg.get("rfc_reps") or 1), int(cfg.get("reps") or 1))
+    runs = "single run per mode" if n == 1 else f"median of {n} searches"
+    return [f"**RFC 2544 zero-loss throughput** ({runs}; binary search, "
+            f"{cfg.get('rfc_trial'):g} s trials, stops within "
+            f"{100 * cfg.get('rfc_resolution', 0):g} % of the result)",
             "", rfc_table(rfc, placement_of(results)), ""]
 
 
@@ -372,12 +399,16 @@ def markdown(results: dict[str, Any]) -> str:
         "Kernel-timestamped round trips (SO_TIMESTAMPING software stamps), microseconds.")
     out = [f"Scenario `{scen.get('name')}`: {scen.get('title', '')}.", "",
            f"Testbed: {results.get('testbed')}. {what} Cells: median of {reps} repetitions "
-           "[min-max] xratio to napi (median of per-repetition ratios).", "",
+           "[min-max] xratio to napi (median of per-repetition ratios); idle cost and RFC "
+           "2544 with --rfc-reps 1 are single runs (said where they are). Tail cells (p99, "
+           "p99.9, max) say which largest sample of a run's n they are (k of n, median n); "
+           f"{FEW_MARK}: fewer than {FEW_ABOVE} samples above it.", "",
            f"{pl.summary()}.", ""]
     skipped = {m: v.get("reason") for m, v in (results.get("modes") or {}).items()
                if v.get("status") == "skipped"}
     out.append(scenario.render(results))
     out += common_sections(results)
+    out += method_sections(results)
     if skipped:
         out += ["Skipped modes:", ""] + [f"- {m}: {why}" for m, why in skipped.items()] + [""]
     meter = (results.get("machine") or {}).get("power_meter")
@@ -389,6 +420,109 @@ def common_sections(results: dict[str, Any]) -> list[str]:
     """The runner's parts: RT latency under the TCP heavy sender, idle cost."""
     return [*rtt_sections(results, {parts_.TCP_CONDITION: parts_.TCP_TITLE}),
             *idle_section(results)]
+
+
+def method_sections(results: dict[str, Any]) -> list[str]:
+    """What the numbers rest on: the pooled tails with bootstrap CIs, the tester's lateness,
+    the RT CPU check, the modes' order (each only when the results have it)."""
+    return [*tails_section(results), *lateness_section(results), *rt_cpu_section(results),
+            *order_section(results)]
+
+
+def _tail_cell(d: dict[str, Any] | None) -> str:
+    if not d:
+        return "-"
+    lo, hi = d.get("ci95") or (None, None)
+    mark = FEW_MARK if d.get("few") else ""
+    return (f"{fmt(_us(d['value']))} [{fmt(_us(lo))}-{fmt(_us(hi))}] "
+            f"(k={d['k']} of n={d['n']:,}){mark}")
+
+
+def _lost_cell(d: dict[str, Any] | None) -> str:
+    w = (d or {}).get("with_lost")
+    if not w:
+        return "-"
+    v = "∞" if w["value"] == "inf" else fmt(_us(w["value"]))
+    return f"{v} (k={w['k']} of n={w['n']:,}){FEW_MARK if w.get('few') else ''}"
+
+
+def tails_section(results: dict[str, Any]) -> list[str]:
+    tails = results.get("tails") or {}
+    if not tails:
+        return []
+    rows = ["**Tails of the samples pooled over repetitions** (µs): value [95 % bootstrap CI, "
+            "seeded, 1000 resamples] (k-th largest of n); with losses: the lost requests "
+            f"counted as infinite round trips. {FEW_MARK}: fewer than {FEW_ABOVE} samples "
+            "above it: that statistic rests on a handful of round trips", "",
+            "| part | condition | mode | runs | lost | p99 | p99.9 | max | p99 with losses | "
+            "p99.9 with losses |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for key in sorted(tails):
+        part, cond, mode = [*key.split("|"), "", "", ""][:3]
+        d = tails[key]
+        rows.append(f"| {part} | {cond} | {mode} | {d.get('runs', '-')} | {d.get('lost', 0)} | "
+                    f"{_tail_cell(d.get('p99'))} | {_tail_cell(d.get('p99.9'))} | "
+                    f"{_tail_cell(d.get('max'))} | {_lost_cell(d.get('p99'))} | "
+                    f"{_lost_cell(d.get('p99.9'))} |")
+    return [*rows, ""]
+
+
+LATENESS_COLUMNS: tuple[Column, ...] = (
+    ("late_p50_us", "p50", "us"), ("late_p99_us", "p99", "us"), ("late_max_us", "max", "us"))
+
+
+def lateness_section(results: dict[str, Any]) -> list[str]:
+    rtt = (results.get("summary") or {}).get("rtt") or {}
+    conds = {c: d for c, d in rtt.items()
+             if any((m.get("late_p50_us") or {}).get("median") is not None
+                    for m in d.values())}
+    if not conds:
+        return []
+    out = ["**The tester's lateness** (µs; the request's kernel TX stamp minus the send "
+           "time the arrival schedule intended; median of repetitions): a tester delayed on "
+           "its CPU sends late, and that delay is not in the round trip", ""]
+    for cond, d in conds.items():
+        bare = {m: {k: {x: y for x, y in (v or {}).items() if x != "ratio_to_napi"}
+                    for k, v in ms.items()} for m, ms in d.items()}   # the tester's, no ratio
+        out += [f"Condition `{cond}`:", "", latency_table(bare, LATENESS_COLUMNS), ""]
+    return out
+
+
+def rt_cpu_section(results: dict[str, Any]) -> list[str]:
+    runs = [r for r in results.get("runs") or [] if r.get("rt_cpu_check")]
+    if not runs:
+        return []
+    per: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in runs:
+        per[(r["condition"], r["mode"])].append(r["rt_cpu_check"])
+    c0 = runs[0]["rt_cpu_check"]
+    rows = ["**RT CPU check**: packets processed on the RT CPU (softnet) per run against "
+            "the heavy device's packets + the RT requests; a run over that by more than "
+            f"{c0['margin']:.0%} + {c0['slack']} packets stops the benchmark (replies or "
+            "ACKs processed there). Median of runs", "",
+            "| condition | mode | runs passed | RT CPU pkts / request | RT CPU pkts / "
+            "(heavy pkts + requests) |", "|---|---|---|---|---|"]
+    for (cond, mode) in sorted(per):
+        cs = per[(cond, mode)]
+        pr = aggregate(c.get("per_request") for c in cs)
+        share = aggregate(c["processed"] / c["expected_at_most"] for c in cs
+                          if c.get("expected_at_most"))
+        rows.append(f"| {cond} | {mode} | {sum(bool(c['passed']) for c in cs)}/{len(cs)} | "
+                    f"{cell(pr)} | {cell(share)} |")
+    return [*rows, ""]
+
+
+def order_section(results: dict[str, Any]) -> list[str]:
+    order = results.get("mode_order") or {}
+    if not order:
+        return []
+    rule = results.get("mode_order_rule") or "seeded random permutation per repetition"
+    settle = results.get("settle_after_move_s")
+    lines = [f"**Order of the modes**: {rule}"
+             + (f"; {settle:g} s settle after a mode that moves load (the exclusive CPU "
+                "modes)" if settle else "") + ".", ""]
+    lines += [f"- repetition {int(r) + 1}: {', '.join(ms)}"
+              for r, ms in sorted(order.items(), key=lambda x: int(x[0]))]
+    return [*lines, ""]
 
 
 def upgrade(results: dict[str, Any]) -> dict[str, Any]:
@@ -434,7 +568,9 @@ def add_summary(results: dict[str, Any]) -> dict[str, Any]:
     results["percentile_definition"] = (
         "nearest rank: the smallest sample with at least p% of samples <= it; SD is the "
         "sample SD (n-1); across repetitions: median, min-max, nearest-rank quartiles; ratios "
-        "to napi per repetition, then median")
+        "to napi per repetition, then median; tails: k-th largest of n, seeded bootstrap "
+        "95 % CIs (1000 resamples), losses as infinite round trips in the with-losses "
+        "variant")
     return results
 
 

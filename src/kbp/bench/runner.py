@@ -7,7 +7,20 @@ The runner does what every scenario shares: it refuses bad input before anything
 starts the RT application on the RT pair, and offers the scenario one latency run
 (``latency_run``) and one RFC 2544 search (``rfc2544``) with every mode, each recording its
 own CPU time, interrupts, softirqs, poller counters and kernel-side delays.  The scenario
-decides the order (:mod:`kbp.bench.parts`: modes rotated by one position every repetition).
+decides which blocks run; the modes' order in each repetition is the runner's (``order``):
+a seeded random permutation per repetition (``--seed``), recorded in ``results["mode_order"]``,
+and after a mode that moves load (the exclusive CPU modes move the heavy receiver and its RPS
+back on teardown) the next one waits ``settle_s`` (``results["settle_after_move_s"]``).
+
+Every veth pair's client end (where the replies and the heavy receiver's ACKs arrive) has GRO
+off and RPS to the tester's (RT pair) or the flood sender's CPU (:class:`kbp.bench.steer.
+ClientEnds`, ``results["client_ends"]``), so no reply or ACK is processed on the RT CPU, and
+each latency run of a scenario's ``rtt`` part with the RT CPU's receive counters is checked
+(``rt_cpu_check``): packets processed there <= (heavy-device packets + RT requests) x 1.1 +
+500, else the benchmark stops (Aborted).  Each run also records the tester's lateness
+(``lateness_ns``: actual transmit - the schedule's intended time) and its tail statistics with
+n, k-th largest and bootstrap CIs (``rtt_tail``); the samples pooled over repetitions have
+theirs in ``results["tails"]``.
 
 A mode owns its quirks (:mod:`kbp.bench.modes`): where the application runs while it is on
 (``app_place``), which application that is (``app``: sockperf's server, or irq-suspend's
@@ -31,6 +44,7 @@ import datetime as dt
 import errno
 import json
 import os
+import random
 import signal
 import socket
 import sys
@@ -50,6 +64,7 @@ from kbp.bench import (
     parts,
     rfc2544,
     scenarios,
+    steer,
     sysstat,
     tester,
     trace,
@@ -69,7 +84,7 @@ from kbp.bench.modes import (
     search_state,
 )
 from kbp.bench.placement import Placement, PlacementError
-from kbp.bench.stats import summarize
+from kbp.bench.stats import summarize, tail_summary
 from kbp.testbed import Testbed, VethLink
 
 LABEL_HOST = "netns+veth on the host kernel (real timings)"
@@ -154,7 +169,10 @@ class BenchConfig:
     spin_app: str = "fifo"
     trace: bool = True
     wait_quiet_s: float = 0.0        # before each run, wait up to this long while QEMU runs
-    seed: int = 1
+    # after a mode that moves load (the exclusive CPU modes: the heavy receiver and its RPS
+    # back onto the RT CPU on teardown), seconds before the next mode starts
+    settle_s: float = 1.0
+    seed: int = 1                    # arrivals, the modes' order per repetition, bootstrap
     emulated: bool | None = None     # None: detect (QEMU guest)
     out: Path = Path("out/bench")
     command: str = ""
@@ -234,6 +252,7 @@ class Bench:
     # called after the runner recreated the RT veth pair (a scenario re-applies its settings)
     rt_link_hooks: list[Callable[[], None]] = field(default_factory=list)
     _tcp: workloads.Flood | None = None
+    _client_ends: steer.ClientEnds = field(default_factory=lambda: steer.ClientEnds(""))
 
     # -- planning ------------------------------------------------------------------------
     def plan(self) -> Placement:
@@ -379,8 +398,12 @@ class Bench:
         self.results["config"]["reps"] = cfg.reps
 
     def order(self, rep: int) -> list[str]:
-        """The runnable modes in repetition ``rep``'s order (rotated by one each time)."""
-        return _rotate(self.runnable, rep)
+        """The runnable modes in repetition ``rep``'s order: a random permutation seeded by
+        --seed and the repetition (the same for every block of that repetition), recorded in
+        results["mode_order"]."""
+        order = seeded_order(self.runnable, self.cfg.seed, rep)
+        self.results.setdefault("mode_order", {})[str(rep)] = order
+        return order
 
     def app_policy(self) -> str:
         """The RT application's scheduling class in this run (--app-policy, else the
@@ -443,6 +466,8 @@ class Bench:
             "placement": self._placement_json(),
             "modes": {}, "runs": [], "rfc2544": [], "idle": [], "idle_skipped": {},
             "interrupted": False,
+            "mode_order_rule": f"seeded random permutation per repetition (--seed {cfg.seed})",
+            "mode_order": {}, "settle_after_move_s": cfg.settle_s,
         }
         self.modes = all_modes()
         make = getattr(self.scenario, "make_modes", None)
@@ -485,6 +510,8 @@ class Bench:
             self.results["interrupted"] = True
             raise
         finally:
+            self.results["tails"] = pooled_tails(self.results["runs"], self.samples,
+                                                 cfg.seed)
             self.results["finished"] = dt.datetime.now(dt.UTC).isoformat(
                 timespec="seconds")
             self.results["quiet_after"] = machine.quiet_report()
@@ -544,11 +571,39 @@ class Bench:
         assert self.placement is not None
         rt = tb.link("rt")
         self.results["testbed_devices"] = {name: asdict(tb.link(name)) for name in tb.link_names}
+        self._client_ends = steer.ClientEnds(tb.client)
+        tb.defer(self._client_ends.undo)
+        for name in tb.link_names:
+            self._client_end(name)
         self.server = workloads.SockperfServer(tb.server, rt.ip_b,
                                                self.placement.cpu(placement_.APP))
         self.server.start()
         self.server.place(AppPlace(self.placement.cpu(placement_.APP), self.app_fifo()))
         tb.defer(lambda: self.server.stop() if self.server else None)   # whichever runs then
+
+    def client_end_cpu(self, link: str) -> int:
+        """Where a pair's client end processes what it receives: the tester's CPU for the
+        RT pair, else the flood sender's (the tester's if there is none); never the RT CPU."""
+        assert self.placement is not None
+        pl = self.placement
+        cpu = pl.cpu(placement_.TESTER)
+        if link != "rt" and placement_.FLOOD in pl.cpus:
+            cpu = pl.cpu(placement_.FLOOD)
+        if cpu == pl.cpu(placement_.RT):
+            raise Aborted(f"the {link} pair's client end would be steered to the RT CPU {cpu}")
+        return cpu
+
+    def _client_end(self, name: str) -> None:
+        """GRO off and RPS to client_end_cpu() on pair ``name``'s client end (also the
+        tester's NIC port with --nic-pair, whose interrupts are on the tester's CPU already;
+        put back before the port leaves the namespace: the testbed undoes in reverse)."""
+        assert self.tb is not None
+        link = self.tb.link(name)
+        self._client_ends.apply(link.dev_a, self.client_end_cpu(name))
+        self.results["client_ends"] = {
+            "what": "GRO off (no veth NAPI: replies and ACKs go through __netif_rx(), stamped "
+                    "when the server sends them) and RPS to the tester's / flood sender's CPU",
+            "devices": self._client_ends.now()}
 
     def _use_app(self, name: str) -> None:
         """Run the RT application ``name`` (names.RT_APPS) in place of the one running now:
@@ -649,6 +704,15 @@ class Bench:
         rec["rtt_ns"] = summarize(res.kernel_ns)
         rec["rtt_user_ns"] = summarize(res.user_ns)
         rec["lost"] = res.lost
+        rec["rtt_tail"] = tail_summary(res.kernel_ns, lost=res.lost, seed=cfg.seed * 1000 + rep)
+        rec["lateness_ns"] = summarize(res.late_ns)
+        rec["lateness_user_ns"] = summarize(res.late_user_ns)
+        if part == parts.RTT and rec.get("rt_cpu_rx"):
+            tsum = res.summary
+            chk = rec["rt_cpu_check"] = steer.rt_cpu_check(
+                int(rec["rt_cpu_rx"].get("packets_processed") or 0),
+                int((rec.get("heavy") or {}).get("rx_packets") or 0),
+                int(tsum.get("sent") or 0) + int(tsum.get("warmup_sent") or 0))
         rec["sys"] = sysstat.delta(s0, s1, names_)
         rec["poller"] = {k: (c1[k] - (c0.get(k) or 0)) for k in c1 if c1[k] is not None}
         if kt is not None:
@@ -668,6 +732,15 @@ class Bench:
         self.samples.setdefault(key, []).extend(res.kernel_ns)
         self.results["runs"].append(rec)
         rec["took_s"] = time.monotonic() - t_start
+        chk = rec.get("rt_cpu_check")
+        if chk is not None and not chk["passed"]:
+            self.results.setdefault("rt_cpu_check_failed", []).append(desc)
+            raise Aborted(
+                f"{desc}: the RT CPU processed {chk['processed']:,} packets, more than the "
+                f"heavy device's {chk['heavy_packets']:,} + {chk['requests']:,} RT requests "
+                f"allow (limit {chk['limit']:,.0f}: +{chk['margin']:.0%} + {chk['slack']}): "
+                "replies, ACKs or other receive work ran on the RT CPU, so the run would "
+                "measure the testbed, not the mode")
         self._advance(self.latency_plan(duration), desc)
         return rec
 
@@ -803,6 +876,8 @@ class Bench:
                 finally:
                     self._use_app(names.APP_SOCKPERF)
                     self.server.place(home)
+            if getattr(mode, "moves_load", False) and self.cfg.settle_s > 0:
+                time.sleep(self.cfg.settle_s)      # the moved load settles back first
 
     def _fresh_rt_link(self) -> None:
         """Kernels before ~6.15 keep a NAPI's kthread after threaded=0, and the module refuses
@@ -817,6 +892,7 @@ class Bench:
         self.tb.recreate_link(list(self.tb.link_names).index("rt"))
         self.server.start()
         self.server.place(AppPlace(self.server.cpu, self.app_fifo()))
+        self._client_end("rt")
         for hook in self.rt_link_hooks:
             hook()
         self.results.setdefault("rt_link_recreated", 0)
@@ -939,11 +1015,25 @@ def _nobuckets(s: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in s.items() if k != "buckets"}
 
 
-def _rotate(xs: list[str], k: int) -> list[str]:
-    if not xs:
-        return []
-    k %= len(xs)
-    return xs[k:] + xs[:k]
+def seeded_order(xs: list[str], seed: int, rep: int) -> list[str]:
+    """A random permutation of ``xs`` for repetition ``rep``, the same for the same seed."""
+    out = list(xs)
+    random.Random(f"kbp-bench-order/{seed}/{rep}").shuffle(out)
+    return out
+
+
+def pooled_tails(runs: list[dict[str, Any]], samples: dict[str, list[int]], seed: int,
+                 ) -> dict[str, Any]:
+    """Tail statistics (n, k-th largest, bootstrap CIs, losses as infinite) of every
+    part|condition|mode's kernel round trips pooled over its repetitions."""
+    lost: dict[str, int] = {}
+    reps: dict[str, int] = {}
+    for r in runs:
+        key = f"{r.get('part')}|{r.get('condition')}|{r.get('mode')}"
+        lost[key] = lost.get(key, 0) + int(r.get("lost") or 0)
+        reps[key] = reps.get(key, 0) + 1
+    return {key: {**tail_summary(xs, lost=lost.get(key, 0), seed=seed), "runs": reps.get(key)}
+            for key, xs in samples.items()}
 
 
 def write_outputs(results: dict[str, Any], samples: dict[str, list[int]], out: Path,

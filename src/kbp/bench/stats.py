@@ -12,6 +12,15 @@
   the nearest-rank quartiles (q1, q3).
 * **Ratio to napi** (``ratios_to_baseline``): computed *per repetition* (mode value / napi
   value of the same repetition and condition), then aggregated like any other metric.
+* **Tails** (``tail_summary``): each tail statistic (p99, p99.9, max) says which sample it
+  is -- the k-th largest of n (k = n - rank + 1; max is k = 1) -- and is flagged ``few``
+  when fewer than ``FEW_ABOVE`` (10) samples lie above it.  Its 95 % confidence interval is
+  a seeded percentile bootstrap (``BOOT_RESAMPLES`` = 1000 resamples): the nearest-rank
+  statistic of a resample of n drawn with replacement is the sample of rank
+  ceil(n * U) with U ~ Beta(rank, n - rank + 1) (the rank-th smallest of n uniform draws),
+  so each resample costs one Beta draw instead of n draws and a sort -- the same
+  distribution as resampling the samples themselves.  Losses count as infinite round
+  trips in the ``with_lost`` variant (n + lost samples, the lost ones above every other).
 * **Histograms** (``hist_percentile``): kernel-side delays are collected in log-linear buckets
   (see :mod:`kbp.bench.trace`); their percentiles use the same nearest-rank rule over bucket
   counts and return the bucket's mid-point, clamped to the exact observed maximum.
@@ -20,9 +29,15 @@
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
+TAILS: tuple[float, ...] = (99.0, 99.9, 100.0)     # 100: the maximum
+FEW_ABOVE = 10              # a tail statistic with fewer samples above it is flagged
+BOOT_RESAMPLES = 1000
+CI_LEVEL = 0.95
 
 
 def pct_key(p: float) -> str:
@@ -37,8 +52,7 @@ def percentile(sorted_values: Sequence[float], p: float) -> float:
         raise ValueError("percentile of no samples")
     if not 0.0 <= p <= 100.0:
         raise ValueError(f"percentile {p} outside 0..100")
-    rank = math.ceil(p / 100.0 * n)
-    return sorted_values[max(rank, 1) - 1]
+    return sorted_values[rank_of(n, p) - 1]
 
 
 def mean(values: Sequence[float]) -> float:
@@ -73,6 +87,72 @@ def summarize(values: Iterable[float], percentiles: Sequence[float] = PERCENTILE
     for p in percentiles:
         out[pct_key(p)] = percentile(xs, p)
     out["max"] = xs[-1]
+    return out
+
+
+def tail_key(p: float) -> str:
+    """The JSON key of a tail statistic: 99 -> "p99", 100 -> "max"."""
+    return "max" if p >= 100.0 else pct_key(p)
+
+
+def rank_of(n: int, p: float) -> int:
+    """The 1-based ascending rank of the nearest-rank p-th percentile of n samples."""
+    # rounded first: 99.9 / 100 * 6000 is 5994.000000000001 in binary floating point, and
+    # its ceiling would be one rank too high
+    return max(math.ceil(round(p / 100.0 * n, 9)), 1)
+
+
+def kth_largest(n: int, p: float) -> int:
+    """Which largest sample the p-th percentile of n samples is (1: the maximum)."""
+    return n - rank_of(n, p) + 1
+
+
+def boot_ranks(n: int, rank: int, rng: random.Random, resamples: int = BOOT_RESAMPLES,
+               ) -> list[int]:
+    """Ranks (1-based, into the sorted original samples) of the rank-th smallest value in
+    ``resamples`` bootstrap resamples of n samples drawn with replacement: the rank-th
+    smallest of n uniform draws on [0, 1) is Beta(rank, n - rank + 1), and a draw u picks
+    the original sample of rank ceil(n * u)."""
+    out = []
+    for _ in range(resamples):
+        u = rng.betavariate(rank, n - rank + 1)
+        out.append(min(max(math.ceil(n * u), 1), n))
+    return out
+
+
+def _ci(xs: Sequence[float], rank: int, rng: random.Random, resamples: int,
+        ) -> list[float]:
+    vals = sorted(xs[r - 1] for r in boot_ranks(len(xs), rank, rng, resamples))
+    lo = (1.0 - CI_LEVEL) / 2 * 100.0
+    return [percentile(vals, max(lo, 0.0)), percentile(vals, 100.0 - lo)]
+
+
+def tail_summary(values: Iterable[float], lost: int = 0, seed: int = 1,
+                 tails: Sequence[float] = TAILS, resamples: int = BOOT_RESAMPLES,
+                 ) -> dict[str, Any]:
+    """n, lost, and per tail statistic (``p99``, ``p99.9``, ``max``): its value, which
+    k-th largest of n it is, how many samples lie above it, ``few`` (< FEW_ABOVE above),
+    a seeded bootstrap 95 % CI, and the same statistic with the ``lost`` requests counted
+    as infinite round trips (``with_lost``: value "inf" when its rank falls on a loss)."""
+    xs = sorted(values)
+    n = len(xs)
+    rng = random.Random(seed)
+    out: dict[str, Any] = {"n": n, "lost": lost, "resamples": resamples,
+                           "ci_level": CI_LEVEL, "seed": seed}
+    for p in tails:
+        key = tail_key(p)
+        if not n:
+            out[key] = None
+            continue
+        r = rank_of(n, p)
+        k = n - r + 1
+        d: dict[str, Any] = {"value": xs[r - 1], "k": k, "n": n, "above": k - 1,
+                             "few": k - 1 < FEW_ABOVE, "ci95": _ci(xs, r, rng, resamples)}
+        nl = n + lost
+        rl = rank_of(nl, p)
+        d["with_lost"] = {"value": xs[rl - 1] if rl <= n else "inf", "k": nl - rl + 1,
+                          "n": nl, "few": nl - rl < FEW_ABOVE}
+        out[key] = d
     return out
 
 

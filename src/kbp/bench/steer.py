@@ -178,3 +178,83 @@ class CpuRx:
                 "ksoftirqd_run_ms": (ks[0] - self._ks[0]) / 1e6,
                 "ksoftirqd_cpu_pct": 100.0 * (ks[0] - self._ks[0]) / 1e9 / wall,
                 "ksoftirqd_runs": ks[1] - self._ks[1]}
+
+
+def gro_on(netns: str, dev: str) -> bool:
+    """Whether GRO is active on a device, as the kernel reads it back."""
+    import json
+    out = ns_run(netns, ["ethtool", "--json", "-k", dev]).stdout
+    return bool(json.loads(out)[0]["generic-receive-offload"]["active"])
+
+
+@dataclass
+class ClientEnds:
+    """The client ends of the benchmark's veth pairs, where the RT replies and the heavy
+    receiver's ACKs arrive, shaped so that work never lands on the RT CPU:
+
+    * GRO off: veth then has no NAPI on that end, so the server's ``veth_xmit()`` hands a
+      reply or an ACK to ``__netif_rx()`` right away.  The reply's RX software stamp is
+      taken there (``net_timestamp_check`` with ``tstamp_prequeue``): when the server sends
+      it, not when a veth NAPI scheduled on the sending CPU (the RT CPU) gets to poll it.
+    * RPS to ``cpu`` (the tester's CPU for the RT pair, the flood sender's for the others,
+      never the RT CPU): ``__netif_rx()`` queues the packet on that CPU's backlog instead of
+      the sending CPU's, so the replies and the ACKs (with the heavy sender's ACK-clocked
+      transmits, run in the softirq that processes them) are processed there.
+
+    ``undo`` puts back GRO and the masks found (as :class:`Steering` does)."""
+
+    netns: str
+    cpus: dict[str, int] = field(default_factory=dict)      # {dev: CPU}
+    before: dict[str, tuple[bool, dict[str, str]]] = field(default_factory=dict)
+
+    def apply(self, dev: str, cpu: int) -> None:
+        from kbp.testbed import set_gro
+        if dev not in self.before:
+            self.before[dev] = (gro_on(self.netns, dev), read_rps(self.netns, dev))
+        self.cpus[dev] = cpu
+        set_gro(self.netns, dev, False)
+        write_rps(self.netns, dev, {q: cpu_mask(cpu) for q in self.before[dev][1]})
+        got = rps_cpus(read_rps(self.netns, dev))
+        if got != [cpu] or gro_on(self.netns, dev):
+            raise RuntimeError(f"{dev}: GRO off and RPS to CPU {cpu} did not stick (RPS "
+                               f"reads {got})")
+
+    def undo(self) -> None:
+        from kbp.testbed import set_gro
+        for dev, (gro, masks) in self.before.items():
+            with contextlib.suppress(Exception):     # the device may be gone already
+                write_rps(self.netns, dev, masks)
+                set_gro(self.netns, dev, gro)
+        self.before.clear()
+
+    def now(self) -> dict[str, dict[str, Any]]:
+        """{dev: {"gro": bool, "rps": [CPUs]}} as the kernel reads them now."""
+        out: dict[str, dict[str, Any]] = {}
+        for dev in self.cpus:
+            try:
+                out[dev] = {"gro": gro_on(self.netns, dev),
+                            "rps": rps_cpus(read_rps(self.netns, dev))}
+            except Exception as e:
+                out[dev] = {"error": str(e)}
+        return out
+
+
+# -- the RT CPU check -------------------------------------------------------------------------
+RT_CPU_MARGIN = 0.10       # the RT CPU may process this share more than it should ...
+RT_CPU_SLACK = 500         # ... plus this many packets (the host's own traffic, iperf3's
+#                            control connection, ARP) over a run
+
+
+def rt_cpu_check(processed: int, heavy_packets: int, requests: int) -> dict[str, Any]:
+    """Packets processed on the RT CPU over a run (softnet ``processed``) against what should
+    be processed there: the heavy device's packets (0 where the mode moved them away, but
+    they are an upper bound) plus the RT requests.  Replies and ACKs are the client ends'
+    (:class:`ClientEnds`); more than ``expected * (1 + RT_CPU_MARGIN) + RT_CPU_SLACK``
+    means some of them (or other work) was processed on the RT CPU: ``passed`` False."""
+    expected = heavy_packets + requests
+    limit = expected * (1.0 + RT_CPU_MARGIN) + RT_CPU_SLACK
+    return {"processed": processed, "heavy_packets": heavy_packets, "requests": requests,
+            "expected_at_most": expected, "limit": limit,
+            "margin": RT_CPU_MARGIN, "slack": RT_CPU_SLACK,
+            "per_request": processed / requests if requests else None,
+            "passed": processed <= limit}

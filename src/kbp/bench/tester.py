@@ -93,6 +93,20 @@ class RttResult:
     kernel_ns: list[int] = field(default_factory=list)   # round trips with kernel stamps
     user_ns: list[int] = field(default_factory=list)     # the same, user-space clocks
     lost: int = 0
+    # every measured request's lateness: its actual transmit minus the schedule's intended
+    # send time, by the kernel's TX stamp and by the user-space clock before send()
+    late_ns: list[int] = field(default_factory=list)
+    late_user_ns: list[int] = field(default_factory=list)
+
+
+def check_busy_poll(summary: dict[str, Any]) -> None:
+    """The tester must not busy-poll: kbp-rtt sets SO_BUSY_POLL to 0 on its socket and
+    prints what it read back (``so_busy_poll_us``; -1: the kernel has no SO_BUSY_POLL, so
+    nothing busy-polls).  TesterError when it is missing or another value."""
+    got = summary.get("so_busy_poll_us")
+    if got is None or int(got) not in (0, -1):
+        raise TesterError(f"kbp-rtt's socket has SO_BUSY_POLL = {got} (must be 0: the "
+                          "tester would busy-poll the client device's NAPI)")
 
 
 def _parse_summary(stdout: str, argv: list[str], stderr: str) -> dict[str, Any]:
@@ -151,9 +165,13 @@ def run_rtt(binary: Path, ns: str | None, ip: str, *, port: int, size: int, rate
         if proc.returncode != 0:
             raise TesterError(f"tester failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
         summary = _parse_summary(proc.stdout, argv, proc.stderr)
+        check_busy_poll(summary)
         res = RttResult(summary)
         for line in samples.read_text().splitlines():
-            _seq, k, u = line.split()
+            _seq, k, u, *late = line.split()      # late_kernel late_user (older: none)
+            for v, dst in zip(late, (res.late_ns, res.late_user_ns), strict=False):
+                if int(v) >= 0:
+                    dst.append(int(v))
             if int(u) < 0:
                 res.lost += 1
                 continue
@@ -179,4 +197,6 @@ def run_rate(binary: Path, ns: str | None, ip: str, *, port: int, size: int, rat
     proc = procs.run(ns, argv, timeout=duration + grace + 30)
     if proc.returncode != 0:
         raise TesterError(f"tester failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
-    return _parse_summary(proc.stdout, argv, proc.stderr)
+    summary = _parse_summary(proc.stdout, argv, proc.stderr)
+    check_busy_poll(summary)
+    return summary

@@ -5,8 +5,10 @@
  * It talks to an unmodified sockperf server (sockperf's 14-byte message header: be64 sequence,
  * be16 flags CLIENT|PONG, be32 length) and measures round-trip times with the kernel's software
  * timestamps (SO_TIMESTAMPING): the TX stamp is taken when the request reaches the device's
- * xmit (veth_xmit -> skb_tx_timestamp), the RX stamp when the reply is handed to the stack by
- * the client device's NAPI poll.  The tester's own scheduling (sendto() entry, wake-up after the
+ * xmit (veth_xmit -> skb_tx_timestamp), the RX stamp when the reply enters the client
+ * device's receive path (the benchmark turns GRO off there, so veth hands it to __netif_rx()
+ * as the server sends it; with GRO on, when the client device's NAPI poll hands it to the
+ * stack).  The tester's own scheduling (sendto() entry, wake-up after the
  * reply) is therefore NOT in the measured round trip.  User-space times are recorded too, for
  * comparison only.
  *
@@ -14,14 +16,23 @@
  *   rtt    open-loop requests with random (exponential, "poisson"), random uniform
  *          (--uniform MIN_US,MAX_US: each gap drawn uniformly from [MIN_US, MAX_US], the
  *          rt-socket-outsourcing paper's 1-10 ms) or constant inter-arrival times; one line
- *          per request on the samples file:  seq rtt_kernel_ns rtt_user_ns (-1 when there
- *          was no reply or no timestamp).  The summary reports the gaps it planned.
+ *          per request on the samples file:  seq rtt_kernel_ns rtt_user_ns late_kernel_ns
+ *          late_user_ns (rtt: -1 when there was no reply or no timestamp; late: the actual
+ *          transmit -- the kernel's TX stamp, resp. the user-space time before send() --
+ *          minus the schedule's intended send time, -1 when unknown).  The summary reports
+ *          the gaps it planned.
  *   rate   constant-rate trial for the RFC 2544 search: sends in small batches (sendmmsg) and
  *          counts distinct replies; no per-packet timestamps.
  * A one-line JSON summary goes to stdout.
  *
  * The tester pins itself (-c CPU) and can run SCHED_FIFO (-f PRIO) so it is not delayed by
  * the load it shares a CPU with.
+ *
+ * It never busy-polls: SO_BUSY_POLL is set to 0 on its socket (lowering it needs no
+ * capability), so net.core.busy_read / busy_poll (global on older kernels; the busypoll mode
+ * sets them) do not make its recvmsg()/ppoll() spin on the client device's NAPI.  The value
+ * read back with getsockopt() is in the summary ("so_busy_poll_us"; -1 if the kernel has no
+ * SO_BUSY_POLL), and the benchmark refuses a run where it is not 0.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -49,8 +60,12 @@
 #define FLAG_WARMUP 4
 #define MAX_MSG 65000
 #define BATCH 64
+#ifndef SO_BUSY_POLL
+#define SO_BUSY_POLL 46
+#endif
 
 static volatile sig_atomic_t stop_now;
+static int busy_poll_read = -1;   /* SO_BUSY_POLL read back on the socket (-1: none) */
 
 static void on_signal(int sig) { (void)sig; stop_now = 1; }
 
@@ -183,6 +198,17 @@ static int make_socket(const struct opts *o, int timestamps)
 		if (setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPING, &flags, sizeof(flags)) < 0)
 			die("SO_TIMESTAMPING");
 	}
+	{
+		int zero = 0, got = -1;
+		socklen_t len = sizeof(got);
+
+		/* ENOPROTOOPT: a kernel without CONFIG_NET_RX_BUSY_POLL never busy-polls */
+		if (setsockopt(fd, SOL_SOCKET, SO_BUSY_POLL, &zero, sizeof(zero)) < 0 &&
+		    errno != ENOPROTOOPT)
+			die("SO_BUSY_POLL");
+		if (getsockopt(fd, SOL_SOCKET, SO_BUSY_POLL, &got, &len) == 0)
+			busy_poll_read = got;
+	}
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
 		die("connect");
 	return fd;
@@ -210,6 +236,7 @@ static void place_self(const struct opts *o)
 /* ---------------------------------------------------------------------------- rtt mode */
 
 struct slot {
+	int64_t intended; /* monotonic, the schedule's planned send time */
 	int64_t tx_user;  /* monotonic, before sendto() */
 	int64_t rx_user;  /* monotonic, after recvmsg() */
 	int64_t tx_kern;  /* realtime, SO_TIMESTAMPING TX software stamp */
@@ -297,7 +324,7 @@ static int run_rtt(const struct opts *o)
 	int fd = make_socket(o, 1);
 	int64_t start, warm_end, end, next, deadline;
 	uint64_t sent = 0, first_measured = 0, i, got = 0, lost = 0, no_ts = 0;
-	int64_t gap_min = INT64_MAX, gap_max = 0;
+	int64_t gap_min = INT64_MAX, gap_max = 0, mono_to_real;
 	double gap_sum = 0;
 	uint64_t gaps = 0;
 	FILE *out;
@@ -309,6 +336,14 @@ static int run_rtt(const struct opts *o)
 		slots[i].tx_kern = slots[i].rx_kern = slots[i].tx_user = slots[i].rx_user = -1;
 	place_self(o);
 
+	{       /* realtime - monotonic, to compare the planned times with the kernel stamps */
+		struct timespec r, m1, m2;
+
+		clock_gettime(CLOCK_MONOTONIC, &m1);
+		clock_gettime(CLOCK_REALTIME, &r);
+		clock_gettime(CLOCK_MONOTONIC, &m2);
+		mono_to_real = ts_ns(&r) - (ts_ns(&m1) + ts_ns(&m2)) / 2;
+	}
 	start = now_ns();
 	warm_end = start + (int64_t)(o->warmup * 1e9);
 	end = warm_end + (int64_t)(o->duration * 1e9);
@@ -329,6 +364,7 @@ static int run_rtt(const struct opts *o)
 			if (t < warm_end)
 				first_measured = sent + 1;
 			put_header(msg, sent, flags, (uint32_t)o->size);
+			slots[sent].intended = next;
 			slots[sent].tx_user = now_ns();
 			if (send(fd, msg, o->size, 0) < 0) {
 				if (errno != ENOBUFS && errno != EAGAIN)
@@ -376,7 +412,7 @@ static int run_rtt(const struct opts *o)
 		die("open samples file");
 	for (i = first_measured; i < sent; i++) {
 		struct slot *s = &slots[i];
-		int64_t rk = -1, ru = -1;
+		int64_t rk = -1, ru = -1, lk = -1, lu = -1;
 
 		if (s->replies) {
 			got++;
@@ -388,9 +424,16 @@ static int run_rtt(const struct opts *o)
 		} else {
 			lost++;
 		}
+		if (s->tx_user >= 0 && s->intended > 0)
+			lu = s->tx_user - s->intended;
+		if (s->tx_kern > 0 && s->intended > 0) {
+			lk = s->tx_kern - (s->intended + mono_to_real);
+			if (lk < 0)
+				lk = 0; /* the clocks' offset is read to within ~100 ns */
+		}
 		if (out)
-			fprintf(out, "%llu %lld %lld\n", (unsigned long long)i, (long long)rk,
-				(long long)ru);
+			fprintf(out, "%llu %lld %lld %lld %lld\n", (unsigned long long)i,
+				(long long)rk, (long long)ru, (long long)lk, (long long)lu);
 	}
 	if (out)
 		fclose(out);
@@ -398,14 +441,14 @@ static int run_rtt(const struct opts *o)
 	       "\"no_timestamp\": %llu, \"duplicates\": %llu, \"unknown\": %llu, \"bad\": %llu, "
 	       "\"warmup_sent\": %llu, \"elapsed_s\": %.6f, \"interrupted\": %s, "
 	       "\"arrival\": \"%s\", \"gap_min_us\": %.3f, \"gap_max_us\": %.3f, "
-	       "\"gap_mean_us\": %.3f, \"gaps\": %llu}\n",
+	       "\"gap_mean_us\": %.3f, \"gaps\": %llu, \"so_busy_poll_us\": %d}\n",
 	       (unsigned long long)(sent - first_measured), (unsigned long long)got,
 	       (unsigned long long)lost, (unsigned long long)no_ts, (unsigned long long)n_dup,
 	       (unsigned long long)n_unknown, (unsigned long long)n_bad,
 	       (unsigned long long)first_measured, (now_ns() - start) / 1e9,
 	       stop_now ? "true" : "false", arrival_name(o),
 	       gaps ? gap_min / 1e3 : 0.0, gap_max / 1e3, gaps ? gap_sum / gaps / 1e3 : 0.0,
-	       (unsigned long long)gaps);
+	       (unsigned long long)gaps, busy_poll_read);
 	return 0;
 }
 
@@ -524,11 +567,13 @@ static int run_rate(const struct opts *o)
 		}
 		printf("{\"mode\": \"rate\", \"target_pps\": %.1f, \"sent\": %llu, \"received\": %llu, "
 		       "\"lost\": %llu, \"duplicates\": %llu, \"unknown\": %llu, \"send_errors\": %llu, "
-		       "\"elapsed_s\": %.6f, \"achieved_pps\": %.1f, \"interrupted\": %s}\n",
+		       "\"elapsed_s\": %.6f, \"achieved_pps\": %.1f, \"interrupted\": %s, "
+		       "\"so_busy_poll_us\": %d}\n",
 		       o->rate, (unsigned long long)sent, (unsigned long long)got,
 		       (unsigned long long)(sent - got), (unsigned long long)dup,
 		       (unsigned long long)unknown, (unsigned long long)send_err, elapsed,
-		       sent / (elapsed > 0 ? elapsed : 1), stop_now ? "true" : "false");
+		       sent / (elapsed > 0 ? elapsed : 1), stop_now ? "true" : "false",
+		       busy_poll_read);
 	}
 	return 0;
 }

@@ -175,6 +175,7 @@ class ExclusiveMode(_Defaults):
     name: str = EXCLUSIVE
     base: str = names.BENCH_NAPI    # the mode it is without the move (idle_problem)
     spins: bool = False
+    moves_load: bool = True         # the runner lets the moved load settle after it
     heavy: HeavySide | None = None
     target: Target | None = None
     _moved: bool = False
@@ -240,6 +241,7 @@ class KbpExclusiveMode:
         self.inner = inner
         self.name = inner.name + EXCL_SUFFIX
         self.spins = inner.spins
+        self.moves_load = True
         self.excl = ExclusiveMode(name=self.name, base=inner.name)
 
     @property
@@ -468,7 +470,7 @@ class RtSplit:
         return plots.standard(results, samples, out, CONDITIONS)
 
 
-def _heavy_counters(heavy: HeavySide) -> dict[str, int] | None:
+def heavy_counters(heavy: HeavySide) -> dict[str, int] | None:
     """The heavy device's receive counters, read through the receiver's /proc (no child
     process), else with ip."""
     pids = heavy.receiver_pids()
@@ -491,14 +493,14 @@ def _probe(steering: steer.Steering, heavy: HeavySide, irqs: tuple[int, ...] = (
         masks = {**steering.now(),
                  heavy.dev: steer.rps_cpus(steer.read_rps(heavy.netns, heavy.dev))}
         where = heavy.receiver_cpus()
-        c0, t0 = _heavy_counters(heavy), time.monotonic()
+        c0, t0 = heavy_counters(heavy), time.monotonic()
         rx.start()
         rx2.start()
 
         def end(rec: dict[str, Any]) -> None:
             rec["rt_cpu_rx"] = rx.stop()
             rec["nonrt_cpu_rx"] = rx2.stop()
-            c1, t1 = _heavy_counters(heavy), time.monotonic()
+            c1, t1 = heavy_counters(heavy), time.monotonic()
             wall = max(t1 - t0, 1e-9)
             h: dict[str, Any] = {"receiver_cpus": where, "wall_s": wall}
             if c0 is not None and c1 is not None:
@@ -521,6 +523,7 @@ def split_metrics(rec: dict[str, Any], place: pl.Placement) -> dict[str, float |
     for p in ("mean", "p99", "sd", "p99.9", "max", "p50"):
         v = rtt.get(p)
         m[f"rtt_{p}_us"] = None if v is None else v / 1000.0
+    m["rtt_n"] = None if rtt.get("n") is None else float(rtt["n"])
     sent = (rec.get("tester") or {}).get("sent") or 0
     m["lost_pct"] = 100.0 * rec.get("lost", 0) / sent if sent else None
     h = rec.get("heavy") or {}
@@ -641,8 +644,12 @@ def table3_section(cond: str, d: dict[str, Any], place: pl.Placement) -> list[st
             "| mode | " + " | ".join(h for _, h in TABLE3_COLUMNS) + " |",
             "|---|" + "---|" * len(TABLE3_COLUMNS)]
     for mode in _modes(d):
-        rows.append(f"| {mode} | " + " | ".join(report.cell(d[mode].get(k))
-                                               for k, _ in TABLE3_COLUMNS) + " |")
+        n = (d[mode].get("rtt_n") or {}).get("median")
+        rows.append(f"| {mode} | " + " | ".join(
+            report.cell(d[mode].get(k)) + (report.tail_note(n, report.TAIL_COLUMNS[k])
+                                           if k in report.TAIL_COLUMNS and d[mode].get(k)
+                                           else "")
+            for k, _ in TABLE3_COLUMNS) + " |")
     return [*rows, ""]
 
 

@@ -147,11 +147,12 @@ class SharedCpu:
                      "kbp modes: kbpctl enable turns RPS off on the RT device while on; "
                      "irq-suspend turns it off too")}
         flood = pt.start_flood(bench)
-        rs.bind_heavy(bench, rs.HeavySide(tb.server, fl.dev_b, rt_cpu, rs.nonrt_cpu(place),
-                                          flood, cpu_now=rt_cpu))
+        heavy = rs.HeavySide(tb.server, fl.dev_b, rt_cpu, rs.nonrt_cpu(place), flood,
+                             cpu_now=rt_cpu)
+        rs.bind_heavy(bench, heavy)
         load = pt.Patient(flood)
         irqs = tuple((bench.results.get("nic_pair") or {}).get("irqs", {}).get(rt.dev_b, ()))
-        bench.probes.append(_probe(steering, rt_cpu, irqs))
+        bench.probes.append(_probe(steering, rt_cpu, irqs, heavy))
         for rep in range(cfg.reps):
             if pt.RTT in (cfg.parts or []):
                 loads = cfg.loads if rep % 2 == 0 else list(reversed(cfg.loads))
@@ -197,10 +198,13 @@ def conditions(results: dict[str, Any]) -> dict[str, str]:
     return NIC_CONDITIONS if results.get("nic_pair") else CONDITIONS
 
 
-def _probe(steering: steer.Steering, cpu: int, irqs: tuple[int, ...] = ()) -> Any:
+def _probe(steering: steer.Steering, cpu: int, irqs: tuple[int, ...] = (),
+           heavy: rs.HeavySide | None = None) -> Any:
     """Around each latency run: receive work on the RT CPU (and the RT NIC port's interrupts
-    with --nic-pair) and the RPS masks in force."""
+    with --nic-pair), the RPS masks in force, and the heavy device's received packets (the
+    runner's RT CPU check)."""
     def begin() -> Any:
+        c0 = rs.heavy_counters(heavy) if heavy is not None else None
         rx = steer.CpuRx(cpu, irqs=irqs)
         rx.start()
         masks = steering.now()
@@ -208,6 +212,10 @@ def _probe(steering: steer.Steering, cpu: int, irqs: tuple[int, ...] = ()) -> An
         def end(rec: dict[str, Any]) -> None:
             rec["rt_cpu_rx"] = rx.stop()
             rec["steering"] = masks
+            c1 = rs.heavy_counters(heavy) if heavy is not None else None
+            if c0 is not None and c1 is not None:
+                rec["heavy"] = {"rx_packets": c1["packets"] - c0["packets"],
+                                "rx_bytes": c1["bytes"] - c0["bytes"]}
         return end
     return begin
 
@@ -274,6 +282,8 @@ def flood_vs_idle(runs: list[dict[str, Any]]) -> dict[str, Any]:
                                           if v.get(p) is not None)
             d[f"flood_{p}_us"] = aggregate(v.get(p) / 1000 for v in flood.values()
                                            if v.get(p) is not None)
+        for c, vs in (("idle", idle), ("flood", flood)):
+            d[f"{c}_n"] = aggregate(v.get("n") for v in vs.values())
         out[mode] = d
     return out
 
@@ -323,7 +333,10 @@ def flood_vs_idle_section(fvi: dict[str, Any]) -> list[str]:
                 v = (d.get(f"{c}_{p}_us") or {}).get("median")
                 b = (base.get(f"{c}_{p}_us") or {}).get("median")
                 x = f" x{v / b:.2f}" if v is not None and b and mode != "napi" else ""
-                cells.append(f"{report.fmt(v)}{x}")
+                n = (d.get(f"{c}_n") or {}).get("median")
+                k = report.tail_note(n, 99.9 if p == "p99.9" else 100.0) if v is not None \
+                    else ""
+                cells.append(f"{report.fmt(v)}{x}{k}")
             cells.append(report.cell(d.get(f"{p}_ratio")))
         rows.append(f"| {mode} | " + " | ".join(cells) + " |")
     return [*rows, ""]

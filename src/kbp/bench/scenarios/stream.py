@@ -11,8 +11,8 @@ packets as from a NIC) and
 packets).  Each run: the mode on, the stream started, ``--stream-warmup`` seconds (which
 iperf3 leaves out of its figures, and in which the periodic modes' interval search
 converges: rounds of ``--round-ms``, 200 ms by default, 11 rounds), then ``--duration``
-seconds measured, the mode off.  Modes are interleaved in each repetition (rotated by one
-each time) and the two protocols alternate which goes first.
+seconds measured, the mode off.  Modes are interleaved in each repetition (a seeded random
+order per repetition, the runner's) and the two protocols alternate which goes first.
 
 Per run (``results["stream"]``, summarized per part and mode with the ratio to napi of the
 same repetition):

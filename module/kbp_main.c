@@ -470,6 +470,17 @@ static bool kbp_napi_ours(struct task_struct *t)
 	return false;
 }
 
+/* The NAPIs of @kd that kbp serves now (its live links). */
+static unsigned int kbp_dev_served(struct kbp_dev *kd)
+{
+	struct kbp_napi *kn;
+	unsigned int nr = 0;
+
+	list_for_each_entry(kn, &kd->napis, dev_node)
+		nr += !test_bit(KBP_NAPI_DEAD, &kn->flags);
+	return nr;
+}
+
 static bool kbp_napi_owned(struct kbp_dev *kd, struct napi_struct *n)
 {
 	struct kbp_napi *kn;
@@ -1055,7 +1066,7 @@ int kbp_dev_bind(struct kbp_attach_req *req, struct netlink_ext_ack *extack)
 			return err;
 		}
 	}
-	nr = kd->active ? kbp_napi_count(dev) : 0;
+	nr = kbp_dev_served(kd);
 	kd->up_pending = !kd->active && kbp_dev_needs_ops_lock(dev);
 	kbp_netdev_unlock(dev);
 	req->map = NULL;			/* now kd's */
@@ -1178,7 +1189,7 @@ static bool kbp_dev_follow_ops_locked(struct kbp_dev *kd)
 			dev->name, err);
 	else
 		pr_info("%s: up, %u NAPIs attached\n", dev->name,
-			kbp_napi_count(dev));
+			kbp_dev_served(kd));
 	return true;
 }
 
@@ -1218,7 +1229,7 @@ static void kbp_dev_reconcile(struct kbp_dev *kd)
 		if (kd->retry && netif_running(dev) &&
 		    kbp_dev_cpus_active(kd) && !kbp_dev_activate(kd, NULL))
 			pr_info("%s: its CPUs are online again, %u NAPIs attached\n",
-				dev->name, kbp_napi_count(dev));
+				dev->name, kbp_dev_served(kd));
 		goto out;
 	}
 
@@ -1375,7 +1386,7 @@ static int kbp_netdev_event(struct notifier_block *nb, unsigned long event,
 					dev->name, err);
 			else
 				pr_info("%s: up, %u NAPIs attached\n", dev->name,
-					kbp_napi_count(dev));
+					kbp_dev_served(kd));
 		}
 		kbp_netdev_unlock(dev);
 		break;

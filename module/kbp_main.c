@@ -1148,6 +1148,31 @@ static const char *kbp_dev_handback_reason(struct kbp_dev *kd, bool *retry)
 }
 
 /*
+ * @kd's device came up: attach its NAPIs, or wait in standby for an offline
+ * CPU it uses (the reconcile work attaches it once that is online).  rtnl,
+ * kbp_lock and the instance lock held.
+ */
+static void kbp_dev_up(struct kbp_dev *kd)
+{
+	struct net_device *dev = kd->dev;
+	int err;
+
+	if (!kbp_dev_cpus_active(kd)) {
+		kd->retry = true;
+		pr_info("%s: up; a CPU it uses is offline: standby until it is online\n",
+			dev->name);
+		return;
+	}
+	err = kbp_dev_activate(kd, NULL);
+	if (err)
+		pr_warn("%s: up, but cannot attach its NAPIs (%d); stays in standby\n",
+			dev->name, err);
+	else
+		pr_info("%s: up, %u NAPIs attached\n", dev->name,
+			kbp_dev_served(kd));
+}
+
+/*
  * What the notifier does at NETDEV_UP and NETDEV_GOING_DOWN, for a device
  * whose driver needs the instance lock for its ops (7.x: queue API, shapers,
  * request_ops_lock), which sends those events with that lock held
@@ -1163,7 +1188,6 @@ static const char *kbp_dev_handback_reason(struct kbp_dev *kd, bool *retry)
 static bool kbp_dev_follow_ops_locked(struct kbp_dev *kd)
 {
 	struct net_device *dev = kd->dev;
-	int err;
 
 	if (!kbp_dev_needs_ops_lock(dev))
 		return false;
@@ -1179,17 +1203,7 @@ static bool kbp_dev_follow_ops_locked(struct kbp_dev *kd)
 	if (kd->active || !kd->up_pending)
 		return false;
 	kd->up_pending = false;
-	if (!kbp_dev_cpus_active(kd)) {
-		kd->retry = true;
-		return true;
-	}
-	err = kbp_dev_activate(kd, NULL);
-	if (err)
-		pr_warn("%s: up, but cannot attach its NAPIs (%d); stays in standby\n",
-			dev->name, err);
-	else
-		pr_info("%s: up, %u NAPIs attached\n", dev->name,
-			kbp_dev_served(kd));
+	kbp_dev_up(kd);
 	return true;
 }
 
@@ -1345,7 +1359,6 @@ static int kbp_netdev_event(struct notifier_block *nb, unsigned long event,
 {
 	struct net_device *dev = netdev_notifier_info_to_dev(ptr);
 	struct kbp_dev *kd;
-	int err;
 
 	if (event != NETDEV_GOING_DOWN && event != NETDEV_UP &&
 	    event != NETDEV_UNREGISTER)
@@ -1374,20 +1387,7 @@ static int kbp_netdev_event(struct notifier_block *nb, unsigned long event,
 	case NETDEV_UP:
 		/* rtnl and kbp_lock held, then the instance lock (kbp_priv.h) */
 		kbp_netdev_lock(dev);
-		if (!kbp_dev_cpus_active(kd)) {
-			/* the reconcile work attaches it once they are */
-			kd->retry = true;
-			pr_info("%s: up; a CPU it uses is offline: standby until it is online\n",
-				dev->name);
-		} else {
-			err = kbp_dev_activate(kd, NULL);
-			if (err)
-				pr_warn("%s: up, but cannot attach its NAPIs (%d); stays in standby\n",
-					dev->name, err);
-			else
-				pr_info("%s: up, %u NAPIs attached\n", dev->name,
-					kbp_dev_served(kd));
-		}
+		kbp_dev_up(kd);
 		kbp_netdev_unlock(dev);
 		break;
 	case NETDEV_UNREGISTER:

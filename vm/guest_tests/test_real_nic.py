@@ -141,16 +141,14 @@ def test_per_cpu_napis_are_refused(kmod) -> None:
 
 
 # -- resets without rtnl (ice, igc, ixgbe) ---------------------------------------------
-@pytest.mark.parametrize("mode", [pytest.param("hybrid", marks=pytest.mark.smoke),
-                                  "busy", "periodic"])
-def test_resets_without_rtnl_under_traffic(kmod, mode: str) -> None:
+def resets_under_traffic(kmod, **attach: object) -> None:
     """100 resets that napi_disable(), netif_napi_del() and kfree() every queue vector
     from a workqueue, without rtnl, while 4 queues on 2 CPUs carry traffic and kbp's
     reconcile work runs every 10 ms: no splat (slub_debug on the debug flavour), no hang,
     the new NAPIs are served again, no frame lost or reordered beyond the driver's own
     drops."""
     with reconcile_every(10), ktn_device(queues=4, cpus="0,1,0,1", rate=2000) as dev:
-        kmod.attach(dev, cpu=POLL_CPU, mode=mode)
+        kmod.attach(dev, **attach)
         wait_for(lambda: hooked(kmod, dev, 4), 10, what="4 NAPIs hooked")
         kbp_carries(dev)
         reset(100, dev)
@@ -160,17 +158,17 @@ def test_resets_without_rtnl_under_traffic(kmod, mode: str) -> None:
         assert stats(dev)[0]["resets"] >= 100
 
 
+@pytest.mark.parametrize("mode", [pytest.param("hybrid", marks=pytest.mark.smoke),
+                                  "busy", "periodic"])
+def test_resets_without_rtnl_under_traffic(kmod, mode: str) -> None:
+    """Every queue on one poller (resets_under_traffic())."""
+    resets_under_traffic(kmod, cpu=POLL_CPU, mode=mode)
+
+
 def test_resets_spread_over_pollers(kmod) -> None:
-    """The same with the queues on two pollers (queue map), so each poller's list empties
-    and fills again at every reset."""
-    with reconcile_every(10), ktn_device(queues=4, cpus="0,1,0,1", rate=2000) as dev:
-        kmod.attach(dev, queue_map={0: 0, 1: 1, 2: 0, 3: 1}, mode="hybrid")
-        wait_for(lambda: hooked(kmod, dev, 4), 10, what="4 NAPIs hooked")
-        kbp_carries(dev)
-        reset(100, dev)
-        wait_for(lambda: hooked(kmod, dev, 4), 20, what="the new NAPIs hooked again")
-        kbp_carries(dev)
-        assert_in_order(dev)
+    """The queues on two pollers (queue map), so each poller's list empties and fills
+    again at every reset."""
+    resets_under_traffic(kmod, queue_map={0: 0, 1: 1, 2: 0, 3: 1}, mode="hybrid")
 
 
 # -- ethtool -L under traffic (mlx4, i40e, virtio-net) -----------------------------------

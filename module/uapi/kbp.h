@@ -9,13 +9,14 @@
  *
  * Vocabulary (shared with kbpctl, docs and benchmark output):
  *   modes:    busy, hybrid, periodic
- *   knobs:    mode, linger_us, quota, rt_prio, freq_ctl, cpu,
+ *   knobs:    mode, linger_us, quota, rt_prio, freq_ctl, cpu, class, nice,
  *             periodic: interval_us, netap, round_ms, min_interval_us,
  *             max_interval_us, min_change, max_round, objective
  *   objectives (periodic search): bytes, bytes-per-cpu
  *   poller counters: passes, empty_passes, packets, wakeups, sleeps,
  *                    sleep_ns, poll_ns, freq_changes, respawns, repairs,
- *                    yields, handbacks
+ *                    yields, handbacks, gave_way, wake_delay_ns,
+ *                    wake_delay_max_ns
  *   device / napi counters: packets, polls
  */
 #ifndef _UAPI_LINUX_KBP_H
@@ -42,6 +43,18 @@ enum kbp_objective {
 	KBP_OBJECTIVE_BYTES_PER_CPU = 1,	/* those bytes per CPU-second of
 						 * the poller thread
 						 */
+};
+
+/*
+ * Poller classes (KBP_A_CLASS): a CPU may run one poller of each.  rt: any
+ * mode, SCHED_FIFO by default.  non-rt: the outsourcing method's non-RT
+ * receive work on the RT CPU itself: hybrid only, SCHED_NORMAL (nice), a
+ * small quota, and it gives the CPU to a woken task (the rt poller) after
+ * every poll (docs/design.md, "Classes").
+ */
+enum kbp_class {
+	KBP_CLASS_RT = 0,
+	KBP_CLASS_NON_RT = 1,
 };
 
 /* state of an attached device */
@@ -120,6 +133,19 @@ enum kbp_attr {
 	KBP_A_OBJECTIVE,	/* u32, enum kbp_objective: what the search
 				 * maximizes (periodic knob)
 				 */
+	KBP_A_CLASS,		/* u32, enum kbp_class: which of a CPU's pollers
+				 * (attach, poller-get/set; output of both)
+				 */
+	KBP_A_NICE,		/* s32, non-rt poller's nice (-20..19; below 0
+				 * needs CAP_SYS_NICE)
+				 */
+	KBP_A_GAVE_WAY,		/* u64 counter, non-rt: polls after which the
+				 * poller gave its CPU to a woken task at once
+				 */
+	KBP_A_WAKE_DELAY_NS,	/* u64 counter: the poller thread's wake-up to
+				 * running delays, summed (sched_info run_delay)
+				 */
+	KBP_A_WAKE_DELAY_MAX_NS,	/* u64: the longest of them */
 	__KBP_A_MAX,
 };
 

@@ -96,6 +96,15 @@ KBP_A_MAX_ROUND = 36
 KBP_A_HANDBACKS = 37
 KBP_A_NETAP_STATE = 38
 KBP_A_OBJECTIVE = 39
+KBP_A_CLASS = 40
+KBP_A_NICE = 41
+KBP_A_GAVE_WAY = 42
+KBP_A_WAKE_DELAY_NS = 43
+KBP_A_WAKE_DELAY_MAX_NS = 44
+
+# enum kbp_class (KBP_A_CLASS): names.CLASS_IDS
+KBP_CLASS_RT = 0
+KBP_CLASS_NON_RT = 1
 
 # enum kbp_netap_attr (nested in KBP_A_NETAP_STATE)
 KBP_NETAP_A_UNSPEC = 0
@@ -236,6 +245,11 @@ class kbpmsg(genlmsg):
         (KBP_A_HANDBACKS, "KBP_A_HANDBACKS", "uint64"),
         (KBP_A_NETAP_STATE, "KBP_A_NETAP_STATE", "netap_state", NLA_F_NESTED),
         (KBP_A_OBJECTIVE, "KBP_A_OBJECTIVE", "uint32"),
+        (KBP_A_CLASS, "KBP_A_CLASS", "uint32"),
+        (KBP_A_NICE, "KBP_A_NICE", "int32"),
+        (KBP_A_GAVE_WAY, "KBP_A_GAVE_WAY", "uint64"),
+        (KBP_A_WAKE_DELAY_NS, "KBP_A_WAKE_DELAY_NS", "uint64"),
+        (KBP_A_WAKE_DELAY_MAX_NS, "KBP_A_WAKE_DELAY_MAX_NS", "uint64"),
     )
     queue_map = kbp_queue_map
     map_entry = kbp_map_entry
@@ -284,6 +298,24 @@ def mode_id(mode: str | int) -> int:
         return names.MODE_IDS[mode]
     except KeyError:
         raise ValueError(f"unknown mode {mode!r} (one of {', '.join(names.MODE_IDS)})") \
+            from None
+
+
+def class_name(cls_id: int | None) -> str | None:
+    """KBP_A_CLASS's name (names.CLASSES); None when the module did not say (before classes:
+    every poller was rt)."""
+    if cls_id is None:
+        return None
+    return names.CLASS_NAMES.get(cls_id, str(cls_id))
+
+
+def class_id(cls: str | int) -> int:
+    if isinstance(cls, int):
+        return cls
+    try:
+        return names.CLASS_IDS[cls]
+    except KeyError:
+        raise ValueError(f"unknown class {cls!r} (one of {', '.join(names.CLASSES)})") \
             from None
 
 
@@ -336,9 +368,11 @@ class NetapState:
 
 @dataclass
 class Poller:
-    """One poller kthread (``kbp/<cpu>``)."""
+    """One poller kthread (``kbp/<cpu>``, or ``kbpn/<cpu>`` for class non-rt)."""
 
     cpu: int
+    cls: str | None = None  # names.CLASS_RT or names.CLASS_NON_RT
+    nice: int | None = None  # non-rt: the thread's nice
     pid: int | None = None  # 0: the caller is outside the initial pid namespace (unknown)
     mode: str | None = None
     linger_us: int | None = None
@@ -358,6 +392,9 @@ class Poller:
     respawns: int | None = None
     repairs: int | None = None
     handbacks: int | None = None  # periodic: NAPIs handed back to interrupts
+    gave_way: int | None = None  # non-rt: polls after which it gave the CPU at once
+    wake_delay_ns: int | None = None  # wake-up-to-running delays of its thread, summed
+    wake_delay_max_ns: int | None = None  # the longest of them
     interval_us: int | None = None  # periodic: the interval while netap is off
     netap: bool | None = None  # periodic: search the interval
     round_ms: int | None = None
@@ -392,6 +429,7 @@ class Device:
     ifname: str | None = None
     netns_inum: int | None = None
     state: str | None = None  # active | standby (device down: stock NAPI until it is up)
+    cls: str | None = None  # names.CLASS_RT or names.CLASS_NON_RT: which poller class serves it
     cpu: int | None = None
     mode: str | None = None
     linger_us: int | None = None
@@ -408,7 +446,8 @@ def _bool(v: int | None) -> bool | None:
 
 def _poller_from(msg: Any) -> Poller:
     g = msg.get_attr
-    return Poller(cpu=g("KBP_A_CPU"), pid=g("KBP_A_PID"), mode=mode_name(g("KBP_A_MODE")),
+    return Poller(cpu=g("KBP_A_CPU"), cls=class_name(g("KBP_A_CLASS")), nice=g("KBP_A_NICE"),
+                  pid=g("KBP_A_PID"), mode=mode_name(g("KBP_A_MODE")),
                   linger_us=g("KBP_A_LINGER_US"), quota=g("KBP_A_QUOTA"),
                   rt_prio=g("KBP_A_RT_PRIO"), freq_ctl=_bool(g("KBP_A_FREQ_CTL")),
                   napis=g("KBP_A_NAPIS"),
@@ -417,7 +456,10 @@ def _poller_from(msg: Any) -> Poller:
                   sleep_ns=g("KBP_A_SLEEP_NS"), poll_ns=g("KBP_A_POLL_NS"),
                   freq_changes=g("KBP_A_FREQ_CHANGES"), yields=g("KBP_A_YIELDS"),
                   respawns=g("KBP_A_RESPAWNS"), repairs=g("KBP_A_REPAIRS"),
-                  handbacks=g("KBP_A_HANDBACKS"), interval_us=g("KBP_A_INTERVAL_US"),
+                  handbacks=g("KBP_A_HANDBACKS"), gave_way=g("KBP_A_GAVE_WAY"),
+                  wake_delay_ns=g("KBP_A_WAKE_DELAY_NS"),
+                  wake_delay_max_ns=g("KBP_A_WAKE_DELAY_MAX_NS"),
+                  interval_us=g("KBP_A_INTERVAL_US"),
                   netap=_bool(g("KBP_A_NETAP")), round_ms=g("KBP_A_ROUND_MS"),
                   min_interval_us=g("KBP_A_MIN_INTERVAL_US"),
                   max_interval_us=g("KBP_A_MAX_INTERVAL_US"),
@@ -457,7 +499,7 @@ def _device_from(msg: Any) -> Device:
     return Device(ifindex=g("KBP_A_IFINDEX"), ifname=g("KBP_A_IFNAME"),
                   netns_inum=g("KBP_A_NETNS_INUM"),
                   state=STATE_NAMES.get(st, str(st)) if st is not None else None,
-                  cpu=g("KBP_A_CPU"),
+                  cpu=g("KBP_A_CPU"), cls=class_name(g("KBP_A_CLASS")),
                   mode=mode_name(g("KBP_A_MODE")), linger_us=g("KBP_A_LINGER_US"),
                   quota=g("KBP_A_QUOTA"), napi_count=g("KBP_A_NAPIS"),
                   packets=g("KBP_A_PACKETS"), polls=g("KBP_A_POLLS"),
@@ -475,8 +517,13 @@ def _msg(cmd: int, attrs: list[list[Any]]) -> kbpmsg:
 
 def _knobs(mode: str | int | None, linger_us: int | None, quota: int | None,
            rt_prio: int | None, freq_ctl: bool | None = None,
-           periodic: Mapping[str, int] | None = None) -> list[list[Any]]:
+           periodic: Mapping[str, int] | None = None, cls: str | int | None = None,
+           nice: int | None = None) -> list[list[Any]]:
     attrs: list[list[Any]] = []
+    if cls is not None:
+        attrs.append(["KBP_A_CLASS", class_id(cls)])
+    if nice is not None:
+        attrs.append(["KBP_A_NICE", int(nice)])
     if mode is not None:
         attrs.append(["KBP_A_MODE", mode_id(mode)])
     if linger_us is not None:
@@ -511,23 +558,28 @@ def _queue_map(queue_map: Mapping[int, int] | Iterable[tuple[int, int]]) -> list
                                        ["KBP_MAP_A_CPU", int(c)]]}] for i, c in pairs]}]
 
 
-def build_poller_get(cpu: int | None = None) -> kbpmsg:
-    return _msg(KBP_CMD_POLLER_GET, [["KBP_A_CPU", cpu]] if cpu is not None else [])
+def build_poller_get(cpu: int | None = None, cls: str | int | None = None) -> kbpmsg:
+    attrs: list[list[Any]] = [["KBP_A_CPU", cpu]] if cpu is not None else []
+    if cls is not None:
+        attrs.append(["KBP_A_CLASS", class_id(cls)])
+    return _msg(KBP_CMD_POLLER_GET, attrs)
 
 
 def build_poller_set(cpu: int, mode: str | int | None = None, linger_us: int | None = None,
                      quota: int | None = None, rt_prio: int | None = None,
-                     freq_ctl: bool | None = None, **periodic: int) -> kbpmsg:
+                     freq_ctl: bool | None = None, *, cls: str | int | None = None,
+                     nice: int | None = None, **periodic: int) -> kbpmsg:
     return _msg(KBP_CMD_POLLER_SET,
                 [["KBP_A_CPU", int(cpu)],
-                 *_knobs(mode, linger_us, quota, rt_prio, freq_ctl, periodic)])
+                 *_knobs(mode, linger_us, quota, rt_prio, freq_ctl, periodic, cls, nice)])
 
 
 def build_attach(dev: str | int, netns_fd: int | None = None, cpu: int | None = None,
                  queue_map: Mapping[int, int] | Iterable[tuple[int, int]] | None = None,
                  mode: str | int | None = None, linger_us: int | None = None,
                  quota: int | None = None, rt_prio: int | None = None,
-                 freq_ctl: bool | None = None, **periodic: int) -> kbpmsg:
+                 freq_ctl: bool | None = None, *, cls: str | int | None = None,
+                 nice: int | None = None, **periodic: int) -> kbpmsg:
     if cpu is None and queue_map is None:
         raise ValueError("attach needs cpu and/or queue_map")
     attrs = _dev_attrs(dev, netns_fd)
@@ -535,7 +587,7 @@ def build_attach(dev: str | int, netns_fd: int | None = None, cpu: int | None = 
         attrs.append(["KBP_A_CPU", int(cpu)])
     if queue_map is not None:
         attrs.append(_queue_map(queue_map))
-    attrs += _knobs(mode, linger_us, quota, rt_prio, freq_ctl, periodic)
+    attrs += _knobs(mode, linger_us, quota, rt_prio, freq_ctl, periodic, cls, nice)
     return _msg(KBP_CMD_DEV_ATTACH, attrs)
 
 
@@ -602,27 +654,32 @@ class Client:
     def pollers(self) -> list[Poller]:
         return [_poller_from(r) for r in self.request(build_poller_get(), True, "poller-get")]
 
-    def poller(self, cpu: int) -> Poller:
-        rs = self.request(build_poller_get(cpu), False, f"poller-get cpu {cpu}")
+    def poller(self, cpu: int, cls: str | int | None = None) -> Poller:
+        what = f"poller-get cpu {cpu}" + (f" class {class_name(class_id(cls))}" if cls else "")
+        rs = self.request(build_poller_get(cpu, cls), False, what)
         if not rs:
             raise KbpError(errno.ENOENT, f"no poller on CPU {cpu}", "poller-get")
         return _poller_from(rs[0])
 
     def poller_set(self, cpu: int, mode: str | int | None = None,
                    linger_us: int | None = None, quota: int | None = None,
-                   rt_prio: int | None = None, freq_ctl: bool | None = None,
+                   rt_prio: int | None = None, freq_ctl: bool | None = None, *,
+                   cls: str | int | None = None, nice: int | None = None,
                    **periodic: int) -> None:
         self.request(build_poller_set(cpu, mode, linger_us, quota, rt_prio, freq_ctl,
-                                      **periodic), False, f"poller-set cpu {cpu}")
+                                      cls=cls, nice=nice, **periodic), False,
+                     f"poller-set cpu {cpu}")
 
     def attach(self, dev: str | int, netns: str | None = None, cpu: int | None = None,
                queue_map: Mapping[int, int] | Iterable[tuple[int, int]] | None = None,
                mode: str | int | None = None, linger_us: int | None = None,
                quota: int | None = None, rt_prio: int | None = None,
-               freq_ctl: bool | None = None, **periodic: int) -> Device | None:
+               freq_ctl: bool | None = None, *, cls: str | int | None = None,
+               nice: int | None = None, **periodic: int) -> Device | None:
         with _netns_fd(netns) as fd:
             self.request(build_attach(dev, fd, cpu, queue_map, mode, linger_us, quota, rt_prio,
-                                      freq_ctl, **periodic), False, f"attach {dev}")
+                                      freq_ctl, cls=cls, nice=nice, **periodic), False,
+                         f"attach {dev}")
             rs = self.request(build_dev_get(dev, fd), False, f"dev-get {dev}")
         return _device_from(rs[0]) if rs else None
 
@@ -671,26 +728,29 @@ def pollers() -> list[Poller]:
         return c.pollers()
 
 
-def poller(cpu: int) -> Poller:
+def poller(cpu: int, cls: str | int | None = None) -> Poller:
     with Client() as c:
-        return c.poller(cpu)
+        return c.poller(cpu, cls)
 
 
 def poller_set(cpu: int, mode: str | int | None = None, linger_us: int | None = None,
                quota: int | None = None, rt_prio: int | None = None,
-               freq_ctl: bool | None = None, **periodic: int) -> None:
+               freq_ctl: bool | None = None, *, cls: str | int | None = None,
+               nice: int | None = None, **periodic: int) -> None:
     with Client() as c:
-        c.poller_set(cpu, mode, linger_us, quota, rt_prio, freq_ctl, **periodic)
+        c.poller_set(cpu, mode, linger_us, quota, rt_prio, freq_ctl, cls=cls, nice=nice,
+                     **periodic)
 
 
 def attach(dev: str | int, netns: str | None = None, cpu: int | None = None,
            queue_map: Mapping[int, int] | Iterable[tuple[int, int]] | None = None,
            mode: str | int | None = None, linger_us: int | None = None,
            quota: int | None = None, rt_prio: int | None = None,
-           freq_ctl: bool | None = None, **periodic: int) -> Device | None:
+           freq_ctl: bool | None = None, *, cls: str | int | None = None,
+           nice: int | None = None, **periodic: int) -> Device | None:
     with Client() as c:
         return c.attach(dev, netns, cpu, queue_map, mode, linger_us, quota, rt_prio, freq_ctl,
-                        **periodic)
+                        cls=cls, nice=nice, **periodic)
 
 
 def detach(dev: str | int, netns: str | None = None) -> None:

@@ -42,6 +42,19 @@ OBJECTIVE_BYTES_PER_CPU: Final = "bytes-per-cpu"
 OBJECTIVES: Final = (OBJECTIVE_BYTES, OBJECTIVE_BYTES_PER_CPU)
 OBJECTIVE_IDS: Final = {OBJECTIVE_BYTES: 0, OBJECTIVE_BYTES_PER_CPU: 1}
 
+# Poller classes (the outsourcing method's RT/non-RT split on one CPU; docs/design.md
+# "Classes"): a CPU may run one poller of each. rt: the poller of the RT devices (any mode,
+# SCHED_FIFO by default). non-rt: the poller of the heavy devices whose interrupts land on a CPU
+# with an RT poller: SCHED_OTHER (nice), hybrid only, a small quota, and it gives the CPU away
+# between polls as soon as a woken task (the RT poller) needs it. Module ids: enum kbp_class.
+CLASS_RT: Final = "rt"
+CLASS_NON_RT: Final = "non-rt"
+CLASSES: Final = (CLASS_RT, CLASS_NON_RT)
+CLASS_IDS: Final = {CLASS_RT: 0, CLASS_NON_RT: 1}
+CLASS_NAMES: Final = {v: k for k, v in CLASS_IDS.items()}
+NONRT_DEFAULT_QUOTA: Final = 8   # packets per NAPI per poll of a non-rt poller
+NICE_RANGE: Final = (-20, 19)    # non-rt: the poller's nice (below 0 needs CAP_SYS_NICE)
+
 # Per-poller counters (read-only).
 POLLER_COUNTERS: Final = (
     "passes",        # loop iterations over the poller's NAPIs
@@ -55,6 +68,9 @@ POLLER_COUNTERS: Final = (
     "yields",        # times a poller that was not going to sleep gave its CPU to other tasks
     "respawns",      # poller threads replaced after a driver deleted a NAPI under it
     "repairs",       # NAPIs put back on the poller after a driver's napi_disable/enable
+    "gave_way",      # non-rt: polls after which it gave the CPU to a woken task at once
+    "wake_delay_ns",  # sum of wake-up-to-running delays of the poller's thread (run_delay)
+    "wake_delay_max_ns",  # the longest of them
 )
 
 # Per-device and per-NAPI counters (read-only).
@@ -80,6 +96,12 @@ BENCH_STOCK_BUSY: Final = "stock-busy"
 BENCH_IRQ_SUSPEND: Final = "irq-suspend"
 BENCH_STOCK_PERIODIC: Final = "stock-periodic"
 BENCH_PERIODIC: Final = MODE_PERIODIC          # the module's periodic poller (NetAP)
+# The RT/non-RT split on the RT CPU itself ("part" = partitioned by priority, not by CPU): the
+# RT device on the RT poller, the heavy device on the same CPU's non-rt poller (module), or on
+# a SCHED_OTHER NAPI thread there (stock backend).
+BENCH_HYBRID_PART: Final = "hybrid-part"
+BENCH_BUSY_PART: Final = "busy-part"
+BENCH_STOCK_KBP_PART: Final = "stock-kbp-part"
 BENCH_MODES: Final = (BENCH_NAPI, BENCH_THREADED, BENCH_BUSYPOLL, BENCH_DEFER,
                       BENCH_IRQ_SUSPEND, BENCH_STOCK_KBP, BENCH_STOCK_BUSY,
                       BENCH_STOCK_PERIODIC, MODE_BUSY, MODE_HYBRID, BENCH_PERIODIC)

@@ -158,9 +158,12 @@ def poller_reply(pid: int = 4242) -> bytes:
         (kmod.KBP_A_PASSES, 10), (kmod.KBP_A_EMPTY_PASSES, 4), (kmod.KBP_A_PACKETS, 1 << 40),
         (kmod.KBP_A_WAKEUPS, 3), (kmod.KBP_A_SLEEPS, 3), (kmod.KBP_A_SLEEP_NS, 5000),
         (kmod.KBP_A_POLL_NS, 7000), (kmod.KBP_A_FREQ_CHANGES, 6), (kmod.KBP_A_YIELDS, 9),
-        (kmod.KBP_A_RESPAWNS, 0), (kmod.KBP_A_REPAIRS, 1)))
+        (kmod.KBP_A_RESPAWNS, 0), (kmod.KBP_A_REPAIRS, 1), (kmod.KBP_A_GAVE_WAY, 12),
+        (kmod.KBP_A_WAKE_DELAY_NS, 3_000_000), (kmod.KBP_A_WAKE_DELAY_MAX_NS, 90_000)))
     return genl(kmod.KBP_CMD_POLLER_GET,
-                u32(kmod.KBP_A_CPU, 1) + u32(kmod.KBP_A_PID, pid) + u32(kmod.KBP_A_MODE, 2)
+                u32(kmod.KBP_A_CPU, 1) + u32(kmod.KBP_A_CLASS, 1)
+                + nla(kmod.KBP_A_NICE, (-5).to_bytes(4, "little", signed=True))
+                + u32(kmod.KBP_A_PID, pid) + u32(kmod.KBP_A_MODE, 2)
                 + u32(kmod.KBP_A_LINGER_US, 20) + u32(kmod.KBP_A_QUOTA, 64)
                 + u32(kmod.KBP_A_RT_PRIO, 50) + u32(kmod.KBP_A_FREQ_CTL, 1)
                 + u32(kmod.KBP_A_NAPIS, 2) + counters)
@@ -192,9 +195,11 @@ def test_decode_poller() -> None:
     p = kmod._poller_from(decode(poller_reply()))
     assert (p.cpu, p.pid, p.mode, p.linger_us, p.quota, p.rt_prio, p.freq_ctl, p.napis) == \
         (1, 4242, "hybrid", 20, 64, 50, True, 2)
+    assert (p.cls, p.nice) == ("non-rt", -5)
     assert p.counters() == {"passes": 10, "empty_passes": 4, "packets": 1 << 40, "wakeups": 3,
                             "sleeps": 3, "sleep_ns": 5000, "poll_ns": 7000, "freq_changes": 6,
-                            "yields": 9, "respawns": 0, "repairs": 1}
+                            "yields": 9, "respawns": 0, "repairs": 1, "gave_way": 12,
+                            "wake_delay_ns": 3_000_000, "wake_delay_max_ns": 90_000}
     assert list(p.counters()) == list(names.POLLER_COUNTERS)
 
 
@@ -214,6 +219,12 @@ def test_encode_periodic_knobs() -> None:
         kmod.KBP_CMD_POLLER_SET, u32(kmod.KBP_A_CPU, 1) + u32(kmod.KBP_A_NETAP, 0))
     with pytest.raises(ValueError, match="unknown knob 'interval'"):
         kmod.build_poller_set(1, interval=5)
+    # the class and the non-rt poller's nice (s32)
+    assert encoded(kmod.build_poller_set(1, cls="non-rt", nice=-3)) == genl(
+        kmod.KBP_CMD_POLLER_SET, u32(kmod.KBP_A_CPU, 1) + u32(kmod.KBP_A_CLASS, 1)
+        + nla(kmod.KBP_A_NICE, (-3).to_bytes(4, "little", signed=True)))
+    with pytest.raises(ValueError, match="unknown class 'nrt'"):
+        kmod.build_attach("eth1", cpu=1, cls="nrt")
     # objective by id (kbpctl passes names.OBJECTIVE_IDS[...]) or by name
     for obj in (1, "bytes-per-cpu"):
         assert encoded(kmod.build_poller_set(1, objective=obj)) == genl(

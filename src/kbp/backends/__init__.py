@@ -125,6 +125,10 @@ class EnableRequest:
     #: move other devices' queue interrupts off the polling CPUs, journaled (kbp.contention)
     isolate: bool = False
     periodic: Periodic | None = None  # mode periodic: its knobs (None there: the defaults)
+    #: names.CLASS_RT or names.CLASS_NON_RT: which of the CPU's pollers serves the device
+    #: (non-rt: hybrid only, SCHED_NORMAL, gives way to the RT poller between polls)
+    cls: str = names.CLASS_RT
+    nice: int | None = None  # non-rt only: the poller's (or NAPI threads') nice; None: 0
 
     def resolved(self, backend: str) -> EnableRequest:
         """This request with ``rt_prio`` filled in: when it is None, ``backend``'s default

@@ -13,8 +13,9 @@
  * Pollers are the host's: one per CPU, shared by every namespace's devices
  * on that CPU.  So
  *   - knobs that take a CPU away from other tasks, mode busy and rt_prio > 0
- *     (a never-sleeping or SCHED_FIFO kthread), also need CAP_SYS_NICE, as
- *     sched_setscheduler() would for a thread of the caller's own;
+ *     (a never-sleeping or SCHED_FIFO kthread), nice below 0, also need
+ *     CAP_SYS_NICE, as sched_setscheduler() and setpriority() would for a
+ *     thread of the caller's own;
  *   - POLLER_SET, which changes a CPU's poller for every namespace, is only
  *     for callers in the initial network namespace;
  *   - outside the initial network namespace, replies show only pollers that
@@ -62,6 +63,8 @@ static const struct nla_policy kbp_policy[KBP_A_MAX + 1] = {
 	[KBP_A_IFNAME]		= { .type = NLA_STRING, .len = IFNAMSIZ - 1 },
 	[KBP_A_NETNS_FD]	= { .type = NLA_U32 },
 	[KBP_A_QUEUE_MAP]	= { .type = NLA_NESTED },
+	[KBP_A_CLASS]		= { .type = NLA_U32 },
+	[KBP_A_NICE]		= { .type = NLA_S32 },
 };
 
 /* --- requests ---------------------------------------------------------- */
@@ -99,6 +102,10 @@ static void kbp_parse_knobs(struct genl_info *info, struct kbp_knobs *k)
 		k->has_freq_ctl = true;
 		k->conf.freq_ctl = nla_get_u32(tb[KBP_A_FREQ_CTL]);
 	}
+	if (tb[KBP_A_NICE]) {
+		k->has_nice = true;
+		k->conf.nice = nla_get_s32(tb[KBP_A_NICE]);
+	}
 	kbp_parse_u32(tb[KBP_A_INTERVAL_US], &k->has_interval,
 		      &k->conf.interval_us);
 	kbp_parse_u32(tb[KBP_A_NETAP], &k->has_netap, &k->conf.netap);
@@ -130,6 +137,8 @@ static const char *kbp_takes_cpu(const struct kbp_knobs *k)
 		return "mode busy";
 	if (k->has_rt_prio && k->conf.rt_prio)
 		return "rt_prio > 0";
+	if (k->has_nice && k->conf.nice < 0)
+		return "nice below 0";
 	if (k->has_linger && k->conf.linger_us > KBP_LINGER_US_FREE)
 		return "linger_us above the limit";
 	if (k->has_interval &&
@@ -150,9 +159,23 @@ static int kbp_may_take_cpu(struct sk_buff *skb, struct genl_info *info,
 	if (!what || netlink_capable(skb, CAP_SYS_NICE))
 		return 0;
 	kbp_refuse(info->extack, "knobs that take a CPU need CAP_SYS_NICE",
-		   "%s needs CAP_SYS_NICE (busy, rt_prio > 0, linger_us > %u, interval_us < %u take a CPU)",
+		   "%s needs CAP_SYS_NICE (busy, rt_prio > 0, nice < 0, linger_us > %u, interval_us < %u take a CPU)",
 		   what, KBP_LINGER_US_FREE, (u32)KBP_NETAP_MIN_INTERVAL_US);
 	return -EPERM;
+}
+
+/* The class the request names (KBP_A_CLASS; rt when it names none). */
+static int kbp_parse_class(struct genl_info *info, u32 *cls)
+{
+	struct nlattr *a = info->attrs[KBP_A_CLASS];
+
+	*cls = a ? nla_get_u32(a) : KBP_CLASS_RT;
+	if (kbp_class_ops(*cls))
+		return 0;
+	kbp_refuse(info->extack, "unknown class",
+		   "unknown class %u (rt=%d, non-rt=%d)", *cls, KBP_CLASS_RT,
+		   KBP_CLASS_NON_RT);
+	return -EINVAL;
 }
 
 /* A pid as the caller can see it: 0 outside the initial pid namespace. */
@@ -289,7 +312,8 @@ static int kbp_nl_dev_attach(struct sk_buff *skb, struct genl_info *info)
 	int err;
 
 	kbp_parse_knobs(info, &req.knobs);
-	err = kbp_may_take_cpu(skb, info, &req.knobs);
+	err = kbp_parse_class(info, &req.cls) ?:
+	      kbp_may_take_cpu(skb, info, &req.knobs);
 	if (err)
 		return err;
 	if (info->attrs[KBP_A_CPU])	/* kbp_check_cpu() refuses it if too big */
@@ -315,6 +339,7 @@ static int kbp_nl_dev_detach(struct sk_buff *skb, struct genl_info *info)
 static int kbp_nl_poller_set(struct sk_buff *skb, struct genl_info *info)
 {
 	struct kbp_knobs knobs;
+	u32 cls;
 	int err;
 
 	if (GENL_REQ_ATTR_CHECK(info, KBP_A_CPU))
@@ -325,12 +350,13 @@ static int kbp_nl_poller_set(struct sk_buff *skb, struct genl_info *info)
 		return -EPERM;
 	}
 	kbp_parse_knobs(info, &knobs);
-	err = kbp_may_take_cpu(skb, info, &knobs);
+	err = kbp_parse_class(info, &cls) ?:
+	      kbp_may_take_cpu(skb, info, &knobs);
 	if (err)
 		return err;
 	rtnl_lock();
 	mutex_lock(&kbp_lock);
-	err = kbp_poller_configure(nla_get_u32(info->attrs[KBP_A_CPU]),
+	err = kbp_poller_configure(nla_get_u32(info->attrs[KBP_A_CPU]), cls,
 				   &knobs, info->extack);
 	mutex_unlock(&kbp_lock);
 	rtnl_unlock();
@@ -391,6 +417,8 @@ static int kbp_fill_poller(struct sk_buff *skb, struct kbp_poller *p)
 	rcu_read_unlock();
 
 	if (nla_put_u32(skb, KBP_A_CPU, p->cpu) ||
+	    nla_put_u32(skb, KBP_A_CLASS, p->cls->cls) ||
+	    nla_put_s32(skb, KBP_A_NICE, READ_ONCE(p->nice)) ||
 	    nla_put_u32(skb, KBP_A_PID, kbp_pid_for_caller(READ_ONCE(p->pid))) ||
 	    nla_put_u32(skb, KBP_A_MODE, READ_ONCE(p->mode)) ||
 	    nla_put_u32(skb, KBP_A_LINGER_US, READ_ONCE(p->linger_us)) ||
@@ -410,6 +438,9 @@ static int kbp_fill_poller(struct sk_buff *skb, struct kbp_poller *p)
 	    kbp_put_u64(skb, KBP_A_RESPAWNS, s.respawns) ||
 	    kbp_put_u64(skb, KBP_A_REPAIRS, s.repairs) ||
 	    kbp_put_u64(skb, KBP_A_HANDBACKS, s.handbacks) ||
+	    kbp_put_u64(skb, KBP_A_GAVE_WAY, s.gave_way) ||
+	    kbp_put_u64(skb, KBP_A_WAKE_DELAY_NS, s.wake_delay_ns) ||
+	    kbp_put_u64(skb, KBP_A_WAKE_DELAY_MAX_NS, s.wake_delay_max_ns) ||
 	    nla_put_u32(skb, KBP_A_INTERVAL_US, READ_ONCE(p->interval_us)) ||
 	    nla_put_u32(skb, KBP_A_NETAP, READ_ONCE(p->netap)) ||
 	    nla_put_u32(skb, KBP_A_ROUND_MS, READ_ONCE(p->round_ms)) ||
@@ -434,6 +465,7 @@ static int kbp_fill_dev(struct sk_buff *skb, struct kbp_dev *kd)
 	    nla_put_u32(skb, KBP_A_NETNS_INUM, dev_net(kd->dev)->ns.inum) ||
 	    nla_put_u32(skb, KBP_A_STATE, kd->active ? KBP_STATE_ACTIVE :
 						       KBP_STATE_STANDBY) ||
+	    nla_put_u32(skb, KBP_A_CLASS, kd->cls) ||
 	    (kd->cpu >= 0 && nla_put_u32(skb, KBP_A_CPU, kd->cpu)))
 		return -EMSGSIZE;
 	if (kd->knobs.has_mode &&
@@ -478,7 +510,7 @@ static size_t kbp_dev_msg_size(struct kbp_dev *kd)
 
 	list_for_each_entry(kn, &kd->napis, dev_node)
 		nr++;
-	return 6 * nla_total_size(sizeof(u32)) + nla_total_size(IFNAMSIZ) +
+	return 7 * nla_total_size(sizeof(u32)) + nla_total_size(IFNAMSIZ) +
 	       2 * nla_total_size_64bit(sizeof(u64)) + nr * napi;
 }
 
@@ -556,20 +588,24 @@ static bool kbp_poller_visible(struct kbp_poller *p, struct net *net)
 static int kbp_nl_poller_get(struct sk_buff *skb, struct genl_info *info)
 {
 	struct kbp_poller *p = NULL;
-	u32 cpu;
+	u32 cpu, cls;
 	int err;
 
 	if (GENL_REQ_ATTR_CHECK(info, KBP_A_CPU))
 		return -EINVAL;
+	err = kbp_parse_class(info, &cls);
+	if (err)
+		return err;
 	cpu = nla_get_u32(info->attrs[KBP_A_CPU]);
 	mutex_lock(&kbp_lock);
 	if (cpu < nr_cpu_ids)
-		p = kbp_pollers[cpu];
+		p = kbp_pollers[kbp_slot(cpu, cls)];
 	if (p && !kbp_poller_visible(p, genl_info_net(info)))
 		p = NULL;
 	if (!p) {
 		kbp_tell(info->extack, "no poller on that CPU",
-			 "no poller on CPU %u", cpu);
+			 "no %s poller on CPU %u", kbp_class_ops(cls)->name,
+			 cpu);
 		err = -ENOENT;
 	} else {
 		err = kbp_reply(info, KBP_CMD_POLLER_GET, kbp_fill_poller_any, p,
@@ -582,18 +618,21 @@ static int kbp_nl_poller_get(struct sk_buff *skb, struct genl_info *info)
 static int kbp_nl_poller_dump(struct sk_buff *skb, struct netlink_callback *cb)
 {
 	struct net *net = sock_net(skb->sk);
-	unsigned long cpu;
+	unsigned long slot;
 
+	/* every CPU's rt poller, then every CPU's non-rt one (kbp_slot()) */
 	mutex_lock(&kbp_lock);
-	for (cpu = cb->args[0]; cpu < nr_cpu_ids; cpu++) {
-		if (!kbp_pollers[cpu] || !kbp_poller_visible(kbp_pollers[cpu], net))
+	for (slot = cb->args[0]; slot < kbp_nr_slots(); slot++) {
+		struct kbp_poller *p = kbp_pollers[slot];
+
+		if (!p || !kbp_poller_visible(p, net))
 			continue;
 		if (kbp_dump_one(skb, cb, KBP_CMD_POLLER_GET,
-				 kbp_fill_poller_any, kbp_pollers[cpu]))
+				 kbp_fill_poller_any, p))
 			break;
 	}
 	mutex_unlock(&kbp_lock);
-	cb->args[0] = cpu;
+	cb->args[0] = slot;
 	return skb->len;
 }
 

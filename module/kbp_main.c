@@ -38,8 +38,8 @@ MODULE_PARM_DESC(reconcile_ms, "period of the check that re-hooks NAPIs a driver
 /* the registries below; see kbp_priv.h for the lock order */
 DEFINE_MUTEX(kbp_lock);
 LIST_HEAD(kbp_devs);
-struct kbp_poller **kbp_pollers;	/* [nr_cpu_ids] */
-struct kbp_conf *kbp_conf;		/* [nr_cpu_ids] */
+struct kbp_poller **kbp_pollers;	/* [kbp_nr_slots()]: kbp_slot() */
+struct kbp_conf *kbp_conf;		/* [kbp_nr_slots()]: kbp_slot() */
 static bool kbp_exiting;		/* under kbp_lock */
 static u32 kbp_default_mode;
 
@@ -141,6 +141,12 @@ int kbp_check_knobs(const struct kbp_knobs *req,
 			   KBP_RT_PRIO_MAX);
 		return -ERANGE;
 	}
+	if (req->has_nice && (c->nice < KBP_NICE_MIN || c->nice > KBP_NICE_MAX)) {
+		kbp_refuse(extack, "nice out of range",
+			   "nice %d out of range (%d-%d)", c->nice, KBP_NICE_MIN,
+			   KBP_NICE_MAX);
+		return -ERANGE;
+	}
 	if (req->has_freq_ctl && c->freq_ctl > 1) {
 		kbp_refuse(extack, "freq_ctl out of range",
 			   "freq_ctl %u out of range (0 or 1)", c->freq_ctl);
@@ -149,13 +155,27 @@ int kbp_check_knobs(const struct kbp_knobs *req,
 	return kbp_check_periodic_knobs(req, extack);
 }
 
-/* The merged knobs @c can run on @cpu: its mode's checks, then freq_ctl's. */
-static int kbp_conf_check(int cpu, const struct kbp_conf *c,
+/*
+ * The merged knobs @c can run on @cpu's poller of class @cls: the class's
+ * checks, its mode's, then freq_ctl's.
+ */
+static int kbp_conf_check(int cpu, u32 cls, const struct kbp_conf *c,
 			  struct netlink_ext_ack *extack)
 {
+	const struct kbp_class_ops *cops = kbp_class_ops(cls);
 	const struct kbp_mode_ops *ops = kbp_mode_ops(c->mode);
 	int err;
 
+	if (cops->check) {
+		err = cops->check(cpu, c, extack);
+		if (err)
+			return err;
+	}
+	if (c->nice && cls != KBP_CLASS_NON_RT) {
+		kbp_refuse(extack, "nice is a non-rt knob",
+			   "CPU %d: nice applies to the non-rt poller only", cpu);
+		return -EINVAL;
+	}
 	if (ops && ops->check) {
 		err = ops->check(cpu, c, extack);
 		if (err)
@@ -164,11 +184,11 @@ static int kbp_conf_check(int cpu, const struct kbp_conf *c,
 	return kbp_freq_check(cpu, c, extack);
 }
 
-/* The configuration @req asks for on @cpu, on top of what is there. */
-static void kbp_conf_merge(int cpu, const struct kbp_knobs *req,
+/* The configuration @req asks for in @slot, on top of what is there. */
+static void kbp_conf_merge(unsigned int slot, const struct kbp_knobs *req,
 			   struct kbp_conf *out)
 {
-	*out = kbp_conf[cpu];
+	*out = kbp_conf[slot];
 	if (req->has_mode)
 		out->mode = req->conf.mode;
 	if (req->has_linger)
@@ -177,6 +197,8 @@ static void kbp_conf_merge(int cpu, const struct kbp_knobs *req,
 		out->quota = req->conf.quota;
 	if (req->has_rt_prio)
 		out->rt_prio = req->conf.rt_prio;
+	if (req->has_nice)
+		out->nice = req->conf.nice;
 	if (req->has_freq_ctl)
 		out->freq_ctl = req->conf.freq_ctl;
 	else if (req->has_mode && kbp_mode_ops(req->conf.mode) &&
@@ -200,12 +222,15 @@ static void kbp_conf_merge(int cpu, const struct kbp_knobs *req,
 		out->objective = req->conf.objective;
 }
 
-/* Set up @c as a CPU's knobs before any request. */
-static void kbp_conf_init(struct kbp_conf *c, u32 mode)
+/*
+ * Set up @c as the knobs of a CPU's poller of class @cls before any request:
+ * a non-rt poller is hybrid with a small quota (docs/design.md, "Classes").
+ */
+static void kbp_conf_init(struct kbp_conf *c, u32 cls, u32 mode)
 {
 	memset(c, 0, sizeof(*c));
-	c->mode = mode;
-	c->quota = KBP_QUOTA_MAX;
+	c->mode = cls == KBP_CLASS_NON_RT ? KBP_MODE_HYBRID : mode;
+	c->quota = cls == KBP_CLASS_NON_RT ? KBP_NONRT_QUOTA_DEF : KBP_QUOTA_MAX;
 	c->interval_us = KBP_INTERVAL_US_DEF;
 	c->round_ms = KBP_ROUND_MS_DEF;
 	kbp_netap_default_params(&c->np);
@@ -215,6 +240,7 @@ static bool kbp_conf_equal(const struct kbp_conf *a, const struct kbp_conf *b)
 {
 	return a->mode == b->mode && a->linger_us == b->linger_us &&
 	       a->quota == b->quota && a->rt_prio == b->rt_prio &&
+	       a->nice == b->nice &&
 	       a->freq_ctl == b->freq_ctl && a->interval_us == b->interval_us &&
 	       a->netap == b->netap && a->round_ms == b->round_ms &&
 	       a->objective == b->objective &&
@@ -230,43 +256,46 @@ static bool kbp_conf_equal(const struct kbp_conf *a, const struct kbp_conf *b)
  */
 static struct kbp_poller *kbp_poller_get(int cpu, struct kbp_dev *kd)
 {
-	struct kbp_poller *p = kbp_pollers[cpu];
+	unsigned int slot = kbp_slot(cpu, kd->cls);
+	struct kbp_poller *p = kbp_pollers[slot];
 
 	lockdep_assert_held(&kbp_lock);
 	if (p && test_bit(KBP_POLLER_FAILED, &p->flags)) {
 		/* a failed poller has no NAPIs and no thread */
-		kbp_pollers[cpu] = NULL;
+		kbp_pollers[slot] = NULL;
 		kbp_poller_destroy(p);
 		p = NULL;
 	}
 	if (p) {
 		if (list_empty(&p->napis)) {
-			kbp_conf_merge(cpu, &kd->knobs, &kbp_conf[cpu]);
-			kbp_poller_apply(p, &kbp_conf[cpu]);
+			kbp_conf_merge(slot, &kd->knobs, &kbp_conf[slot]);
+			kbp_poller_apply(p, &kbp_conf[slot]);
 		}
 		return p;
 	}
-	kbp_conf_merge(cpu, &kd->knobs, &kbp_conf[cpu]);
-	p = kbp_poller_create(cpu, &kbp_conf[cpu]);
+	kbp_conf_merge(slot, &kd->knobs, &kbp_conf[slot]);
+	p = kbp_poller_create(cpu, kd->cls, &kbp_conf[slot]);
 	if (IS_ERR(p))
 		return p;
-	kbp_pollers[cpu] = p;
-	pr_info("kbp/%d started (pid %d, mode %s)\n", cpu, p->pid,
-		p->ops->name);
+	kbp_pollers[slot] = p;
+	pr_info("%s/%d started (pid %d, mode %s)\n", p->cls->prefix, cpu,
+		p->pid, p->ops->name);
 	return p;
 }
 
 /*
- * Is @cpu named by an attachment other than @self (its default CPU or its
- * queue map)?
+ * Is @slot's CPU named by an attachment of its class other than @self (its
+ * default CPU or its queue map)?
  */
-static bool kbp_cpu_named_by_other(int cpu, const struct kbp_dev *self)
+static bool kbp_slot_named_by_other(unsigned int slot,
+				    const struct kbp_dev *self)
 {
+	int cpu = kbp_slot_cpu(slot);
 	struct kbp_dev *kd;
 	unsigned int i;
 
 	list_for_each_entry(kd, &kbp_devs, node) {
-		if (kd == self)
+		if (kd == self || kd->cls != kbp_slot_class(slot))
 			continue;
 		if (kd->cpu == cpu)
 			return true;
@@ -277,9 +306,9 @@ static bool kbp_cpu_named_by_other(int cpu, const struct kbp_dev *self)
 	return false;
 }
 
-static bool kbp_cpu_named(int cpu)
+static bool kbp_slot_named(unsigned int slot)
 {
-	return kbp_cpu_named_by_other(cpu, NULL);
+	return kbp_slot_named_by_other(slot, NULL);
 }
 
 /*
@@ -291,30 +320,34 @@ static bool kbp_cpu_named(int cpu)
  */
 static void kbp_pollers_gc(void)
 {
-	unsigned int cpu;
+	unsigned int slot;
 
 	ASSERT_RTNL();
 	lockdep_assert_held(&kbp_lock);
-	for (cpu = 0; cpu < nr_cpu_ids; cpu++) {
-		struct kbp_poller *p = kbp_pollers[cpu];
+	for (slot = 0; slot < kbp_nr_slots(); slot++) {
+		struct kbp_poller *p = kbp_pollers[slot];
+		int cpu = kbp_slot_cpu(slot);
+		const char *prefix;
 
 		if (!p || !kbp_poller_idle(p) ||
 		    test_bit(KBP_POLLER_STUCK, &p->flags))
 			continue;
 		if (!kbp_exiting && !test_bit(KBP_POLLER_FAILED, &p->flags) &&
-		    cpu_active(cpu) && kbp_cpu_named(cpu))
+		    cpu_active(cpu) && kbp_slot_named(slot))
 			continue;
-		kbp_pollers[cpu] = NULL;
+		prefix = p->cls->prefix;
+		kbp_pollers[slot] = NULL;
 		kbp_poller_destroy(p);
-		pr_info("kbp/%u stopped\n", cpu);
+		pr_info("%s/%d stopped\n", prefix, cpu);
 		/*
 		 * Nothing names the CPU any more: its knobs go back to the
 		 * defaults, so the next attach gets what it asks for and not
 		 * what an earlier request left (a CPU merely offline keeps
 		 * them for its devices' return).
 		 */
-		if (!kbp_cpu_named(cpu))
-			kbp_conf_init(&kbp_conf[cpu], kbp_default_mode);
+		if (!kbp_slot_named(slot))
+			kbp_conf_init(&kbp_conf[slot], kbp_slot_class(slot),
+				      kbp_default_mode);
 	}
 }
 
@@ -327,44 +360,53 @@ static void kbp_pollers_gc(void)
  * names (a container's attach, those of the host's CPU).  A poller that has
  * not run for seconds (KBP_POLLER_STUCK, starved) takes no new NAPI.
  */
-static int kbp_check_conflict(int cpu, const struct kbp_knobs *req,
+static int kbp_check_conflict(int cpu, u32 cls, const struct kbp_knobs *req,
 			      const struct kbp_dev *self,
 			      struct netlink_ext_ack *extack)
 {
-	struct kbp_poller *p = kbp_pollers[cpu];
+	unsigned int slot = kbp_slot(cpu, cls);
+	struct kbp_poller *p = kbp_pollers[slot];
+	const char *prefix = kbp_class_ops(cls)->prefix;
 	struct kbp_conf want, have;
 
 	if (p && test_bit(KBP_POLLER_STUCK, &p->flags)) {
 		kbp_refuse(extack, "poller is starved",
-			   "kbp/%d has not run for seconds (a higher-priority task hogs CPU %d): try again once it runs",
-			   cpu, cpu);
+			   "%s/%d has not run for seconds (a higher-priority task hogs CPU %d): try again once it runs",
+			   prefix, cpu, cpu);
 		return -EBUSY;
 	}
-	kbp_conf_merge(cpu, req, &want);
+	kbp_conf_merge(slot, req, &want);
 	if (!p || list_empty(&p->napis)) {
-		if (!kbp_cpu_named_by_other(cpu, self) ||
-		    kbp_conf_equal(&want, &kbp_conf[cpu]))
+		if (!kbp_slot_named_by_other(slot, self) ||
+		    kbp_conf_equal(&want, &kbp_conf[slot]))
 			return 0;
 		kbp_refuse(extack, "CPU's knobs belong to another attachment",
-			   "CPU %d's poller knobs belong to another attached device (mode=%s linger_us=%u rt_prio=%u): ask for the same, or change them with poller-set",
-			   cpu, kbp_mode_ops(kbp_conf[cpu].mode)->name,
-			   kbp_conf[cpu].linger_us, kbp_conf[cpu].rt_prio);
+			   "CPU %d's %s poller knobs belong to another attached device (mode=%s linger_us=%u rt_prio=%u nice=%d): ask for the same, or change them with poller-set",
+			   cpu, kbp_class_ops(cls)->name,
+			   kbp_mode_ops(kbp_conf[slot].mode)->name,
+			   kbp_conf[slot].linger_us, kbp_conf[slot].rt_prio,
+			   kbp_conf[slot].nice);
 		return -EBUSY;
 	}
 	kbp_poller_conf(p, &have);
 	if (kbp_conf_equal(&want, &have))
 		return 0;
 	kbp_refuse(extack, "poller serves other devices with other knobs",
-		   "kbp/%d serves other devices with mode=%s linger_us=%u quota=%u rt_prio=%u freq_ctl=%u interval_us=%u netap=%u objective=%u; change them with poller-set",
-		   cpu, p->ops->name, p->linger_us, p->quota, p->rt_prio,
-		   p->freq_ctl, p->interval_us, p->netap, p->objective);
+		   "%s/%d serves other devices with mode=%s linger_us=%u quota=%u rt_prio=%u nice=%d freq_ctl=%u interval_us=%u netap=%u objective=%u; change them with poller-set",
+		   prefix, cpu, p->ops->name, p->linger_us, p->quota,
+		   p->rt_prio, p->nice, p->freq_ctl, p->interval_us, p->netap,
+		   p->objective);
 	return -EBUSY;
 }
 
-/* POLLER_SET: store knobs for @cpu and apply them to its running poller. */
-int kbp_poller_configure(int cpu, const struct kbp_knobs *req,
+/*
+ * POLLER_SET: store knobs for @cpu's poller of class @cls and apply them to
+ * it if it runs.
+ */
+int kbp_poller_configure(int cpu, u32 cls, const struct kbp_knobs *req,
 			 struct netlink_ext_ack *extack)
 {
+	unsigned int slot;
 	struct kbp_poller *p;
 	struct kbp_conf want;
 	int err;
@@ -376,14 +418,15 @@ int kbp_poller_configure(int cpu, const struct kbp_knobs *req,
 	err = kbp_check_knobs(req, extack);
 	if (err)
 		return err;
-	kbp_conf_merge(cpu, req, &want);
-	err = kbp_conf_check(cpu, &want, extack);
+	slot = kbp_slot(cpu, cls);
+	kbp_conf_merge(slot, req, &want);
+	err = kbp_conf_check(cpu, cls, &want, extack);
 	if (err)
 		return err;
-	kbp_conf[cpu] = want;
-	p = kbp_pollers[cpu];
+	kbp_conf[slot] = want;
+	p = kbp_pollers[slot];
 	if (p)
-		kbp_poller_apply(p, &kbp_conf[cpu]);
+		kbp_poller_apply(p, &kbp_conf[slot]);
 	return 0;
 }
 
@@ -462,10 +505,11 @@ static int kbp_refuse_unservable(struct net_device *dev,
 /* @t is the thread of one of kbp's pollers.  kbp_lock held. */
 static bool kbp_napi_ours(struct task_struct *t)
 {
-	unsigned int cpu;
+	unsigned int slot;
 
-	for (cpu = 0; cpu < nr_cpu_ids; cpu++)
-		if (kbp_pollers[cpu] && READ_ONCE(kbp_pollers[cpu]->task) == t)
+	for (slot = 0; slot < kbp_nr_slots(); slot++)
+		if (kbp_pollers[slot] &&
+		    READ_ONCE(kbp_pollers[slot]->task) == t)
 			return true;
 	return false;
 }
@@ -836,7 +880,8 @@ static int kbp_dev_activate(struct kbp_dev *kd, struct netlink_ext_ack *extack)
 	for (i = 0; i < nr && !err; i++)
 		if (cpus[i] >= 0)
 			err = kbp_check_cpu(cpus[i], extack) ?:
-			      kbp_check_conflict(cpus[i], &kd->knobs, kd, extack);
+			      kbp_check_conflict(cpus[i], kd->cls, &kd->knobs, kd,
+						 extack);
 	if (err)
 		goto out;
 	/* the links and their pollers (may sleep), then the hooks */
@@ -921,8 +966,9 @@ static void kbp_reconcile_later(void)
 				   msecs_to_jiffies(max(reconcile_ms, 10U)));
 }
 
-/* @cpu exists and can run the poller knobs @req asks for. */
+/* @cpu exists and its poller of @kd's class can run the knobs @req asks for. */
 static int kbp_req_check_cpu(int cpu, const struct kbp_knobs *req,
+			     const struct kbp_dev *kd,
 			     struct netlink_ext_ack *extack)
 {
 	struct kbp_conf want;
@@ -931,17 +977,17 @@ static int kbp_req_check_cpu(int cpu, const struct kbp_knobs *req,
 	err = kbp_check_cpu(cpu, extack);
 	if (err)
 		return err;
-	kbp_conf_merge(cpu, req, &want);
-	return kbp_conf_check(cpu, &want, extack);
+	kbp_conf_merge(kbp_slot(cpu, kd->cls), req, &want);
+	return kbp_conf_check(cpu, kd->cls, &want, extack);
 }
 
-/* The same, and no conflict with what @cpu's poller runs or stores. */
+/* The same, and no conflict with what that poller runs or stores. */
 static int kbp_req_check_cpu_conflict(int cpu, const struct kbp_knobs *req,
 				      const struct kbp_dev *kd,
 				      struct netlink_ext_ack *extack)
 {
-	return kbp_req_check_cpu(cpu, req, extack) ?:
-	       kbp_check_conflict(cpu, req, kd, extack);
+	return kbp_req_check_cpu(cpu, req, kd, extack) ?:
+	       kbp_check_conflict(cpu, kd->cls, req, kd, extack);
 }
 
 /* Every CPU @req would use on its device, for conflict checks. */
@@ -992,14 +1038,14 @@ static int kbp_req_check_cpus(struct kbp_attach_req *req, struct kbp_dev *kd,
  */
 static void kbp_conf_restore(const struct kbp_conf *saved)
 {
-	unsigned int cpu;
+	unsigned int slot;
 
-	memcpy(kbp_conf, saved, nr_cpu_ids * sizeof(*kbp_conf));
-	for (cpu = 0; cpu < nr_cpu_ids; cpu++) {
-		struct kbp_poller *p = kbp_pollers[cpu];
+	memcpy(kbp_conf, saved, kbp_nr_slots() * sizeof(*kbp_conf));
+	for (slot = 0; slot < kbp_nr_slots(); slot++) {
+		struct kbp_poller *p = kbp_pollers[slot];
 
 		if (p && list_empty(&p->napis))
-			kbp_poller_apply(p, &kbp_conf[cpu]);
+			kbp_poller_apply(p, &kbp_conf[slot]);
 	}
 }
 
@@ -1034,12 +1080,14 @@ int kbp_dev_bind(struct kbp_attach_req *req, struct netlink_ext_ack *extack)
 		return err;
 
 	kd = kzalloc(sizeof(*kd), GFP_KERNEL);
-	saved = kmemdup(kbp_conf, nr_cpu_ids * sizeof(*kbp_conf), GFP_KERNEL);
+	saved = kmemdup(kbp_conf, kbp_nr_slots() * sizeof(*kbp_conf),
+			GFP_KERNEL);
 	if (!kd || !saved) {
 		err = -ENOMEM;
 		goto err_free;
 	}
 	kd->dev = dev;
+	kd->cls = req->cls;
 	kd->cpu = req->cpu;
 	kd->nr_map = req->nr_map;
 	kd->map = req->map;
@@ -1300,7 +1348,7 @@ static void kbp_dev_reconcile(struct kbp_dev *kd)
 		if (!n)
 			continue;
 		nkn = cpu >= 0 && cpu_active(cpu) &&
-		      !kbp_check_conflict(cpu, &kd->knobs, kd, NULL) ?
+		      !kbp_check_conflict(cpu, kd->cls, &kd->knobs, kd, NULL) ?
 		      kbp_napi_new(kd, cpu) : NULL;
 		if (!IS_ERR_OR_NULL(nkn)) {
 			rcu_read_lock();
@@ -1320,8 +1368,9 @@ static void kbp_dev_reconcile(struct kbp_dev *kd)
 			pr_info_ratelimited("%s: NAPI #%u lost its poller (threaded NAPI turned off): hooked again\n",
 					    dev->name, i);
 		} else if (linked) {
-			pr_info_ratelimited("%s: hooked new NAPI #%u to kbp/%d\n",
-					    dev->name, i, cpu);
+			pr_info_ratelimited("%s: hooked new NAPI #%u to %s/%d\n",
+					    dev->name, i,
+					    kbp_class_ops(kd->cls)->prefix, cpu);
 		} else if (n)
 			pr_warn_ratelimited("%s: cannot hook new NAPI #%u\n",
 					    dev->name, i);
@@ -1425,7 +1474,7 @@ static int kbp_cpu_event(unsigned int cpu)
 static int __init kbp_init(void)
 {
 	const struct kbp_mode_ops *ops = kbp_mode_ops_by_name(default_mode);
-	unsigned int cpu;
+	unsigned int slot;
 	int err;
 
 	if (!ops) {
@@ -1435,14 +1484,15 @@ static int __init kbp_init(void)
 	}
 	kbp_default_mode = ops->mode;
 
-	kbp_pollers = kcalloc(nr_cpu_ids, sizeof(*kbp_pollers), GFP_KERNEL);
-	kbp_conf = kcalloc(nr_cpu_ids, sizeof(*kbp_conf), GFP_KERNEL);
+	kbp_pollers = kcalloc(kbp_nr_slots(), sizeof(*kbp_pollers), GFP_KERNEL);
+	kbp_conf = kcalloc(kbp_nr_slots(), sizeof(*kbp_conf), GFP_KERNEL);
 	if (!kbp_pollers || !kbp_conf) {
 		err = -ENOMEM;
 		goto err_free;
 	}
-	for (cpu = 0; cpu < nr_cpu_ids; cpu++)
-		kbp_conf_init(&kbp_conf[cpu], kbp_default_mode);
+	for (slot = 0; slot < kbp_nr_slots(); slot++)
+		kbp_conf_init(&kbp_conf[slot], kbp_slot_class(slot),
+			      kbp_default_mode);
 
 	err = register_netdevice_notifier(&kbp_netdev_nb);
 	if (err)
@@ -1471,7 +1521,7 @@ err_free:
 static void __exit kbp_exit(void)
 {
 	struct kbp_dev *kd, *tmp;
-	unsigned int cpu;
+	unsigned int slot;
 
 	kbp_genl_exit();	/* no new requests */
 
@@ -1489,15 +1539,15 @@ static void __exit kbp_exit(void)
 	 * And any whose respawn was still running (gc leaves those too): no
 	 * NAPI points at them any more, so it finishes on its own.
 	 */
-	for (cpu = 0; cpu < nr_cpu_ids; cpu++) {
-		struct kbp_poller *p = kbp_pollers[cpu];
+	for (slot = 0; slot < kbp_nr_slots(); slot++) {
+		struct kbp_poller *p = kbp_pollers[slot];
 
 		if (!p)
 			continue;
 		while (!kbp_poller_idle(p))
 			usleep_range(1000, 2000);
 		kbp_poller_destroy(p);
-		kbp_pollers[cpu] = NULL;
+		kbp_pollers[slot] = NULL;
 	}
 
 	cpuhp_remove_state_nocalls(kbp_cpuhp_state);

@@ -271,6 +271,7 @@ void kbp_napi_put(struct kbp_napi *kn)
 static int kbp_pass(struct kbp_poller *p, const struct kbp_mode_ops *ops,
 		    bool *more, bool *held)
 {
+	const struct kbp_class_ops *cls = p->cls;
 	unsigned int pass = ++p->pass;
 	struct kbp_napi *kn;
 	int work = 0;
@@ -289,6 +290,7 @@ static int kbp_pass(struct kbp_poller *p, const struct kbp_mode_ops *ops,
 			return work;
 		kbp_napi_put(kn);
 		kbp_stat_add(p, &p->poll_ns, local_clock() - t0);
+		cls->after_poll(p);
 	}
 }
 
@@ -365,6 +367,33 @@ static bool kbp_still_idle(struct kbp_poller *p)
 }
 
 /*
+ * The time this thread has spent runnable but not running, as the scheduler
+ * accounts it (sched_info.run_delay, /proc/PID/schedstat's second field;
+ * every Debian kernel has CONFIG_SCHED_INFO).  Across a sleep it grows by the
+ * wake-up's delay: from the wake-up (enqueue) to running.
+ */
+static u64 kbp_run_delay(void)
+{
+#ifdef CONFIG_SCHED_INFO
+	return current->sched_info.run_delay;
+#else
+	return 0;
+#endif
+}
+
+/* Account a wake-up's delay (@rd0: kbp_run_delay() before the sleep). */
+static void kbp_wake_delay(struct kbp_poller *p, u64 rd0)
+{
+	u64 d = kbp_run_delay() - rd0;
+
+	u64_stats_update_begin(&p->syncp);
+	u64_stats_add(&p->wake_delay_ns, d);
+	if (d > p->wake_delay_max_ns)
+		WRITE_ONCE(p->wake_delay_max_ns, d);
+	u64_stats_update_end(&p->syncp);
+}
+
+/*
  * Sleep until woken: by the hardIRQ path (____napi_schedule()), a knob
  * change, a new NAPI or kthread_stop().  KBP_SLEEP_STATE: see its comment.
  * @sleeps counts every sleep, @wakeups those that ended with work to do.
@@ -372,7 +401,7 @@ static bool kbp_still_idle(struct kbp_poller *p)
 static void kbp_sleep(struct kbp_poller *p)
 {
 	bool woke;
-	u64 t0;
+	u64 t0, rd0;
 
 	set_current_state(KBP_SLEEP_STATE);
 	/* pairs with set_bit(SCHED_THREADED) + wake_up_process() in ____napi_schedule() */
@@ -381,8 +410,10 @@ static void kbp_sleep(struct kbp_poller *p)
 		return;
 	}
 	t0 = local_clock();
+	rd0 = kbp_run_delay();
 	schedule();
 	__set_current_state(TASK_RUNNING);
+	kbp_wake_delay(p, rd0);
 	woke = kbp_has_work(p);
 
 	u64_stats_update_begin(&p->syncp);
@@ -548,7 +579,7 @@ static void kbp_wait_woken(struct kbp_poller *p, bool held)
 static void kbp_wait_interval(struct kbp_poller *p, bool held)
 {
 	ktime_t t;
-	u64 t0;
+	u64 t0, rd0;
 
 	if (!held) {
 		kbp_sleep(p);
@@ -563,7 +594,9 @@ static void kbp_wait_interval(struct kbp_poller *p, bool held)
 		return;
 	}
 	t0 = local_clock();
+	rd0 = kbp_run_delay();
 	schedule_hrtimeout(&t, HRTIMER_MODE_REL);
+	kbp_wake_delay(p, rd0);
 	u64_stats_update_begin(&p->syncp);
 	u64_stats_inc(&p->sleeps);
 	u64_stats_add(&p->sleep_ns, local_clock() - t0);
@@ -608,6 +641,83 @@ static const struct kbp_mode_ops kbp_modes[] = {
 		.check = kbp_periodic_check,
 	},
 };
+
+/* --- the classes ------------------------------------------------------- */
+
+static void kbp_after_poll_rt(struct kbp_poller *p)
+{
+}
+
+/*
+ * non-rt: give the CPU away after every poll as soon as the scheduler wants
+ * it back (a task woken meanwhile preempts us: the rt poller woken from the
+ * hardIRQ path, or any other SCHED_FIFO task), whatever the preemption
+ * model.  Under PREEMPT_NONE and VOLUNTARY nothing else would preempt a
+ * kthread between polls: that is what bounds the rt poller's wait to one
+ * poll of @quota packets.  Under full and lazy preemption local_bh_enable()
+ * has already switched, and need_resched() is clear here.  Not
+ * cond_resched(): see kbp_relax().
+ */
+static void kbp_give_way(struct kbp_poller *p)
+{
+	if (!need_resched())
+		return;
+	kbp_stat_add(p, &p->gave_way, 1);
+	schedule();
+}
+
+/*
+ * non-rt: a sleeping poller that gives way, below every rt poller: hybrid
+ * only (busy would keep the CPU from SCHED_OTHER tasks for its slice,
+ * periodic holds NAPIs with their IRQs masked), SCHED_NORMAL, and no
+ * frequency control (the CPU's rt poller owns it).
+ */
+static int kbp_nonrt_check(int cpu, const struct kbp_conf *c,
+			   struct netlink_ext_ack *extack)
+{
+	if (c->mode != KBP_MODE_HYBRID) {
+		kbp_refuse(extack, "class non-rt is hybrid only",
+			   "CPU %d: a non-rt poller is hybrid only (it sleeps when idle and gives way to the rt poller), not %s",
+			   cpu, kbp_mode_ops(c->mode)->name);
+		return -EINVAL;
+	}
+	if (c->rt_prio) {
+		kbp_refuse(extack, "class non-rt runs SCHED_NORMAL",
+			   "CPU %d: a non-rt poller runs SCHED_NORMAL: rt_prio must be 0 (use nice), not %u",
+			   cpu, c->rt_prio);
+		return -EINVAL;
+	}
+	if (c->freq_ctl) {
+		kbp_refuse(extack, "class non-rt has no freq_ctl",
+			   "CPU %d: freq_ctl belongs to the CPU's rt poller, not its non-rt one",
+			   cpu);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static const struct kbp_class_ops kbp_classes[KBP_NR_CLASSES] = {
+	[KBP_CLASS_RT] = {
+		.cls = KBP_CLASS_RT,
+		.name = "rt",
+		.thread_fmt = "kbp/%u",
+		.prefix = "kbp",
+		.after_poll = kbp_after_poll_rt,
+	},
+	[KBP_CLASS_NON_RT] = {
+		.cls = KBP_CLASS_NON_RT,
+		.name = "non-rt",
+		.thread_fmt = "kbpn/%u",
+		.prefix = "kbpn",
+		.after_poll = kbp_give_way,
+		.check = kbp_nonrt_check,
+	},
+};
+
+const struct kbp_class_ops *kbp_class_ops(u32 cls)
+{
+	return cls < KBP_NR_CLASSES ? &kbp_classes[cls] : NULL;
+}
 
 const struct kbp_mode_ops *kbp_mode_ops(u32 mode)
 {
@@ -959,12 +1069,13 @@ static int kbp_poller_fn(void *data)
 	return 0;
 }
 
-static int kbp_apply_prio(struct task_struct *t, u32 rt_prio)
+static int kbp_apply_prio(struct task_struct *t, u32 rt_prio, s32 nice)
 {
 	struct sched_attr attr = {
 		.size = sizeof(attr),
 		.sched_policy = rt_prio ? SCHED_FIFO : SCHED_NORMAL,
 		.sched_priority = rt_prio,
+		.sched_nice = rt_prio ? 0 : nice,
 	};
 
 	return sched_setattr_nocheck(t, &attr);
@@ -978,13 +1089,13 @@ static struct task_struct *kbp_poller_spawn(struct kbp_poller *p)
 	int err;
 
 	reinit_completion(&p->started);
-	t = kthread_create_on_cpu(kbp_poller_fn, p, p->cpu, "kbp/%u");
+	t = kthread_create_on_cpu(kbp_poller_fn, p, p->cpu, p->cls->thread_fmt);
 	if (IS_ERR(t))
 		return t;
-	err = kbp_apply_prio(t, READ_ONCE(p->rt_prio));
+	err = kbp_apply_prio(t, READ_ONCE(p->rt_prio), READ_ONCE(p->nice));
 	if (err)
-		pr_warn("kbp: kbp/%d: cannot set rt_prio %u: %d\n", p->cpu,
-			READ_ONCE(p->rt_prio), err);
+		pr_warn("kbp: %s: cannot set rt_prio %u nice %d: %d\n", t->comm,
+			READ_ONCE(p->rt_prio), READ_ONCE(p->nice), err);
 	get_task_struct(t);
 	/*
 	 * Let it run once before anyone can know it: kthread() skips the
@@ -1001,7 +1112,8 @@ static struct task_struct *kbp_poller_spawn(struct kbp_poller *p)
 	return t;
 }
 
-struct kbp_poller *kbp_poller_create(int cpu, const struct kbp_conf *conf)
+struct kbp_poller *kbp_poller_create(int cpu, u32 cls,
+				     const struct kbp_conf *conf)
 {
 	struct kbp_poller *p;
 	struct task_struct *t;
@@ -1010,6 +1122,7 @@ struct kbp_poller *kbp_poller_create(int cpu, const struct kbp_conf *conf)
 	if (!p)
 		return ERR_PTR(-ENOMEM);
 	p->cpu = cpu;
+	p->cls = kbp_class_ops(cls);
 	spin_lock_init(&p->lock);
 	spin_lock_init(&p->netap_lock);
 	init_completion(&p->started);
@@ -1020,6 +1133,7 @@ struct kbp_poller *kbp_poller_create(int cpu, const struct kbp_conf *conf)
 	p->linger_us = conf->linger_us;
 	p->quota = conf->quota;
 	p->rt_prio = conf->rt_prio;
+	p->nice = conf->nice;
 	p->freq_ctl = conf->freq_ctl;
 	p->interval_us = conf->interval_us;
 	p->cur_interval_us = conf->interval_us;
@@ -1027,7 +1141,7 @@ struct kbp_poller *kbp_poller_create(int cpu, const struct kbp_conf *conf)
 	p->round_ms = conf->round_ms;
 	p->objective = conf->objective;
 	p->np = conf->np;
-	if (WARN_ON_ONCE(!p->ops)) {	/* validated by kbp_check_knobs() */
+	if (WARN_ON_ONCE(!p->ops || !p->cls)) {	/* validated by kbp_check_knobs() */
 		kfree(p);
 		return ERR_PTR(-EINVAL);
 	}
@@ -1109,10 +1223,11 @@ void kbp_poller_apply(struct kbp_poller *p, const struct kbp_conf *conf)
 	WRITE_ONCE(p->ops, ops);
 	WRITE_ONCE(p->freq_ctl, conf->freq_ctl);
 	t = kbp_poller_task(p);
-	if (p->rt_prio != conf->rt_prio) {
+	if (p->rt_prio != conf->rt_prio || p->nice != conf->nice) {
 		WRITE_ONCE(p->rt_prio, conf->rt_prio);
+		WRITE_ONCE(p->nice, conf->nice);
 		if (t)
-			kbp_apply_prio(t, conf->rt_prio);
+			kbp_apply_prio(t, conf->rt_prio, conf->nice);
 	}
 	if (t) {
 		wake_up_process(t);
@@ -1129,6 +1244,7 @@ void kbp_poller_conf(struct kbp_poller *p, struct kbp_conf *conf)
 	conf->linger_us = p->linger_us;
 	conf->quota = p->quota;
 	conf->rt_prio = p->rt_prio;
+	conf->nice = p->nice;
 	conf->freq_ctl = p->freq_ctl;
 	conf->interval_us = p->interval_us;
 	conf->netap = p->netap;
@@ -1433,7 +1549,7 @@ void kbp_poller_wait_released(struct kbp_napi *kn, unsigned long deadline)
 			if (!boosted && t) {
 				pr_warn("kbp: %s: kbp/%d is stuck in a poll of NAPI #%u; raising it to finish\n",
 					name, p->cpu, kn->index);
-				kbp_apply_prio(t, KBP_RT_PRIO_MAX);
+				kbp_apply_prio(t, KBP_RT_PRIO_MAX, 0);
 				boosted = true;
 			}
 		}
@@ -1441,7 +1557,8 @@ void kbp_poller_wait_released(struct kbp_napi *kn, unsigned long deadline)
 	}
 	if (t) {
 		if (boosted)
-			kbp_apply_prio(t, READ_ONCE(p->rt_prio));
+			kbp_apply_prio(t, READ_ONCE(p->rt_prio),
+				       READ_ONCE(p->nice));
 		put_task_struct(t);
 	}
 }
@@ -1596,6 +1713,9 @@ void kbp_poller_read(struct kbp_poller *p, struct kbp_poller_snapshot *s)
 		s->freq_changes = u64_stats_read(&p->freq_changes);
 		s->yields = u64_stats_read(&p->yields);
 		s->handbacks = u64_stats_read(&p->handbacks);
+		s->gave_way = u64_stats_read(&p->gave_way);
+		s->wake_delay_ns = u64_stats_read(&p->wake_delay_ns);
+		s->wake_delay_max_ns = READ_ONCE(p->wake_delay_max_ns);
 	} while (u64_stats_fetch_retry(&p->syncp, start));
 	s->respawns = atomic64_read(&p->respawns);
 	s->repairs = atomic64_read(&p->repairs);

@@ -3,8 +3,9 @@
  * kbp: kernel busy poll.  Internal interfaces of the module.
  *
  * Objects
- *   struct kbp_poller  one per CPU in use: a kthread "kbp/<cpu>" bound to
- *                      that CPU, and the list of NAPIs it serves.
+ *   struct kbp_poller  one per CPU and class in use: a kthread bound to that
+ *                      CPU ("kbp/<cpu>" of class rt, "kbpn/<cpu>" of class
+ *                      non-rt), and the list of NAPIs it serves.
  *   struct kbp_dev     one per attached device (the operator's request; it
  *                      survives the device going down and up).
  *   struct kbp_napi    one per NAPI instance of an attached device while the
@@ -17,7 +18,8 @@
  *                      add, enable, disable and delete NAPIs of a registered
  *                      device under it, so holding it freezes dev->napi_list
  *                      and the NAPI_STATE_LISTED bits we depend on.
- *   kbp_lock (mutex)   the registries: kbp_devs, kbp_pollers[], kbp_conf[],
+ *   kbp_lock (mutex)   the registries: kbp_devs, kbp_pollers[], kbp_conf[]
+ *                      (both indexed by kbp_slot(cpu, class)),
  *                      every kbp_dev and its napis list.  Taken after rtnl;
  *                      never taken by a poller thread.
  *   dev->lock          the device's instance lock (kbp_netdev_lock(), 6.14+;
@@ -63,6 +65,11 @@
 /* above it, linger_us needs CAP_SYS_NICE (kbp_genl.c, kbp_takes_cpu()) */
 #define KBP_LINGER_US_FREE	100U
 #define KBP_RT_PRIO_MAX		(MAX_RT_PRIO - 1)
+/* non-rt: packets per NAPI per poll by default (docs/design.md, "Classes") */
+#define KBP_NONRT_QUOTA_DEF	8U
+#define KBP_NICE_MIN		MIN_NICE
+#define KBP_NICE_MAX		MAX_NICE
+#define KBP_NR_CLASSES		2
 #define KBP_MAP_MAX		256
 /* periodic: the interval (and the search range) in KBP_NETAP_INTERVAL_US_* */
 #define KBP_INTERVAL_US_DEF	1000U
@@ -82,6 +89,7 @@ struct kbp_conf {
 	u32 linger_us;
 	u32 quota;
 	u32 rt_prio;
+	s32 nice;		/* non-rt: the thread's nice */
 	u32 freq_ctl;		/* 0/1: EE-KBP CPU-frequency control */
 	/* periodic (NetAP) */
 	u32 interval_us;	/* the interval while the search is off */
@@ -124,6 +132,46 @@ struct kbp_mode_ops {
 const struct kbp_mode_ops *kbp_mode_ops(u32 mode);
 const struct kbp_mode_ops *kbp_mode_ops_by_name(const char *name);
 
+/*
+ * What differs between the classes of pollers (enum kbp_class), chosen when
+ * the poller is created (a poller never changes class), as the modes are.
+ */
+struct kbp_class_ops {
+	u32 cls;
+	const char *name;
+	const char *thread_fmt;		/* kthread name, "%u": the CPU */
+	const char *prefix;		/* the same without "/%u", for messages */
+	/*
+	 * Poller thread, after each poll (bh enabled again): the rt class
+	 * does nothing; the non-rt class gives the CPU to a task the poll's
+	 * interrupts woke (the rt poller) before it polls again.
+	 */
+	void (*after_poll)(struct kbp_poller *p);
+	/* Control (kbp_lock held): the merged knobs @c suit this class? */
+	int (*check)(int cpu, const struct kbp_conf *c,
+		     struct netlink_ext_ack *extack);
+};
+
+const struct kbp_class_ops *kbp_class_ops(u32 cls);
+
+/* A poller's place in kbp_pollers[] and kbp_conf[]: class-major. */
+static inline unsigned int kbp_slot(int cpu, u32 cls)
+{
+	return cls * nr_cpu_ids + cpu;
+}
+
+static inline int kbp_slot_cpu(unsigned int slot)
+{
+	return slot % nr_cpu_ids;
+}
+
+static inline u32 kbp_slot_class(unsigned int slot)
+{
+	return slot / nr_cpu_ids;
+}
+
+#define kbp_nr_slots()	(KBP_NR_CLASSES * nr_cpu_ids)
+
 /* poller->flags */
 enum {
 	KBP_POLLER_STOPPING,	/* kbp itself is stopping the thread */
@@ -140,6 +188,7 @@ enum {
 
 struct kbp_poller {
 	int cpu;
+	const struct kbp_class_ops *cls;	/* never changes */
 	/*
 	 * The running thread.  Written by kbp_poller_create() and, under
 	 * @lock, by the thread itself when it respawns (which on 7.2 may run
@@ -166,6 +215,7 @@ struct kbp_poller {
 	u32 linger_us;
 	u32 quota;
 	u32 rt_prio;
+	s32 nice;
 	u32 freq_ctl;
 	u32 interval_us;
 	u32 netap;
@@ -213,6 +263,9 @@ struct kbp_poller {
 	u64_stats_t freq_changes;
 	u64_stats_t yields;
 	u64_stats_t handbacks;
+	u64_stats_t gave_way;		/* non-rt: polls it gave way after */
+	u64_stats_t wake_delay_ns;	/* woken to running, summed */
+	u64 wake_delay_max_ns;		/* and the longest (same syncp) */
 	/* rare events, written from several contexts */
 	atomic64_t respawns;
 	atomic64_t repairs;
@@ -275,7 +328,7 @@ struct kbp_napi {
 
 /* Knobs given by a request; only the ones it has change anything. */
 struct kbp_knobs {
-	bool has_mode, has_linger, has_quota, has_rt_prio, has_freq_ctl;
+	bool has_mode, has_linger, has_quota, has_rt_prio, has_freq_ctl, has_nice;
 	bool has_interval, has_netap, has_round_ms, has_min_interval;
 	bool has_max_interval, has_min_change, has_max_round, has_objective;
 	struct kbp_conf conf;
@@ -290,6 +343,7 @@ struct kbp_dev {
 	struct list_head node;		/* kbp_devs */
 	struct net_device *dev;
 	netdevice_tracker tracker;
+	u32 cls;			/* enum kbp_class of its pollers */
 	int cpu;			/* default CPU; -1: the NAPI's IRQ's */
 	unsigned int nr_map;
 	struct kbp_map_entry *map;
@@ -314,6 +368,7 @@ struct kbp_dev {
 /* An attach request, validated by kbp_genl.c. */
 struct kbp_attach_req {
 	struct net_device *dev;
+	u32 cls;			/* enum kbp_class */
 	int cpu;			/* -1: not given */
 	unsigned int nr_map;
 	struct kbp_map_entry *map;	/* owned by the request until bound */
@@ -329,7 +384,7 @@ extern struct kbp_conf *kbp_conf;
 int kbp_dev_bind(struct kbp_attach_req *req, struct netlink_ext_ack *extack);
 int kbp_dev_unbind_by_dev(struct net_device *dev, struct netlink_ext_ack *extack);
 struct kbp_dev *kbp_dev_find(const struct net_device *dev);
-int kbp_poller_configure(int cpu, const struct kbp_knobs *knobs,
+int kbp_poller_configure(int cpu, u32 cls, const struct kbp_knobs *knobs,
 			 struct netlink_ext_ack *extack);
 int kbp_check_cpu(int cpu, struct netlink_ext_ack *extack);
 int kbp_check_knobs(const struct kbp_knobs *knobs,
@@ -337,7 +392,8 @@ int kbp_check_knobs(const struct kbp_knobs *knobs,
 void kbp_reconcile_soon(void);
 
 /* kbp_poller.c */
-struct kbp_poller *kbp_poller_create(int cpu, const struct kbp_conf *conf);
+struct kbp_poller *kbp_poller_create(int cpu, u32 cls,
+				     const struct kbp_conf *conf);
 void kbp_poller_destroy(struct kbp_poller *p);
 void kbp_poller_apply(struct kbp_poller *p, const struct kbp_conf *conf);
 void kbp_poller_conf(struct kbp_poller *p, struct kbp_conf *conf);
@@ -364,6 +420,7 @@ enum kbp_napi_check kbp_poller_check_napi(struct kbp_napi *kn);
 struct kbp_poller_snapshot {
 	u64 passes, empty_passes, packets, wakeups, sleeps, sleep_ns, poll_ns;
 	u64 freq_changes, yields, respawns, repairs, handbacks;
+	u64 gave_way, wake_delay_ns, wake_delay_max_ns;
 };
 
 /* what a reply shows of a periodic poller's search */

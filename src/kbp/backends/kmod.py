@@ -112,9 +112,10 @@ def objective_refusal(per: Periodic | None) -> str | None:
 
 class AttachHandler:
     """kind ``kmod_attach``: key {dev, netns, ifindex}; value None (detached) or the
-    attachment {cpu, queue_map, mode, linger_us, quota, rt_prio, freq_ctl, periodic}
-    (periodic: the module's knobs of mode periodic, :func:`periodic_knobs`; None or absent
-    in journals of other modes and of older kbpctl)."""
+    attachment {cpu, queue_map, mode, linger_us, quota, rt_prio, freq_ctl, periodic, cls,
+    nice} (periodic: the module's knobs of mode periodic, :func:`periodic_knobs`; None or
+    absent in journals of other modes and of older kbpctl; cls and nice only for class
+    non-rt: absent means the rt class)."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -158,7 +159,8 @@ class AttachHandler:
                                queue_map=[tuple(p) for p in qm] if qm else None,
                                mode=value.get("mode"), linger_us=value.get("linger_us"),
                                quota=value.get("quota"), rt_prio=value.get("rt_prio"),
-                               freq_ctl=value.get("freq_ctl"), **per)
+                               freq_ctl=value.get("freq_ctl"), cls=value.get("cls"),
+                               nice=value.get("nice"), **per)
         try:
             attach()
         except kmod.KbpError as e:
@@ -178,6 +180,9 @@ def attachment(req: EnableRequest, cpus: Sequence[int], napi_count: int | None
                              "freq_ctl": bool(req.freq_ctl)}
     if req.periodic is not None:
         value["periodic"] = periodic_knobs(req.periodic)
+    if req.cls != names.CLASS_RT:  # only then: journals of the rt class stay as they were
+        value["cls"] = req.cls
+        value["nice"] = req.nice or 0
     if len(cpus) > 1:
         n = napi_count if napi_count else len(cpus)
         value["queue_map"] = [[i, cpus[i % len(cpus)]] for i in range(n)]

@@ -273,7 +273,8 @@ def threads_named(prefix: str) -> list[str]:
 
 
 def kbp_threads() -> list[str]:
-    return threads_named("kbp/")
+    """The pollers' threads, of both classes (kbp/N rt, kbpn/N non-rt)."""
+    return threads_named("kbp/") + threads_named("kbpn/")
 
 
 def wait_for(pred: Callable[[], T], timeout: float = 10.0, step: float = 0.05,

@@ -241,6 +241,7 @@ attempt("busy", lambda: kmod.attach("kbpcb", cpu=%(cpu)d, mode="busy"))
 attempt("fifo", lambda: kmod.attach("kbpcb", cpu=%(cpu)d, mode="hybrid", rt_prio=99))
 attempt("linger", lambda: kmod.attach("kbpcb", cpu=%(cpu)d, mode="hybrid", linger_us=1000))
 attempt("interval", lambda: kmod.attach("kbpcb", cpu=%(cpu)d, mode="periodic", interval_us=10))
+attempt("nice", lambda: kmod.attach("kbpcb", cpu=%(cpu)d, cls="non-rt", nice=-5))
 attempt("hybrid", lambda: kmod.attach("kbpcb", cpu=%(cpu)d, mode="hybrid", rt_prio=0))
 attempt("poller_set", lambda: kmod.poller_set(%(cpu)d, linger_us=7))
 out["pollers"] = [(p.cpu, p.pid) for p in kmod.pollers()]
@@ -282,6 +283,8 @@ def test_container_with_net_admin_cannot_take_a_cpu(kmod, topo: Topo,
     # 10 us: both spin a CPU as busy does (issue 22, item 8)
     assert out["linger"] == errno.EPERM and "CAP_SYS_NICE" in out["linger_msg"], out
     assert out["interval"] == errno.EPERM and "CAP_SYS_NICE" in out["interval_msg"], out
+    # a non-rt poller above nice 0 would take CPU time from the host's tasks
+    assert out["nice"] == errno.EPERM and "CAP_SYS_NICE" in out["nice_msg"], out
     assert out["hybrid"] == 0, out                  # its own device, a SCHED_OTHER poller
     assert out["poller_set"] == errno.EPERM and "initial network namespace" in \
         out["poller_set_msg"], out

@@ -114,7 +114,8 @@ struct ktn_ring {
 	u64 expect;
 	u64 gaps;
 	u64 reorders;
-	u64 by_kbp;
+	u64 by_kbp;		/* by a kbp poller of either class */
+	u64 by_kbpn;		/* of them, by a non-rt one (kbpn/N) */
 	u64 by_softirq;
 	u64 by_other;
 	int rx_cpu;		/* where the last frame was received */
@@ -313,7 +314,10 @@ static int ktn_rcv(struct sk_buff *skb, struct net_device *dev,
 		r->by_softirq++;
 	else if (!strncmp(current->comm, "kbp/", 4))
 		r->by_kbp++;
-	else
+	else if (!strncmp(current->comm, "kbpn/", 5)) {
+		r->by_kbp++;
+		r->by_kbpn++;
+	} else
 		r->by_other++;
 out:
 	consume_skb(skb);
@@ -639,11 +643,12 @@ static ssize_t stats_show(struct device *d, struct device_attribute *attr, char 
 		if (!r->used)
 			continue;
 		len += sysfs_emit_at(buf, len,
-				     "q%u cpu %d rx_cpu %d produced %llu consumed %llu ring_dropped %llu missed %llu delivered %llu gaps %llu reorders %llu by_kbp %llu by_softirq %llu by_other %llu\n",
+				     "q%u cpu %d rx_cpu %d produced %llu consumed %llu ring_dropped %llu missed %llu delivered %llu gaps %llu reorders %llu by_kbp %llu by_kbpn %llu by_softirq %llu by_other %llu\n",
 				     i, r->cpu, r->rx_cpu, r->produced, r->consumed,
 				     r->ring_dropped,
 				     r->missed, r->delivered, r->gaps, r->reorders,
-				     r->by_kbp, r->by_softirq, r->by_other);
+				     r->by_kbp, r->by_kbpn, r->by_softirq,
+				     r->by_other);
 	}
 	mutex_unlock(&priv->cfg_lock);
 	return len;

@@ -310,15 +310,16 @@ static int ktn_rcv(struct sk_buff *skb, struct net_device *dev,
 		r->expect = seq + 1;
 	r->delivered++;
 	r->rx_cpu = smp_processor_id();
-	if (in_serving_softirq())
+	if (in_serving_softirq()) {
 		r->by_softirq++;
-	else if (!strncmp(current->comm, "kbp/", 4))
+	} else if (!strncmp(current->comm, "kbp/", 4)) {
 		r->by_kbp++;
-	else if (!strncmp(current->comm, "kbpn/", 5)) {
+	} else if (!strncmp(current->comm, "kbpn/", 5)) {
 		r->by_kbp++;
 		r->by_kbpn++;
-	} else
+	} else {
 		r->by_other++;
+	}
 out:
 	consume_skb(skb);
 	return NET_RX_SUCCESS;

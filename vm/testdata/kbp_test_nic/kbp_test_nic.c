@@ -37,6 +37,10 @@
  *   ops_lock=1    (7.x) request_ops_lock: the core runs the ops under the
  *                 instance lock (mlx5, bnxt, gve, fbnic and netdevsim).
  *
+ *   cost_ns=N     each frame costs the receiving context N ns of CPU (a
+ *                 busy wait in the handler): a heavy flow's protocol work,
+ *                 for the RT/non-RT split measurements.
+ *
  * Stats: /sys/class/net/ktn0/ktn/stats, one line per queue index used.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
@@ -48,6 +52,7 @@
 #include <linux/mutex.h>
 #include <linux/netdevice.h>
 #include <linux/rtnetlink.h>
+#include <linux/sched/clock.h>
 #include <linux/slab.h>
 #include <linux/workqueue.h>
 
@@ -68,6 +73,10 @@ MODULE_PARM_DESC(queues, "RX queues at load (1-64, default 2); ethtool -L change
 static unsigned int rate = 1000;
 module_param(rate, uint, 0644);
 MODULE_PARM_DESC(rate, "frames per second per queue (0: none; default 1000)");
+
+static unsigned int cost_ns;
+module_param(cost_ns, uint, 0644);
+MODULE_PARM_DESC(cost_ns, "CPU time the stack spends on each frame, busy-waited in the receive handler (a heavy flow's protocol work; 0-1000000, default 0)");
 
 static int cpus[KTN_MAX_QUEUES];
 static int nr_cpus;
@@ -283,6 +292,18 @@ static int ktn_poll(struct napi_struct *napi, int budget)
 	return done;
 }
 
+/* Burn @ns of CPU in the receiving context, as protocol processing would. */
+static void ktn_spend(unsigned int ns)
+{
+	u64 end;
+
+	if (!ns)
+		return;
+	end = local_clock() + ns;
+	while (local_clock() < end)
+		cpu_relax();
+}
+
 /* The stack's side: count what arrives, in order or not, and where. */
 static int ktn_rcv(struct sk_buff *skb, struct net_device *dev,
 		   struct packet_type *pt, struct net_device *orig_dev)
@@ -310,6 +331,7 @@ static int ktn_rcv(struct sk_buff *skb, struct net_device *dev,
 		r->expect = seq + 1;
 	r->delivered++;
 	r->rx_cpu = smp_processor_id();
+	ktn_spend(min(READ_ONCE(cost_ns), 1000000U));
 	if (in_serving_softirq()) {
 		r->by_softirq++;
 	} else if (!strncmp(current->comm, "kbp/", 4)) {

@@ -1,0 +1,266 @@
+"""RT latency and the heavy flow's rate with RT and non-RT receive work on one CPU (issue 24).
+
+Runs in a guest of the VM rig, as root; prints a table and, last, one JSON line prefixed
+``CLASS-SPLIT-RESULT``. From the repository root on the host (one flavour at a time, on a
+quiet machine: it is a timing run)::
+
+    python3 -m vm run 7.2-amd64 --build -- .venv/bin/python vm/experiments/class_split.py
+
+The machine (conftest.build_topology): NIC0 in the init netns, its interrupts on POLL_CPU,
+the RT server there; NIC1 in netns kbppeer, interrupts on the other CPU, the RT client
+there. RT flow: ``sockperf ping-pong`` 64 B at ``--mps`` to a sockperf server pinned to
+POLL_CPU at SCHED_FIFO ``--app-prio``. Heavy flow: the test NIC (vm/testdata/kbp_test_nic)
+delivering ``--rate`` frames/s on each of 2 queues, each costing the receiving context
+``--cost-ns`` of CPU (the protocol work of a heavy flow, made in the guest's kernel, so the
+emulator's cost of a user-space sender does not decide the rate). Its queues' "interrupts"
+are on POLL_CPU, except in ``exclusive``, where they are on the other CPU.
+
+Modes (the bench's names where the bench has one):
+
+=============  ===========================  ==============================================
+mode           RT NIC0                      heavy device (test NIC)
+=============  ===========================  ==============================================
+napi-idle      softirq                      not loaded (the no-contention baseline)
+napi           softirq                      softirq, POLL_CPU
+hybrid         kbp/N (rt, FIFO 50)          softirq, POLL_CPU (kbp alone: today's mode)
+hybrid-part    kbp/N (rt, FIFO 50)          kbpn/N (non-rt, SCHED_OTHER, quota 8)
+threaded-part  kbp/N (rt, FIFO 50)          stock threaded NAPI thread, SCHED_OTHER, POLL_CPU
+exclusive      kbp/N (rt, FIFO 50)          softirq on the other CPU (the placement remedy)
+=============  ===========================  ==============================================
+
+Timings in the guest are emulated (QEMU TCG): compare modes within one run. Counts (frames
+delivered, wake-ups, gave_way) are real.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "guest_tests"))
+
+from conftest import (
+    NS,
+    POLL_CPU,
+    SERVER_IP,
+    build_topology,
+    load_module,
+    net_rx_softirqs,
+    sh,
+    spawn,
+    stop,
+)
+
+from kbp import kmod
+
+OTHER_CPU = 1 - POLL_CPU
+KO = Path(os.environ.get("KBP_TEST_MODULES", "/nonexistent")) / "kbp_test_nic.ko"
+DEV = "ktn0"
+MODES = ("napi-idle", "napi", "hybrid", "hybrid-part", "threaded-part", "exclusive")
+RT_PRIO = 50
+
+
+def ktn_load(cpu: int, rate: int, cost_ns: int) -> None:
+    sh(f"insmod {KO} queues=2 cpus={cpu},{cpu} rate={rate} cost_ns={cost_ns}")
+    sh(f"ip link set {DEV} up")
+
+
+def ktn_unload() -> None:
+    sh("rmmod kbp_test_nic", check=False)
+
+
+def ktn_totals() -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in Path(f"/sys/class/net/{DEV}/ktn/stats").read_text().splitlines()[1:]:
+        w = line.split()[1:]
+        for k, v in zip(w[::2], w[1::2], strict=True):
+            out[k] = out.get(k, 0) + int(v)
+    return out
+
+
+def napi_threads(dev: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if (d / "comm").read_text().strip().startswith(f"napi/{dev}-"):
+                    pids.append(int(d.name))
+            except OSError:
+                pass
+    return pids
+
+
+def setup(mode: str, nic0: str, args: argparse.Namespace) -> None:
+    if mode != "napi-idle":
+        ktn_load(OTHER_CPU if mode == "exclusive" else POLL_CPU, args.rate, args.cost_ns)
+    if mode not in ("napi-idle", "napi"):
+        kmod.attach(nic0, cpu=POLL_CPU, mode="hybrid", rt_prio=RT_PRIO)
+    if mode == "hybrid-part":
+        kmod.attach(DEV, cpu=POLL_CPU, mode="hybrid", cls="non-rt", quota=args.quota)
+    if mode == "threaded-part":
+        Path(f"/sys/class/net/{DEV}/threaded").write_text("1")
+        pids = napi_threads(DEV)
+        assert pids, "no napi/ktn0-* threads"
+        for pid in pids:
+            os.sched_setaffinity(pid, {POLL_CPU})
+
+
+def teardown(nic0: str) -> None:
+    for d in kmod.devices():
+        kmod.detach(d.ifname)
+    ktn_unload()
+    deadline = time.monotonic() + 10
+    while kmod.pollers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+SOCKPERF_TAILS = {"p99": "99.000", "p99.9": "99.900", "max": "<MAX> observation"}
+
+
+def parse_sockperf(out: str) -> dict[str, float]:
+    r: dict[str, float] = {}
+    m = re.search(r"avg-lat(?:ency)?=\s*([\d.]+)\s*\(std-dev=\s*([\d.]+)", out)
+    if m:
+        r["mean"], r["sd"] = float(m.group(1)), float(m.group(2))
+    for k, label in SOCKPERF_TAILS.items():
+        pat = (r"<MAX> observation\s*=\s*([\d.]+)" if k == "max"
+               else rf"percentile {re.escape(label)}\s*=\s*([\d.]+)")
+        m = re.search(pat, out)
+        if m:
+            r[k] = float(m.group(1))
+    m = re.search(r"Total (\d+) observations", out)
+    r["n"] = float(m.group(1)) if m else 0.0
+    m = re.search(r"# dropped messages = (\d+)", out)
+    r["dropped"] = float(m.group(1)) if m else -1.0
+    return r
+
+
+def rt_poller() -> Any:
+    for p in kmod.pollers():
+        if p.cpu == POLL_CPU and p.cls in (None, "rt"):
+            return p
+    return None
+
+
+def nrt_poller() -> Any:
+    for p in kmod.pollers():
+        if p.cpu == POLL_CPU and p.cls == "non-rt":
+            return p
+    return None
+
+
+def one_run(mode: str, nic0: str, args: argparse.Namespace) -> dict[str, Any]:
+    setup(mode, nic0, args)
+    server = spawn(["chrt", "-f", str(args.app_prio), "taskset", "-c", str(POLL_CPU),
+                    "sockperf", "server", "-i", SERVER_IP, "-p", "11111"])
+    try:
+        time.sleep(args.settle)
+        k0 = ktn_totals() if mode != "napi-idle" else {}
+        p0, n0, rx0 = rt_poller(), nrt_poller(), net_rx_softirqs()
+        t0 = time.monotonic()
+        out = sh(f"taskset -c {OTHER_CPU} sockperf ping-pong -i {SERVER_IP} -p 11111 "
+                 f"-t {args.seconds} --mps {args.mps} -m 64", ns=NS,
+                 timeout=args.seconds * 6 + 60).stdout
+        dt = time.monotonic() - t0
+        k1 = ktn_totals() if mode != "napi-idle" else {}
+        p1, n1, rx1 = rt_poller(), nrt_poller(), net_rx_softirqs()
+    finally:
+        stop(server)
+        teardown(nic0)
+    r: dict[str, Any] = {"mode": mode, **parse_sockperf(out)}
+    if k0:
+        r["heavy_fps"] = (k1["delivered"] - k0["delivered"]) / dt
+        r["heavy_missed"] = k1["missed"] - k0["missed"]
+        r["heavy_lost"] = (k1["gaps"] - k0["gaps"]) - (k1["ring_dropped"] - k0["ring_dropped"])
+        # who received the heavy frames (check before trusting a comparison)
+        for k in ("by_kbp", "by_kbpn", "by_softirq", "by_other"):
+            r[f"heavy_{k}"] = k1[k] - k0[k]
+    r["net_rx_poll_cpu"] = rx1[POLL_CPU] - rx0[POLL_CPU]
+    if p0 and p1:
+        w = p1.wakeups - p0.wakeups
+        r["rt_wakeups"] = w
+        r["rt_wake_delay_mean_us"] = ((p1.wake_delay_ns - p0.wake_delay_ns) / max(1, p1.sleeps
+                                      - p0.sleeps) / 1000)
+        r["rt_wake_delay_max_us"] = p1.wake_delay_max_ns / 1000
+    if n0 and n1:
+        r["gave_way"] = n1.gave_way - n0.gave_way
+        r["nrt_packets"] = n1.packets - n0.packets
+    return r
+
+
+def median(rows: list[dict[str, Any]], key: str) -> float | None:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    cols = ["mean", "sd", "p99", "p99.9", "max", "heavy_fps", "rt_wake_delay_mean_us",
+            "rt_wake_delay_max_us", "gave_way", "net_rx_poll_cpu"]
+    by = {m: [r for r in results if r["mode"] == m] for m in MODES}
+    base = {c: median(by["napi"], c) for c in cols}
+    lines = ["mode            " + " ".join(f"{c:>22}" for c in cols)]
+    for m, rows in by.items():
+        if not rows:
+            continue
+        cells = []
+        for c in cols:
+            v = median(rows, c)
+            b = base.get(c)
+            ratio = f" x{v / b:.2f}" if v is not None and b and c in (
+                "mean", "sd", "p99", "p99.9", "max", "heavy_fps") else ""
+            cells.append(f"{'-' if v is None else f'{v:.1f}'}{ratio:>7}".rjust(22))
+        lines.append(f"{m:<15} " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--seconds", type=int, default=6)
+    ap.add_argument("--settle", type=float, default=1.0)
+    ap.add_argument("--mps", type=int, default=1000, help="RT requests per second")
+    ap.add_argument("--rate", type=int, default=8000, help="heavy frames/s per queue (2)")
+    ap.add_argument("--cost-ns", type=int, default=50000, help="CPU per heavy frame")
+    ap.add_argument("--quota", type=int, default=None, help="non-rt quota (default: 8)")
+    ap.add_argument("--app-prio", type=int, default=40, help="RT server's SCHED_FIFO prio")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    bad = set(modes) - set(MODES)
+    if bad:
+        ap.error(f"unknown modes {sorted(bad)}: use {', '.join(MODES)}")
+    load_module()
+    t = build_topology()
+    rng = random.Random(args.seed)
+    results: list[dict[str, Any]] = []
+    orders = []
+    for rep in range(args.reps):
+        order = modes[:]
+        rng.shuffle(order)
+        orders.append(order)
+        for m in order:
+            r = one_run(m, t.nic0, args)
+            r["rep"] = rep
+            results.append(r)
+            print(json.dumps(r), flush=True)
+    print(f"kernel {os.uname().release} ({os.uname().version}); timings emulated (TCG); "
+          f"sockperf latency = RTT/2 in us; medians of {args.reps} repetitions; "
+          f"orders {orders}")
+    print(table(results))
+    print("CLASS-SPLIT-RESULT " + json.dumps({"args": vars(args), "orders": orders,
+                                              "kernel": os.uname().release,
+                                              "results": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -90,12 +90,14 @@ class SharedCpu:
     # round trip (measured: docs/results.md, "shared-cpu"). Named with --modes, they run here.
     # Plus the exclusive CPU modes (rt-split's): ``exclusive`` (napi with the flood's RPS and
     # the heavy receiver on the non-RT CPU) and ``<kbp mode>-excl`` (the same with the RT
-    # device on the poller: what kbpctl enable --isolate recommends, design.md §3).
+    # device on the poller: what kbpctl enable --isolate recommends, design.md §3), and the
+    # part modes (``<kbp mode>-part``: the heavy device in the backend's class non-rt on the
+    # RT CPU itself, the outsourcing paper's split by priority; nothing moved).
     default_modes: tuple[str, ...] = (
         *(m for m in names.BENCH_MODES
           if m not in (names.BENCH_PERIODIC, names.BENCH_STOCK_PERIODIC)),
-        rs.EXCLUSIVE, *rs.KBP_EXCL_MODES)
-    own_modes: ClassVar[dict[str, str]] = rs.EXCLUSIVE_MODES_DOC
+        rs.EXCLUSIVE, *rs.KBP_EXCL_MODES, *rs.PART_MODES)
+    own_modes: ClassVar[dict[str, str]] = rs.OWN_MODES_DOC
     role_doc: ClassVar[dict[str, str]] = {
         pl.RT: "RPS target of both server devices: the backlog NET_RX of the RT flow "
                "(napi, threaded) and of the flood (every mode)",
@@ -107,7 +109,7 @@ class SharedCpu:
     }
 
     def make_modes(self) -> dict[str, Any]:
-        return rs.make_exclusive_modes()
+        return rs.make_own_modes()
 
     def roles(self, cfg: BenchConfig) -> tuple[str, ...]:
         return (pl.TESTER, pl.RT, pl.FLOOD, pl.HEAVY)

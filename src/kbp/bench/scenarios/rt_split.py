@@ -716,6 +716,21 @@ def heavy_counters(heavy: HeavySide) -> dict[str, int] | None:
             "dropped": int(st.get("dropped") or 0)}
 
 
+def heavy_rate(c0: dict[str, int] | None, c1: dict[str, int] | None, wall: float,
+               ) -> dict[str, Any]:
+    """The heavy device's receive counters over a run's window (``heavy_counters`` at its
+    start and end, ``wall`` seconds apart): bytes, packets, Gbit/s (L2 bytes at the device)
+    and packets/s; only the window when a read failed."""
+    wall = max(wall, 1e-9)
+    h: dict[str, Any] = {"wall_s": wall}
+    if c0 is not None and c1 is not None:
+        h["rx_bytes"] = c1["bytes"] - c0["bytes"]
+        h["rx_packets"] = c1["packets"] - c0["packets"]
+        h["gbit_s"] = 8 * h["rx_bytes"] / wall / 1e9
+        h["rx_pps"] = h["rx_packets"] / wall
+    return h
+
+
 def _probe(steering: steer.Steering, heavy: HeavySide, irqs: tuple[int, ...] = ()) -> Any:
     """Around each latency run: receive work on the RT and the non-RT CPU, the heavy
     receiver's bytes and packets, where it runs, the RPS masks in force."""
@@ -733,14 +748,7 @@ def _probe(steering: steer.Steering, heavy: HeavySide, irqs: tuple[int, ...] = (
             rec["rt_cpu_rx"] = rx.stop()
             rec["nonrt_cpu_rx"] = rx2.stop()
             c1, t1 = heavy_counters(heavy), time.monotonic()
-            wall = max(t1 - t0, 1e-9)
-            h: dict[str, Any] = {"receiver_cpus": where, "wall_s": wall}
-            if c0 is not None and c1 is not None:
-                h["rx_bytes"] = c1["bytes"] - c0["bytes"]
-                h["rx_packets"] = c1["packets"] - c0["packets"]
-                h["gbit_s"] = 8 * h["rx_bytes"] / wall / 1e9
-                h["rx_pps"] = h["rx_packets"] / wall
-            rec["heavy"] = h
+            rec["heavy"] = {"receiver_cpus": where, **heavy_rate(c0, c1, t1 - t0)}
             rec["steering"] = masks
         return end
     return begin

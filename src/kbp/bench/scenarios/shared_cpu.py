@@ -39,6 +39,7 @@ situation and its kbp numbers say little.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -204,9 +205,11 @@ def _probe(steering: steer.Steering, cpu: int, irqs: tuple[int, ...] = (),
            heavy: rs.HeavySide | None = None) -> Any:
     """Around each latency run: receive work on the RT CPU (and the RT NIC port's interrupts
     with --nic-pair), the RPS masks in force, and the heavy device's received packets (the
-    runner's RT CPU check)."""
+    runner's RT CPU check) and bytes: the heavy flow's Gbit/s in this run, per mode (rt-split's
+    :func:`~kbp.bench.scenarios.rt_split.heavy_rate`)."""
     def begin() -> Any:
         c0 = rs.heavy_counters(heavy) if heavy is not None else None
+        t0 = time.monotonic()
         rx = steer.CpuRx(cpu, irqs=irqs)
         rx.start()
         masks = steering.now()
@@ -216,8 +219,7 @@ def _probe(steering: steer.Steering, cpu: int, irqs: tuple[int, ...] = (),
             rec["steering"] = masks
             c1 = rs.heavy_counters(heavy) if heavy is not None else None
             if c0 is not None and c1 is not None:
-                rec["heavy"] = {"rx_packets": c1["packets"] - c0["packets"],
-                                "rx_bytes": c1["bytes"] - c0["bytes"]}
+                rec["heavy"] = rs.heavy_rate(c0, c1, time.monotonic() - t0)
         return end
     return begin
 

@@ -137,6 +137,8 @@ PAPER_TABLE3: dict[str, tuple[str, float, float, float]] = {
     "kbp": ("outsourcing (the paper's RT class)", 32.9, 46.8, 4.3),
 }
 HEAVY_LINK = "heavy"
+PER_MODE_TITLE = ("Headline: RT response time with the TCP heavy sender and the heavy flow's "
+                  "throughput, per mode (the README's table)")
 STEER_SHARE = 0.5     # steering_check: this share of the heavy flow's packets where it belongs
 RUN_OVERHEAD_S = 0.3  # per run: the probes, exclusive's moves
 
@@ -676,6 +678,9 @@ class RtSplit:
         runs = [r for r in results.get("runs") or [] if r.get("part") == pt.RTT]
         summ["split"] = split_summary(runs, report.placement_of(results))
         summ["steering_check"] = steering_check(runs)
+        summ["per_mode"] = {"condition": LOADS["on"], "idle_condition": LOADS["off"],
+                            "modes": report.per_mode(summ, results.get("tails") or {},
+                                                     LOADS["on"], idle=LOADS["off"])}
         return summ
 
     def render(self, results: dict[str, Any]) -> str:
@@ -689,6 +694,8 @@ class RtSplit:
                f"of mode exclusive: {rs.get('nonrt_cpu', '?')}"
                f"{_roles_words(rs.get('nonrt_roles'))}.", ""]
         out += [check_line(summ.get("steering_check") or {}), ""]
+        out += report.per_mode_section((summ.get("per_mode") or {}).get("modes") or {},
+                                       LOADS["on"], PER_MODE_TITLE, idle=LOADS["off"])
         for cond in (c for c in CONDITIONS if c in split):
             out += table3_section(cond, split[cond], place)
         out += where_section(split, place, rs.get("nonrt_cpu"))

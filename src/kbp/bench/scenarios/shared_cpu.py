@@ -72,6 +72,8 @@ XMIT_NOTE = ("Note: xmit→poll ends where the RT device's veth NAPI poll hands 
              "flood is not in that column (it is in the round trip); in the kbp modes the "
              "poller takes it up the stack itself (in irq-suspend, RPS off too, the NAPI "
              "poll, the app's epoll or the deferral timer's).")
+PER_MODE_TITLE = ("Headline: RT round trip idle and under the flood, with the heavy flow's "
+                  "throughput, per mode (the README's table)")
 RX_FIELDS = ("net_rx_per_s", "processed_per_s", "received_rps", "time_squeeze",
              "ksoftirqd_cpu_pct", "ksoftirqd_runs", "backlog_dropped", "rt_nic_irqs_per_s")
 
@@ -173,12 +175,17 @@ class SharedCpu:
         summ["rt_cpu_rx"] = rx_summary(runs)
         summ["flood_vs_idle"] = flood_vs_idle(runs)
         summ["acceptance"] = acceptance(summ["flood_vs_idle"])
+        summ["per_mode"] = {"condition": "flood", "idle_condition": "idle",
+                            "modes": report.per_mode(summ, results.get("tails") or {}, "flood",
+                                                     idle="idle")}
         return summ
 
     def render(self, results: dict[str, Any]) -> str:
         summ = results.get("summary") or {}
         out = [acceptance_line(summ.get("acceptance") or {}), "",
                f"RT app: {app_words(results)}. Flood: {pt.flood_words(results)}.", ""]
+        out += report.per_mode_section((summ.get("per_mode") or {}).get("modes") or {},
+                                       "flood", PER_MODE_TITLE, idle="idle")
         out += flood_vs_idle_section(summ.get("flood_vs_idle") or {})
         nic = bool(results.get("nic_pair"))
         out += report.rtt_sections(results, conditions(results))

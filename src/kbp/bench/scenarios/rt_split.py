@@ -45,10 +45,26 @@ Modes (the paper's methods; napi is the baseline every ratio refers to):
 ``stock-kbp``  the kbp RT class on this host (kbpctl stock backend: RT device off RPS, its
                NAPI polled by a SCHED_FIFO kthread on the RT CPU; the heavy flow stays on the
                RT CPU's backlog); ``hybrid`` / ``busy`` are kbp.ko's, in the VM rig
+``<kbp mode>-excl``  the kbp mode and the exclusive CPU together (kbpctl enable --isolate's
+               placement, the heavy receiver moved too)
+``<kbp mode>-part``  the outsourcing paper's own method, RT and non-RT receive work split by
+               priority on the *same* CPU (``stock-kbp-part``, ``hybrid-part``,
+               ``busy-part``): the RT device on the kbp mode's RT poller, the heavy device in
+               the same backend's class non-rt on the RT CPU (kbp.ko: that CPU's non-rt
+               poller, SCHED_NORMAL, giving way to the RT poller between polls of a small
+               quota; stock: its NAPI thread SCHED_OTHER there).  The heavy device gets a NAPI
+               that still delivers per packet while the mode is on (GRO on with gro_max_size
+               1600; with GRO off veth has none) and RPS off (kbpctl enable).  Nothing moves;
+               ``exclusive`` stays the yardstick.  Skipped with the reason where the backend
+               lacks the class (kbp.ko not loaded; a stock backend without ``--class non-rt``)
 
 The non-RT CPU of ``exclusive`` (``nonrt_cpu``): the first usable CPU no role uses, else one
 only the harness uses, else the flood sender's (on 2 CPUs: the tester's and flood sender's
 CPU 0, the only other one -- the paper's two-core host had exactly an RT and a non-RT CPU).
+
+The summary's ``per_mode`` (and the report's headline table): per mode under the heavy
+sender, the RT mean/p99/p99.9/SD/max and the heavy flow's Gbit/s with the repetitions, n and
+the pooled p99.9's bootstrap CI (:func:`kbp.bench.report.per_mode`; shared-cpu has the same).
 
 Per latency run (``results.runs``): ``heavy`` (the heavy device's receive bytes and packets
 over the run's window: Gbit/s at the device, L2 bytes; the heavy receiver's CPU affinity),

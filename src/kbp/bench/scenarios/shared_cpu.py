@@ -26,6 +26,13 @@ the situation KBP is built for.  Every latency run records where NET_RX work ran
 CPU (``rt_cpu_rx``: NET_RX softirqs, packets processed, RPS IPIs, ksoftirqd's run time) and
 the RPS masks during the run (``steering``); the poller counters are in ``poller``.
 
+The exclusive CPU modes (``exclusive``, ``<kbp mode>-excl``) move the flood's RPS and the
+heavy receiver to the non-RT CPU; the part modes (``stock-kbp-part``, ``hybrid-part``,
+``busy-part``) keep everything on the RT CPU and put the flood's device in the backend's
+class non-rt there (rt-split's docstring).  Every latency run records the heavy device's
+bytes (``heavy``: Gbit/s over the run), so the summary's ``per_mode`` and the report's
+headline table give each mode's heavy throughput beside its RT mean/p99/p99.9/SD.
+
 The RT app runs SCHED_FIFO rt-prio+1 by default (``--app-policy``; the papers run their RT
 threads at FIFO): with the default policy it waits behind the heavy receiver in CFS in every
 mode, which is a scheduling and not a receive-path delay.

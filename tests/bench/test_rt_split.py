@@ -27,9 +27,10 @@ def test_registered() -> None:
     assert s.rt_roles == ("heavy",) and s.app_policy == "fifo"
     assert scenarios.default_modes(s) == ("napi", "threaded", "exclusive", "stock-kbp",
                                           "hybrid", "busy", "stock-kbp-excl", "hybrid-excl",
-                                          "busy-excl")
+                                          "busy-excl", "stock-kbp-part", "hybrid-part",
+                                          "busy-part")
     assert set(s.make_modes()) == {"exclusive", "stock-kbp-excl", "hybrid-excl",
-                                   "busy-excl"}
+                                   "busy-excl", "stock-kbp-part", "hybrid-part", "busy-part"}
     both = s.make_modes()["stock-kbp-excl"]
     assert both.inner.name == "stock-kbp" and both.spins is False
     assert rt_split.exclusive_like("busy-excl") and not rt_split.exclusive_like("busy")

@@ -112,10 +112,22 @@ def test_exclusive_modes_take_the_flood_off_the_rt_cpu(tmp_path: Path) -> None:
                       reps=1,
                       duration=1.5, warmup=0.2, parts=["rtt"], loads=["on"], trace=False,
                       out=tmp_path, command="pytest")
-    res = json.loads(json.dumps(Bench(cfg).run()))
+    res = Bench(cfg).run()
+    report.add_summary(res)
+    res = json.loads(json.dumps(res))
     assert not res["interrupted"] and "restore_problems" not in res
     rt = res["placement"]["cpus"]["rt"]
     assert {r["mode"] for r in res["runs"]} == {"napi", "exclusive", "stock-kbp-excl"}
+    # the heavy flow's throughput per run and per mode (issue 24), in JSON and the report
+    for r in res["runs"]:
+        assert r["heavy"]["gbit_s"] > 0.01 and r["heavy"]["wall_s"] > 1.0, r["heavy"]
+    pm = res["summary"]["per_mode"]["modes"]
+    assert list(pm) == ["napi", "exclusive", "stock-kbp-excl"]
+    for mode, row in pm.items():
+        assert row["reps"] == 1 and row["heavy_gbit_s"]["median"] > 0.01, (mode, row)
+        assert row["rtt_p99.9_us"]["median"] > 0 and row["p99.9_pooled"]["n"] > 0
+    md = report.markdown(res)
+    assert "heavy (Gbit/s) flood" in md and "| exclusive | 1 |" in md
     for r in (r for r in res["runs"] if r["mode"] != "napi"):
         rx, fb = r["rt_cpu_rx"], r["flood_block"]
         fl_dev = next(d for d in r["steering"] if d.startswith("flood-"))
@@ -154,3 +166,60 @@ def test_ctrl_c_leaves_no_rps_mask_or_namespace(tmp_path: Path) -> None:
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["interrupted"] is True and res["steering"]["mechanism"] == "RPS"
     assert "restore_problems" not in res and "not restored" not in err, err[-2000:]
+
+
+def test_part_mode_heavy_device_in_class_non_rt_on_the_rt_cpu(tmp_path: Path) -> None:
+    """stock-kbp-part: the RT device on the stock backend's poller, the heavy device's NAPI
+    (GRO on, gro_max_size 1600) on a SCHED_OTHER thread on the RT CPU itself; nothing moved,
+    its packets go up the stack on the RT CPU; everything put back."""
+    _skip_unless_ready()
+    from kbp.bench.scenarios import rt_split
+    why = rt_split.nonrt_refusal("stock")
+    if why:
+        pytest.skip(reason=f"needs kbpctl's stock backend with class non-rt: {why}")
+    before_ns, before_set, before_rps = _ours(), _settings(), _host_rps()
+    cfg = BenchConfig(scenario="shared-cpu", modes=["napi", "stock-kbp-part"], reps=1,
+                      duration=1.5, warmup=0.2, parts=["rtt"], loads=["on"], trace=False,
+                      out=tmp_path, command="pytest")
+    res = Bench(cfg).run()
+    report.add_summary(res)
+    res = json.loads(json.dumps(res))
+    assert not res["interrupted"] and "restore_problems" not in res
+    assert res["modes"]["stock-kbp-part"] == {"status": "ok"}
+    rt = res["placement"]["cpus"]["rt"]
+    r = next(r for r in res["runs"] if r["mode"] == "stock-kbp-part")
+    part = r["mode_setup"]["part"]
+    assert part["request"]["cls"] == "non-rt" and part["request"]["cpus"] == [rt]
+    assert part["heavy_napi"] == {"gro": True, "gro_max_size": 1600}
+    assert part["nonrt_threads"] and all(t["policy"] == "SCHED_OTHER" and t["cpus"] == [rt]
+                                         for t in part["nonrt_threads"]), part
+    assert part["heavy_receiver_cpus"] == [rt]
+    fl_dev = next(d for d in r["steering"] if d.startswith("flood-"))
+    assert r["steering"][fl_dev] == [], "enable must turn RPS off on the heavy device"
+    assert r["heavy"]["gbit_s"] > 0.01
+    assert r["rt_cpu_rx"]["processed_per_s"] > 0.5 * r["heavy"]["rx_pps"]
+    assert res["summary"]["per_mode"]["modes"]["stock-kbp-part"]["heavy_gbit_s"]["median"]
+    assert _ours() == before_ns and _settings() == before_set
+    assert _host_rps() == before_rps
+    assert _procs() == [] and _iperf() == []
+
+
+def test_heavy_device_gets_a_per_packet_napi_and_it_is_put_back() -> None:
+    """What the part modes do to the heavy device before the backend serves it, on a real
+    veth end with GRO off (as the TCP heavy sender's shaping leaves it): GRO on with
+    gro_max_size 1600 (a NAPI that delivers per packet), then exactly as it was."""
+    _skip_unless_ready()
+    from kbp.bench import parts as pt
+    from kbp.testbed import run, set_gro
+    ns = f"kbpb-part{os.getpid()}"
+    run(None, ["ip", "netns", "add", ns])
+    try:
+        run(ns, ["ip", "link", "add", "pa", "type", "veth", "peer", "name", "pb"])
+        set_gro(ns, "pb", False)
+        before = pt.napi_state(ns, "pb")
+        assert before["gro"] is False and before["gro_max_size"] != pt.PER_PACKET_GRO_MAX
+        assert pt.napi_per_packet(ns, "pb") == {"gro": True, "gro_max_size": 1600}
+        pt.napi_restore(ns, "pb", before)
+        assert pt.napi_state(ns, "pb") == before
+    finally:
+        run(None, ["ip", "netns", "del", ns], check=False)

@@ -34,10 +34,11 @@ def test_registered_with_the_protocol() -> None:
     assert scenarios.default_modes(s) == tuple(DEFAULT_MODES)
     assert scenarios.default_modes(scenarios.get("veth-inline")) == names.BENCH_MODES
     # shared-cpu: every mode but the periodic ones (NetAP is for bulk streams), then the
-    # exclusive CPU modes
+    # exclusive CPU modes and the part modes
     assert scenarios.default_modes(scenarios.get("shared-cpu")) == (
         *(m for m in names.BENCH_MODES if "periodic" not in m), "exclusive",
-        "stock-kbp-excl", "hybrid-excl", "busy-excl")
+        "stock-kbp-excl", "hybrid-excl", "busy-excl", "stock-kbp-part", "hybrid-part",
+        "busy-part")
     assert "stream" in cli.description()
 
 

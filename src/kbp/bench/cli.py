@@ -7,9 +7,10 @@ Scenarios (``--scenario``; the first is the default):
 
 Modes (``--modes``, default all, or the scenario's own defaults (stream: napi, hybrid,
 periodic, stock-kbp, stock-periodic; rt-split: napi, threaded, exclusive, stock-kbp, hybrid,
-busy); napi is the baseline; a mode this kernel cannot run is skipped with the reason; a
-scenario may have modes of its own, e.g. rt-split's and shared-cpu's exclusive and
-<kbp mode>-excl):
+busy and the -excl and -part modes); napi is the baseline; a mode this kernel cannot run is
+skipped with the reason; a scenario may have modes of its own, e.g. rt-split's and
+shared-cpu's exclusive, <kbp mode>-excl and the part modes stock-kbp-part, hybrid-part,
+busy-part):
 
 {modes}
 

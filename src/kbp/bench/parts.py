@@ -118,6 +118,50 @@ def per_packet(link: VethLink) -> dict[str, bool]:
             "receiver_gro": _feature(link.ns_b, link.dev_b, "generic-receive-offload")}
 
 
+#: gro_max_size that keeps veth's GRO from merging two MTU-sized segments (1500 B each): the
+#: device has a NAPI (veth has one only with GRO or XDP on) yet delivers one packet at a time
+PER_PACKET_GRO_MAX = 1600
+
+
+def gro_max_size(ns: str, dev: str) -> int | None:
+    """The device's gro_max_size (``ip -d -j link``), None where iproute2 does not show it."""
+    out = run(ns, ["ip", "-d", "-j", "link", "show", "dev", dev]).stdout
+    v = json.loads(out)[0].get("gro_max_size")
+    return None if v is None else int(v)
+
+
+def napi_state(ns: str, dev: str) -> dict[str, Any]:
+    """GRO and gro_max_size of a device as the kernel reads them back."""
+    return {"gro": _feature(ns, dev, "generic-receive-offload"),
+            "gro_max_size": gro_max_size(ns, dev)}
+
+
+def napi_per_packet(ns: str, dev: str) -> dict[str, Any]:
+    """Give a veth end shaped by :func:`per_packet` (GRO off: no NAPI) a NAPI that still
+    delivers per packet: GRO on with gro_max_size :data:`PER_PACKET_GRO_MAX` (issue 24's
+    probe did the same), which a backend can then thread or attach.  GRO goes off first, so
+    the NAPI is always a fresh one (kernels before 6.15 keep a NAPI's kthread after threaded
+    NAPI, and kbp.ko refuses such a NAPI).  Returns the state read back; RuntimeError when
+    the kernel or iproute2 refuses or it does not stick (read :func:`napi_state` first to
+    put it back with :func:`napi_restore`)."""
+    set_gro(ns, dev, False)
+    run(ns, ["ip", "link", "set", "dev", dev, "gro_max_size", str(PER_PACKET_GRO_MAX)])
+    set_gro(ns, dev, True)
+    now = napi_state(ns, dev)
+    if now != {"gro": True, "gro_max_size": PER_PACKET_GRO_MAX}:
+        raise RuntimeError(f"{dev}: GRO on with gro_max_size {PER_PACKET_GRO_MAX} did not "
+                           f"stick (reads {now})")
+    return now
+
+
+def napi_restore(ns: str, dev: str, before: dict[str, Any]) -> None:
+    """Undo :func:`napi_per_packet`: GRO and gro_max_size as they were."""
+    set_gro(ns, dev, bool(before.get("gro")))
+    if before.get("gro_max_size") is not None:
+        run(ns, ["ip", "link", "set", "dev", dev, "gro_max_size",
+                 str(before["gro_max_size"])])
+
+
 def _feature(ns: str, dev: str, name: str) -> bool:
     out = run(ns, ["ethtool", "--json", "-k", dev]).stdout
     return bool(json.loads(out)[0][name]["active"])

@@ -2,17 +2,62 @@
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 from typing import Any
 
+from kbp import names
 from kbp.bench.placement import Placement
 from kbp.bench.report import _modes_in, placement_of
 
 CPU_PARTS = ("user", "system", "softirq", "irq", "steal")
-COLORS = {"napi": "#444444", "threaded": "#1f77b4", "busypoll": "#9467bd",
-          "defer": "#8c564b", "irq-suspend": "#e377c2", "stock-kbp": "#2ca02c",
-          "stock-busy": "#17becf", "stock-periodic": "#bcbd22",
-          "busy": "#d62728", "hybrid": "#ff7f0e", "periodic": "#7f3b08"}
+#: every mode's colour, the one table (by kbp.names and the scenarios' own names, never
+#: re-typed): a kbp mode's ``-excl`` variant is its colour's light shade, its ``-part``
+#: variant its dark shade; ``exclusive`` is napi's light grey (napi with the flood moved)
+BASE_COLORS: dict[str, str] = {
+    names.BENCH_NAPI: "#444444", names.BENCH_THREADED: "#1f77b4",
+    names.BENCH_BUSYPOLL: "#9467bd", names.BENCH_DEFER: "#8c564b",
+    names.BENCH_IRQ_SUSPEND: "#e377c2", names.BENCH_STOCK_KBP: "#2ca02c",
+    names.BENCH_STOCK_BUSY: "#17becf", names.BENCH_STOCK_PERIODIC: "#bcbd22",
+    names.MODE_BUSY: "#d62728", names.MODE_HYBRID: "#ff7f0e", names.BENCH_PERIODIC: "#7f3b08",
+}
+#: the light (-excl) and dark (-part) shades of the kbp modes those variants exist for
+SHADES: dict[str, tuple[str, str]] = {
+    names.BENCH_STOCK_KBP: ("#98df8a", "#00441b"),
+    names.MODE_HYBRID: ("#ffbb78", "#b8860b"),
+    names.MODE_BUSY: ("#ff9896", "#67000d"),
+}
+EXCLUSIVE_COLOR = "#aaaaaa"
+FALLBACK = "#888888"
+#: line style by family: the exclusive CPU modes dashed, the part modes dash-dotted
+STYLES = {"excl": "--", "part": "-."}
+
+
+@cache
+def palette() -> dict[str, str]:
+    """{mode: colour} for every mode the benchmark has (report.mode_order()), each distinct."""
+    from kbp.bench.scenarios import rt_split as rs
+    out = dict(BASE_COLORS)
+    out[rs.EXCLUSIVE] = EXCLUSIVE_COLOR
+    for m, (light, _dark) in SHADES.items():
+        out[m + rs.EXCL_SUFFIX] = light
+    for part, inner in rs.PART_MODES.items():
+        out[part] = SHADES[inner][1]
+    return out
+
+
+def color(mode: str) -> str:
+    """The colour of ``mode`` (a grey for a name the table does not know)."""
+    return palette().get(mode, FALLBACK)
+
+
+def style(mode: str) -> str:
+    """The line style of ``mode``: solid, dashed (exclusive CPU modes), dash-dotted (part)."""
+    from kbp.bench.scenarios import rt_split as rs
+    if rs.part_like(mode):
+        return STYLES["part"]
+    return STYLES["excl"] if rs.exclusive_like(mode) else "-"
+
 
 
 def _plt() -> Any:
@@ -42,9 +87,10 @@ def latency_cdf(samples: dict[str, list[int]], out: Path, title: str, part: str 
             n = len(xs)
             us = [x / 1000 for x in xs]
             ys = [(i + 1) / n for i in range(n)]
-            col = COLORS.get(mode)
-            axes[0][j].plot(us, ys, label=f"{mode} (n={n})", color=col)
-            axes[1][j].plot(us, [1 - y + 1 / n for y in ys], label=mode, color=col)
+            col, ls = color(mode), style(mode)
+            axes[0][j].plot(us, ys, label=f"{mode} (n={n})", color=col, linestyle=ls)
+            axes[1][j].plot(us, [1 - y + 1 / n for y in ys], label=mode, color=col,
+                            linestyle=ls)
         axes[0][j].set_xscale("log")
         axes[0][j].set_title(f"{cond}: CDF of round-trip time")
         axes[0][j].set_xlabel("RTT (µs, kernel timestamps)")
@@ -83,7 +129,7 @@ def throughput_bars(summary: dict[str, Any], out: Path, title: str) -> Path | No
         ax = axes[0][j]
         ax.bar(modes, [v / 1000 for v in med], yerr=[[v / 1000 for v in lo],
                                                       [v / 1000 for v in hi]],
-               color=[COLORS.get(m, "#888888") for m in modes], capsize=4)
+               color=[color(m) for m in modes], capsize=4)
         ax.set_title(f"RFC 2544 zero-loss rate, {frame} B frames")
         ax.set_ylabel("kpkt/s (median, min-max)")
         ax.grid(True, axis="y", alpha=0.3)

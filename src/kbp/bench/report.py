@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from functools import cache
 from typing import Any
 
 from kbp import names
@@ -122,6 +123,9 @@ def run_metrics(rec: dict[str, Any], pl: Placement) -> dict[str, float | None]:
     m["poller_cpu_pct"] = sum(t["cpu_pct"] for t in thr) if thr else None
     fb = rec.get("flood_block") or {}
     m["flood_rx_pps"] = fb.get("rx_pps")
+    h = rec.get("heavy") or {}         # the heavy device over this run (shared-cpu, rt-split)
+    m["heavy_gbit_s"] = h.get("gbit_s")
+    m["heavy_kpps"] = None if h.get("rx_pps") is None else h["rx_pps"] / 1000
     return m
 
 
@@ -262,8 +266,17 @@ def cell(agg: dict[str, Any] | None, spread: bool = True) -> str:
     return s
 
 
+@cache
+def mode_order() -> tuple[str, ...]:
+    """Every mode name in table order: names.BENCH_MODES, then the scenarios' own modes
+    (rt-split's and shared-cpu's: exclusive, the ``-excl`` and the ``-part`` modes)."""
+    from kbp.bench.scenarios import rt_split
+    return (*names.BENCH_MODES, rt_split.EXCLUSIVE, *rt_split.KBP_EXCL_MODES,
+            *rt_split.PART_MODES)
+
+
 def _modes_in(d: dict[str, Any]) -> list[str]:
-    order = list(names.BENCH_MODES)
+    order = mode_order()
     return sorted(d, key=lambda m: order.index(m) if m in order else len(order))
 
 
@@ -325,6 +338,70 @@ def table2_table(t2: dict[str, Any], pl: Placement) -> str:
             rows.append(f"| {cond} | {mode} | " +
                         " | ".join(cell(t2[cond][mode].get(k)) for k, _, _ in cols) + " |")
     return "\n".join(rows)
+
+
+# -- RT latency and the heavy flow's throughput, per mode (shared-cpu, rt-split) ------------
+#: the per-mode table's columns under the load: Table 3's statistics, the tail, the heavy flow
+PER_MODE_COLUMNS: tuple[Column, ...] = (
+    ("rtt_mean_us", "RT mean", "µs"), ("rtt_p99_us", "RT p99", "µs"),
+    ("rtt_p99.9_us", "RT p99.9", "µs"), ("rtt_sd_us", "RT SD", "µs"),
+    ("rtt_max_us", "RT max", "µs"), ("heavy_gbit_s", "heavy", "Gbit/s"))
+
+
+def per_mode(summary: dict[str, Any], tails: dict[str, Any], cond: str,
+             idle: str | None = None, part: str = parts_.RTT) -> dict[str, Any]:
+    """Per mode under condition ``cond`` of ``part``: the RT flow's mean, p99, p99.9, SD and
+    max and the heavy flow's Gbit/s (each the aggregate over repetitions with its ratio to
+    napi), the repetitions, the median n, the p99.9 of the samples pooled over repetitions
+    with its bootstrap CI (``tails``: results["tails"]), and with ``idle`` the p99.9 in
+    that condition.  ``summary``: :func:`summarize`'s.  {} when ``cond`` did not run."""
+    rtt = summary.get(part) or {}
+    got = rtt.get(cond) or {}
+    out: dict[str, Any] = {}
+    for mode in _modes_in(got):
+        d = got[mode]
+        tail = tails.get(f"{part}|{cond}|{mode}") or {}
+        row: dict[str, Any] = {k: d.get(k) for k, _, _ in PER_MODE_COLUMNS}
+        row["reps"] = (d.get("rtt_n") or {}).get("n") or tail.get("runs")
+        row["n"] = (d.get("rtt_n") or {}).get("median")
+        row["p99.9_pooled"] = tail.get("p99.9")
+        if idle is not None:
+            row["idle_rtt_p99.9_us"] = ((rtt.get(idle) or {}).get(mode) or {}).get(
+                "rtt_p99.9_us")
+            row["idle_n"] = (((rtt.get(idle) or {}).get(mode) or {}).get("rtt_n")
+                             or {}).get("median")
+        out[mode] = row
+    return out
+
+
+def per_mode_section(pm: dict[str, Any], cond: str, title: str, idle: str | None = None,
+                     ) -> list[str]:
+    """The per-mode table (:func:`per_mode`'s rows): the README's headline table's shape,
+    with the heavy flow's throughput beside the RT flow's statistics."""
+    if not pm:
+        return []
+    with_idle = idle is not None and any(r.get("idle_rtt_p99.9_us") for r in pm.values())
+    cols = ["mode", "reps", *([f"RT p99.9 {idle} (µs)"] if with_idle else []),
+            *(f"{_heading(c)} {cond}" for c in PER_MODE_COLUMNS),
+            f"RT p99.9 {cond}, pooled [95 % CI] (µs)"]
+    rows = [f"**{title}** (condition `{cond}`; cells: median of the repetitions [min-max] "
+            "xratio to napi (median of per-repetition ratios); tails: k-th largest of a run's "
+            f"n; pooled: the repetitions' samples together, seeded bootstrap CI; {FEW_MARK}: "
+            f"fewer than {FEW_ABOVE} samples above it)", "",
+            "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for mode, r in pm.items():
+        cells = [mode, str(r.get("reps") or "-")]
+        if with_idle:
+            cells.append(cell(r.get("idle_rtt_p99.9_us")) + (
+                tail_note(r.get("idle_n"), 99.9) if r.get("idle_rtt_p99.9_us") else ""))
+        for k, _, _ in PER_MODE_COLUMNS:
+            c = cell(r.get(k))
+            if k in TAIL_COLUMNS and r.get(k):
+                c += tail_note(r.get("n"), TAIL_COLUMNS[k])
+            cells.append(c)
+        cells.append(_tail_cell(r.get("p99.9_pooled")))
+        rows.append("| " + " | ".join(cells) + " |")
+    return [*rows, ""]
 
 
 # -- sections a scenario composes ---------------------------------------------------------

@@ -99,8 +99,9 @@ SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)     # asm-generic value
 # modes that leave the RT device's NAPI a kthread, and the module's modes, which refuse such a
 # NAPI on kernels before KTHREAD_KEPT_BEFORE (the runner recreates a veth pair; a NIC cannot be)
 KTHREAD_MODES = (names.BENCH_THREADED, names.BENCH_STOCK_KBP, names.BENCH_STOCK_BUSY,
-                 names.BENCH_STOCK_PERIODIC)
-MODULE_MODES = (names.MODE_BUSY, names.MODE_HYBRID, names.BENCH_PERIODIC)
+                 names.BENCH_STOCK_PERIODIC, names.BENCH_STOCK_KBP_PART)
+MODULE_MODES = (names.MODE_BUSY, names.MODE_HYBRID, names.BENCH_PERIODIC,
+                names.BENCH_HYBRID_PART, names.BENCH_BUSY_PART)
 PERIODIC_MODES = (names.BENCH_PERIODIC, names.BENCH_STOCK_PERIODIC)
 KTHREAD_KEPT_BEFORE = (6, 15, 0)
 

@@ -45,10 +45,26 @@ Modes (the paper's methods; napi is the baseline every ratio refers to):
 ``stock-kbp``  the kbp RT class on this host (kbpctl stock backend: RT device off RPS, its
                NAPI polled by a SCHED_FIFO kthread on the RT CPU; the heavy flow stays on the
                RT CPU's backlog); ``hybrid`` / ``busy`` are kbp.ko's, in the VM rig
+``<kbp mode>-excl``  the kbp mode and the exclusive CPU together (kbpctl enable --isolate's
+               placement, the heavy receiver moved too)
+``<kbp mode>-part``  the outsourcing paper's own method, RT and non-RT receive work split by
+               priority on the *same* CPU (``stock-kbp-part``, ``hybrid-part``,
+               ``busy-part``): the RT device on the kbp mode's RT poller, the heavy device in
+               the same backend's class non-rt on the RT CPU (kbp.ko: that CPU's non-rt
+               poller, SCHED_NORMAL, giving way to the RT poller between polls of a small
+               quota; stock: its NAPI thread SCHED_OTHER there).  The heavy device gets a NAPI
+               that still delivers per packet while the mode is on (GRO on with gro_max_size
+               1600; with GRO off veth has none) and RPS off (kbpctl enable).  Nothing moves;
+               ``exclusive`` stays the yardstick.  Skipped with the reason where the backend
+               lacks the class (kbp.ko not loaded; a stock backend without ``--class non-rt``)
 
 The non-RT CPU of ``exclusive`` (``nonrt_cpu``): the first usable CPU no role uses, else one
 only the harness uses, else the flood sender's (on 2 CPUs: the tester's and flood sender's
 CPU 0, the only other one -- the paper's two-core host had exactly an RT and a non-RT CPU).
+
+The summary's ``per_mode`` (and the report's headline table): per mode under the heavy
+sender, the RT mean/p99/p99.9/SD/max and the heavy flow's Gbit/s with the repetitions, n and
+the pooled p99.9's bootstrap CI (:func:`kbp.bench.report.per_mode`; shared-cpu has the same).
 
 Per latency run (``results.runs``): ``heavy`` (the heavy device's receive bytes and packets
 over the run's window: Gbit/s at the device, L2 bytes; the heavy receiver's CPU affinity),
@@ -82,7 +98,14 @@ from kbp.bench import netstats, plots, report, steer, workloads
 from kbp.bench import parts as pt
 from kbp.bench import placement as pl
 from kbp.bench.knobs import KnobError
-from kbp.bench.modes import AppEnv, AppPlace, Target, _Defaults, require_softirq_napi
+from kbp.bench.modes import (
+    AppEnv,
+    AppPlace,
+    Target,
+    _Defaults,
+    require_softirq_napi,
+    thread_placement,
+)
 from kbp.bench.stats import aggregate, ratios_to_baseline
 
 if TYPE_CHECKING:
@@ -101,7 +124,22 @@ EXCL_SUFFIX = "-excl"
 #: the kbp modes combined with the exclusive CPU (kbpctl enable --isolate's placement plus the
 #: heavy receiver moved): "stock-kbp-excl", "hybrid-excl", "busy-excl"
 KBP_EXCL_MODES = tuple(m + EXCL_SUFFIX for m in KBP_MODES)
-ORDER = (names.BENCH_NAPI, names.BENCH_THREADED, EXCLUSIVE, *KBP_MODES, *KBP_EXCL_MODES)
+ORDER = (names.BENCH_NAPI, names.BENCH_THREADED, EXCLUSIVE, *KBP_MODES, *KBP_EXCL_MODES,
+         names.BENCH_STOCK_KBP_PART, names.BENCH_HYBRID_PART, names.BENCH_BUSY_PART)
+
+
+#: the part modes (the outsourcing paper's RT/non-RT split by priority on the RT CPU itself):
+#: {part mode: the kbp mode that serves the RT device}; the heavy device goes to the same
+#: backend's non-rt class on the same CPU
+PART_MODES: dict[str, str] = {names.BENCH_STOCK_KBP_PART: names.BENCH_STOCK_KBP,
+                              names.BENCH_HYBRID_PART: names.MODE_HYBRID,
+                              names.BENCH_BUSY_PART: names.MODE_BUSY}
+
+
+def part_like(mode: str) -> bool:
+    """The mode splits the RT CPU by class: RT device on its RT poller, heavy device on the
+    same CPU's non-rt poller (or SCHED_OTHER NAPI thread)."""
+    return mode in PART_MODES
 
 
 def exclusive_like(mode: str) -> bool:
@@ -115,6 +153,8 @@ PAPER_TABLE3: dict[str, tuple[str, float, float, float]] = {
     "kbp": ("outsourcing (the paper's RT class)", 32.9, 46.8, 4.3),
 }
 HEAVY_LINK = "heavy"
+PER_MODE_TITLE = ("Headline: RT response time with the TCP heavy sender and the heavy flow's "
+                  "throughput, per mode (the README's table)")
 STEER_SHARE = 0.5     # steering_check: this share of the heavy flow's packets where it belongs
 RUN_OVERHEAD_S = 0.3  # per run: the probes, exclusive's moves
 
@@ -288,6 +328,197 @@ class KbpExclusiveMode:
         return {**self.inner.describe(), "exclusive": self.excl.describe()}
 
 
+# -- the part modes: RT and non-RT receive work split by class on the RT CPU ---------------
+def nonrt_request(backend: str, dev: str, netns: str | None, cpu: int | None) -> Any:
+    """The kbpctl EnableRequest for the heavy device in a part mode: class non-rt, mode
+    hybrid (that class's only mode), on the RT CPU itself (``cpu``; no placement move).
+    Priority: kbp.ko runs a non-rt poller SCHED_NORMAL and refuses any rt_prio but 0
+    (module/kbp_poller.c); the stock backend's is left to its default for the class."""
+    b = _backends()
+    prio = {"rt_prio": 0} if backend == names.BACKEND_KMOD else {}
+    return b.EnableRequest([dev], netns=netns, mode=names.MODE_HYBRID,
+                           cpus=None if cpu is None else [cpu], cls=names.CLASS_NON_RT,
+                           **prio)
+
+
+def _backends() -> Any:
+    from kbp.bench.modes import _backends as get
+    return get()
+
+
+def nonrt_refusal(backend: str) -> str | None:
+    """Why kbpctl's ``backend`` cannot serve a device in class non-rt here (its static
+    checks on a placeholder device, nothing changed), None when it can.  A backend that
+    takes ``--class non-rt --mode busy`` does not know the class (issue 24 has it refused):
+    the stock backend before its non-rt class would serve the heavy device as an RT one."""
+    b = _backends()
+    be = b.get(backend)
+    check = getattr(be, "_check_static", None)
+    if check is None:
+        return None
+    try:
+        check(nonrt_request(backend, "lo", None, None).resolved(backend))
+    except Exception as e:
+        return f"kbpctl {backend} backend refuses --class {names.CLASS_NON_RT}: {e}"
+    if backend == names.BACKEND_KMOD:      # kbp.ko itself refuses what the class cannot do
+        return None
+    try:
+        check(b.EnableRequest(["lo"], mode=names.MODE_BUSY, cls=names.CLASS_NON_RT)
+              .resolved(backend))
+    except Exception:
+        return None
+    return (f"kbpctl {backend} backend does not know class {names.CLASS_NON_RT} yet (it takes "
+            f"--class {names.CLASS_NON_RT} --mode busy, which a backend with the class "
+            "refuses), so it would serve the heavy device as an RT one: needs the "
+            f"{backend} backend's non-rt class (kbpctl enable --class non-rt, issue 24)")
+
+
+class PartMode:
+    """``<kbp mode>-part``: the outsourcing paper's split by priority on the RT CPU itself.
+    The RT device on the inner kbp mode (its RT poller, class rt); the heavy device, given a
+    per-packet NAPI (:func:`kbp.bench.parts.napi_per_packet`), in the same backend's class
+    non-rt on the same CPU (kbp.ko: the CPU's non-rt poller, SCHED_NORMAL, which gives way to
+    the RT poller between polls; stock: its NAPI thread SCHED_OTHER there).  Nothing moves:
+    the heavy receiver stays on the RT CPU.  Bound to the run's heavy side by the scenario."""
+
+    def __init__(self, name: str, inner: Any) -> None:
+        self.inner = inner
+        self.name = name
+        self.spins = inner.spins
+        self.backend: str = inner.backend
+        self.moves_load = False
+        self.heavy: HeavySide | None = None
+        self.request_made: Any = None          # the heavy device's EnableRequest while on
+        self._before: dict[str, Any] | None = None   # the heavy device's GRO before setup
+        self._napi: dict[str, Any] | None = None
+        self._enabled = False
+        self._nonrt: dict[int, str] = {}
+
+    def unavailable(self) -> str | None:
+        why = self.inner.unavailable()
+        if why:
+            return why
+        try:
+            return nonrt_refusal(self.backend)
+        except Exception as e:
+            return f"{self.backend} backend: {e}"
+
+    def app_place(self, home: AppPlace, env: AppEnv) -> AppPlace:
+        return self.inner.app_place(home, env)
+
+    def app(self) -> str:
+        return self.inner.app()
+
+    def needs_fresh_device(self, t: Target) -> bool:
+        return bool(self.inner.needs_fresh_device(t))
+
+    def idle_problem(self) -> str | None:
+        return None if self.heavy is not None else (
+            f"{self.name} puts the heavy device in the RT CPU's non-rt class, and the heavy "
+            f"device does not exist in the idle part: its idle cost is {self.inner.name}'s")
+
+    def require_heavy(self) -> HeavySide:
+        if self.heavy is None:
+            raise RtSplitError(f"mode {self.name} runs only in the rt-split and shared-cpu "
+                               "scenarios (no heavy device to put in class non-rt)")
+        return self.heavy
+
+    def heavy_request(self) -> Any:
+        """The EnableRequest this mode makes for the heavy device (on the RT CPU)."""
+        h = self.require_heavy()
+        return nonrt_request(self.backend, h.dev, h.netns, h.rt_cpu)
+
+    def setup(self, t: Target) -> None:
+        h = self.require_heavy()        # refuse before the inner mode changes anything
+        if h.rt_cpu != t.cpu:
+            raise RtSplitError(f"{self.name}: the heavy device's CPU {h.rt_cpu} is not the "
+                               f"RT CPU {t.cpu}")
+        self.inner.setup(t)
+        self._before = pt.napi_state(h.netns, h.dev)
+        self._napi = pt.napi_per_packet(h.netns, h.dev)
+        self.request_made = self.heavy_request()
+        self._enabled = True              # a half-done enable is journaled: always disable
+        _backends().get(self.backend).enable(self.request_made)
+        from kbp.backends import probe
+        self._nonrt = probe.poller_threads(self.backend, h.dev, h.netns, h.rt_cpu)
+        self.verify()
+
+    def verify(self) -> None:
+        """The stock backend's non-rt class as asked: the heavy device's NAPI threads
+        SCHED_OTHER on the RT CPU (a backend that ignored the class would run them FIFO:
+        the run would then measure something else, so it stops here)."""
+        if self.backend != names.BACKEND_STOCK:
+            return
+        h = self.require_heavy()
+        got = [thread_placement(pid) for pid in self._nonrt]
+        bad = [g for g in got if not g.get("gone") and (g["policy"] != "SCHED_OTHER"
+                                                        or g["cpus"] != [h.rt_cpu])]
+        if not got or bad:
+            raise RtSplitError(f"{self.name}: after kbpctl enable --class non-rt the heavy "
+                               f"device {h.dev}'s NAPI threads should be SCHED_OTHER on the "
+                               f"RT CPU {h.rt_cpu}; found {got or 'none'}")
+
+    def teardown(self) -> None:
+        h = self.heavy
+        try:
+            if self._enabled and h is not None:
+                try:
+                    _backends().get(self.backend).disable([h.dev], h.netns)
+                finally:
+                    self._enabled = False
+                    self._nonrt = {}
+        finally:
+            try:
+                before, self._before, self._napi = self._before, None, None
+                if before is not None and h is not None:
+                    try:
+                        pt.napi_restore(h.netns, h.dev, before)
+                    except RuntimeError as e:
+                        raise KnobError(str(e)) from e
+            finally:
+                self.request_made = None
+                self.inner.teardown()
+
+    def threads(self) -> dict[int, str]:
+        """The RT poller's threads only (the non-rt ones do the heavy flow's work)."""
+        return dict(self.inner.threads())
+
+    def counters(self) -> dict[str, int | None]:
+        """The RT poller's counters, and the non-rt class's as ``nonrt_<counter>``."""
+        h = self.heavy
+        if h is None:
+            return dict(self.inner.counters())
+        from kbp.backends import probe
+        if self.backend != names.BACKEND_KMOD:
+            nonrt = probe.poller_counters(self.backend, self._nonrt, [h.rt_cpu])
+            return {**self.inner.counters(), **{f"nonrt_{k}": v for k, v in nonrt.items()}}
+        from kbp import kmod
+        out: dict[str, int | None] = {}
+        with kmod.Client() as c:          # the CPU's two pollers, apart by class
+            for p in c.pollers():
+                if p.cpu != h.rt_cpu:
+                    continue
+                pre = "nonrt_" if p.cls == names.CLASS_NON_RT else ""
+                for k, v in p.counters().items():
+                    if k in names.POLLER_COUNTERS and v is not None:
+                        out[pre + k] = int(out.get(pre + k) or 0) + int(v)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        h, req = self.heavy, self.request_made
+        return {**self.inner.describe(),
+                "part": {"how": f"the heavy device in kbpctl {self.backend} backend's class "
+                                f"{names.CLASS_NON_RT} on the RT CPU (mode hybrid), the RT "
+                                "device on the RT poller; nothing moved",
+                         "heavy_dev": h.dev if h else None,
+                         "request": None if req is None else {
+                             "mode": req.mode, "cls": req.cls, "cpus": req.cpus,
+                             "rt_prio": req.rt_prio, "nice": req.nice},
+                         "heavy_napi": self._napi,
+                         "heavy_receiver_cpus": h.receiver_cpus() if h else None,
+                         "nonrt_threads": [thread_placement(p) for p in self._nonrt]}}
+
+
 def nonrt_cpu(place: pl.Placement) -> int:
     """The exclusive CPU method's non-RT CPU: a usable CPU no role uses, else one only the
     harness uses, else the flood sender's (never the RT CPU)."""
@@ -310,6 +541,24 @@ EXCLUSIVE_MODES_DOC: dict[str, str] = {
        for m in KBP_MODES}}
 
 
+#: the part modes, which rt-split and shared-cpu offer beside the exclusive CPU modes
+PART_MODES_DOC: dict[str, str] = {
+    m: f"rt-split and shared-cpu only: {inner} on the RT device and the heavy device in the "
+       f"same backend's class non-rt on the RT CPU itself (the outsourcing paper's RT/non-RT "
+       "split by priority; nothing moved)" for m, inner in PART_MODES.items()}
+#: a scenario's own modes: the exclusive CPU modes (the yardstick) and the part modes
+OWN_MODES_DOC: dict[str, str] = {**EXCLUSIVE_MODES_DOC, **PART_MODES_DOC}
+
+
+def make_own_modes() -> dict[str, Any]:
+    """Fresh objects of rt-split's and shared-cpu's own modes: the exclusive CPU modes and
+    the part modes, unbound until :func:`bind_heavy`."""
+    from kbp.bench.modes import all_modes
+    base = all_modes()
+    return {**make_exclusive_modes(),
+            **{m: PartMode(m, base[inner]) for m, inner in PART_MODES.items()}}
+
+
 def make_exclusive_modes() -> dict[str, Any]:
     """Fresh objects of the exclusive CPU modes (a scenario's ``make_modes``), unbound until
     :func:`bind_heavy`."""
@@ -320,11 +569,12 @@ def make_exclusive_modes() -> dict[str, Any]:
 
 
 def bind_heavy(bench: Bench, heavy: HeavySide) -> None:
-    """Tell the run's exclusive CPU modes which heavy receiver and device they move."""
-    for m in (EXCLUSIVE, *KBP_EXCL_MODES):
-        excl = bench.modes.get(m)
-        if isinstance(excl, ExclusiveMode | KbpExclusiveMode):
-            excl.heavy = heavy
+    """Tell the run's exclusive CPU modes which heavy receiver and device they move, and the
+    part modes which heavy device they put in class non-rt."""
+    for m in (EXCLUSIVE, *KBP_EXCL_MODES, *PART_MODES):
+        mode = bench.modes.get(m)
+        if isinstance(mode, ExclusiveMode | KbpExclusiveMode | PartMode):
+            mode.heavy = heavy
 
 
 # -- the scenario ---------------------------------------------------------------------------
@@ -341,9 +591,9 @@ class RtSplit:
     rt_roles: tuple[str, ...] = (pl.HEAVY,)
     app_policy = "fifo"
     default_modes: tuple[str, ...] = (names.BENCH_NAPI, names.BENCH_THREADED, EXCLUSIVE,
-                                      *KBP_MODES, *KBP_EXCL_MODES)
+                                      *KBP_MODES, *KBP_EXCL_MODES, *PART_MODES)
     default_parts: tuple[str, ...] = (pt.RTT,)
-    own_modes: ClassVar[dict[str, str]] = EXCLUSIVE_MODES_DOC
+    own_modes: ClassVar[dict[str, str]] = OWN_MODES_DOC
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "full": {"loads": ["on"], "parts": [pt.RTT], "duration": 10.0},
         "demo": {"loads": ["on"], "parts": [pt.RTT], "duration": 4.0, "reps": 3},
@@ -366,7 +616,7 @@ class RtSplit:
         return ["iperf3"]
 
     def make_modes(self) -> dict[str, Any]:
-        return make_exclusive_modes()
+        return make_own_modes()
 
     def check(self, cfg: BenchConfig) -> None:
         from kbp.bench.runner import Aborted, BenchConfig
@@ -444,6 +694,9 @@ class RtSplit:
         runs = [r for r in results.get("runs") or [] if r.get("part") == pt.RTT]
         summ["split"] = split_summary(runs, report.placement_of(results))
         summ["steering_check"] = steering_check(runs)
+        summ["per_mode"] = {"condition": LOADS["on"], "idle_condition": LOADS["off"],
+                            "modes": report.per_mode(summ, results.get("tails") or {},
+                                                     LOADS["on"], idle=LOADS["off"])}
         return summ
 
     def render(self, results: dict[str, Any]) -> str:
@@ -457,6 +710,8 @@ class RtSplit:
                f"of mode exclusive: {rs.get('nonrt_cpu', '?')}"
                f"{_roles_words(rs.get('nonrt_roles'))}.", ""]
         out += [check_line(summ.get("steering_check") or {}), ""]
+        out += report.per_mode_section((summ.get("per_mode") or {}).get("modes") or {},
+                                       LOADS["on"], PER_MODE_TITLE, idle=LOADS["off"])
         for cond in (c for c in CONDITIONS if c in split):
             out += table3_section(cond, split[cond], place)
         out += where_section(split, place, rs.get("nonrt_cpu"))
@@ -484,6 +739,21 @@ def heavy_counters(heavy: HeavySide) -> dict[str, int] | None:
             "dropped": int(st.get("dropped") or 0)}
 
 
+def heavy_rate(c0: dict[str, int] | None, c1: dict[str, int] | None, wall: float,
+               ) -> dict[str, Any]:
+    """The heavy device's receive counters over a run's window (``heavy_counters`` at its
+    start and end, ``wall`` seconds apart): bytes, packets, Gbit/s (L2 bytes at the device)
+    and packets/s; only the window when a read failed."""
+    wall = max(wall, 1e-9)
+    h: dict[str, Any] = {"wall_s": wall}
+    if c0 is not None and c1 is not None:
+        h["rx_bytes"] = c1["bytes"] - c0["bytes"]
+        h["rx_packets"] = c1["packets"] - c0["packets"]
+        h["gbit_s"] = 8 * h["rx_bytes"] / wall / 1e9
+        h["rx_pps"] = h["rx_packets"] / wall
+    return h
+
+
 def _probe(steering: steer.Steering, heavy: HeavySide, irqs: tuple[int, ...] = ()) -> Any:
     """Around each latency run: receive work on the RT and the non-RT CPU, the heavy
     receiver's bytes and packets, where it runs, the RPS masks in force."""
@@ -501,14 +771,7 @@ def _probe(steering: steer.Steering, heavy: HeavySide, irqs: tuple[int, ...] = (
             rec["rt_cpu_rx"] = rx.stop()
             rec["nonrt_cpu_rx"] = rx2.stop()
             c1, t1 = heavy_counters(heavy), time.monotonic()
-            wall = max(t1 - t0, 1e-9)
-            h: dict[str, Any] = {"receiver_cpus": where, "wall_s": wall}
-            if c0 is not None and c1 is not None:
-                h["rx_bytes"] = c1["bytes"] - c0["bytes"]
-                h["rx_packets"] = c1["packets"] - c0["packets"]
-                h["gbit_s"] = 8 * h["rx_bytes"] / wall / 1e9
-                h["rx_pps"] = h["rx_packets"] / wall
-            rec["heavy"] = h
+            rec["heavy"] = {"receiver_cpus": where, **heavy_rate(c0, c1, t1 - t0)}
             rec["steering"] = masks
         return end
     return begin

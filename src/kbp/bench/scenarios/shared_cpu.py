@@ -26,6 +26,13 @@ the situation KBP is built for.  Every latency run records where NET_RX work ran
 CPU (``rt_cpu_rx``: NET_RX softirqs, packets processed, RPS IPIs, ksoftirqd's run time) and
 the RPS masks during the run (``steering``); the poller counters are in ``poller``.
 
+The exclusive CPU modes (``exclusive``, ``<kbp mode>-excl``) move the flood's RPS and the
+heavy receiver to the non-RT CPU; the part modes (``stock-kbp-part``, ``hybrid-part``,
+``busy-part``) keep everything on the RT CPU and put the flood's device in the backend's
+class non-rt there (rt-split's docstring).  Every latency run records the heavy device's
+bytes (``heavy``: Gbit/s over the run), so the summary's ``per_mode`` and the report's
+headline table give each mode's heavy throughput beside its RT mean/p99/p99.9/SD.
+
 The RT app runs SCHED_FIFO rt-prio+1 by default (``--app-policy``; the papers run their RT
 threads at FIFO): with the default policy it waits behind the heavy receiver in CFS in every
 mode, which is a scheduling and not a receive-path delay.
@@ -39,6 +46,7 @@ situation and its kbp numbers say little.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -71,6 +79,8 @@ XMIT_NOTE = ("Note: xmit→poll ends where the RT device's veth NAPI poll hands 
              "flood is not in that column (it is in the round trip); in the kbp modes the "
              "poller takes it up the stack itself (in irq-suspend, RPS off too, the NAPI "
              "poll, the app's epoll or the deferral timer's).")
+PER_MODE_TITLE = ("Headline: RT round trip idle and under the flood, with the heavy flow's "
+                  "throughput, per mode (the README's table)")
 RX_FIELDS = ("net_rx_per_s", "processed_per_s", "received_rps", "time_squeeze",
              "ksoftirqd_cpu_pct", "ksoftirqd_runs", "backlog_dropped", "rt_nic_irqs_per_s")
 
@@ -90,12 +100,14 @@ class SharedCpu:
     # round trip (measured: docs/results.md, "shared-cpu"). Named with --modes, they run here.
     # Plus the exclusive CPU modes (rt-split's): ``exclusive`` (napi with the flood's RPS and
     # the heavy receiver on the non-RT CPU) and ``<kbp mode>-excl`` (the same with the RT
-    # device on the poller: what kbpctl enable --isolate recommends, design.md §3).
+    # device on the poller: what kbpctl enable --isolate recommends, design.md §3), and the
+    # part modes (``<kbp mode>-part``: the heavy device in the backend's class non-rt on the
+    # RT CPU itself, the outsourcing paper's split by priority; nothing moved).
     default_modes: tuple[str, ...] = (
         *(m for m in names.BENCH_MODES
           if m not in (names.BENCH_PERIODIC, names.BENCH_STOCK_PERIODIC)),
-        rs.EXCLUSIVE, *rs.KBP_EXCL_MODES)
-    own_modes: ClassVar[dict[str, str]] = rs.EXCLUSIVE_MODES_DOC
+        rs.EXCLUSIVE, *rs.KBP_EXCL_MODES, *rs.PART_MODES)
+    own_modes: ClassVar[dict[str, str]] = rs.OWN_MODES_DOC
     role_doc: ClassVar[dict[str, str]] = {
         pl.RT: "RPS target of both server devices: the backlog NET_RX of the RT flow "
                "(napi, threaded) and of the flood (every mode)",
@@ -107,7 +119,7 @@ class SharedCpu:
     }
 
     def make_modes(self) -> dict[str, Any]:
-        return rs.make_exclusive_modes()
+        return rs.make_own_modes()
 
     def roles(self, cfg: BenchConfig) -> tuple[str, ...]:
         return (pl.TESTER, pl.RT, pl.FLOOD, pl.HEAVY)
@@ -170,12 +182,17 @@ class SharedCpu:
         summ["rt_cpu_rx"] = rx_summary(runs)
         summ["flood_vs_idle"] = flood_vs_idle(runs)
         summ["acceptance"] = acceptance(summ["flood_vs_idle"])
+        summ["per_mode"] = {"condition": "flood", "idle_condition": "idle",
+                            "modes": report.per_mode(summ, results.get("tails") or {}, "flood",
+                                                     idle="idle")}
         return summ
 
     def render(self, results: dict[str, Any]) -> str:
         summ = results.get("summary") or {}
         out = [acceptance_line(summ.get("acceptance") or {}), "",
                f"RT app: {app_words(results)}. Flood: {pt.flood_words(results)}.", ""]
+        out += report.per_mode_section((summ.get("per_mode") or {}).get("modes") or {},
+                                       "flood", PER_MODE_TITLE, idle="idle")
         out += flood_vs_idle_section(summ.get("flood_vs_idle") or {})
         nic = bool(results.get("nic_pair"))
         out += report.rtt_sections(results, conditions(results))
@@ -202,9 +219,11 @@ def _probe(steering: steer.Steering, cpu: int, irqs: tuple[int, ...] = (),
            heavy: rs.HeavySide | None = None) -> Any:
     """Around each latency run: receive work on the RT CPU (and the RT NIC port's interrupts
     with --nic-pair), the RPS masks in force, and the heavy device's received packets (the
-    runner's RT CPU check)."""
+    runner's RT CPU check) and bytes: the heavy flow's Gbit/s in this run, per mode (rt-split's
+    :func:`~kbp.bench.scenarios.rt_split.heavy_rate`)."""
     def begin() -> Any:
         c0 = rs.heavy_counters(heavy) if heavy is not None else None
+        t0 = time.monotonic()
         rx = steer.CpuRx(cpu, irqs=irqs)
         rx.start()
         masks = steering.now()
@@ -214,8 +233,7 @@ def _probe(steering: steer.Steering, cpu: int, irqs: tuple[int, ...] = (),
             rec["steering"] = masks
             c1 = rs.heavy_counters(heavy) if heavy is not None else None
             if c0 is not None and c1 is not None:
-                rec["heavy"] = {"rx_packets": c1["packets"] - c0["packets"],
-                                "rx_bytes": c1["bytes"] - c0["bytes"]}
+                rec["heavy"] = rs.heavy_rate(c0, c1, time.monotonic() - t0)
         return end
     return begin
 

@@ -454,7 +454,7 @@ def stream_sections(results: dict[str, Any]) -> list[str]:
 
 def stream_bars(results: dict[str, Any], out: Path) -> Path | None:
     """Goodput and polling CPU per mode, one column per stream."""
-    from kbp.bench.plots import COLORS, _plt
+    from kbp.bench.plots import _plt, color
     summ = (results.get("summary") or {}).get("stream") or {}
     parts = [p for p in (TCP, UDP) if p in summ]
     if not parts:
@@ -467,7 +467,7 @@ def stream_bars(results: dict[str, Any], out: Path) -> Path | None:
                                           ("polling_cpu_pct", "polling CPU (% of one CPU)"))):
             vals = [((summ[part][m].get(key) or {}).get("median") or 0.0) for m in modes]
             ax = axes[i][j]
-            ax.bar(range(len(modes)), vals, color=[COLORS.get(m, "#888888") for m in modes])
+            ax.bar(range(len(modes)), vals, color=[color(m) for m in modes])
             ax.set_xticks(range(len(modes)))
             ax.set_xticklabels(modes, fontsize=8)
             ax.set_ylabel(label)

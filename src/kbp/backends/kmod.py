@@ -153,14 +153,15 @@ class AttachHandler:
         if default and "objective" not in kmod.PERIODIC_KNOBS:
             del per["objective"]
         qm = value.get("queue_map")
+        # the class only when not rt: an older module refuses the attribute it does not know
+        cls = {k: value[k] for k in ("cls", "nice") if value.get(k) is not None}
 
         def attach() -> None:
             self.client.attach(key["dev"], key.get("netns"), cpu=value.get("cpu"),
                                queue_map=[tuple(p) for p in qm] if qm else None,
                                mode=value.get("mode"), linger_us=value.get("linger_us"),
                                quota=value.get("quota"), rt_prio=value.get("rt_prio"),
-                               freq_ctl=value.get("freq_ctl"), cls=value.get("cls"),
-                               nice=value.get("nice"), **per)
+                               freq_ctl=value.get("freq_ctl"), **cls, **per)
         try:
             attach()
         except kmod.KbpError as e:

@@ -44,6 +44,9 @@ examples:
   kbpctl enable eth1 --backend kmod --mode busy --cpus 3
   kbpctl enable eth1 --keep-rps               leave eth1's RPS on (warns: see RPS below)
   kbpctl enable eth1 --backend stock --mode periodic --max-interval-us 1000
+  kbpctl enable eth1 --cpus 1                 RT device: the rt poller of CPU 1 (FIFO 50)
+  kbpctl enable eth2 --cpus 1 --class non-rt --nice 5
+                                              heavy device on the same CPU, below it
 
 {modes}
 --rt-prio N: SCHED_FIFO priority of the polling threads, default 50 -- except the stock
@@ -57,6 +60,17 @@ the policy's min frequency before it sleeps and to max when it wakes, through th
 userspace governor (set it first: echo userspace > .../cpufreq/scaling_governor).
 With the stock backend, the schedutil governor does the same for SCHED_FIFO threads.
 Enabling a device that is already enabled reconfigures it (restore, then enable).
+
+--class rt|non-rt: which of the CPU's two pollers serves the device. An RT device and a heavy
+device whose interrupts land on the same CPU need not be split across CPUs: give the heavy
+one --class non-rt. Its poller runs SCHED_NORMAL at --nice N (default 0; below 0 needs
+CAP_SYS_NICE), hybrid only, sleeps when idle, and the RT device's poller (class rt, the
+default, SCHED_FIFO) preempts it between polls, so the RT flow waits for at most one small
+poll while the heavy flow keeps the CPU the RT flow does not use (no CPU set aside, unlike
+--isolate). kmod: the module's non-rt poller kbpn/<cpu> polls 8 packets per NAPI and gives
+way after every poll. stock: the heavy device's NAPI threads run SCHED_OTHER on that CPU;
+they poll up to 64 packets and do not give way between polls, so on a kernel without full
+preemption the RT thread may wait for one such poll (kbpctl status says so).
 
 RPS: a device with RPS on (queues/rx-*/rps_cpus non-zero, or RFS: rps_flow_cnt non-zero
 while net.core.rps_sock_flow_entries is) re-queues every packet its poller receives to the
@@ -169,6 +183,14 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{DEFAULT_RT_PRIO}); kmod: 0 runs them SCHED_NORMAL. The stock "
                         "backend's --mode busy runs them SCHED_NORMAL and refuses N > 0 "
                         "(its threads never sleep: see below)")
+    e.add_argument("--class", dest="cls", choices=names.CLASSES, default=names.CLASS_RT,
+                   help="rt (default): the CPU's RT poller, SCHED_FIFO; non-rt: a heavy "
+                        "device on an RT device's CPU, polled by a SCHED_NORMAL poller "
+                        "that the RT poller preempts between polls (hybrid only; see below)")
+    lo, hi = names.NICE_RANGE
+    e.add_argument("--nice", type=_int, metavar="N",
+                   help=f"--class non-rt: nice {lo}..{hi} of its poller (default 0; below 0 "
+                        "needs CAP_SYS_NICE)")
     e.add_argument("--linger-us", type=_int, metavar="N",
                    help="hybrid: keep polling N us after the last packet (default: leave "
                         "the device's setting)")
@@ -302,6 +324,21 @@ def busy_notice(backend: str, cpus: Iterable[int], rt_prio: int) -> str:
     return textwrap.fill(text, width=100)
 
 
+def class_text(req: EnableRequest) -> str:
+    """"class non-rt, " for the ``enabled ...`` line; nothing for the default class rt (so
+    the line reads as before the classes)."""
+    return "" if req.cls == names.CLASS_RT else f"class {req.cls}, "
+
+
+def sched_text(req: EnableRequest) -> str:
+    """The polling threads' scheduling for the ``enabled ...`` line (``req`` resolved)."""
+    if req.rt_prio:
+        return f"SCHED_FIFO {req.rt_prio}"
+    if req.cls == names.CLASS_NON_RT:
+        return f"SCHED_NORMAL nice {req.nice or 0}"
+    return "SCHED_NORMAL"
+
+
 def periodic_text(per: backends.Periodic | None) -> str:
     """The periodic knobs for the ``enabled ...`` line ("" for other modes)."""
     if per is None:
@@ -377,8 +414,10 @@ def cmd_enable(args: argparse.Namespace) -> int:
     req = EnableRequest(devices=list(args.devices), netns=args.netns, mode=args.mode,
                         cpus=args.cpus, rt_prio=args.rt_prio, linger_us=args.linger_us,
                         quota=args.quota, freq_ctl=args.freq_ctl, keep_rps=args.keep_rps,
-                        periodic=_periodic_args(args), isolate=args.isolate)
+                        periodic=_periodic_args(args), isolate=args.isolate,
+                        cls=args.cls, nice=args.nice)
     backends.validate_common(req, rt_prio_min=0)   # the backend checks its own minimum
+    backends.check_nice_capability(req)
     why = ""
     if args.backend == "auto":
         be, why = backends.resolve_auto()
@@ -395,10 +434,10 @@ def cmd_enable(args: argparse.Namespace) -> int:
         knobs = f", linger {req.linger_us} us" if req.linger_us is not None else ""
         knobs += ", freq_ctl" if req.freq_ctl else ""
         knobs += periodic_text(req.periodic)
-        _out(f"enabled {d.name}{where}: {be.name} backend, {req.mode}{knobs}, {count} on "
-             f"CPU {format_cpulist(d.cpus)}, "
-             f"{f'SCHED_FIFO {req.rt_prio}' if req.rt_prio else 'SCHED_NORMAL'} "
-             f"({d.changes} change{'s' if d.changes != 1 else ''} journaled)")
+        _out(f"enabled {d.name}{where}: {be.name} backend, {class_text(req)}{req.mode}{knobs}, "
+             f"{count} on CPU {format_cpulist(d.cpus)}, {sched_text(req)} "
+             f"({d.changes} change{'s' if d.changes != 1 else ''} journaled"
+             f"{'; ' + d.note if d.note else ''})")
         rps_notice(d, req.keep_rps)
     if modespec.spins(req.mode) and res.devices:
         assert req.rt_prio is not None

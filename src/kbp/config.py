@@ -15,6 +15,8 @@ that is no longer listed. Example (also in kbp/data/kbp.toml.example)::
     linger_us = 20              # keep polling this long after the last packet (hybrid)
     freq_ctl = false            # kmod, hybrid: CPU to min frequency while a poller sleeps
     keep_rps = false            # true: leave RPS on (default: enable turns it off)
+    # class = "non-rt"          # rt (default) | non-rt: SCHED_NORMAL poller below the CPU's
+    # nice = 5                  # rt poller (hybrid only); nice: its nice (non-rt only)
     # mode periodic only (NetAP): interval_us (fixed; omit: searched), round_ms,
     # min_interval_us, max_interval_us, min_change, max_round, objective ("bytes" or
     # "bytes-per-cpu"); see kbpctl enable --help
@@ -22,6 +24,9 @@ that is no longer listed. Example (also in kbp/data/kbp.toml.example)::
     [rt_class]                  # PREEMPT_RT: serve every device whose interrupt threads
     rtnet_prio = 47             # run at SCHED_FIFO/RR >= 47, with [defaults] (kbp.rtclass;
     netns = []                  # also look in these netns); `apply --watch S` re-evaluates
+    non_rt = "poll"             # the devices below rtnet_prio whose queue interrupts land
+    nice = 0                    # on an RT poller's CPU: class non-rt there at this nice
+                                # ("poll", the default), or left in softirq ("leave")
 
     [[device]]
     name = "eth1"
@@ -41,17 +46,17 @@ from pathlib import Path
 from typing import Any
 
 from kbp import modespec, names, rtclass
-from kbp.backends import EnableRequest, EnableResult, Periodic
+from kbp.backends import EnableRequest, EnableResult, Periodic, changed_settings
 from kbp.errors import InvalidInput
 from kbp.state import Record
-from kbp.sysinfo import parse_cpulist
+from kbp.sysinfo import format_cpulist, parse_cpulist
 
 DEFAULT_PATH = Path("/etc/kbp/kbp.toml")
 DEVICE_KEYS = {"name", "netns", "mode", "cpus", "rt_prio", "linger_us", "quota", "freq_ctl",
-               "keep_rps", "isolate", "backend", *names.PERIODIC_KNOBS}
+               "keep_rps", "isolate", "backend", "class", "nice", *names.PERIODIC_KNOBS}
 DEFAULT_KEYS = DEVICE_KEYS - {"name", "netns"}
 TOP_KEYS = {"backend", "defaults", "device", "rt_class"}
-RT_CLASS_KEYS = {"rtnet_prio", "netns"}
+RT_CLASS_KEYS = {"rtnet_prio", "netns", "non_rt", "nice"}
 
 
 @dataclass
@@ -68,6 +73,8 @@ class DeviceConfig:
     keep_rps: bool = False
     isolate: bool = False
     periodic: dict[str, Any] = field(default_factory=dict)  # mode periodic: knobs given
+    cls: str = names.CLASS_RT  # key "class"
+    nice: int | None = None
 
     def request(self) -> EnableRequest:
         per = None
@@ -79,7 +86,8 @@ class DeviceConfig:
         return EnableRequest(devices=[self.name], netns=self.netns, mode=self.mode,
                              cpus=self.cpus, rt_prio=self.rt_prio, linger_us=self.linger_us,
                              quota=self.quota, freq_ctl=self.freq_ctl, keep_rps=self.keep_rps,
-                             periodic=per, isolate=self.isolate)
+                             periodic=per, isolate=self.isolate, cls=self.cls,
+                             nice=self.nice)
 
 
 @dataclass
@@ -94,6 +102,17 @@ class Config:
         """A device the [rt_class] rule selected, with the [defaults] settings."""
         d = DeviceConfig(name=dev, netns=netns, backend=self.backend)
         _apply_keys(f"{self.path}: defaults", d, self.defaults)
+        return d
+
+    def non_rt_device(self, dev: str, netns: str | None, cpus: list[int]) -> DeviceConfig:
+        """A device below rtnet_prio on an RT poller's CPU (``[rt_class] non_rt = "poll"``):
+        class non-rt on ``cpus`` at the rule's nice, hybrid, no linger; of the [defaults]
+        only backend and keep_rps apply (the rest are the RT devices' knobs)."""
+        assert self.rt_class is not None
+        d = DeviceConfig(name=dev, netns=netns, backend=self.backend, cpus=cpus,
+                         cls=names.CLASS_NON_RT, nice=self.rt_class.nice)
+        _apply_keys(f"{self.path}: defaults",
+                    d, {k: v for k, v in self.defaults.items() if k in ("backend", "keep_rps")})
         return d
 
 
@@ -149,6 +168,12 @@ def _apply_keys(where: str, d: DeviceConfig, raw: Mapping[str, Any]) -> None:
             d.keep_rps = _bool(w, v)
         elif k == "isolate":
             d.isolate = _bool(w, v)
+        elif k == "class":
+            d.cls = _str(w, v)
+            if d.cls not in names.CLASSES:
+                raise InvalidInput(f"{w}: unknown class {v!r} ({' or '.join(names.CLASSES)})")
+        elif k == "nice":
+            d.nice = _int(w, v)
         elif k == "objective":
             d.periodic[k] = _str(w, v)
         elif k in names.PERIODIC_KNOBS:
@@ -215,7 +240,9 @@ def _rt_class(path: Path, raw: Any) -> rtclass.RtClassRule | None:
     ns = raw.get("netns", [])
     if not isinstance(ns, list) or not all(isinstance(n, str) and n for n in ns):
         raise InvalidInput(f"{where}.netns: expected a list of netns names, got {ns!r}")
-    rule = rtclass.RtClassRule(_int(f"{where}.rtnet_prio", raw["rtnet_prio"]), tuple(ns))
+    rule = rtclass.RtClassRule(_int(f"{where}.rtnet_prio", raw["rtnet_prio"]), tuple(ns),
+                               _str(f"{where}.non_rt", raw.get("non_rt", rtclass.NON_RT_POLL)),
+                               _int(f"{where}.nice", raw.get("nice", 0)))
     try:
         rule.check_range()
     except InvalidInput as e:
@@ -260,13 +287,18 @@ def plan(cfg: Config, records: list[Record], backend_for: Mapping[str, str],
     listed = {(d.name, d.netns) for d in cfg.devices}
     devices = [*cfg.devices, *(cfg.class_device(c.dev, c.netns) for c in classes
                                if c.rt and (c.dev, c.netns) not in listed)]
-    for d in devices:
+    non_rt = non_rt_devices(cfg, devices, classes, listed)
+    why_non_rt = {(d.name, d.netns): d for d in non_rt}
+    for d in devices + non_rt:
         key = (d.name, d.netns)
         wanted.add(key)
         be = backend_for[d.backend]
         req = d.request().resolved(be)  # rt_prio left out: the priority enable would journal
         rec = have.get(key)
         new = "not enabled" if key in listed else f"RT class: {why_class[key].why}"
+        if key in why_non_rt:
+            new = (f"non-rt class on CPU {format_cpulist(d.cpus or [])} (its queue "
+                   f"interrupts share it with an RT poller): {why_class[key].why}")
         if rec is None:
             actions.append(Action("enable", d.name, d.netns, be, new, req))
         elif rec.backend != be:
@@ -275,8 +307,8 @@ def plan(cfg: Config, records: list[Record], backend_for: Mapping[str, str],
         elif not rec.complete:
             actions.append(Action("reenable", d.name, d.netns, be, "enable was interrupted",
                                   req))
-        elif {k: rec.request.get(k) for k in req.settings()} != req.settings():
-            changed = sorted(k for k, v in req.settings().items() if rec.request.get(k) != v)
+        elif changed_settings(rec.request, req.settings()):
+            changed = changed_settings(rec.request, req.settings())
             actions.append(Action("reenable", d.name, d.netns, be,
                                   f"{', '.join(changed)} changed", req))
         elif problems.get(key):
@@ -290,6 +322,28 @@ def plan(cfg: Config, records: list[Record], backend_for: Mapping[str, str],
                                   f"not in the config, and not RT: {c.why}" if c
                                   else "not in the config"))
     return actions
+
+
+def non_rt_devices(cfg: Config, served: Sequence[DeviceConfig],
+                   classes: Sequence[rtclass.DeviceClass],
+                   listed: set[tuple[str, str | None]]) -> list[DeviceConfig]:
+    """``[rt_class] non_rt = "poll"``: the devices below rtnet_prio (not named in the file)
+    whose queue interrupts land on a CPU where one of ``served``'s RT pollers runs, each as
+    class non-rt on the CPUs its interrupts land on (pure)."""
+    rule = cfg.rt_class
+    if rule is None or rule.non_rt != rtclass.NON_RT_POLL:
+        return []
+    rt = [d for d in served if d.cls == names.CLASS_RT]
+    if not rt:
+        return []
+    every = any(d.cpus is None for d in rt)  # an RT device polled on every online CPU
+    rt_cpus = None if every else {c for d in rt for c in d.cpus or []}
+    out = []
+    for c in classes:
+        cpus = rtclass.shares_rt_cpu(c, rt_cpus)
+        if cpus and (c.dev, c.netns) not in listed:
+            out.append(cfg.non_rt_device(c.dev, c.netns, cpus))
+    return out
 
 
 def converge(cfg: Config, dry_run: bool = False, state: Any = None) -> list[Action]:

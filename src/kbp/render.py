@@ -65,17 +65,32 @@ def rps_cell(d: DeviceStatus) -> str:
     return f"{'kept on' if d.keep_rps and d.backend else 'on'}: {where}"
 
 
+def class_cell(d: DeviceStatus) -> str:
+    """The class a served device was enabled with ("non-rt nice 5"); "-": not served."""
+    if not d.backend or d.cls is None:
+        return "-"
+    return f"{d.cls} nice {d.nice}" if d.cls == names.CLASS_NON_RT and d.nice else d.cls
+
+
+def sched_cell(policy: str | None, priority: int | None, nice: int | None) -> str:
+    """"FIFO/50", "OTHER/0", "OTHER/0 nice 5" (the nice when a SCHED_OTHER thread has one)."""
+    out = f"{(policy or '?').replace('SCHED_', '')}/{_n(priority)}"
+    if nice and policy not in ("SCHED_FIFO", "SCHED_RR"):
+        out += f" nice {nice}"
+    return out
+
+
 def devices_table(st: Status) -> Table:
     t = Table(title="devices and their NAPIs", title_justify="left", expand=False)
-    for col in ("device", "netns", "backend", "RPS", "NAPI", "IRQ", "threaded", "defer/gro",
-                "thread", "CPU", "sched", "sleeps", "ran", "rx pkts"):
+    for col in ("device", "netns", "backend", "class", "RPS", "NAPI", "IRQ", "threaded",
+                "defer/gro", "thread", "CPU", "sched", "sleeps", "ran", "rx pkts"):
         t.add_column(col, no_wrap=True)
     for d in st.devices:
         first = True
         rows = d.napis or [None]
         for n in rows:
-            dev_cells = [d.name, d.netns or "-", _backend_cell(d), rps_cell(d)] if first \
-                else ["", "", "", ""]
+            dev_cells = [d.name, d.netns or "-", _backend_cell(d), class_cell(d),
+                         rps_cell(d)] if first else ["", "", "", "", ""]
             pk = _n(d.counters.get("packets")) if first else ""
             first = False
             if n is None:
@@ -87,7 +102,7 @@ def devices_table(st: Status) -> Table:
             th = n.thread
             thread = f"{th.pid} {th.comm}" if th else "-"
             cpu = (format_cpulist(th.cpus) if th else "-") if n.cpu is None else str(n.cpu)
-            sched = f"{th.policy.replace('SCHED_', '')}/{th.priority}" if th else "-"
+            sched = sched_cell(th.policy, th.priority, th.nice) if th else "-"
             t.add_row(*dev_cells, _n(n.id), irq, _n(n.threaded), dg, thread, cpu, sched,
                       _n(th.counters.get("sleeps")) if th else "-",
                       _ns(th.counters.get("poll_ns")) if th else "-", pk)
@@ -96,15 +111,16 @@ def devices_table(st: Status) -> Table:
 
 def pollers_table(st: Status) -> Table:
     t = Table(title="kbp module pollers", title_justify="left")
-    cols = ("CPU", "pid", "mode", "linger", "quota", "sched", "freq_ctl", "NAPIs", "passes",
+    cols = ("CPU", "class", "pid", "mode", "linger", "quota", "sched", "freq_ctl", "NAPIs",
+            "passes",
             "empty", "packets", "wakeups", "sleeps", "slept", "yields", "polled", "respawns",
             "repairs")
     for c in cols:
         t.add_column(c, no_wrap=True)
     for p in st.pollers:
         c = p.counters
-        t.add_row(str(p.cpu), _n(p.pid), _n(p.mode), _n(p.linger_us), _n(p.quota),
-                  f"{(p.policy or '?').replace('SCHED_', '')}/{_n(p.priority)}",
+        t.add_row(str(p.cpu), p.cls or names.CLASS_RT, _n(p.pid), _n(p.mode),
+                  _n(p.linger_us), _n(p.quota), sched_cell(p.policy, p.priority, p.nice),
                   f"on, {_n(c.get('freq_changes'))} changes" if p.freq_ctl else "off",
                   _n(p.napis),
                   _n(c.get("passes")), _n(c.get("empty_passes")), _n(c.get("packets")),
@@ -224,6 +240,33 @@ def freq_block(st: Status) -> RenderableType:
     return Group(t, Text(f.note))
 
 
+def cpu_poller_lines(cpus: list[PollingCpu]) -> list[Text]:
+    """One line per polling CPU: its pollers with their class, rt first
+    ("CPU 1: rt kbp/1 FIFO/50; non-rt kbpn/1 OTHER/0 nice 5 (eth2)")."""
+    out = []
+    for c in cpus:
+        if not c.pollers:
+            continue
+        parts = []
+        for p in c.pollers:
+            devs = f" ({', '.join(p.devices)})" if p.devices else ""
+            parts.append(f"{p.cls} {p.comm} {sched_cell(p.policy, p.priority, p.nice)}{devs}")
+        out.append(Text(f"CPU {c.cpu} pollers: {'; '.join(parts)}"))
+    return out
+
+
+def preempt_lines(st: Status) -> list[Text]:
+    """The preemption model, and where it limits an RT poller here (a warning each)."""
+    if st.preempt is None:
+        return []
+    p = st.preempt
+    how = "a woken RT poller preempts kernel code at once" if p.get("preempts_kernel") else \
+        "a woken RT poller waits until kernel code on its CPU gives way"
+    out = [Text(f"preemption model: {p.get('model')} (from {p.get('source')}): {how}")]
+    out += [Text(f"! {n}", style="bold yellow") for n in p.get("notes") or []]
+    return out
+
+
 def rt_class_lines(st: Status) -> list[Text]:
     """One line per device under the [rt_class] rule: its class and why."""
     if st.rt_class is None:
@@ -237,7 +280,9 @@ def rt_class_lines(st: Status) -> list[Text]:
             continue
         cls, why = d.rt_class["class"], d.rt_class["why"]
         served = ""
-        if cls != "rt" and d.backend:
+        if cls != "rt" and d.backend and d.cls == names.CLASS_NON_RT:
+            served = " -- served with class non-rt below the RT poller"
+        elif cls != "rt" and d.backend:
             served = " -- served anyway: named in kbp.toml or by kbpctl enable"
         elif cls == "rt" and not d.backend:
             served = " -- not served yet: run kbpctl apply"
@@ -270,6 +315,8 @@ def status_view(st: Status) -> RenderableType:
                               f"on (--keep-rps): the poller's packets are re-queued to the "
                               f"backlog softirq of {rps.where(d.rps.cpus, d.rps.rfs)}",
                               style="bold yellow"))
+    parts += cpu_poller_lines(st.polling_cpus)
+    parts += preempt_lines(st)
     if st.polling_cpus:
         parts.append(cpu_tasks_block(st.polling_cpus))
         parts += busy_warnings(st.polling_cpus)

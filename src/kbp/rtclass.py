@@ -14,6 +14,13 @@ net.core.rtnet_prio`` it is RT work, below it stays on NET_RX. kbp's equivalent,
 interrupt threads fell below ``rtnet_prio``; ``kbpctl apply --watch S`` re-evaluates the rule
 every S seconds, so devices appearing later and ``chrt`` on an IRQ thread are picked up.
 
+The devices below ``rtnet_prio`` whose queue interrupts land on a CPU with an RT poller are
+what makes that CPU's receive work contend: with ``non_rt = "poll"`` (the default) apply
+serves them too, with class non-rt (``nice`` of the rule) on the CPUs their interrupts land
+on, so the RT poller preempts their receive work between polls instead of waiting behind
+it in NET_RX; ``non_rt = "leave"`` leaves them in softirq (before the classes, the only
+behaviour; ``kbpctl enable --isolate`` is the other remedy: move them off the RT CPUs).
+
 Why kbpctl and not kbp.ko: a module cannot map a device to its interrupt threads
 (``irq_to_desc()`` is exported only to KVM on powerpc since 5.11, and virtio_net does not
 record its NAPIs' IRQs before 6.13's ``netif_napi_set_irq()`` users); user space can, from
@@ -26,6 +33,7 @@ entries, ``kbpctl enable DEV``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -34,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kbp import names
 from kbp.errors import InvalidInput
 from kbp.sysinfo import (
     HOST,
@@ -42,12 +51,18 @@ from kbp.sysinfo import (
     RT_PRIO_MIN,
     Host,
     kthreads,
+    parse_cpulist,
     read_interrupts,
+    read_irq_affinity,
+    read_irq_effective,
 )
 
 RTNET_PRIO_MIN, RTNET_PRIO_MAX = RT_PRIO_MIN, RT_PRIO_MAX
 RT_POLICIES = ("SCHED_FIFO", "SCHED_RR")
-CLASS_RT, CLASS_NONRT = "rt", "non-rt"
+CLASS_RT, CLASS_NONRT = names.CLASS_RT, names.CLASS_NON_RT
+#: [rt_class] non_rt: serve the non-RT devices on RT CPUs with class non-rt, or leave them
+NON_RT_POLL, NON_RT_LEAVE = "poll", "leave"
+NON_RT_CHOICES = (NON_RT_POLL, NON_RT_LEAVE)
 _IRQ_THREAD = re.compile(r"^irq/(\d+)-")
 _QUEUE = re.compile(r"[-_:.@]\D*\d+$")  # "-input.0", "-TxRx-3", "_comp0": a queue number
 
@@ -71,6 +86,10 @@ class RtClassRule:
 
     rtnet_prio: int
     netns: tuple[str, ...] = ()
+    #: NON_RT_POLL: devices below rtnet_prio whose queue interrupts land on a CPU with an RT
+    #: poller get class non-rt there; NON_RT_LEAVE: they stay in softirq
+    non_rt: str = NON_RT_POLL
+    nice: int = 0  # the nice of their non-rt pollers
 
     def check_range(self) -> None:
         """ERANGE-style: the accepted range in the message."""
@@ -78,6 +97,13 @@ class RtClassRule:
             raise InvalidInput(f"rt_class.rtnet_prio {self.rtnet_prio} is out of range "
                                f"({RTNET_PRIO_MIN}..{RTNET_PRIO_MAX}, the SCHED_FIFO "
                                "priorities of interrupt threads)")
+        if self.non_rt not in NON_RT_CHOICES:
+            raise InvalidInput(f"rt_class.non_rt {self.non_rt!r}: use \"{NON_RT_POLL}\" (serve "
+                               "the non-RT devices on RT CPUs with class non-rt) or "
+                               f"\"{NON_RT_LEAVE}\" (leave them in softirq)")
+        lo, hi = names.NICE_RANGE
+        if not lo <= self.nice <= hi:
+            raise InvalidInput(f"rt_class.nice {self.nice} is out of range ({lo}..{hi})")
 
     def validate(self, host: Host = HOST, version: str | None = None) -> None:
         """Refuse what cannot work, before anything changes: the range, and a non-RT
@@ -91,15 +117,19 @@ class RtClassRule:
                 "list the RT devices as [[device]] entries instead")
 
     def to_json(self) -> dict[str, object]:
-        return {"rtnet_prio": self.rtnet_prio, "netns": list(self.netns)}
+        return {"rtnet_prio": self.rtnet_prio, "netns": list(self.netns),
+                "non_rt": self.non_rt, "nice": self.nice}
 
     @classmethod
     def from_json(cls, raw: Mapping[str, object]) -> RtClassRule:
+        """From :meth:`to_json` (a rule saved before the classes: non_rt "leave")."""
         prio = raw.get("rtnet_prio")
         ns = raw.get("netns") or []
-        if not isinstance(prio, int) or not isinstance(ns, list):
+        non_rt, nice = raw.get("non_rt", NON_RT_LEAVE), raw.get("nice", 0)
+        if not isinstance(prio, int) or not isinstance(ns, list) or \
+                not isinstance(non_rt, str) or not isinstance(nice, int):
             raise InvalidInput(f"bad rt_class record {dict(raw)!r}")
-        return cls(prio, tuple(str(n) for n in ns))
+        return cls(prio, tuple(str(n) for n in ns), non_rt, nice)
 
 
 @dataclass(frozen=True)
@@ -149,6 +179,9 @@ class DeviceClass:
     cls: str  # CLASS_RT or CLASS_NONRT
     why: str
     threads: tuple[IrqThread, ...] = field(default=())
+    #: the CPUs its queue interrupts land on (effective affinity; where non_rt = "poll"
+    #: serves a non-RT device when one of them has an RT poller)
+    irq_cpus: tuple[int, ...] = field(default=())
 
     @property
     def rt(self) -> bool:
@@ -158,7 +191,8 @@ class DeviceClass:
         return {"class": self.cls, "why": self.why,
                 "irq_threads": [{"irq": t.irq, "pid": t.pid, "comm": t.comm,
                                  "policy": t.policy, "priority": t.priority}
-                                for t in self.threads]}
+                                for t in self.threads],
+                "irq_cpus": list(self.irq_cpus)}
 
 
 def classify(dev: str, netns: str | None, irqs: Sequence[int],
@@ -234,10 +268,38 @@ def describe(devices: Iterable[tuple[str, str | None]], rule: RtClassRule | None
     from kbp.netdev import clients
     actions = read_interrupts(host)
     threads = irq_threads(host)
+    out = {}
     with clients() as client:
-        return {(d, ns): classify(d, ns, device_irqs(d, ns, actions, client, host), threads,
-                                  rule.rtnet_prio)
-                for d, ns in devices}
+        for d, ns in devices:
+            irqs = device_irqs(d, ns, actions, client, host)
+            c = classify(d, ns, irqs, threads, rule.rtnet_prio)
+            out[(d, ns)] = dataclasses.replace(c, irq_cpus=irq_cpus(irqs, host))
+    return out
+
+
+def irq_cpus(irqs: Iterable[int], host: Host = HOST) -> tuple[int, ...]:
+    """The CPUs the IRQs are delivered to: each one's effective affinity where the kernel
+    shows it, else the affinity asked for (an IRQ that cannot be read is left out)."""
+    out: set[int] = set()
+    for irq in irqs:
+        try:
+            text = read_irq_effective(irq, host) or read_irq_affinity(irq, host)
+            out |= set(parse_cpulist(text))
+        except (OSError, InvalidInput):
+            continue
+    return tuple(sorted(out))
+
+
+def shares_rt_cpu(c: DeviceClass, rt_cpus: set[int] | None) -> list[int]:
+    """A non-RT device's CPUs when one of its queue interrupts lands on a CPU with an RT
+    poller (``rt_cpus`` None: every CPU has one), else []: the CPUs its interrupts land on,
+    where its non-rt pollers then run (moving a heavy device's interrupts onto the RT CPUs
+    would add to the contention, not split it)."""
+    if c.rt or not c.irq_cpus:
+        return []
+    if rt_cpus is not None and not set(c.irq_cpus) & rt_cpus:
+        return []
+    return list(c.irq_cpus)
 
 
 RULE_FILE = "rt_class.json"

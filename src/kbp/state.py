@@ -148,6 +148,32 @@ class StateDir:
         return j
 
 
+    def rebegin(self, record: Record, request: Mapping[str, Any]) -> Journal:
+        """Continue ``record``'s journal under a new request (an in-place change, e.g. of a
+        device's class): the file is rewritten with ``request`` and every change so far,
+        without ``done``, and atomically replaces the old one, so a kill at any point leaves
+        either the old complete journal or the new incomplete one, and ``disable`` restores
+        from either. Further changes append as usual."""
+        path = record.path
+        tmp = path.with_suffix(".rebegin")
+        lines = [{"op": "begin", "backend": record.backend, "dev": record.dev,
+                  "netns": record.netns, "ifindex": record.ifindex, "request": dict(request),
+                  "time": record.started}]
+        lines += [{"op": "change", "step": c.step, "kind": c.kind, "key": c.key,
+                   "old": c.old, "new": c.new} for c in record.changes]
+        j = Journal(tmp, fresh=True)
+        try:
+            for obj in lines:
+                j.write(obj)
+        finally:
+            j.close()
+        tmp.replace(path)
+        _fsync_dir(path.parent)
+        out = Journal(path)
+        out.steps = max((c.step for c in record.changes), default=0)
+        return out
+
+
 def read_record(path: Path) -> Record | None:
     """Parse a journal; a torn last line (killed while writing) is ignored."""
     try:

@@ -314,9 +314,11 @@ def get_sched(pid: int) -> Sched:
 
 
 def set_policy(pid: int, policy: str, priority: int, nice: int | None = None) -> None:
+    """Set the task's policy and priority, then its nice (kept by the kernel under every
+    policy, used again when the task returns to SCHED_OTHER: so a restore that goes back
+    through SCHED_FIFO still ends at the nice it started with)."""
     os.sched_setscheduler(pid, POLICY_IDS[policy], os.sched_param(priority))
-    if nice is not None and policy in ("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE") \
-            and os.getpriority(os.PRIO_PROCESS, pid) != nice:
+    if nice is not None and os.getpriority(os.PRIO_PROCESS, pid) != nice:
         os.setpriority(os.PRIO_PROCESS, pid, nice)
 
 
@@ -341,6 +343,72 @@ def task_counters(pid: int, host: Host = HOST) -> TaskCounters:
             if line.startswith("voluntary_ctxt_switches:"):
                 sleeps = int(line.split()[1])
     return TaskCounters(poll_ns=run_ns, sleeps=sleeps)
+
+
+# -- capabilities ---------------------------------------------------------------------
+CAP_SYS_NICE = 23
+SELF_STATUS = Path("/proc/self/status")
+
+
+def has_capability(bit: int, status_path: Path = SELF_STATUS) -> bool | None:
+    """This process has capability ``bit`` in its effective set (``CapEff`` of
+    /proc/self/status); None when that cannot be read."""
+    try:
+        for line in status_path.read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> bit & 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+# -- preemption model -----------------------------------------------------------------
+PREEMPT_NONE, PREEMPT_VOLUNTARY = "none", "voluntary"
+PREEMPT_FULL, PREEMPT_LAZY, PREEMPT_RT = "full", "lazy", "rt"
+PREEMPT_UNKNOWN = "none/voluntary (unknown)"
+#: models under which a woken SCHED_FIFO task waits until a running kernel thread gives the
+#: CPU away by itself (preempt_schedule() is a no-op in kernel code)
+NON_PREEMPTIBLE = (PREEMPT_NONE, PREEMPT_VOLUNTARY, PREEMPT_UNKNOWN)
+
+
+@dataclass(frozen=True)
+class PreemptModel:
+    """The kernel's preemption model and where that was read."""
+
+    model: str  # one of the PREEMPT_* names above
+    source: str  # "debugfs", "uname -v"
+
+    @property
+    def preempts_kernel(self) -> bool:
+        """A woken RT task preempts kernel code at once (full, lazy, rt)."""
+        return self.model not in NON_PREEMPTIBLE
+
+    def to_json(self) -> dict[str, object]:
+        return {"model": self.model, "source": self.source,
+                "preempts_kernel": self.preempts_kernel}
+
+
+def preempt_model(host: Host = HOST, version: str | None = None) -> PreemptModel:
+    """The preemption model: the current one of a PREEMPT_DYNAMIC kernel from
+    /sys/kernel/debug/sched/preempt (``none (voluntary) full lazy``: the one in parentheses)
+    when debugfs is mounted and readable; else what ``uname -v`` says (``PREEMPT_RT``,
+    ``PREEMPT`` = full; ``PREEMPT_DYNAMIC`` alone does not say which model was chosen at
+    boot, nor does a version without PREEMPT: both read as none/voluntary (unknown))."""
+    try:
+        text = (host.sys / "kernel/debug/sched/preempt").read_text()
+        m = re.search(r"\((\w+)\)", text)
+        if m:
+            return PreemptModel(m.group(1), "debugfs")
+    except OSError:
+        pass
+    words = (os.uname().version if version is None else version).split()
+    if "PREEMPT_RT" in words:
+        return PreemptModel(PREEMPT_RT, "uname -v")
+    if "PREEMPT_LAZY" in words:
+        return PreemptModel(PREEMPT_LAZY, "uname -v")
+    if "PREEMPT" in words:
+        return PreemptModel(PREEMPT_FULL, "uname -v")
+    return PreemptModel(PREEMPT_UNKNOWN, "uname -v")
 
 
 # -- IRQs -----------------------------------------------------------------------------

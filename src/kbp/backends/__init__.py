@@ -22,6 +22,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from kbp import modespec, names
@@ -29,7 +30,18 @@ from kbp.errors import InvalidInput, KbpctlError, NotRoot, OperationFailed
 from kbp.netdev import get_link
 from kbp.rps import Rps, RpsStatus
 from kbp.state import StateDir
-from kbp.sysinfo import HOST, RT_PRIO_MAX, RT_PRIO_MIN, CpuTask, FreqReport, Host
+from kbp.sysinfo import (
+    CAP_SYS_NICE,
+    HOST,
+    RT_PRIO_MAX,
+    RT_PRIO_MIN,
+    SELF_STATUS,
+    CpuTask,
+    FreqReport,
+    Host,
+    PreemptModel,
+    has_capability,
+)
 
 DEFAULT_RT_PRIO = 50  # the priority of threaded IRQ handlers; NAPI threads run at it too
 MAX_LINGER_US = 1_000_000
@@ -137,6 +149,9 @@ class EnableRequest:
         req = self
         if req.mode == names.MODE_PERIODIC and req.periodic is None:
             req = dataclasses.replace(req, periodic=Periodic())
+        if req.cls == names.CLASS_NON_RT:  # SCHED_NORMAL at nice (0 when not given)
+            return dataclasses.replace(req, rt_prio=0 if req.rt_prio is None else req.rt_prio,
+                                       nice=req.nice or 0)
         if req.rt_prio is not None:
             return req
         return dataclasses.replace(req, rt_prio=default_rt_prio(backend, req.mode))
@@ -147,8 +162,30 @@ class EnableRequest:
                 "linger_us": self.linger_us, "quota": self.quota, "freq_ctl": self.freq_ctl,
                 "keep_rps": self.keep_rps,
                 "periodic": asdict(self.periodic) if self.periodic is not None else None,
-                # only when asked for: journals written before --isolate stay in sync
-                **({"isolate": True} if self.isolate else {})}
+                # only when asked for: journals written before --isolate and before the
+                # classes stay in sync
+                **({"isolate": True} if self.isolate else {}),
+                **({"class": self.cls, "nice": self.nice or 0}
+                   if self.cls != names.CLASS_RT else {})}
+
+
+#: settings() keys written only when not at their default, and that default
+OPTIONAL_SETTINGS: dict[str, Any] = {"isolate": False, "class": names.CLASS_RT, "nice": None}
+
+
+def changed_settings(journaled: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
+    """The keys of ``wanted`` (``EnableRequest.settings()``) whose journaled value differs;
+    an optional key (:data:`OPTIONAL_SETTINGS`) left out on either side is its default, so
+    a device journaled non-rt and now wanted rt is a change too."""
+    keys = set(wanted) | (set(journaled) & set(OPTIONAL_SETTINGS))
+    return sorted(k for k in keys
+                  if journaled.get(k, OPTIONAL_SETTINGS.get(k))
+                  != wanted.get(k, OPTIONAL_SETTINGS.get(k)))
+
+
+def journaled_class(request: Mapping[str, Any]) -> str:
+    """The class a journaled request asked for (journals before the classes: rt)."""
+    return str(request.get("class") or names.CLASS_RT)
 
 
 def validate_common(req: EnableRequest, rt_prio_min: int = RT_PRIO_MIN) -> None:
@@ -166,6 +203,9 @@ def validate_common(req: EnableRequest, rt_prio_min: int = RT_PRIO_MIN) -> None:
     if req.mode not in names.MODES:
         raise InvalidInput(f"unknown mode {req.mode!r}: use --mode "
                            f"{modespec.modes_text(modespec.SPECS.values())}")
+    validate_class(req)
+    if req.cls == names.CLASS_NON_RT:
+        rt_prio_min = 0  # SCHED_NORMAL (validate_class refused a priority above 0)
     spec = modespec.get(req.mode)
     if req.periodic is not None:
         if not spec.takes("interval_us"):
@@ -192,6 +232,45 @@ def validate_common(req: EnableRequest, rt_prio_min: int = RT_PRIO_MIN) -> None:
     if req.quota is not None and not 1 <= req.quota <= names.DEFAULT_QUOTA:
         raise InvalidInput(f"--quota {req.quota} is out of range (1..{names.DEFAULT_QUOTA}, "
                            "the NAPI weight)")
+
+
+def validate_class(req: EnableRequest) -> None:
+    """The class and nice refusals (no system access), each with the reason and the fix."""
+    if req.cls not in names.CLASSES:
+        raise InvalidInput(f"unknown class {req.cls!r}: use --class "
+                           f"{' or '.join(names.CLASSES)}")
+    lo, hi = names.NICE_RANGE
+    if req.cls != names.CLASS_NON_RT:
+        if req.nice is not None:
+            raise InvalidInput(f"--nice {req.nice} applies to --class {names.CLASS_NON_RT} "
+                               f"only (the {names.CLASS_RT} pollers run SCHED_FIFO at "
+                               "--rt-prio): drop --nice or add --class non-rt")
+        return
+    if req.mode != names.MODE_HYBRID:
+        raise InvalidInput(f"--class non-rt with --mode {req.mode}: the non-rt poller is "
+                           "hybrid only: it sleeps when idle and gives way to the RT poller; "
+                           "use --mode hybrid")
+    if req.rt_prio:
+        raise InvalidInput(f"--class non-rt with --rt-prio {req.rt_prio}: non-rt pollers run "
+                           "SCHED_NORMAL; drop --rt-prio or use --nice")
+    if req.freq_ctl:
+        raise InvalidInput("--class non-rt with --freq-ctl: the CPU's frequency belongs to "
+                           "its rt poller; drop --freq-ctl")
+    if req.nice is not None and not lo <= req.nice <= hi:
+        raise InvalidInput(f"--nice {req.nice} is out of range ({lo}..{hi})")
+
+
+def check_nice_capability(req: EnableRequest, status_path: Path = SELF_STATUS) -> None:
+    """A nice below 0 needs CAP_SYS_NICE (setpriority() would fail half-way through an
+    enable, and the module refuses it too): refuse first, saying why. A container with only
+    CAP_NET_ADMIN can serve a device as non-rt at nice 0 or above, not raise its priority."""
+    if req.cls != names.CLASS_NON_RT or req.nice is None or req.nice >= 0:
+        return
+    if has_capability(CAP_SYS_NICE, status_path) is False:
+        raise NotRoot(f"--nice {req.nice} raises the pollers' priority, which needs "
+                      "CAP_SYS_NICE, and this process does not have it (CapEff in "
+                      f"{status_path}): use --nice 0 or above, or run kbpctl with "
+                      "CAP_SYS_NICE")
 
 
 def _taking(knob: str) -> str:
@@ -321,6 +400,7 @@ class ThreadStatus:
     policy: str
     priority: int
     counters: dict[str, int | None]
+    nice: int | None = None  # its nice (what a SCHED_OTHER thread of class non-rt runs at)
 
 
 @dataclass
@@ -364,6 +444,10 @@ class DeviceStatus:
     #: the [rt_class] rule's verdict when ``kbpctl apply`` runs one (kbp.rtclass.DeviceClass
     #: as JSON: class, why, irq_threads); None without a rule
     rt_class: dict[str, Any] | None = None
+    #: names.CLASS_RT or names.CLASS_NON_RT: which poller class serves it (None: not served;
+    #: JSON "class")
+    cls: str | None = None
+    nice: int | None = None  # class non-rt: the nice it was enabled with
 
 
 @dataclass
@@ -380,6 +464,25 @@ class PollerStatus:
     freq_ctl: bool | None = None
     #: mode periodic: its interval, hand-backs and (netap on) the search's state
     periodic: dict[str, object] | None = None
+    #: names.CLASS_RT or names.CLASS_NON_RT (kmod.Poller.cls; None from a module without
+    #: classes, which has rt pollers only; JSON "class")
+    cls: str | None = None
+    nice: int | None = None  # class non-rt: the poller's nice
+
+
+@dataclass
+class CpuPoller:
+    """A polling thread on a CPU, with its class: a module poller (``kbp/<cpu>``, its
+    non-rt sibling) or a stock NAPI thread (class of the device it polls)."""
+
+    cls: str  # names.CLASS_RT or names.CLASS_NON_RT (JSON "class")
+    backend: str
+    pid: int | None
+    comm: str
+    policy: str | None
+    priority: int | None
+    nice: int | None
+    devices: list[str] = field(default_factory=list)  # "dev" or "dev@netns"
 
 
 @dataclass
@@ -389,6 +492,7 @@ class PollingCpu:
     cpu: int
     busy: bool  # a busy poller polls here (it never sleeps: the tasks get only its yields)
     tasks: list[CpuTask] = field(default_factory=list)
+    pollers: list[CpuPoller] = field(default_factory=list)  # the polling threads here
 
 
 @dataclass
@@ -408,19 +512,30 @@ class Status:
     cpufreq: FreqReport
     polling_cpus: list[PollingCpu] = field(default_factory=list)
     rt_class: dict[str, Any] | None = None  # the [rt_class] rule apply last converged to
+    #: the kernel's preemption model (sysinfo.PreemptModel.to_json()) and, in "notes", where
+    #: it limits an RT poller of this set-up (one line each)
+    preempt: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": "kbpctl-status/1",
             "kernel": self.kernel,
+            "preempt": self.preempt,
             "auto_backend": self.auto,
             "backends": {k: asdict(v) for k, v in self.backends.items()},
-            "devices": [asdict(d) for d in self.devices],
-            "pollers": [asdict(p) for p in self.pollers],
+            "devices": [_class_key(asdict(d)) for d in self.devices],
+            "pollers": [_class_key(asdict(p)) for p in self.pollers],
             "cpufreq": self.cpufreq.to_json(),
-            "polling_cpus": [asdict(c) for c in self.polling_cpus],
+            "polling_cpus": [dict(asdict(c), pollers=[_class_key(asdict(p))
+                                                      for p in c.pollers])
+                             for c in self.polling_cpus],
             "rt_class": self.rt_class,
         }
+
+
+def _class_key(d: dict[str, Any]) -> dict[str, Any]:
+    """The JSON of a status dataclass with ``cls`` written as "class" (the vocabulary)."""
+    return {("class" if k == "cls" else k): v for k, v in d.items()}
 
 
 class Backend(Protocol):
@@ -525,7 +640,64 @@ def polling_cpus(devs: Sequence[DeviceStatus], pollers: Sequence[PollerStatus],
     mine = {os.getpid()} | {p.pid for p in pollers if p.pid} | {
         n.thread.pid for n in napis if n.thread}
     tasks = sysinfo.tasks_on_cpus(cpus, mine, host)
-    return [PollingCpu(cpu=c, busy=c in busy, tasks=t) for c, t in tasks.items()]
+    threads = cpu_pollers(devs, pollers)
+    return [PollingCpu(cpu=c, busy=c in busy, tasks=t, pollers=threads.get(c, []))
+            for c, t in tasks.items()]
+
+
+def poller_comm(cpu: int, cls: str | None) -> str:
+    """The module's name for its poller thread of class ``cls`` on ``cpu``."""
+    return f"kbpn/{cpu}" if cls == names.CLASS_NON_RT else f"kbp/{cpu}"
+
+
+def cpu_pollers(devs: Sequence[DeviceStatus], pollers: Sequence[PollerStatus]
+                ) -> dict[int, list[CpuPoller]]:
+    """CPU -> its polling threads with their class: the module's pollers (a module without
+    classes reports none: rt) and the stock backend's NAPI threads (the class their device
+    was enabled with), rt first."""
+    out: dict[int, list[CpuPoller]] = {}
+    for p in pollers:
+        cls = p.cls or names.CLASS_RT
+        out.setdefault(p.cpu, []).append(CpuPoller(
+            cls, names.BACKEND_KMOD, p.pid, poller_comm(p.cpu, cls), p.policy, p.priority,
+            p.nice))
+    for d in devs:
+        if d.backend != names.BACKEND_STOCK:
+            continue
+        who = f"{d.name}@{d.netns}" if d.netns else d.name
+        for n in d.napis:
+            if n.thread is None or n.cpu is None:
+                continue
+            t = n.thread
+            out.setdefault(n.cpu, []).append(CpuPoller(
+                d.cls or names.CLASS_RT, names.BACKEND_STOCK, t.pid, t.comm, t.policy,
+                t.priority, t.nice, [who]))
+    for lst in out.values():
+        lst.sort(key=lambda c: (names.CLASSES.index(c.cls), c.pid or 0))
+    return out
+
+
+def preempt_notes(model: PreemptModel, cpus: Sequence[PollingCpu]) -> list[str]:
+    """Where the preemption model limits an RT poller here: under none/voluntary a stock
+    NAPI thread of class non-rt keeps its CPU for a whole poll loop iteration (up to 64
+    packets with BH off; cond_resched() only after a full-budget poll), so a woken FIFO
+    thread of class rt on that CPU waits for it. The module's non-rt poller gives way after
+    every small poll on every model: no note for it."""
+    if model.preempts_kernel:
+        return []
+    out = []
+    for c in cpus:
+        stock = [p for p in c.pollers if p.backend == names.BACKEND_STOCK]
+        rt = [p for p in stock if p.cls == names.CLASS_RT]
+        non_rt = [p for p in stock if p.cls == names.CLASS_NON_RT]
+        if rt and non_rt:
+            out.append(
+                f"CPU {c.cpu}: preemption model {model.model}: the rt NAPI thread "
+                f"{rt[0].comm} (SCHED_FIFO) may wait for a whole 64-packet poll of the non-rt "
+                f"thread {non_rt[0].comm}: a stock NAPI thread neither caps its poll nor "
+                "gives way between polls; the kbp module's non-rt poller does (--backend "
+                "kmod), or boot with preempt=full")
+    return out
 
 
 def status(netns: str | None = None, devices: Sequence[str] | None = None,
@@ -549,6 +721,14 @@ def status(netns: str | None = None, devices: Sequence[str] | None = None,
     sd, _ = stock.describe(netns, devices, [r for r in recs if r.backend != km.name],
                            exclude={(d.name, d.netns) for d in kd})
     devs = sorted(sd + kd, key=lambda d: (d.netns or "", d.name))
+    by_key = {(r.dev, r.netns): r for r in recs}
+    for d in devs:
+        rec = by_key.get((d.name, d.netns))
+        if rec is not None and d.backend:
+            d.cls = journaled_class(rec.request)
+            d.nice = rec.request.get("nice")
+        elif d.backend:
+            d.cls = names.CLASS_RT  # attached outside kbpctl: the module's default class
     rule = rtclass.load_rule(st.root)
     classes = rtclass.describe([(d.name, d.netns) for d in devs], rule, host)
     for d in devs:
@@ -558,7 +738,9 @@ def status(netns: str | None = None, devices: Sequence[str] | None = None,
     used = sorted({c for d in devs if d.backend for n in d.napis
                    if n.cpu is not None for c in [n.cpu]} | {p.cpu for p in pollers})
     freq = sysinfo.cpufreq(used or None, host)
+    pcpus = polling_cpus(devs, pollers, host)
+    model = sysinfo.preempt_model(host)
+    preempt = dict(model.to_json(), notes=preempt_notes(model, pcpus))
     return Status(kernel=sysinfo.kernel_release(), auto=auto, backends=infos, devices=devs,
-                  pollers=pollers, cpufreq=freq,
-                  polling_cpus=polling_cpus(devs, pollers, host),
-                  rt_class=rule.to_json() if rule else None)
+                  pollers=pollers, cpufreq=freq, polling_cpus=pcpus,
+                  rt_class=rule.to_json() if rule else None, preempt=preempt)

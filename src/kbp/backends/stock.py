@@ -13,6 +13,10 @@ For each device:
 4. ``--linger-us``: after the last packet keep the NAPI polled by its thread (hrtimer every
    ``LINGER_INTERVAL_US``) instead of re-arming the IRQ, via ``defer_hard_irqs`` and
    ``gro_flush_timeout`` (per NAPI where napi-set has them, else per device);
+   With ``--class non-rt`` (a heavy device whose interrupts land on the CPU of an rt
+   device) the threads stay SCHED_OTHER at ``--nice`` instead, on the same CPUs: the rt
+   device's FIFO thread preempts them, but only where the kernel lets it (below, and
+   docs/kbpctl.md "Classes");
 5. ``--mode busy``: threaded busy polling (``threaded`` = 2, Linux 6.19+);
 6. ``--mode periodic`` (NetAP): IRQ deferral polls the NAPI every interval with its IRQ
    masked (``defer_hard_irqs`` 8, ``gro_flush_timeout`` = the interval, as in 4.), and
@@ -24,6 +28,13 @@ Before all of these, RPS on the device is turned off (its receive queues' ``rps_
 every packet back to the backlog softirq.
 
 Every change is journaled before it is made (:mod:`kbp.state`).
+
+What the stock non-rt class cannot do that the module's non-rt poller does: cap a poll to a
+small quota and give the CPU away between polls. ``napi_threaded_poll_loop()`` polls up to
+the NAPI weight (64) with BH off and calls ``cond_resched()`` only after a poll that used its
+whole budget, so under PREEMPT_NONE/VOLUNTARY a woken FIFO thread waits until the SCHED_OTHER
+NAPI thread stops by itself (../shared/notes/rt-split-kernel-facts.md); ``kbpctl status``
+says so where it applies.
 
 ``KBP_STOCK_FEATURES`` (diagnostics and tests) hides kernel features so older paths can be
 exercised on a new kernel: ``sysfs`` ignores napi-set (per-device sysfs knobs), ``legacy``
@@ -52,8 +63,11 @@ from kbp.backends import (
     NapiStatus,
     PollerStatus,
     ThreadStatus,
+    changed_settings,
+    check_nice_capability,
     contention_notes,
     isolate_others,
+    journaled_class,
     lookup_device,
     read_rps,
     require_root,
@@ -169,11 +183,35 @@ def thread_sched(prio: int) -> tuple[str, int]:
     return ("SCHED_FIFO", prio) if prio > 0 else ("SCHED_OTHER", 0)
 
 
+def thread_nices(req: EnableRequest, current: Sequence[int]) -> list[int]:
+    """The nice each NAPI thread gets: class non-rt's ``--nice``; rt keeps the thread's."""
+    if req.cls == names.CLASS_NON_RT:
+        return [req.nice or 0] * len(current)
+    return list(current)
+
+
+def linger_refusal() -> str:
+    """Why the stock backend's non-rt class takes no ``--linger-us``."""
+    return ("--class non-rt with --linger-us: the stock non-rt NAPI threads do not linger "
+            "(the hrtimer re-polls would add work on the rt device's CPU); drop --linger-us")
+
+
+def in_place_change(rec: Record, req: EnableRequest) -> bool:
+    """``req`` differs from the device's complete journal only in its class or nice (and the
+    priority that follows from them), so enable changes the NAPI threads' policy in place:
+    threaded NAPI stays on and no packet goes back to softirq on the way (a restore and
+    enable would turn it off and on)."""
+    if not rec.complete or rec.backend != NAME:
+        return False
+    changed = set(changed_settings(rec.request, req.settings()))
+    return bool(changed & {"class", "nice"}) and changed <= {"class", "nice", "rt_prio"}
+
+
 def plan_threads(threads: Sequence[TaskStat], cpus: Sequence[int], prio: int,
                  nices: Sequence[int]) -> list[Planned]:
     """Bind each NAPI thread to its CPU, then make it SCHED_FIFO at ``prio`` (0:
-    SCHED_OTHER, i.e. SCHED_NORMAL; a thread already there is left alone). Its nice value
-    is kept."""
+    SCHED_OTHER, i.e. SCHED_NORMAL; a thread already there is left alone) at ``nices``
+    (:func:`thread_nices`)."""
     policy, priority = thread_sched(prio)
     out = []
     for t, cpu, nice in zip(threads, cpus, nices, strict=True):
@@ -373,6 +411,9 @@ class StockBackend:
         if busy and req.rt_prio is not None and req.rt_prio > 0:
             raise InvalidInput(busy_fifo_refusal(req.rt_prio))
         validate_common(req, rt_prio_min=0 if busy else RT_PRIO_MIN)
+        if req.cls == names.CLASS_NON_RT and req.linger_us is not None:
+            raise InvalidInput(linger_refusal())
+        check_nice_capability(req)
         if req.isolate:
             contention.check_isolate(req.cpus, sysinfo.online_cpus(self.host))
         if req.quota is not None:
@@ -444,6 +485,10 @@ class StockBackend:
             started: list[_Prep] = []
             try:
                 for p in preps:
+                    if p.record is not None and in_place_change(p.record, req):
+                        started.append(p)
+                        result.devices.append(self._reclass_one(ctx, p, req, eff, hook))
+                        continue
                     if p.record is not None:  # reconfigure: back to the original first
                         restore(p.record, eff)
                         remove_record(p.record.path)
@@ -488,7 +533,8 @@ class StockBackend:
 
             napis, threads = self._wait_threads(ctx, p, feats)
             thread_cpus = assign_cpus(len(threads), cpus)
-            nices = [os.getpriority(os.PRIO_PROCESS, t.pid) for t in threads]
+            nices = thread_nices(req, [os.getpriority(os.PRIO_PROCESS, t.pid)
+                                       for t in threads])
             assert req.rt_prio is not None  # resolved by enable()
             run(plan_threads(threads, thread_cpus, req.rt_prio, nices))
 
@@ -520,6 +566,32 @@ class StockBackend:
             journal.close()
         return DeviceResult(p.dev, p.netns, NAME, len(threads), sorted(set(thread_cpus)),
                             changes, rps=r, rps_off=bool(rps_plan))
+
+    def _reclass_one(self, ctx: _Ctx, p: _Prep, req: EnableRequest, eff: Any,
+                     hook: Callable[[str], None]) -> DeviceResult:
+        """A class (or nice) change of a served device, in place (:func:`in_place_change`):
+        the journal is rewritten with the new request and its changes so far (atomically,
+        incomplete until done), then each NAPI thread's policy and nice are changed,
+        journaled as usual; threaded NAPI, IRQs, CPUs and RPS stay as they are. ``disable``
+        replays both, newest first, back to the policy and nice found before the first
+        enable."""
+        assert p.record is not None and req.rt_prio is not None
+        feats = self._features(ctx.client(p.netns))
+        cpus = req.cpus or sysinfo.online_cpus(self.host)
+        journal = self.state.rebegin(p.record, req.settings())
+        ex = Executor(journal, eff, hook)
+        try:
+            _, threads = self._wait_threads(ctx, p, feats)
+            thread_cpus = assign_cpus(len(threads), cpus)
+            nices = thread_nices(req, [os.getpriority(os.PRIO_PROCESS, t.pid)
+                                       for t in threads])
+            changes = sum(ex.apply(s.kind, s.key, s.new) is not None
+                          for s in plan_threads(threads, thread_cpus, req.rt_prio, nices))
+            journal.done()
+        finally:
+            journal.close()
+        return DeviceResult(p.dev, p.netns, NAME, len(threads), sorted(set(thread_cpus)),
+                            changes, note="class changed in place")
 
     def _wait_threads(self, ctx: _Ctx, p: _Prep, feats: NetdevFeatures,
                       timeout: float = 2.0) -> tuple[list[Napi], list[TaskStat]]:
@@ -699,6 +771,8 @@ class StockBackend:
         want = _threaded_value(mode)
         prio = rec.request.get("rt_prio")
         policy, priority = thread_sched(prio if prio is not None else default_rt_prio(mode))
+        non_rt = journaled_class(rec.request) == names.CLASS_NON_RT
+        nice = (rec.request.get("nice") or 0) if non_rt else None
         out = []
         if not ds.napis:
             out.append(f"{ds.name} has no NAPI now: enable it again (kbpctl apply)")
@@ -712,6 +786,9 @@ class StockBackend:
                 out.append(f"NAPI {n.id} thread {n.thread.pid} runs {n.thread.policy}/"
                            f"{n.thread.priority}, not {policy}/{priority}: "
                            "run 'kbpctl apply' or enable again")
+            elif nice is not None and n.thread.nice is not None and n.thread.nice != nice:
+                out.append(f"NAPI {n.id} thread {n.thread.pid} (class non-rt) runs at nice "
+                           f"{n.thread.nice}, not {nice}: run 'kbpctl apply' or enable again")
         return out
 
 
@@ -741,7 +818,7 @@ def thread_status(pid: int, host: Host = HOST) -> ThreadStatus | None:
     counters["poll_ns"] = c.poll_ns
     counters["sleeps"] = c.sleeps
     return ThreadStatus(pid=pid, comm=st.comm, cpus=s.cpus, last_cpu=st.last_cpu,
-                        policy=s.policy, priority=s.priority, counters=counters)
+                        policy=s.policy, priority=s.priority, counters=counters, nice=s.nice)
 
 
 def _safe(factory: Callable[[str | None], Any]) -> Callable[[str | None], Any]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kbp import rtclass
-from kbp.errors import InvalidInput
+from kbp.errors import InvalidInput, KbpctlError
 from kbp.state import TargetGone
 from kbp.sysinfo import (
     HOST,
@@ -160,7 +160,7 @@ def notes(cpus: Iterable[int], rt_prio: int, served: Iterable[tuple[str, str | N
         out.append(note)
     try:
         found = foreign_irqs(cpus, served, scope(netns), host)
-    except (OSError, ValueError):
+    except (OSError, ValueError, KbpctlError):  # e.g. a netns deleted while it was read
         found = []
     out += [foreign_irq_note(f, online) for f in found]
     return out

@@ -279,14 +279,20 @@ def describe(devices: Iterable[tuple[str, str | None]], rule: RtClassRule | None
 
 def irq_cpus(irqs: Iterable[int], host: Host = HOST) -> tuple[int, ...]:
     """The CPUs the IRQs are delivered to: each one's effective affinity where the kernel
-    shows it, else the affinity asked for (an IRQ that cannot be read is left out)."""
+    shows one within the affinity asked for, else that (x86 applies a new affinity at the
+    next interrupt; kbp.contention reads them the same way). An IRQ that cannot be read is
+    left out."""
     out: set[int] = set()
     for irq in irqs:
         try:
-            text = read_irq_effective(irq, host) or read_irq_affinity(irq, host)
-            out |= set(parse_cpulist(text))
+            want = set(parse_cpulist(read_irq_affinity(irq, host)))
         except (OSError, InvalidInput):
             continue
+        try:
+            eff = set(parse_cpulist(read_irq_effective(irq, host) or ""))
+        except InvalidInput:
+            eff = set()
+        out |= eff if eff and eff <= want else want
     return tuple(sorted(out))
 
 

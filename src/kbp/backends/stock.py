@@ -190,6 +190,16 @@ def thread_nices(req: EnableRequest, current: Sequence[int]) -> list[int]:
     return list(current)
 
 
+def first_nice(rec: Record, t: TaskStat) -> int:
+    """The nice ``t`` had before ``rec``'s first change of its scheduling (its nice now when
+    there was none): an rt thread back from class non-rt gets the nice it started with."""
+    for c in rec.changes:
+        if c.kind == "sched" and c.key.get("pid") == t.pid and \
+                c.key.get("starttime") == t.starttime and isinstance(c.old, dict):
+            return int(c.old.get("nice", 0))
+    return os.getpriority(os.PRIO_PROCESS, t.pid)
+
+
 def linger_refusal() -> str:
     """Why the stock backend's non-rt class takes no ``--linger-us``."""
     return ("--class non-rt with --linger-us: the stock non-rt NAPI threads do not linger "
@@ -583,8 +593,7 @@ class StockBackend:
         try:
             _, threads = self._wait_threads(ctx, p, feats)
             thread_cpus = assign_cpus(len(threads), cpus)
-            nices = thread_nices(req, [os.getpriority(os.PRIO_PROCESS, t.pid)
-                                       for t in threads])
+            nices = thread_nices(req, [first_nice(p.record, t) for t in threads])
             changes = sum(ex.apply(s.kind, s.key, s.new) is not None
                           for s in plan_threads(threads, thread_cpus, req.rt_prio, nices))
             journal.done()

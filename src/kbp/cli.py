@@ -121,7 +121,10 @@ whose queue interrupts is handled by a thread at SCHED_FIFO/RR >= N is served to
 --watch re-reads the file and re-evaluates the rule every S seconds, so devices appearing
 later and priority changes are picked up (kbp-watch.service runs it). On kernels that are
 not PREEMPT_RT, name the RT devices as [[device]] entries. kbpctl status shows each
-device's class and why.
+device's class and why. The devices below N whose queue interrupts land on a CPU with an
+RT poller are served there with --class non-rt (below the RT poller, which preempts them
+between polls; [rt_class] nice = M sets their nice), unless [rt_class] non_rt = "leave"
+keeps them on NET_RX as before (--isolate is the other remedy: move them away).
 """
 
 

@@ -375,6 +375,12 @@ def converge(cfg: Config, dry_run: bool = False, state: Any = None) -> list[Acti
         if a.op == "disable" or (a.op == "reenable" and current.get((a.dev, a.netns))
                                  not in (None, a.backend)):
             backends.disable([a.dev], a.netns, st)
+    # A reenable for a class change (a device crossing rtnet_prio under --watch) loses no
+    # packet: the stock backend changes its NAPI threads' policy in place (threaded NAPI
+    # stays on: StockBackend._reclass_one); the kmod backend detaches and attaches again,
+    # and the module's detach lets the poller complete each NAPI or hand it, still
+    # scheduled, to the softirq (module/kbp_main.c, the release wait), its ring untouched,
+    # before the attach takes it over.
     for a in actions:
         if a.op in ("enable", "reenable"):
             assert a.request is not None

@@ -17,7 +17,12 @@ PY      := .venv/bin/python
 # zones, sanity checks: a use after free in kbp.ko fails the run), the smoke tests on the
 # other kernels users boot (on PREEMPT_RT also the tests marked rt), and a build of kbp.ko
 # with -Werror for Debian 13's kernels, which are Debian 12's 6.12 source built with
-# gcc-14.  That keeps `make test` near 45 minutes; vm/README.md says why these.
+# gcc-14.  Budget: 40 minutes from a fresh clone on a 2-core machine (the CI of 2026-11-26
+# took 68 with other work on the machine).  Estimates after issue 25 in that CI's conditions:
+# setup + lint ~1 min, host tests ~7, the whole suite on 6.12 ~20, smoke on 6.1 ~3.5 and on
+# 7.2 ~5 (with its fetch and chroot build), smoke + rt on 6.12-rt ~6 and 7.2-rt ~8, the two
+# Debian 13 builds ~1.5: ~52 min; on a quiet host about 0.7 of that.  vm/README.md ("Which
+# flavours run what") says why these flavours, what runs where, and where the time goes.
 DEBUG_FLAVOUR ?= 6.12-amd64
 DEBUG_APPEND  ?= slub_debug=FZPU
 VM_TIMEOUT ?= 2700

@@ -26,9 +26,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pyroute2 import IPRoute
 from pyroute2.netlink import (
     CTRL_CMD_GETPOLICY,
     GENL_ID_CTRL,
@@ -42,6 +41,9 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic import GenericNetlinkSocket
 
 from kbp.errors import InvalidInput, OperationFailed
+
+if TYPE_CHECKING:
+    from pyroute2.iproute import IPRoute
 
 NETNS_DIR = Path("/run/netns")
 
@@ -351,6 +353,7 @@ class Link:
 
 
 def _iproute(netns: str | None) -> IPRoute:
+    from pyroute2.iproute import IPRoute  # only when a link is looked up (~40 ms import)
     return IPRoute(netns=netns, flags=0) if netns else IPRoute()
 
 

@@ -6,7 +6,10 @@ once its queue interrupt threads are raised to 60 and hands it back to NET_RX wh
 to 50, while a numbered UDP flow runs through both changes without losing a datagram; NIC1
 (FIFO 50, in the peer netns, which the rule also scans) stays on NET_RX. On the other
 kernels the rule is refused with the reason, and the RT class is the device list.
-Smoke tests: ``make test`` runs them on 6.12, 6.1, 6.12-rt, 7.2 and 7.2-rt.
+In ``make test``: all on 6.12 (the whole suite); the two that need PREEMPT_RT (marked ``rt``)
+on 6.12-rt and 7.2-rt. The others exercise kbpctl's config, refusal and interrupt-advice
+code, which is the same on every kernel, over an attach that the smoke tests make on every
+flavour (vm/README.md, "Which flavours run what"); ``make test-vm-all`` runs them everywhere.
 """
 
 from __future__ import annotations
@@ -33,8 +36,6 @@ from conftest import (
     wait_for,
 )
 from test_kbpctl_kmod import RUN_DIR, kbpctl, kbpctl_path
-
-pytestmark = pytest.mark.smoke
 
 RT = "PREEMPT_RT" in os.uname().version  # mainline RT (7.2-rt) has no /sys/kernel/realtime
 RTNET_PRIO = 55
@@ -96,6 +97,7 @@ def status() -> dict[str, dict]:
         {"": init}
 
 
+@pytest.mark.rt
 @pytest.mark.skipif(not RT, reason="rtnet_prio selects by interrupt-thread priority, "
                                    "which needs a PREEMPT_RT kernel (tested on 6.12-rt)")
 def test_rt_class_follows_the_interrupt_threads_priority(
@@ -193,6 +195,7 @@ def test_rtnet_prio_out_of_range_is_refused(kmod, tmp_path: Path) -> None:
     assert kmod.devices() == []
 
 
+@pytest.mark.rt
 @pytest.mark.skipif(not RT, reason="rtnet_prio selects by interrupt-thread priority, "
                                    "which needs a PREEMPT_RT kernel (tested on 6.12-rt)")
 def test_apply_watch_follows_a_chrt_without_being_asked(

@@ -491,7 +491,8 @@ class KmodBackend:
                     s = sysinfo.get_sched(p.pid)
                     pol, prio = s.policy, s.priority
             # pid 0: the module does not show pids outside the initial pid namespace
-            out.append(PollerStatus(cpu=p.cpu, pid=p.pid or None, mode=p.mode,
+            out.append(PollerStatus(cpu=p.cpu, cls=p.cls or names.CLASS_RT,
+                                    nice=p.nice, pid=p.pid or None, mode=p.mode,
                                     linger_us=p.linger_us,
                                     quota=p.quota, napis=p.napis, policy=pol, priority=prio,
                                     counters=p.counters(), freq_ctl=p.freq_ctl,

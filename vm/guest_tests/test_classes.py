@@ -16,10 +16,18 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import POLL_CPU, Flow, Topo, load_module, sh, wait_for
+from conftest import POLL_CPU, Flow, Topo, sh, wait_for
 from test_bad_input import refused
 from test_hardening import cpu_online
-from test_real_nic import KO, assert_in_order, hooked, kbp_carries, ktn_device, total
+from test_real_nic import (
+    KO,
+    assert_in_order,
+    hooked,
+    kbp_carries,
+    ktn_device,
+    rmmod_hands_back,
+    total,
+)
 
 pytestmark = pytest.mark.skipif(not KO.exists(), reason="kbp_test_nic.ko not built "
                                 "(python3 -m vm test builds every vm/testdata module)")
@@ -188,11 +196,4 @@ def test_both_classes_through_cpu_offline_and_rmmod(kmod, topo: Topo) -> None:
         assert set(pollers_on(kmod, POLL_CPU)) == {"rt", "non-rt"}
         assert kmod.device(dev).cls == "non-rt"
         kbp_carries(dev)
-        try:
-            sh("rmmod kbp")
-            s0 = total("by_softirq", dev)
-            wait_for(lambda: total("by_softirq", dev) > s0 + 300, 20,
-                     what="the kernel to carry it after rmmod")
-            assert_in_order(dev)
-        finally:
-            load_module()
+        rmmod_hands_back(dev)

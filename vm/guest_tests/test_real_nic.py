@@ -309,20 +309,26 @@ def test_cpu_offline_under_traffic(kmod) -> None:
         assert_in_order(dev)
 
 
+def rmmod_hands_back(dev: str) -> None:
+    """rmmod kbp under traffic: the kernel carries ``dev`` after it, nothing lost or
+    reordered; the module is loaded again whatever happens."""
+    try:
+        sh("rmmod kbp")
+        s0 = total("by_softirq", dev)
+        wait_for(lambda: total("by_softirq", dev) > s0 + 300, 20,
+                 what="the kernel to carry it after rmmod")
+        assert_in_order(dev)
+    finally:
+        load_module()
+
+
 def test_rmmod_under_traffic(kmod) -> None:
     """rmmod kbp while 4 queues flow through two pollers: every NAPI goes back to the
     kernel, no frame lost or reordered, the module loads again."""
     with ktn_device(queues=4, cpus="0,1,0,1", rate=2000) as dev:
         kmod.attach(dev, queue_map={0: 0, 1: 1, 2: 0, 3: 1}, mode="busy")
         kbp_carries(dev)
-        try:
-            sh("rmmod kbp")
-            s0 = total("by_softirq", dev)
-            wait_for(lambda: total("by_softirq", dev) > s0 + 300, 20,
-                     what="the kernel to carry it after rmmod")
-            assert_in_order(dev)
-        finally:
-            load_module()
+        rmmod_hands_back(dev)
 
 
 # -- a starved poller: the detach bound is per device -----------------------------------

@@ -59,8 +59,8 @@ def test_one(flavour: str, *, template: run.RunSpec, module_dir: Path, tests: st
         spec = dataclasses.replace(
             template, flavour=flavour, cwd=paths.REPO_ROOT, ko=built.main,
             ko_dir=built.build_dir, test_modules=test_modules, log=log,
-            argv=[template.python, "-m", "pytest", "-q", "--durations=15", tests,
-                  *pytest_args])
+            argv=[template.python, "-m", "pytest", "-q", "--durations=0",
+                  "--durations-min=3", tests, *pytest_args])
         out = run.run(spec)
         run.report(out)
         if out.interrupted:

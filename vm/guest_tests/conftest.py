@@ -63,6 +63,9 @@ def pytest_configure(config: pytest.Config) -> None:
                    "`make test` (vm/README.md, 'Which flavours run what'): load, attach at the "
                    "defaults, traffic through the poller, driver and threaded changes, detach")
     config.addinivalue_line(
+        "markers", "long: only in `make test-vm-all`, not in `make test`: a long run whose "
+                   "path another test of `make test` covers (vm/README.md says which)")
+    config.addinivalue_line(
         "markers", "rt: run with the smoke tests on the PREEMPT_RT flavours of `make test`: "
                    "a busy poller at kbpctl's default SCHED_FIFO priority, where PREEMPT_RT "
                    "turns CPU starvation into RCU stalls and hung commands")

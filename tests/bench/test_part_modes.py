@@ -90,8 +90,6 @@ class _StaticBe:
     # refuses the class outright: its own reason
     (lambda r: "unknown class" if r.cls == "non-rt" else None,
      "kbpctl stock backend refuses --class non-rt: unknown class"),
-    # takes anything: it does not know the class (it would serve the heavy device as RT)
-    (lambda r: None, "does not know class non-rt yet"),
 ])
 def test_stock_non_rt_class_checked_at_runtime(monkeypatch: pytest.MonkeyPatch, refuse: Any,
                                                expect: str | None) -> None:
@@ -106,11 +104,9 @@ def test_stock_non_rt_class_checked_at_runtime(monkeypatch: pytest.MonkeyPatch, 
     assert m.unavailable() == why
 
 
-def test_the_stock_backend_today_says_what_is_missing() -> None:
-    """The real stock backend's answer, whatever this branch has: None once its non-rt class
-    is in, else a reason naming the missing piece (never silently as an RT device)."""
-    why = rt_split.nonrt_refusal(names.BACKEND_STOCK)
-    assert why is None or "non-rt" in why, why
+def test_the_stock_backend_serves_the_non_rt_class() -> None:
+    """The real stock backend takes a non-rt hybrid request (its class is in)."""
+    assert rt_split.nonrt_refusal(names.BACKEND_STOCK) is None
 
 
 # -- plumbing: which device gets which request, on which role's CPU ---------------------------
@@ -142,7 +138,7 @@ def gro(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
 
 @pytest.mark.parametrize("layout", [[0, 1], [0, 1, 2, 3], [4, 7]])
 @pytest.mark.parametrize(("mode", "backend", "kbp_mode", "heavy_prio"), [
-    ("hybrid-part", "kmod", "hybrid", 0), ("busy-part", "kmod", "busy", 0),
+    ("hybrid-part", "kmod", "hybrid", None), ("busy-part", "kmod", "busy", None),
     ("stock-kbp-part", "stock", "hybrid", None)])
 def test_which_device_gets_which_request(enabled_requests: list[Any],
                                          gro: list[tuple[str, Any]],
@@ -168,6 +164,8 @@ def test_which_device_gets_which_request(enabled_requests: list[Any],
     assert (heavy_req.devices, heavy_req.netns, heavy_req.mode, heavy_req.cpus,
             heavy_req.cls, heavy_req.rt_prio) == (["heavy-s-ab"], "ns-s", "hybrid", [rt],
                                                   names.CLASS_NON_RT, heavy_prio)
+    # the class's priority is the backend's to fill in: SCHED_NORMAL (0) on both
+    assert heavy_req.resolved(backend).rt_prio == 0
     assert gro == [("state", "heavy-s-ab"), ("per_packet", "heavy-s-ab")]
     d = json.loads(json.dumps(m.describe()))
     assert d["part"]["request"] == {"mode": "hybrid", "cls": "non-rt", "cpus": [rt],

@@ -271,7 +271,30 @@ class ExclusiveMode(_Defaults):
                 "heavy_receiver_cpus": h.receiver_cpus() if h else None}
 
 
-class KbpExclusiveMode:
+class _Wrapper:
+    """A mode made of an inner kbp mode plus something around it (a placement move, a
+    heavy device's class): what the RT flow sees is the inner mode's."""
+
+    inner: Any
+
+    def unavailable(self) -> str | None:
+        return self.inner.unavailable()
+
+    def app_place(self, home: AppPlace, env: AppEnv) -> AppPlace:
+        return self.inner.app_place(home, env)
+
+    def app(self) -> str:
+        return self.inner.app()
+
+    def needs_fresh_device(self, t: Target) -> bool:
+        return bool(self.inner.needs_fresh_device(t))
+
+    def threads(self) -> dict[int, str]:
+        """The inner mode's threads (what serves the RT device)."""
+        return dict(self.inner.threads())
+
+
+class KbpExclusiveMode(_Wrapper):
     """``<kbp mode>-excl``: a kbp mode (the RT device on the poller) *and* the exclusive CPU
     (the heavy receiver and its device's RPS on the non-RT CPU): what an operator gets with
     ``kbpctl enable --isolate`` plus the heavy application placed elsewhere. Everything but
@@ -292,18 +315,6 @@ class KbpExclusiveMode:
     def heavy(self, h: HeavySide | None) -> None:
         self.excl.heavy = h
 
-    def unavailable(self) -> str | None:
-        return self.inner.unavailable()
-
-    def app_place(self, home: AppPlace, env: AppEnv) -> AppPlace:
-        return self.inner.app_place(home, env)
-
-    def app(self) -> str:
-        return self.inner.app()
-
-    def needs_fresh_device(self, t: Target) -> bool:
-        return bool(self.inner.needs_fresh_device(t))
-
     def idle_problem(self) -> str | None:
         return self.excl.idle_problem()
 
@@ -318,9 +329,6 @@ class KbpExclusiveMode:
         finally:
             self.inner.teardown()
 
-    def threads(self) -> dict[int, str]:
-        return dict(self.inner.threads())
-
     def counters(self) -> dict[str, int | None]:
         return dict(self.inner.counters())
 
@@ -332,13 +340,10 @@ class KbpExclusiveMode:
 def nonrt_request(backend: str, dev: str, netns: str | None, cpu: int | None) -> Any:
     """The kbpctl EnableRequest for the heavy device in a part mode: class non-rt, mode
     hybrid (that class's only mode), on the RT CPU itself (``cpu``; no placement move).
-    Priority: kbp.ko runs a non-rt poller SCHED_NORMAL and refuses any rt_prio but 0
-    (module/kbp_poller.c); the stock backend's is left to its default for the class."""
-    b = _backends()
-    prio = {"rt_prio": 0} if backend == names.BACKEND_KMOD else {}
-    return b.EnableRequest([dev], netns=netns, mode=names.MODE_HYBRID,
-                           cpus=None if cpu is None else [cpu], cls=names.CLASS_NON_RT,
-                           **prio)
+    Priority: the class's own (``EnableRequest.resolved``: SCHED_NORMAL at nice 0)."""
+    return _backends().EnableRequest([dev], netns=netns, mode=names.MODE_HYBRID,
+                                     cpus=None if cpu is None else [cpu],
+                                     cls=names.CLASS_NON_RT)
 
 
 def _backends() -> Any:
@@ -348,11 +353,8 @@ def _backends() -> Any:
 
 def nonrt_refusal(backend: str) -> str | None:
     """Why kbpctl's ``backend`` cannot serve a device in class non-rt here (its static
-    checks on a placeholder device, nothing changed), None when it can.  A backend that
-    takes ``--class non-rt --mode busy`` does not know the class (issue 24 has it refused):
-    the stock backend before its non-rt class would serve the heavy device as an RT one."""
-    b = _backends()
-    be = b.get(backend)
+    checks on a placeholder device, nothing changed), None when it can."""
+    be = _backends().get(backend)
     check = getattr(be, "_check_static", None)
     if check is None:
         return None
@@ -360,20 +362,10 @@ def nonrt_refusal(backend: str) -> str | None:
         check(nonrt_request(backend, "lo", None, None).resolved(backend))
     except Exception as e:
         return f"kbpctl {backend} backend refuses --class {names.CLASS_NON_RT}: {e}"
-    if backend == names.BACKEND_KMOD:      # kbp.ko itself refuses what the class cannot do
-        return None
-    try:
-        check(b.EnableRequest(["lo"], mode=names.MODE_BUSY, cls=names.CLASS_NON_RT)
-              .resolved(backend))
-    except Exception:
-        return None
-    return (f"kbpctl {backend} backend does not know class {names.CLASS_NON_RT} yet (it takes "
-            f"--class {names.CLASS_NON_RT} --mode busy, which a backend with the class "
-            "refuses), so it would serve the heavy device as an RT one: needs the "
-            f"{backend} backend's non-rt class (kbpctl enable --class non-rt, issue 24)")
+    return None
 
 
-class PartMode:
+class PartMode(_Wrapper):
     """``<kbp mode>-part``: the outsourcing paper's split by priority on the RT CPU itself.
     The RT device on the inner kbp mode (its RT poller, class rt); the heavy device, given a
     per-packet NAPI (:func:`kbp.bench.parts.napi_per_packet`), in the same backend's class
@@ -395,22 +387,13 @@ class PartMode:
         self._nonrt: dict[int, str] = {}
 
     def unavailable(self) -> str | None:
-        why = self.inner.unavailable()
+        why = super().unavailable()
         if why:
             return why
         try:
             return nonrt_refusal(self.backend)
         except Exception as e:
             return f"{self.backend} backend: {e}"
-
-    def app_place(self, home: AppPlace, env: AppEnv) -> AppPlace:
-        return self.inner.app_place(home, env)
-
-    def app(self) -> str:
-        return self.inner.app()
-
-    def needs_fresh_device(self, t: Target) -> bool:
-        return bool(self.inner.needs_fresh_device(t))
 
     def idle_problem(self) -> str | None:
         return None if self.heavy is not None else (
@@ -478,10 +461,6 @@ class PartMode:
             finally:
                 self.request_made = None
                 self.inner.teardown()
-
-    def threads(self) -> dict[int, str]:
-        """The RT poller's threads only (the non-rt ones do the heavy flow's work)."""
-        return dict(self.inner.threads())
 
     def counters(self) -> dict[str, int | None]:
         """The RT poller's counters, and the non-rt class's as ``nonrt_<counter>``."""

@@ -127,6 +127,43 @@ between polls; [rt_class] nice = M sets their nice), unless [rt_class] non_rt = 
 keeps them on NET_RX as before (--isolate is the other remedy: move them away).
 """
 
+EXPORTER_EPILOG = """\
+examples:
+  kbpctl exporter                             serve http://127.0.0.1:9717/metrics
+  curl -s http://127.0.0.1:9717/metrics | grep '^kbp_poller_packets_total'
+  kbpctl exporter --listen 0.0.0.0:9717       every address: on purpose only (see below)
+  kbpctl exporter --textfile /var/lib/node_exporter/textfile --interval 15
+  kbpctl exporter --once                      print one scrape and exit
+  kbpctl exporter --once --textfile DIR       write DIR/kbp.prom once (a cron job)
+
+What is exported: the counters 'kbpctl status' shows, read afresh at every scrape --
+per module poller (labels cpu, mode, class, backend) every poller counter as
+kbp_poller_<counter>_total (times in seconds: kbp_poller_poll_seconds_total; the longest
+wake-up delay is the gauge kbp_poller_wake_delay_max_seconds); per device (labels device,
+netns, backend, mode, class) kbp_device_enabled{state}, kbp_device_packets_total,
+kbp_device_polls_total; per NAPI kbp_napi_*; the polling threads' CPU time and sleeps
+(kbp_napi_thread_*, the stock backend's NAPI threads); NetAP's interval and objective
+(kbp_*_periodic_*); kbp_up, kbp_module_loaded, kbp_kernel_info (preemption model),
+kbp_problems{kind} and kbp_exporter_errors_total{section}. docs/kbpctl.md, "Monitoring",
+lists them all; contrib/grafana/kbp.json is a dashboard of them.
+
+Prometheus scrape config:
+  scrape_configs:
+    - job_name: kbp
+      static_configs: [{targets: ['127.0.0.1:9717']}]
+
+--textfile DIR writes DIR/kbp.prom atomically (temporary file + rename) every --interval
+seconds, for node_exporter's textfile collector:
+  node_exporter --collector.textfile.directory=/var/lib/node_exporter/textfile
+Without --listen it serves no HTTP.
+
+--listen defaults to loopback (127.0.0.1:9717): the counters describe this host (its
+devices, CPUs, threads and kernel); expose them to the network only on purpose, behind
+whatever guards your other exporters. Not root: the module's counters (CAP_NET_ADMIN) and
+the NAPIs of devices in other netns cannot be read; their series are missing and
+kbp_problems{kind="needs_root"} counts them.
+"""
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse that fails with one line and exit code 2."""
@@ -286,6 +323,20 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     n.add_argument("devices", nargs="+", metavar="DEV")
     n.add_argument("--netns", metavar="NAME")
     n.set_defaults(func=cmd_snapshot)
+
+    x = sub.add_parser("exporter", help="serve kbp's counters to Prometheus",
+                       epilog=EXPORTER_EPILOG, formatter_class=fmt)
+    x.add_argument("--listen", metavar="ADDR:PORT",
+                   help="serve /metrics here (default 127.0.0.1:9717, loopback: the counters "
+                        "describe this host; [::1]:9717 for IPv6, port 0: any free port)")
+    x.add_argument("--textfile", type=Path, metavar="DIR",
+                   help="write DIR/kbp.prom for node_exporter's textfile collector (then no "
+                        "HTTP unless --listen is given)")
+    x.add_argument("--interval", type=float, default=15.0, metavar="S",
+                   help="--textfile: rewrite it every S seconds (default 15)")
+    x.add_argument("--once", action="store_true",
+                   help="one scrape and exit: to DIR/kbp.prom with --textfile, else stdout")
+    x.set_defaults(func=cmd_exporter)
 
     first = next((a for a in (argv or ()) if not a.startswith("-")), None)
     if argv is None or first not in sub.choices:
@@ -560,6 +611,11 @@ def _apply_once(cfg: Any, dry_run: bool, quiet: bool) -> None:
     for a in actions:
         for n in a.result.notes if a.result is not None else []:
             _warn(f"{PROG}: {n}")
+
+
+def cmd_exporter(args: argparse.Namespace) -> int:
+    from kbp import exporter  # imports prometheus_client: only for this command
+    return exporter.run(args.listen, args.textfile, args.interval, args.once, _out)
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:

@@ -55,26 +55,34 @@ CLASS_NAMES: Final = {v: k for k, v in CLASS_IDS.items()}
 NONRT_DEFAULT_QUOTA: Final = 8   # packets per NAPI per poll of a non-rt poller
 NICE_RANGE: Final = (-20, 19)    # non-rt: the poller's nice (below 0 needs CAP_SYS_NICE)
 
-# Per-poller counters (read-only).
-POLLER_COUNTERS: Final = (
-    "passes",        # loop iterations over the poller's NAPIs
-    "empty_passes",  # passes that found no work
-    "packets",       # packets (work units) returned by NAPI poll functions
-    "wakeups",       # times the poller was woken from sleep (hybrid)
-    "sleeps",        # times the poller went to sleep (hybrid)
-    "sleep_ns",      # time spent asleep
-    "poll_ns",       # time spent inside NAPI poll (protocol processing included)
-    "freq_changes",  # CPU frequency changes made by freq_ctl (hybrid)
-    "yields",        # times a poller that was not going to sleep gave its CPU to other tasks
-    "respawns",      # poller threads replaced after a driver deleted a NAPI under it
-    "repairs",       # NAPIs put back on the poller after a driver's napi_disable/enable
-    "gave_way",      # non-rt: polls after which it gave the CPU to a woken task at once
-    "wake_delay_ns",  # sum of wake-up-to-running delays of the poller's thread (run_delay)
-    "wake_delay_max_ns",  # the longest of them
-)
+# Per-poller counters (read-only), with what each counts (docs, the exporter's HELP text).
+# A name ending in _ns counts nanoseconds.
+POLLER_COUNTER_HELP: Final[dict[str, str]] = {
+    "passes": "loop iterations over the poller's NAPIs",
+    "empty_passes": "passes that found no work",
+    "packets": "packets (work units) returned by NAPI poll functions",
+    "wakeups": "times the poller was woken from sleep (hybrid)",
+    "sleeps": "times the poller went to sleep (hybrid)",
+    "sleep_ns": "time spent asleep",
+    "poll_ns": "time spent inside NAPI poll (protocol processing included)",
+    "freq_changes": "CPU frequency changes made by freq_ctl (hybrid)",
+    "yields": "times a poller that was not going to sleep gave its CPU to other tasks",
+    "respawns": "poller threads replaced after a driver deleted a NAPI under it",
+    "repairs": "NAPIs put back on the poller after a driver's napi_disable/enable",
+    "gave_way": "non-rt: polls after which it gave the CPU to a woken task at once",
+    "wake_delay_ns": "sum of wake-up-to-running delays of the poller's thread (run_delay)",
+    "wake_delay_max_ns": "the longest of those wake-up-to-running delays",
+}
+POLLER_COUNTERS: Final[tuple[str, ...]] = tuple(POLLER_COUNTER_HELP)
+# The POLLER_COUNTERS that are the largest value seen, not a running sum (a gauge to Prometheus).
+POLLER_MAXIMA: Final[tuple[str, ...]] = ("wake_delay_max_ns",)
 
 # Per-device and per-NAPI counters (read-only).
-DEVICE_COUNTERS: Final = ("packets", "polls")
+DEVICE_COUNTER_HELP: Final[dict[str, str]] = {
+    "packets": "packets received (kmod: polled by the module; stock: the device's rx_packets)",
+    "polls": "NAPI polls made by the module's pollers (kmod only)",
+}
+DEVICE_COUNTERS: Final[tuple[str, ...]] = tuple(DEVICE_COUNTER_HELP)
 
 # Backends of kbpctl.
 BACKEND_KMOD: Final = "kmod"

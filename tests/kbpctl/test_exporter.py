@@ -385,3 +385,35 @@ def test_status_does_not_import_prometheus_client() -> None:
                        check=True, timeout=60, env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"})
     mods = json.loads(p.stdout)
     assert not [m for m in mods if m.startswith(("prometheus_client", "kbp.exporter"))]
+
+
+# -- docs and dashboard ----------------------------------------------------------------------
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _exported_names() -> set[str]:
+    text = exporter.exposition(exporter.registry(KbpCollector(make_status)))
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_docs_list_every_metric() -> None:
+    doc = (REPO / "docs/kbpctl.md").read_text()
+    monitoring = doc[doc.index("## Monitoring"):doc.index("## Python API")]
+    counters = {f"kbp_poller_{metric_name(c)}_total": metric_name(c)
+                for c in names.POLLER_COUNTERS}
+    for name in _exported_names():
+        want = f"`{counters[name]}`" if name in counters else f"`{name}`"
+        assert want in monitoring, name
+    for kind in exporter.PROBLEM_KIND_NAMES:
+        assert f"`{kind}`" in monitoring, kind
+
+
+def test_grafana_dashboard_uses_exported_metrics() -> None:
+    import re
+    dash = json.loads((REPO / "contrib/grafana/kbp.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    used = {m for e in exprs for m in re.findall(r"\bkbp_[a-z_]+", e)}
+    assert used <= _exported_names(), used - _exported_names()
+    assert {"kbp_poller_packets_total", "kbp_poller_wakeups_total",
+            "kbp_poller_wake_delay_seconds_total", "kbp_poller_gave_way_total",
+            "kbp_device_packets_total", "kbp_problems"} <= used

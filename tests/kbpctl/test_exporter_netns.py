@@ -1,0 +1,128 @@
+"""``kbpctl exporter`` scraped over HTTP on loopback while real counters move: a veth pair
+in two netns (kbp.testbed, named kbpx-*), the server side enabled with the stock backend,
+UDP ping-pong through it; then the device deleted under the exporter, then disabled."""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kbp import testbed
+
+from .conftest import netns_skip_reason
+from .test_integration import KBPCTL, Bed
+
+pytestmark = [pytest.mark.netns, pytest.mark.root,
+              pytest.mark.skipif(netns_skip_reason() is not None,
+                                 reason=netns_skip_reason() or "")]
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+@pytest.fixture
+def kbpx_bed() -> Iterator[Bed]:
+    """test_integration's Bed on namespaces and veths named kbpx-*; whatever is left
+    enabled is disabled before the namespaces go."""
+    top = Path(tempfile.mkdtemp(prefix="kbpx-test-"))
+    top.chmod(0o755)
+    with testbed.Testbed(prefix="kbpx") as tb:
+        b = Bed(tb, top / "run")
+        try:
+            yield b
+        finally:
+            subprocess.run([*KBPCTL, "disable", "--all"], env=b.env, capture_output=True,
+                           timeout=120)
+            shutil.rmtree(top, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def exporter(bed: Bed) -> Iterator[str]:
+    """``kbpctl exporter --listen 127.0.0.1:0``; yields its /metrics URL (from stderr)."""
+    p = subprocess.Popen([*KBPCTL, "exporter", "--listen", "127.0.0.1:0"], env=bed.env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stderr is not None
+        ready, _, _ = select.select([p.stderr], [], [], 30)
+        line = p.stderr.readline() if ready else ""
+        assert line.startswith("kbpctl exporter: serving http://127.0.0.1:"), line
+        yield line.split()[-1]
+    finally:
+        p.terminate()
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 0, err
+        assert "Traceback" not in err, err
+
+
+def scrape(url: str) -> Samples:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        assert r.status == 200
+        text = r.read().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def pick(samples: Samples, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+    return [(dict(lab), v) for (n, lab), v in samples.items()
+            if n == name and all(dict(lab).get(k) == w for k, w in labels.items())]
+
+
+def one(samples: Samples, name: str, **labels: str) -> float:
+    got = pick(samples, name, **labels)
+    assert len(got) == 1, (name, labels, got)
+    return got[0][1]
+
+
+def test_scrape_while_counters_move(kbpx_bed: Bed) -> None:
+    bed = kbpx_bed
+    dev, ns = bed.link.dev_b, bed.tb.server
+    bed.echo_server()
+    bed.kbpctl("enable", dev, "--netns", ns, "--backend", "stock", "--cpus", "1")
+    served = {"device": dev, "netns": ns, "backend": "stock", "mode": "hybrid", "class": "rt"}
+    with exporter(bed) as url:
+        s0 = scrape(url)
+        assert one(s0, "kbp_up") == 1
+        assert one(s0, "kbp_device_enabled", state="serving", **served) == 1
+        assert one(s0, "kbp_problems", kind="device_gone") == 0
+        res = bed.ping(300)
+        assert res["ok"] >= 290, res
+        s1 = scrape(url)
+        grew = one(s1, "kbp_device_packets_total", **served) - \
+            one(s0, "kbp_device_packets_total", **served)
+        assert grew >= 290, grew
+        (th0, cpu0), = pick(s0, "kbp_napi_thread_poll_seconds_total", device=dev, netns=ns)
+        (th1, cpu1), = pick(s1, "kbp_napi_thread_poll_seconds_total", device=dev, netns=ns)
+        assert th0 == th1 and th1["cpu"] == "1" and th1["comm"].startswith(f"napi/{dev}-")
+        assert cpu1 > cpu0   # the NAPI thread did the receive work
+        assert one(s1, "kbp_napi_thread_sleeps_total", device=dev) > \
+            one(s0, "kbp_napi_thread_sleeps_total", device=dev)
+        assert one(s1, "kbp_napi_thread_rt_priority", device=dev) == 50
+        assert all(v == 0 for _, v in pick(s1, "kbp_exporter_errors_total"))
+
+        # the device vanishes under the exporter: its series say so, the scrape goes on
+        subprocess.run(["ip", "-n", ns, "link", "del", dev], check=True, timeout=30)
+        for _ in range(50):   # the NAPI thread exits a little after the device goes
+            s2 = scrape(url)
+            if pick(s2, "kbp_device_enabled", state="degraded", **served):
+                break
+            time.sleep(0.1)
+        assert one(s2, "kbp_up") == 1
+        assert one(s2, "kbp_device_enabled", state="degraded", **served) == 1
+        assert one(s2, "kbp_problems", kind="device_gone") == 1
+        assert not pick(s2, "kbp_device_packets_total", device=dev)
+        assert not pick(s2, "kbp_napi_thread_poll_seconds_total", device=dev)
+        assert all(v == 0 for _, v in pick(s2, "kbp_exporter_errors_total"))
+
+        bed.kbpctl("disable", dev, "--netns", ns)
+        s3 = scrape(url)
+        assert not pick(s3, "kbp_device_enabled", device=dev)   # not served, other netns
+        assert one(s3, "kbp_problems", kind="device_gone") == 0

@@ -5,6 +5,7 @@ UDP ping-pong through it; then the device deleted under the exporter, then disab
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kbp import testbed
 
-from .conftest import netns_skip_reason
+from .conftest import UserKbpctl, netns_skip_reason
 from .test_integration import KBPCTL, Bed
 
 pytestmark = [pytest.mark.netns, pytest.mark.root,
@@ -46,14 +47,23 @@ def kbpx_bed() -> Iterator[Bed]:
 
 
 @contextlib.contextmanager
-def exporter(bed: Bed) -> Iterator[str]:
-    """``kbpctl exporter --listen 127.0.0.1:0``; yields its /metrics URL (from stderr)."""
-    p = subprocess.Popen([*KBPCTL, "exporter", "--listen", "127.0.0.1:0"], env=bed.env,
+def exporter(bed: Bed, user: UserKbpctl | None = None,
+             said: list[str] | None = None) -> Iterator[str]:
+    """``kbpctl exporter --listen 127.0.0.1:0`` (as ``user``: uid 65534); yields its
+    /metrics URL (from stderr); the lines before it go to ``said``."""
+    argv, env, cwd = (KBPCTL, bed.env, None) if user is None else \
+        (user.argv, user.env(bed.env), user.cwd)
+    p = subprocess.Popen([*argv, "exporter", "--listen", "127.0.0.1:0"], env=env, cwd=cwd,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert p.stderr is not None
-        ready, _, _ = select.select([p.stderr], [], [], 30)
-        line = p.stderr.readline() if ready else ""
+        line = ""
+        while not line.startswith("kbpctl exporter: serving "):
+            if line and said is not None:
+                said.append(line)
+            ready, _, _ = select.select([p.stderr], [], [], 30)
+            line = p.stderr.readline() if ready else ""
+            assert line, "the exporter said nothing for 30 s, or exited"
         assert line.startswith("kbpctl exporter: serving http://127.0.0.1:"), line
         yield line.split()[-1]
     finally:
@@ -126,3 +136,31 @@ def test_scrape_while_counters_move(kbpx_bed: Bed) -> None:
         s3 = scrape(url)
         assert not pick(s3, "kbp_device_enabled", device=dev)   # not served, other netns
         assert one(s3, "kbp_problems", kind="device_gone") == 0
+
+
+def test_not_root_serves_what_it_can_read(kbpx_bed: Bed, user_kbpctl: UserKbpctl) -> None:
+    """As uid 65534: the served device from the journal, its NAPIs (in another netns) not,
+    counted as needs_root problems; the exporter says what it cannot read."""
+    import prometheus_client
+    pc = Path(prometheus_client.__file__).parent
+    dst = user_kbpctl.target / pc.name
+    if not dst.exists():  # an installed kbp whose metadata predates the dependency
+        shutil.copytree(pc, dst)   # copies (never over the fixture's hard links)
+        for d, _dirs, files in os.walk(dst):
+            os.chmod(d, 0o755)
+            for f in files:
+                os.chmod(os.path.join(d, f), 0o644)
+    bed = kbpx_bed
+    dev, ns = bed.link.dev_b, bed.tb.server
+    bed.kbpctl("enable", dev, "--netns", ns, "--backend", "stock", "--cpus", "1")
+    said: list[str] = []
+    with exporter(bed, user_kbpctl, said) as url:
+        s = scrape(url)
+    assert len(said) == 1 and said[0].startswith("kbpctl exporter: note: not root: "), said
+    assert "needs_root" in said[0]
+    assert one(s, "kbp_up") == 1
+    assert one(s, "kbp_device_enabled", device=dev, netns=ns, backend="stock",
+               state="degraded") == 1
+    assert one(s, "kbp_problems", kind="needs_root") >= 1
+    assert not pick(s, "kbp_napi_info", device=dev)
+    assert all(v == 0 for _, v in pick(s, "kbp_exporter_errors_total"))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,9 +77,29 @@ def test_one(flavour: str, *, template: run.RunSpec, module_dir: Path, tests: st
     return res
 
 
+def warm_bytecode(python: str, tests: str) -> None:
+    """Compile on the host what every guest imports: the guest sees the host's tree
+    read-only under a tmpfs overlay, so each boot otherwise compiles the kbp package and
+    rewrites the test modules' asserts again, under TCG (seconds per flavour), and every
+    guest Python process that imports a module the tests have not yet imported pays it too.
+    ``compileall`` writes whatever PYTHONDONTWRITEBYTECODE says; pytest's own rewritten
+    modules are written by a host-side collection (the suite skips itself there)."""
+    root = paths.REPO_ROOT
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    for argv in ([python, "-m", "compileall", "-q", str(root / "src"), str(root / "vm")],
+                 [python, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
+                  tests]):
+        r = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True,
+                           timeout=300, check=False)
+        if r.returncode != 0:     # a cold cache only costs time: say so and go on
+            note(f"warming the bytecode caches: {' '.join(argv[1:4])} exited "
+                 f"{r.returncode}: {(r.stderr or r.stdout).strip()[-300:]}")
+
+
 def test_all(flavours: list[str], *, template: run.RunSpec, module_dir: Path | None,
              tests: str, pytest_args: list[str], log_dir: Path) -> int:
     module_dir = module_dir or build.default_module_dir()
+    warm_bytecode(template.python, tests)
     results = []
     for flavour in flavours:
         note(f"=== {flavour}: fetch, build {module_dir} and the vm/testdata modules, "

@@ -1,4 +1,4 @@
-"""kbp.ko builds with DKMS, warning-free (-Werror), against each Debian kernel we support.
+"""kbp.ko builds with DKMS, warning-free (-Werror), against Debian 12's kernel.
 
 The headers come from the VM rig's cache (``python3 -m vm fetch``), so nothing is installed
 on the host; DKMS runs with a private tree. This is what ``dkms install`` does on every
@@ -17,7 +17,11 @@ import pytest
 from vm import fetch, flavours
 
 REPO = Path(__file__).resolve().parents[2]
-FLAVOURS = list(flavours.DEFAULT_FLAVOURS)
+# One flavour: DKMS's machinery (dkms.conf, the source tree, MAKE/CLEAN, where the .ko lands)
+# is the same for every kernel, and `make test-vm` builds kbp.ko with -Werror against every
+# kernel it boots or builds for (6.1, 6.12, 6.12-rt, 7.2, 7.2-rt, Debian 13's two), so the
+# other kernels' compile is checked there (~15 s each saved here).
+FLAVOURS = [flavours.DEFAULT_FLAVOURS[0]]
 
 
 def _version() -> str:

@@ -78,6 +78,9 @@ def test_kbpctl_periodic_fixed_interval(kmod, flow: Flow) -> None:
     assert_back_on_stock_napi(kmod, flow)
 
 
+# long (make test-vm-all): ~45 s under TCG. In make test kbpctl's periodic path to the module
+# is test_kbpctl_periodic_fixed_interval's, the module's search test_periodic's
+@pytest.mark.long
 def test_kbpctl_periodic_search(kmod, flow: Flow) -> None:
     """The default: the golden-section search, 1 s rounds, 100..4000 us; disable under
     traffic."""

@@ -121,7 +121,7 @@ def test_rt_class_follows_the_interrupt_threads_priority(
         # numbered datagrams until both applies are done, however long they take under TCG
         # (a fixed 30 s flow once ended before a 32 s apply on 6.12-rt): none may be lost
         flow.start_sink(timeout=900)
-        flow.start_sender(rate=800)
+        flow.start_sender(rate=300)
         time.sleep(1.0)
 
         set_prio(irq_threads, 60)

@@ -150,7 +150,11 @@ def cpu_bars(summary: dict[str, Any], pl: Placement, out: Path, title: str) -> P
     conds = sorted(rtt)
     cpus = list(pl.role_cpus().items())
     step = len(cpus) + 0.6
-    fig, axes = plt.subplots(1, len(conds), figsize=(6 * len(conds), 4.5), squeeze=False)
+    # one bar per (mode, CPU): the panel widens with the bars (0.45 in each) so that 8+
+    # modes' labels, slanted, stay apart
+    nbars = max((len(_modes_in(rtt[c])) for c in conds), default=1) * len(cpus)
+    width = max(6.0, 0.45 * nbars + 1.5)
+    fig, axes = plt.subplots(1, len(conds), figsize=(width * len(conds), 5.5), squeeze=False)
     part_colors = {"user": "#1f77b4", "system": "#ff7f0e", "softirq": "#d62728",
                    "irq": "#9467bd", "steal": "#7f7f7f"}
     for j, cond in enumerate(conds):
@@ -159,7 +163,7 @@ def cpu_bars(summary: dict[str, Any], pl: Placement, out: Path, title: str) -> P
         labels, xs = [], []
         for i, mode in enumerate(modes):
             for k, (_role, c) in enumerate(cpus):
-                labels.append(f"{mode}\n{pl.cpu_label(c)}")
+                labels.append(f"{mode} · {pl.cpu_label(c)}")
                 xs.append(i * step + k)
         bottoms = [0.0] * len(xs)
         for part in CPU_PARTS:
@@ -171,7 +175,8 @@ def cpu_bars(summary: dict[str, Any], pl: Placement, out: Path, title: str) -> P
             ax.bar(xs, vals, bottom=bottoms, color=part_colors[part], label=part, width=0.9)
             bottoms = [b + v for b, v in zip(bottoms, vals, strict=True)]
         ax.set_xticks(xs)
-        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_xticklabels(labels, fontsize=7, rotation=55, ha="right",
+                           rotation_mode="anchor")
         ax.set_ylim(0, 100)
         ax.set_ylabel("% of the CPU during the run (median)")
         ax.set_title(f"{cond}: CPU time by kind (/proc/stat)")

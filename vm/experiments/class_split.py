@@ -28,6 +28,9 @@ threaded-part  kbp/N (rt, FIFO 50)          stock threaded NAPI thread, SCHED_OT
 exclusive      kbp/N (rt, FIFO 50)          softirq on the other CPU (the placement remedy)
 =============  ===========================  ==============================================
 
+``--quotas 1,2,4,8`` replaces ``hybrid-part`` by one mode per non-rt quota
+(``hybrid-part:q1`` ...), interleaved with the others in every repetition: the quota sweep.
+
 Timings in the guest are emulated (QEMU TCG): compare modes within one run. Counts (frames
 delivered, wake-ups, gave_way) are real.
 """
@@ -98,13 +101,20 @@ def napi_threads(dev: str) -> list[int]:
     return pids
 
 
+def base_and_quota(mode: str, args: argparse.Namespace) -> tuple[str, int | None]:
+    """``hybrid-part:q4`` -> ("hybrid-part", 4); other modes keep ``--quota``."""
+    base, _, q = mode.partition(":q")
+    return base, int(q) if q else args.quota
+
+
 def setup(mode: str, nic0: str, args: argparse.Namespace) -> None:
+    mode, quota = base_and_quota(mode, args)
     if mode != "napi-idle":
         ktn_load(OTHER_CPU if mode == "exclusive" else POLL_CPU, args.rate, args.cost_ns)
     if mode not in ("napi-idle", "napi"):
         kmod.attach(nic0, cpu=POLL_CPU, mode="hybrid", rt_prio=RT_PRIO)
     if mode == "hybrid-part":
-        kmod.attach(DEV, cpu=POLL_CPU, mode="hybrid", cls="non-rt", quota=args.quota)
+        kmod.attach(DEV, cpu=POLL_CPU, mode="hybrid", cls="non-rt", quota=quota)
     if mode == "threaded-part":
         Path(f"/sys/class/net/{DEV}/threaded").write_text("1")
         pids = napi_threads(DEV)
@@ -204,9 +214,11 @@ def median(rows: list[dict[str, Any]], key: str) -> float | None:
 def table(results: list[dict[str, Any]]) -> str:
     cols = ["mean", "sd", "p99", "p99.9", "max", "heavy_fps", "rt_wake_delay_mean_us",
             "rt_wake_delay_max_us", "gave_way", "net_rx_poll_cpu"]
-    by = {m: [r for r in results if r["mode"] == m] for m in MODES}
+    seen = list(dict.fromkeys(r["mode"] for r in results))
+    order = [m for m in MODES if m in seen] + [m for m in seen if m not in MODES]
+    by = {m: [r for r in results if r["mode"] == m] for m in order}
     base = {c: median(by["napi"], c) for c in cols}
-    lines = ["mode            " + " ".join(f"{c:>22}" for c in cols)]
+    lines = ["mode              " + " ".join(f"{c:>22}" for c in cols)]
     for m, rows in by.items():
         if not rows:
             continue
@@ -217,7 +229,7 @@ def table(results: list[dict[str, Any]]) -> str:
             ratio = f" x{v / b:.2f}" if v is not None and b and c in (
                 "mean", "sd", "p99", "p99.9", "max", "heavy_fps") else ""
             cells.append(f"{'-' if v is None else f'{v:.1f}'}{ratio:>7}".rjust(22))
-        lines.append(f"{m:<15} " + " ".join(cells))
+        lines.append(f"{m:<17} " + " ".join(cells))
     return "\n".join(lines)
 
 
@@ -230,12 +242,18 @@ def main() -> int:
     ap.add_argument("--rate", type=int, default=8000, help="heavy frames/s per queue (2)")
     ap.add_argument("--cost-ns", type=int, default=50000, help="CPU per heavy frame")
     ap.add_argument("--quota", type=int, default=None, help="non-rt quota (default: 8)")
+    ap.add_argument("--quotas", default="",
+                    help="comma list: run hybrid-part once per quota (modes hybrid-part:qN), "
+                         "interleaved with the other modes")
     ap.add_argument("--app-prio", type=int, default=40, help="RT server's SCHED_FIFO prio")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
     modes = [m for m in args.modes.split(",") if m]
-    bad = set(modes) - set(MODES)
+    if args.quotas:
+        modes = [m for m in modes if m != "hybrid-part"] + [
+            f"hybrid-part:q{int(q)}" for q in args.quotas.split(",") if q]
+    bad = {m for m in modes if base_and_quota(m, args)[0] not in MODES}
     if bad:
         ap.error(f"unknown modes {sorted(bad)}: use {', '.join(MODES)}")
     load_module()

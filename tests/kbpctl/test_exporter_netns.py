@@ -9,7 +9,6 @@ import os
 import select
 import shutil
 import subprocess
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -18,10 +17,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kbp import testbed
-
 from .conftest import UserKbpctl, netns_skip_reason
-from .test_integration import KBPCTL, Bed
+from .test_integration import KBPCTL, Bed, new_bed
 
 pytestmark = [pytest.mark.netns, pytest.mark.root,
               pytest.mark.skipif(netns_skip_reason() is not None,
@@ -32,18 +29,9 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 @pytest.fixture
 def kbpx_bed() -> Iterator[Bed]:
-    """test_integration's Bed on namespaces and veths named kbpx-*; whatever is left
-    enabled is disabled before the namespaces go."""
-    top = Path(tempfile.mkdtemp(prefix="kbpx-test-"))
-    top.chmod(0o755)
-    with testbed.Testbed(prefix="kbpx") as tb:
-        b = Bed(tb, top / "run")
-        try:
-            yield b
-        finally:
-            subprocess.run([*KBPCTL, "disable", "--all"], env=b.env, capture_output=True,
-                           timeout=120)
-            shutil.rmtree(top, ignore_errors=True)
+    """test_integration's Bed on namespaces and veths named kbpx-*."""
+    with new_bed("kbpx") as b:
+        yield b
 
 
 @contextlib.contextmanager

@@ -122,13 +122,13 @@ class Bed:
 
 
 @contextlib.contextmanager
-def new_bed() -> Iterator[Bed]:
+def new_bed(prefix: str | None = None) -> Iterator[Bed]:
     """A veth testbed with a journal dir others can read (status works without root), like
     /run/kbp; on the way out, whatever a failing test left enabled is restored before the
-    netns go away."""
-    top = Path(tempfile.mkdtemp(prefix="kbp-test-"))
+    netns go away. ``prefix``: the testbed's names (default: the testbed's own)."""
+    top = Path(tempfile.mkdtemp(prefix=f"{prefix or 'kbp'}-test-"))
     top.chmod(0o755)
-    with testbed.Testbed() as tb:
+    with testbed.Testbed(**({"prefix": prefix} if prefix else {})) as tb:
         b = Bed(tb, top / "run")
         try:
             yield b

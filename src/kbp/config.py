@@ -307,8 +307,7 @@ def plan(cfg: Config, records: list[Record], backend_for: Mapping[str, str],
         elif not rec.complete:
             actions.append(Action("reenable", d.name, d.netns, be, "enable was interrupted",
                                   req))
-        elif changed_settings(rec.request, req.settings()):
-            changed = changed_settings(rec.request, req.settings())
+        elif changed := changed_settings(rec.request, req.settings()):
             actions.append(Action("reenable", d.name, d.netns, be,
                                   f"{', '.join(changed)} changed", req))
         elif problems.get(key):

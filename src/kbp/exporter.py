@@ -22,7 +22,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -281,23 +281,34 @@ def device_metrics(st: Status) -> Iterator[Metric]:
         f"{PREFIX}_device_enabled", "1: kbp serves the device (backend, mode, class say how); "
         "state: serving, degraded (served, with problems: kbpctl status), incomplete (an "
         "enable was interrupted) or off (0)", labels=[*DEVICE_LABELS, "state"])
-    fams = {c: CounterMetricFamily(f"{PREFIX}_device_{c}", names.DEVICE_COUNTER_HELP[c],
-                                   labels=DEVICE_LABELS) for c in names.DEVICE_COUNTERS}
+    fams = _device_counter_families("device", "", DEVICE_LABELS)
     for d in st.devices:
         lab = _device_labels(d)
         enabled.add_metric([*lab, device_state(d)], 1 if d.backend else 0)
-        for c, fam in fams.items():
-            v = d.counters.get(c)
-            if v is not None:
-                fam.add_metric(lab, v)
+        _add_counters(fams, lab, d.counters)
     yield enabled
     yield from fams.values()
 
 
-def napi_metrics(st: Status) -> Iterator[Metric]:
-    fams = {c: CounterMetricFamily(f"{PREFIX}_napi_{c}", f"{names.DEVICE_COUNTER_HELP[c]}, "
-                                   "per NAPI", labels=NAPI_LABELS)
+def _device_counter_families(kind: str, help_suffix: str, labels: Sequence[str]
+                             ) -> dict[str, CounterMetricFamily]:
+    """kbp_<kind>_<counter> for each of names.DEVICE_COUNTERS (a device's or a NAPI's)."""
+    return {c: CounterMetricFamily(f"{PREFIX}_{kind}_{c}",
+                                   names.DEVICE_COUNTER_HELP[c] + help_suffix, labels=labels)
             for c in names.DEVICE_COUNTERS}
+
+
+def _add_counters(fams: Mapping[str, CounterMetricFamily], labels: list[str],
+                  counters: Mapping[str, int | None]) -> None:
+    """One sample per family whose counter was read (None: not read, no sample)."""
+    for c, fam in fams.items():
+        v = counters.get(c)
+        if v is not None:
+            fam.add_metric(labels, v)
+
+
+def napi_metrics(st: Status) -> Iterator[Metric]:
+    fams = _device_counter_families("napi", ", per NAPI", NAPI_LABELS)
     info = InfoMetricFamily(f"{PREFIX}_napi", "1 per NAPI of a device kbp serves: the CPU "
                             "that polls it (cpu=\"\": not pinned), its IRQ and its state",
                             labels=[*NAPI_LABELS, "irq", "threaded", "state"])
@@ -307,10 +318,7 @@ def napi_metrics(st: Status) -> Iterator[Metric]:
         for n in d.napis:
             lab = _napi_labels(d, n)
             info.add_metric([*lab, _s(n.irq), _s(n.threaded), _s(n.state)], {})
-            for c, fam in fams.items():
-                v = n.counters.get(c)
-                if v is not None:
-                    fam.add_metric(lab, v)
+            _add_counters(fams, lab, n.counters)
     yield info
     yield from fams.values()
 

@@ -62,7 +62,7 @@ from conftest import (
     stop,
 )
 
-from kbp import kmod
+from kbp import kmod, sysinfo
 
 OTHER_CPU = 1 - POLL_CPU
 KO = Path(os.environ.get("KBP_TEST_MODULES", "/nonexistent")) / "kbp_test_nic.ko"
@@ -89,18 +89,6 @@ def ktn_totals() -> dict[str, int]:
     return out
 
 
-def napi_threads(dev: str) -> list[int]:
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if (d / "comm").read_text().strip().startswith(f"napi/{dev}-"):
-                    pids.append(int(d.name))
-            except OSError:
-                pass
-    return pids
-
-
 def base_and_quota(mode: str, args: argparse.Namespace) -> tuple[str, int | None]:
     """``hybrid-part:q4`` -> ("hybrid-part", 4); other modes keep ``--quota``."""
     base, _, q = mode.partition(":q")
@@ -120,7 +108,7 @@ def setup(mode: str, nic0: str, args: argparse.Namespace) -> None:
         kmod.attach(DEV, cpu=POLL_CPU, mode="hybrid", cls="non-rt", quota=quota)
     if mode == "threaded-part":
         Path(f"/sys/class/net/{DEV}/threaded").write_text("1")
-        pids = napi_threads(DEV)
+        pids = [t.pid for t in sysinfo.find_napi_threads(DEV)]
         assert pids, "no napi/ktn0-* threads"
         for pid in pids:
             os.sched_setaffinity(pid, {POLL_CPU})
@@ -222,7 +210,7 @@ def table(results: list[dict[str, Any]]) -> str:
     seen = list(dict.fromkeys(r["mode"] for r in results))
     order = [m for m in MODES if m in seen] + [m for m in seen if m not in MODES]
     by = {m: [r for r in results if r["mode"] == m] for m in order}
-    base = {c: median(by["napi"], c) for c in cols}
+    base = {c: median(by.get("napi", []), c) for c in cols}
     lines = ["mode              " + " ".join(f"{c:>22}" for c in cols)]
     for m, rows in by.items():
         if not rows:

@@ -45,17 +45,12 @@ def comm(pid: int) -> str:
 
 
 def preemption_model() -> str:
-    """none, voluntary, full, lazy or rt (debugfs' sched/preempt where it is, else uname)."""
-    if "PREEMPT_RT" in os.uname().version:
-        return "rt"
-    knob = Path("/sys/kernel/debug/sched/preempt")
-    if not knob.exists():
+    """kbp.sysinfo's reading of the preemption model (debugfs' sched/preempt, mounted here
+    first if it is not, else uname): none, voluntary, full, lazy, rt or unknown."""
+    from kbp import sysinfo
+    if not Path("/sys/kernel/debug/sched").exists():
         sh("mount -t debugfs none /sys/kernel/debug", check=False)
-    if knob.exists():
-        for word in knob.read_text().split():
-            if word.startswith("("):
-                return word.strip("()")
-    return "full" if "PREEMPT " in os.uname().version + " " else "voluntary"
+    return sysinfo.preempt_model().model
 
 
 @pytest.mark.smoke
@@ -140,8 +135,9 @@ def test_non_rt_poller_gives_way_between_polls(kmod) -> None:
     non-rt poller at the end of its current poll: the poller counts gave_way.  Under full
     and lazy preemption local_bh_enable() switches first and the count stays ~0, so the
     count is asserted only where the kernel does not preempt kernel code."""
+    from kbp import sysinfo
     model = preemption_model()
-    if model not in ("none", "voluntary"):
+    if model not in sysinfo.NON_PREEMPTIBLE:
         pytest.skip(reason=f"preemption model {model}: the poll is preempted at "
                     "local_bh_enable(), before kbp's own check (nothing to count)")
     # Busy by the frames' cost, not by their rate: 2 x 4000 frames/s of 20 us each keep

@@ -441,6 +441,7 @@ static int kbp_fill_poller(struct sk_buff *skb, struct kbp_poller *p)
 	    kbp_put_u64(skb, KBP_A_GAVE_WAY, s.gave_way) ||
 	    kbp_put_u64(skb, KBP_A_WAKE_DELAY_NS, s.wake_delay_ns) ||
 	    kbp_put_u64(skb, KBP_A_WAKE_DELAY_MAX_NS, s.wake_delay_max_ns) ||
+	    kbp_put_u64(skb, KBP_A_TAKEOVERS, s.takeovers) ||
 	    nla_put_u32(skb, KBP_A_INTERVAL_US, READ_ONCE(p->interval_us)) ||
 	    nla_put_u32(skb, KBP_A_NETAP, READ_ONCE(p->netap)) ||
 	    nla_put_u32(skb, KBP_A_ROUND_MS, READ_ONCE(p->round_ms)) ||

@@ -1270,6 +1270,42 @@ static void kbp_napi_point_at(struct kbp_poller *p, struct kbp_napi *kn)
 	set_bit(NAPI_STATE_THREADED, &n->state);
 }
 
+/*
+ * A NAPI hooked while the softirq owns it (SCHED set, SCHED_THREADED clear:
+ * it is on a softnet poll list) comes to the poller at its next
+ * napi_schedule().  A load that keeps every poll at its whole budget never
+ * lets it complete, so that schedule never comes and the softirq keeps the
+ * NAPI for as long as the load lasts.  Ask it to let go the way the kernel's
+ * busy polling does: with PREFER_BUSY_POLL set, __napi_poll() ends the next
+ * full-budget poll with napi_complete_done() and napi_schedule(), which
+ * (THREADED and napi->thread set) wakes the poller with SCHED_THREADED.
+ * napi_complete_done() clears the bit again, whoever completes the NAPI.
+ * Not while a busy-poll or netpoll user owns it (they hand it back through
+ * __napi_schedule() themselves) nor while napi_disable() waits for it.  A
+ * schedule between napi_schedule_prep() and ____napi_schedule() looks the
+ * same for an instant: the poller then finds the bit on its own full-budget
+ * poll and completes and schedules the NAPI once more (kbp_napi_repoll()),
+ * which costs one wake-up.  Caller holds p->lock, under which napi->thread
+ * is the poller's (kbp_napi_point_at()).
+ */
+static void kbp_napi_claim_from_softirq(struct kbp_poller *p,
+					struct kbp_napi *kn)
+{
+	struct napi_struct *n = kn->napi;
+	unsigned long st = READ_ONCE(n->state);
+
+	lockdep_assert_held(&p->lock);
+	if (!(st & NAPIF_STATE_SCHED) || !(st & NAPIF_STATE_THREADED) ||
+	    (st & (NAPIF_STATE_SCHED_THREADED | NAPIF_STATE_IN_BUSY_POLL |
+		   NAPIF_STATE_NPSVC | NAPIF_STATE_PREFER_BUSY_POLL |
+		   NAPIF_STATE_DISABLE)) ||
+	    test_bit(KBP_NAPI_DETACHING, &kn->flags) ||
+	    READ_ONCE(n->thread) != p->task)
+		return;
+	set_bit(NAPI_STATE_PREFER_BUSY_POLL, &n->state);
+	atomic64_inc(&p->takeovers);
+}
+
 static void kbp_napi_unlink_dead(struct kbp_napi *kn);
 
 /*
@@ -1277,7 +1313,8 @@ static void kbp_napi_unlink_dead(struct kbp_napi *kn);
  * rcu_read_lock(), inside which it found @kn's NAPI on dev->napi_list.  Once
  * napi->thread and THREADED are set the next napi_schedule() of this NAPI
  * wakes the poller; a schedule already queued on a softnet poll list is
- * finished by the softirq, as with dev_set_threaded().
+ * finished by the softirq, as with dev_set_threaded(), and a NAPI a load
+ * keeps there for good is asked out (kbp_napi_claim_from_softirq()).
  *
  * Before 6.14 a driver may delete the NAPI meanwhile without rtnl (a reset
  * from its own work, ice's for example).  __netif_napi_del() clears LISTED (a
@@ -1302,6 +1339,8 @@ bool kbp_poller_add_napi(struct kbp_poller *p, struct kbp_napi *kn)
 			WRITE_ONCE(n->thread, NULL);
 		kbp_napi_unlink_dead(kn);
 		ok = false;
+	} else {
+		kbp_napi_claim_from_softirq(p, kn);
 	}
 	if (p->task)
 		wake_up_process(p->task);
@@ -1365,6 +1404,8 @@ enum kbp_napi_check kbp_poller_check_napi(struct kbp_napi *kn)
 		atomic64_inc(&p->repairs);
 		wake_up_process(p->task);
 	}
+	if (ret != KBP_NAPI_LOST)
+		kbp_napi_claim_from_softirq(p, kn);
 	spin_unlock(&p->lock);
 	return ret;
 }
@@ -1719,6 +1760,7 @@ void kbp_poller_read(struct kbp_poller *p, struct kbp_poller_snapshot *s)
 	} while (u64_stats_fetch_retry(&p->syncp, start));
 	s->respawns = atomic64_read(&p->respawns);
 	s->repairs = atomic64_read(&p->repairs);
+	s->takeovers = atomic64_read(&p->takeovers);
 }
 
 /* A consistent copy of the search state (process context). */

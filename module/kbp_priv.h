@@ -269,6 +269,7 @@ struct kbp_poller {
 	/* rare events, written from several contexts */
 	atomic64_t respawns;
 	atomic64_t repairs;
+	atomic64_t takeovers;	/* NAPIs asked out of a softnet poll list */
 };
 
 /* kbp_napi->flags */
@@ -420,7 +421,7 @@ enum kbp_napi_check kbp_poller_check_napi(struct kbp_napi *kn);
 struct kbp_poller_snapshot {
 	u64 passes, empty_passes, packets, wakeups, sleeps, sleep_ns, poll_ns;
 	u64 freq_changes, yields, respawns, repairs, handbacks;
-	u64 gave_way, wake_delay_ns, wake_delay_max_ns;
+	u64 gave_way, wake_delay_ns, wake_delay_max_ns, takeovers;
 };
 
 /* what a reply shows of a periodic poller's search */

@@ -16,7 +16,7 @@
  *   poller counters: passes, empty_passes, packets, wakeups, sleeps,
  *                    sleep_ns, poll_ns, freq_changes, respawns, repairs,
  *                    yields, handbacks, gave_way, wake_delay_ns,
- *                    wake_delay_max_ns
+ *                    wake_delay_max_ns, takeovers
  *   device / napi counters: packets, polls
  */
 #ifndef _UAPI_LINUX_KBP_H
@@ -146,6 +146,10 @@ enum kbp_attr {
 				 * running delays, summed (sched_info run_delay)
 				 */
 	KBP_A_WAKE_DELAY_MAX_NS,	/* u64: the longest of them */
+	KBP_A_TAKEOVERS,	/* u64 counter: NAPIs the softirq kept scheduled
+				 * (a load that never let them go idle), asked
+				 * to hand over to the poller
+				 */
 	__KBP_A_MAX,
 };
 

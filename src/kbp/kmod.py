@@ -101,6 +101,7 @@ KBP_A_NICE = 41
 KBP_A_GAVE_WAY = 42
 KBP_A_WAKE_DELAY_NS = 43
 KBP_A_WAKE_DELAY_MAX_NS = 44
+KBP_A_TAKEOVERS = 45
 
 # enum kbp_class (KBP_A_CLASS): names.CLASS_IDS
 KBP_CLASS_RT = 0
@@ -250,6 +251,7 @@ class kbpmsg(genlmsg):
         (KBP_A_GAVE_WAY, "KBP_A_GAVE_WAY", "uint64"),
         (KBP_A_WAKE_DELAY_NS, "KBP_A_WAKE_DELAY_NS", "uint64"),
         (KBP_A_WAKE_DELAY_MAX_NS, "KBP_A_WAKE_DELAY_MAX_NS", "uint64"),
+        (KBP_A_TAKEOVERS, "KBP_A_TAKEOVERS", "uint64"),
     )
     queue_map = kbp_queue_map
     map_entry = kbp_map_entry
@@ -395,6 +397,7 @@ class Poller:
     gave_way: int | None = None  # non-rt: polls after which it gave the CPU at once
     wake_delay_ns: int | None = None  # wake-up-to-running delays of its thread, summed
     wake_delay_max_ns: int | None = None  # the longest of them
+    takeovers: int | None = None  # NAPIs asked out of the softirq's poll list
     interval_us: int | None = None  # periodic: the interval while netap is off
     netap: bool | None = None  # periodic: search the interval
     round_ms: int | None = None
@@ -459,6 +462,7 @@ def _poller_from(msg: Any) -> Poller:
                   handbacks=g("KBP_A_HANDBACKS"), gave_way=g("KBP_A_GAVE_WAY"),
                   wake_delay_ns=g("KBP_A_WAKE_DELAY_NS"),
                   wake_delay_max_ns=g("KBP_A_WAKE_DELAY_MAX_NS"),
+                  takeovers=g("KBP_A_TAKEOVERS"),
                   interval_us=g("KBP_A_INTERVAL_US"),
                   netap=_bool(g("KBP_A_NETAP")), round_ms=g("KBP_A_ROUND_MS"),
                   min_interval_us=g("KBP_A_MIN_INTERVAL_US"),

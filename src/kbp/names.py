@@ -72,6 +72,8 @@ POLLER_COUNTER_HELP: Final[dict[str, str]] = {
     "gave_way": "non-rt: polls after which it gave the CPU to a woken task at once",
     "wake_delay_ns": "sum of wake-up-to-running delays of the poller's thread (run_delay)",
     "wake_delay_max_ns": "the longest of those wake-up-to-running delays",
+    "takeovers": ("NAPIs a load kept scheduled in softirq (never idle) that the poller asked "
+                  "to hand over at attach or reconcile"),
 }
 POLLER_COUNTERS: Final[tuple[str, ...]] = tuple(POLLER_COUNTER_HELP)
 # The POLLER_COUNTERS that are the largest value seen, not a running sum (a gauge to Prometheus).

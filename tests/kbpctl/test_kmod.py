@@ -159,7 +159,8 @@ def poller_reply(pid: int = 4242) -> bytes:
         (kmod.KBP_A_WAKEUPS, 3), (kmod.KBP_A_SLEEPS, 3), (kmod.KBP_A_SLEEP_NS, 5000),
         (kmod.KBP_A_POLL_NS, 7000), (kmod.KBP_A_FREQ_CHANGES, 6), (kmod.KBP_A_YIELDS, 9),
         (kmod.KBP_A_RESPAWNS, 0), (kmod.KBP_A_REPAIRS, 1), (kmod.KBP_A_GAVE_WAY, 12),
-        (kmod.KBP_A_WAKE_DELAY_NS, 3_000_000), (kmod.KBP_A_WAKE_DELAY_MAX_NS, 90_000)))
+        (kmod.KBP_A_WAKE_DELAY_NS, 3_000_000), (kmod.KBP_A_WAKE_DELAY_MAX_NS, 90_000),
+        (kmod.KBP_A_TAKEOVERS, 2)))
     return genl(kmod.KBP_CMD_POLLER_GET,
                 u32(kmod.KBP_A_CPU, 1) + u32(kmod.KBP_A_CLASS, 1)
                 + nla(kmod.KBP_A_NICE, (-5).to_bytes(4, "little", signed=True))
@@ -199,7 +200,8 @@ def test_decode_poller() -> None:
     assert p.counters() == {"passes": 10, "empty_passes": 4, "packets": 1 << 40, "wakeups": 3,
                             "sleeps": 3, "sleep_ns": 5000, "poll_ns": 7000, "freq_changes": 6,
                             "yields": 9, "respawns": 0, "repairs": 1, "gave_way": 12,
-                            "wake_delay_ns": 3_000_000, "wake_delay_max_ns": 90_000}
+                            "wake_delay_ns": 3_000_000, "wake_delay_max_ns": 90_000,
+                            "takeovers": 2}
     assert list(p.counters()) == list(names.POLLER_COUNTERS)
 
 

@@ -160,6 +160,31 @@ def test_non_rt_poller_gives_way_between_polls(kmod) -> None:
         assert_in_order(dev)
 
 
+@pytest.mark.parametrize("cls", [pytest.param("non-rt", marks=pytest.mark.smoke), "rt"])
+def test_attach_under_a_saturating_load_takes_the_napis_over(kmod, cls: str) -> None:
+    """A load that fills the CPU keeps the NAPIs in softirq: every poll uses its whole
+    budget, so a NAPI never completes and never comes back through the hardIRQ path that
+    reaches kbp.  Before kbp asked the softirq to let go (PREFER_BUSY_POLL, counted as
+    takeovers) the attach succeeded and kbp carried nothing until the load paused
+    (issue 24).  2 queues x 3000 frames/s x 200 us each ask for 1.2 CPUs of POLL_CPU."""
+    rate = Path("/sys/module/kbp_test_nic/parameters/rate")
+    with ktn_device(queues=2, cpus=QUEUES_HERE, rate=3000, cost_ns=200000) as dev:
+        s0 = total("by_softirq", dev)
+        wait_for(lambda: total("by_softirq", dev) > s0 + 1000, 30,
+                 what="the saturating load to run in softirq")
+        kmod.attach(dev, cpu=POLL_CPU, cls=cls)
+        try:
+            kbp_carries(dev, frames=300, timeout=20)
+            p = pollers_on(kmod, POLL_CPU)[cls]
+            assert p.takeovers >= 1, p
+            assert {n.pid for n in kmod.device(dev).napis} == {p.pid}
+        finally:
+            rate.write_text("0")
+        time.sleep(0.5)
+        kmod.detach(dev)
+        assert_in_order(dev)
+
+
 def test_reclassified_under_traffic_loses_nothing(kmod) -> None:
     """rt -> non-rt -> rt while frames flow (what apply --watch does when a device crosses
     rtnet_prio): each detach hands the NAPIs back to softirq, no frame lost or reordered."""

@@ -32,7 +32,11 @@ exclusive      kbp/N (rt, FIFO 50)          softirq on the other CPU (the placem
 (``hybrid-part:q1`` ...), interleaved with the others in every repetition: the quota sweep.
 
 Timings in the guest are emulated (QEMU TCG): compare modes within one run. Counts (frames
-delivered, wake-ups, gave_way) are real.
+delivered, wake-ups, gave_way) are real, and so is the accounting of POLL_CPU's time
+(``cpu_*``: shares of the window from /proc/stat and the tasks' utime+stime), which says
+where the CPU went when the heavy rate falls: ``cpu_heavy_cost`` is the frames' own cost
+(rate x ``--cost-ns``), ``rt_rps`` the RT round trips served per second (sockperf
+ping-pong is closed-loop: a mode that answers faster serves more of them).
 """
 
 from __future__ import annotations
@@ -87,6 +91,53 @@ def ktn_totals() -> dict[str, int]:
         for k, v in zip(w[::2], w[1::2], strict=True):
             out[k] = out.get(k, 0) + int(v)
     return out
+
+
+STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_stat(cpu: int) -> dict[str, int]:
+    """/proc/stat's line of ``cpu`` (clock ticks by kind)."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        w = line.split()
+        if w[0] == f"cpu{cpu}":
+            return dict(zip(STAT_FIELDS, (int(x) for x in w[1:9]), strict=True))
+    raise AssertionError(f"no cpu{cpu} line in /proc/stat")
+
+
+def task_ticks(pid: int) -> int:
+    """utime + stime of one task, in clock ticks (0 if it is gone)."""
+    try:
+        w = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(w[11]) + int(w[12])
+
+
+def roles(server_pid: int) -> dict[str, list[int]]:
+    """The tasks whose CPU time the run accounts, by role: the pollers, the NAPI threads of
+    the test NIC, POLL_CPU's ksoftirqd and ktimers (PREEMPT_RT), the RT server (sockperf
+    under chrt and taskset, which exec in place: its pid is the server's)."""
+    out: dict[str, list[int]] = {"rt_poller": [], "nrt_poller": [], "napi_threads": [],
+                                 "ksoftirqd": [], "ktimers": [], "server": [server_pid]}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            c = (d / "comm").read_text().strip()
+        except OSError:
+            continue
+        role = {f"kbp/{POLL_CPU}": "rt_poller", f"kbpn/{POLL_CPU}": "nrt_poller",
+                f"ksoftirqd/{POLL_CPU}": "ksoftirqd", f"ktimers/{POLL_CPU}": "ktimers"}.get(c)
+        if role is None and c.startswith(f"napi/{DEV}"):
+            role = "napi_threads"
+        if role:
+            out[role].append(int(d.name))
+    return out
+
+
+def role_ticks(r: dict[str, list[int]]) -> dict[str, int]:
+    return {k: sum(task_ticks(p) for p in pids) for k, pids in r.items()}
 
 
 def base_and_quota(mode: str, args: argparse.Namespace) -> tuple[str, int | None]:
@@ -168,19 +219,36 @@ def one_run(mode: str, nic0: str, args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(args.settle)
         k0 = ktn_totals() if mode != "napi-idle" else {}
         p0, n0, rx0 = rt_poller(), nrt_poller(), net_rx_softirqs()
+        who = roles(server.pid)
+        c0, w0 = cpu_stat(POLL_CPU), role_ticks(who)
         t0 = time.monotonic()
-        out = sh(f"taskset -c {OTHER_CPU} sockperf ping-pong -i {SERVER_IP} -p 11111 "
+        client = ("ping-pong" if args.client == "pp" else
+                  "under-load --reply-every 1")
+        out = sh(f"taskset -c {OTHER_CPU} sockperf {client} -i {SERVER_IP} -p 11111 "
                  f"-t {args.seconds} --mps {args.mps} -m 64", ns=NS,
                  timeout=args.seconds * 6 + 60).stdout
         dt = time.monotonic() - t0
+        c1, w1 = cpu_stat(POLL_CPU), role_ticks(who)
         k1 = ktn_totals() if mode != "napi-idle" else {}
         p1, n1, rx1 = rt_poller(), nrt_poller(), net_rx_softirqs()
     finally:
         stop(server)
         teardown(nic0)
     r: dict[str, Any] = {"mode": mode, **parse_sockperf(out)}
+    r["rt_rps"] = r["n"] / dt
+    # Where POLL_CPU's time went (shares of the window, from /proc/stat and the tasks'
+    # utime+stime: real accounting of emulated time)
+    dc = {k: c1[k] - c0[k] for k in STAT_FIELDS}
+    total_ticks = max(1, sum(dc.values()))
+    r["cpu_busy"] = 1 - (dc["idle"] + dc["iowait"]) / total_ticks
+    for k in ("softirq", "irq", "steal"):
+        r[f"cpu_{k}"] = dc[k] / total_ticks
+    for k, v in w1.items():
+        r[f"cpu_{k}"] = (v - w0[k]) / total_ticks
     if k0:
         r["heavy_fps"] = (k1["delivered"] - k0["delivered"]) / dt
+        # the CPU the heavy frames' own cost took (a busy-wait of --cost-ns each)
+        r["cpu_heavy_cost"] = r["heavy_fps"] * args.cost_ns / 1e9
         r["heavy_missed"] = k1["missed"] - k0["missed"]
         r["heavy_lost"] = (k1["gaps"] - k0["gaps"]) - (k1["ring_dropped"] - k0["ring_dropped"])
         # who received the heavy frames (check before trusting a comparison)
@@ -206,7 +274,9 @@ def median(rows: list[dict[str, Any]], key: str) -> float | None:
 
 def table(results: list[dict[str, Any]]) -> str:
     cols = ["mean", "sd", "p99", "p99.9", "max", "heavy_fps", "rt_wake_delay_mean_us",
-            "rt_wake_delay_max_us", "gave_way", "net_rx_poll_cpu"]
+            "rt_wake_delay_max_us", "gave_way", "net_rx_poll_cpu", "rt_rps", "cpu_busy",
+            "cpu_heavy_cost", "cpu_softirq", "cpu_rt_poller", "cpu_nrt_poller",
+            "cpu_napi_threads", "cpu_server", "cpu_ksoftirqd", "cpu_ktimers"]
     seen = list(dict.fromkeys(r["mode"] for r in results))
     order = [m for m in MODES if m in seen] + [m for m in seen if m not in MODES]
     by = {m: [r for r in results if r["mode"] == m] for m in order}
@@ -221,7 +291,9 @@ def table(results: list[dict[str, Any]]) -> str:
             b = base.get(c)
             ratio = f" x{v / b:.2f}" if v is not None and b and c in (
                 "mean", "sd", "p99", "p99.9", "max", "heavy_fps") else ""
-            cells.append(f"{'-' if v is None else f'{v:.1f}'}{ratio:>7}".rjust(22))
+            fmt = f"{v:.3f}" if v is not None and c.startswith("cpu_") else (
+                "-" if v is None else f"{v:.1f}")
+            cells.append(f"{fmt}{ratio:>7}".rjust(22))
         lines.append(f"{m:<17} " + " ".join(cells))
     return "\n".join(lines)
 
@@ -232,6 +304,11 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=6)
     ap.add_argument("--settle", type=float, default=1.5)
     ap.add_argument("--mps", type=int, default=1000, help="RT requests per second")
+    ap.add_argument("--client", choices=("pp", "ul"), default="pp",
+                    help="pp: sockperf ping-pong (closed loop: the next request waits for "
+                         "the reply, so a slower mode serves fewer); ul: under-load "
+                         "--reply-every 1 (open loop: --mps requests/s in every mode, so "
+                         "every mode carries the same RT work)")
     ap.add_argument("--rate", type=int, default=8000, help="heavy frames/s per queue (2)")
     ap.add_argument("--cost-ns", type=int, default=50000, help="CPU per heavy frame")
     ap.add_argument("--quota", type=int, default=None, help="non-rt quota (default: 8)")

@@ -107,8 +107,8 @@ def test_settle_after_a_mode_that_moves_load(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_exclusive_modes_move_load() -> None:
-    from kbp.bench.scenarios import rt_split
-    made = rt_split.make_exclusive_modes()
+    from kbp.bench import modes
+    made = modes.make_modes(modes.named(lambda i: i.category == modes.EXCL))
     assert all(getattr(m, "moves_load", False) for m in made.values())
 
 

@@ -13,14 +13,19 @@ from typing import Any
 import pytest
 
 from kbp import names
+from kbp.bench import heavy as hs
 from kbp.bench import modes, plots, report, scenarios
 from kbp.bench import parts as pt
 from kbp.bench import placement as pl
 from kbp.bench.modes import AppEnv, AppPlace, Target, availability
-from kbp.bench.runner import MODULE_MODES, Aborted, Bench, BenchConfig
-from kbp.bench.scenarios import rt_split
+from kbp.bench.runner import Aborted, Bench, BenchConfig
 
 PARTS = ("stock-kbp-part", "hybrid-part", "busy-part")
+
+
+def _own() -> dict[str, Any]:
+    """Fresh adapters of the heavy-receiver scenarios' own modes (exclusive CPU and part)."""
+    return scenarios.get("rt-split").make_modes()
 
 
 def _bench(layout: list[int], **kw: Any) -> Bench:
@@ -39,7 +44,7 @@ def test_offered_wherever_the_exclusive_modes_are(scen: str) -> None:
     b = _bench([0, 1], scenario=scen, modes=["napi", "exclusive", *PARTS])
     b.plan()
     assert b.cfg.modes == ["napi", "exclusive", *PARTS]
-    assert {names.BENCH_HYBRID_PART, names.BENCH_BUSY_PART} <= set(MODULE_MODES)
+    assert {"hybrid-part", "busy-part"} <= set(modes.named(lambda i: i.module))
 
 
 @pytest.mark.parametrize("scen", ["veth-inline", "stream"])
@@ -52,7 +57,7 @@ def test_module_part_modes_unavailable_without_the_module(monkeypatch: pytest.Mo
                                                           ) -> None:
     from kbp.backends.kmod import KmodBackend
     monkeypatch.setattr(KmodBackend, "available", lambda self: (False, "kbp module not loaded"))
-    own = rt_split.make_own_modes()
+    own = _own()
     why = availability(["hybrid-part", "busy-part"], own)
     for m in ("hybrid-part", "busy-part"):
         assert why[m] is not None and why[m].startswith("kbp module not loaded (runs in the VM "
@@ -62,9 +67,9 @@ def test_module_part_modes_unavailable_without_the_module(monkeypatch: pytest.Mo
 def test_module_part_modes_available_with_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
     from kbp.backends.kmod import KmodBackend
     monkeypatch.setattr(KmodBackend, "available", lambda self: (True, "kbp module loaded"))
-    assert availability(["hybrid-part", "busy-part"], rt_split.make_own_modes()) == {
+    assert availability(["hybrid-part", "busy-part"], _own()) == {
         "hybrid-part": None, "busy-part": None}
-    assert rt_split.nonrt_refusal(names.BACKEND_KMOD) is None
+    assert hs.nonrt_refusal(names.BACKEND_KMOD) is None
 
 
 class _StaticBe:
@@ -95,18 +100,18 @@ def test_stock_non_rt_class_checked_at_runtime(monkeypatch: pytest.MonkeyPatch, 
                                                expect: str | None) -> None:
     import kbp.backends as b
     monkeypatch.setattr(b, "get", lambda name: _StaticBe(refuse))
-    why = rt_split.nonrt_refusal(names.BACKEND_STOCK)
+    why = hs.nonrt_refusal(names.BACKEND_STOCK)
     if expect is None:
         assert why is None
     else:
         assert why is not None and expect in why, why
-    m = rt_split.make_own_modes()["stock-kbp-part"]
+    m = _own()["stock-kbp-part"]
     assert m.unavailable() == why
 
 
 def test_the_stock_backend_serves_the_non_rt_class() -> None:
     """The real stock backend takes a non-rt hybrid request (its class is in)."""
-    assert rt_split.nonrt_refusal(names.BACKEND_STOCK) is None
+    assert hs.nonrt_refusal(names.BACKEND_STOCK) is None
 
 
 # -- plumbing: which device gets which request, on which role's CPU ---------------------------
@@ -114,8 +119,8 @@ class _Flood:
     server = None
 
 
-def _heavy(place: pl.Placement) -> rt_split.HeavySide:
-    return rt_split.HeavySide("ns-s", "heavy-s-ab", place.cpu(pl.RT), rt_split.nonrt_cpu(place),
+def _heavy(place: pl.Placement) -> hs.HeavySide:
+    return hs.HeavySide("ns-s", "heavy-s-ab", place.cpu(pl.RT), hs.nonrt_cpu(place),
                               _Flood(), cpu_now=place.cpu(pl.RT))  # type: ignore[arg-type]
 
 
@@ -147,10 +152,10 @@ def test_which_device_gets_which_request(enabled_requests: list[Any],
                                          heavy_prio: int | None) -> None:
     place = pl.plan(layout, on_rt=(pl.HEAVY,))
     rt = place.cpu(pl.RT)
-    m = rt_split.make_own_modes()[mode]
+    m = _own()[mode]
     m.heavy = _heavy(place)
     assert m.backend == backend and not m.moves_load
-    monkeypatch.setattr(rt_split, "thread_placement", lambda pid: {
+    monkeypatch.setattr(hs, "thread_placement", lambda pid: {
         "pid": pid, "policy": "SCHED_OTHER", "priority": 0, "cpus": [rt]})
     from kbp.backends import probe
     monkeypatch.setattr(probe, "poller_threads", lambda be, dev, *a, **k: {
@@ -180,7 +185,7 @@ def test_which_device_gets_which_request(enabled_requests: list[Any],
 
 
 def test_app_placement_and_fresh_device_are_the_inner_modes() -> None:
-    own = rt_split.make_own_modes()
+    own = _own()
     home, env = AppPlace(1, 51), AppEnv(spin_app="fifo", rt_prio=50)
     assert own["busy-part"].spins and own["busy-part"].app_place(home, env) == AppPlace(1, 51)
     assert not own["hybrid-part"].spins
@@ -190,9 +195,9 @@ def test_app_placement_and_fresh_device_are_the_inner_modes() -> None:
 
 def test_refused_before_anything_changes_without_the_scenario(enabled_requests: list[Any],
                                                               ) -> None:
-    m = rt_split.make_own_modes()["hybrid-part"]
+    m = _own()["hybrid-part"]
     assert "its idle cost is hybrid's" in (m.idle_problem() or "")
-    with pytest.raises(rt_split.RtSplitError, match="only in the rt-split and shared-cpu"):
+    with pytest.raises(hs.HeavyError, match="only in the rt-split and shared-cpu"):
         m.setup(Target("ns", "dev", 1))
     assert enabled_requests == []
 
@@ -204,13 +209,13 @@ def test_stock_class_ignored_stops_the_run(enabled_requests: list[Any],
     class) would make the run measure something else: setup stops with what it found, and
     teardown still disables and puts GRO back."""
     place = pl.plan([0, 1], on_rt=(pl.HEAVY,))
-    m = rt_split.make_own_modes()["stock-kbp-part"]
+    m = _own()["stock-kbp-part"]
     m.heavy = _heavy(place)
     from kbp.backends import probe
     monkeypatch.setattr(probe, "poller_threads", lambda *a, **k: {4242: "napi/heavy-s-ab-9"})
-    monkeypatch.setattr(rt_split, "thread_placement", lambda pid: {
+    monkeypatch.setattr(hs, "thread_placement", lambda pid: {
         "pid": pid, "policy": "SCHED_FIFO", "priority": 50, "cpus": [1]})
-    with pytest.raises(rt_split.RtSplitError, match="should be SCHED_OTHER on the RT CPU 1"):
+    with pytest.raises(hs.HeavyError, match="should be SCHED_OTHER on the RT CPU 1"):
         m.setup(Target("ns-s", "rt-s-ab", 1))
     m.teardown()
     assert gro[-1][0] == "restore"
@@ -220,14 +225,14 @@ def test_bind_heavy_binds_the_part_modes() -> None:
     place = pl.plan([0, 1], on_rt=(pl.HEAVY,))
 
     class _B:
-        modes = rt_split.make_own_modes()
+        modes = _own()
     h = _heavy(place)
-    rt_split.bind_heavy(_B(), h)  # type: ignore[arg-type]
+    hs.bind_heavy(_B(), h)  # type: ignore[arg-type]
     assert all(_B.modes[m].heavy is h for m in PARTS)
-    assert _B.modes[rt_split.EXCLUSIVE].heavy is h
-    assert [rt_split.part_like(m) for m in ("hybrid-part", "hybrid", "hybrid-excl")] == [
+    assert _B.modes[modes.EXCLUSIVE].heavy is h
+    assert [hs.part_like(m) for m in ("hybrid-part", "hybrid", "hybrid-excl")] == [
         True, False, False]
-    assert not rt_split.exclusive_like("stock-kbp-part")   # the heavy flow stays on the RT CPU
+    assert not hs.exclusive_like("stock-kbp-part")   # the heavy flow stays on the RT CPU
 
 
 # -- the heavy flow's throughput per mode -----------------------------------------------------
@@ -333,4 +338,4 @@ def test_one_distinct_colour_per_mode() -> None:
     assert plots.color("no-such-mode") == plots.FALLBACK not in cols
     assert [plots.style(m) for m in ("napi", "exclusive", "hybrid-excl", "busy-part")] == [
         "-", "--", "--", "-."]
-    assert modes.SUMMARY.keys() <= pal.keys()
+    assert set(modes.standard_modes()) <= pal.keys()

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kbp import names
-from kbp.bench import placement, report, sysstat, trace, workloads
+from kbp.bench import modes, placement, report, sysstat, trace, workloads
 from kbp.bench.modes import all_modes
 
 TWO_CPUS = placement.plan([0, 1])
@@ -171,6 +170,6 @@ def test_table2_scaling() -> None:
 
 
 def test_modes_use_the_vocabulary() -> None:
-    assert tuple(all_modes()) == names.BENCH_MODES
+    assert tuple(all_modes()) == modes.standard_modes()
     for name, m in all_modes().items():
         assert m.name == name

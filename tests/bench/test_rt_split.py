@@ -11,8 +11,14 @@ from typing import Any
 import pytest
 
 from kbp.bench import cli, modes, placement, report, scenarios
+from kbp.bench import heavy as hs
 from kbp.bench.runner import Aborted, Bench, BenchConfig
 from kbp.bench.scenarios import rt_split
+
+
+def _excl_modes() -> dict[str, Any]:
+    """Fresh adapters of the exclusive CPU modes (exclusive and the -excl modes)."""
+    return modes.make_modes(modes.named(lambda i: i.category == modes.EXCL))
 
 
 def _bench(layout: list[int], **kw: Any) -> Bench:
@@ -33,7 +39,7 @@ def test_registered() -> None:
                                    "busy-excl", "stock-kbp-part", "hybrid-part", "busy-part"}
     both = s.make_modes()["stock-kbp-excl"]
     assert both.inner.name == "stock-kbp" and both.spins is False
-    assert rt_split.exclusive_like("busy-excl") and not rt_split.exclusive_like("busy")
+    assert hs.exclusive_like("busy-excl") and not hs.exclusive_like("busy")
     assert s.make_modes()["exclusive"] is not s.make_modes()["exclusive"]   # fresh per run
     assert "exclusive" in cli.description()
 
@@ -51,7 +57,7 @@ def test_roles_and_the_non_rt_cpu(layout: list[int], cpus: dict[str, int], nonrt
     b = _bench(layout)
     p = b.plan()
     assert dict(p.cpus) == cpus
-    assert rt_split.nonrt_cpu(p) == nonrt != p.cpu("rt")
+    assert hs.nonrt_cpu(p) == nonrt != p.cpu("rt")
     assert b.cfg.parts == ["rtt"]                       # default_parts: no rtt-tcp, no idle
     assert b.cfg.modes == list(rt_split.SCENARIO.default_modes)
     assert b.app_fifo() == 51
@@ -60,7 +66,7 @@ def test_roles_and_the_non_rt_cpu(layout: list[int], cpus: dict[str, int], nonrt
 def test_pins() -> None:
     p = _bench([0, 1, 2, 3], cpus={"rt": 3}).plan()
     assert (p.cpu("rt"), p.cpu("heavy")) == (3, 3)
-    assert rt_split.nonrt_cpu(p) not in (3,)
+    assert hs.nonrt_cpu(p) not in (3,)
     with pytest.raises(Aborted, match="only the app and the heavy receiver may share it"):
         _bench([0, 1], cpus={"rt": 1, "flood": 1}).plan()
     with pytest.raises(Aborted, match="needs 2 CPUs"):
@@ -106,17 +112,17 @@ class _FakeFlood:
     server = None
 
 
-def _heavy(monkeypatch: pytest.MonkeyPatch) -> tuple[rt_split.HeavySide, dict[str, Any]]:
+def _heavy(monkeypatch: pytest.MonkeyPatch) -> tuple[hs.HeavySide, dict[str, Any]]:
     masks = {"rx-0": "2"}
     calls: dict[str, Any] = {"writes": []}
 
     def write(ns: str, dev: str, m: dict[str, str]) -> None:
         calls["writes"].append(dict(m))
         masks.update(m)
-    monkeypatch.setattr(rt_split.steer, "read_rps", lambda ns, dev: dict(masks))
-    monkeypatch.setattr(rt_split.steer, "write_rps", write)
+    monkeypatch.setattr(hs.steer, "read_rps", lambda ns, dev: dict(masks))
+    monkeypatch.setattr(hs.steer, "write_rps", write)
     monkeypatch.setattr(modes, "sysfs_net", lambda ns, dev, attr: "0")
-    h = rt_split.HeavySide("ns-s", "heavy-s-ab", 1, 0, _FakeFlood(),  # type: ignore[arg-type]
+    h = hs.HeavySide("ns-s", "heavy-s-ab", 1, 0, _FakeFlood(),  # type: ignore[arg-type]
                            cpu_now=1)
     return h, calls
 
@@ -124,7 +130,7 @@ def _heavy(monkeypatch: pytest.MonkeyPatch) -> tuple[rt_split.HeavySide, dict[st
 def test_exclusive_moves_and_puts_back(monkeypatch: pytest.MonkeyPatch) -> None:
     from kbp.bench.modes import AppEnv, AppPlace, Target
     h, calls = _heavy(monkeypatch)
-    m = rt_split.ExclusiveMode(heavy=h)
+    m = hs.ExclusiveMode(heavy=h)
     t = Target("ns-s", "rt-s-ab", 1)
     assert m.unavailable() is None and not m.needs_fresh_device(t)
     assert m.app_place(AppPlace(1, 51), AppEnv()) == AppPlace(1, 51)
@@ -140,12 +146,12 @@ def test_exclusive_moves_and_puts_back(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_exclusive_refuses_without_the_scenario(monkeypatch: pytest.MonkeyPatch) -> None:
     from kbp.bench.modes import Target
     monkeypatch.setattr(modes, "sysfs_net", lambda ns, dev, attr: "0")
-    with pytest.raises(rt_split.RtSplitError,
+    with pytest.raises(hs.HeavyError,
                        match="only in the rt-split and shared-cpu scenarios"):
-        rt_split.ExclusiveMode().setup(Target("ns", "dev", 1))
+        hs.ExclusiveMode().setup(Target("ns", "dev", 1))
     monkeypatch.setattr(modes, "sysfs_net", lambda ns, dev, attr: "1")
-    with pytest.raises(rt_split.RtSplitError, match="threaded is 1"):
-        rt_split.ExclusiveMode().setup(Target("ns", "dev", 1))
+    with pytest.raises(hs.HeavyError, match="threaded is 1"):
+        hs.ExclusiveMode().setup(Target("ns", "dev", 1))
 
 
 def test_the_idle_part_skips_the_exclusive_modes_with_the_reason() -> None:
@@ -153,14 +159,14 @@ def test_the_idle_part_skips_the_exclusive_modes_with_the_reason() -> None:
     nothing to move yet, so they are recorded as skipped (their idle cost is their base
     mode's) instead of failing the whole run (which they did, 2026-11-24)."""
     from kbp.bench import parts
-    m = rt_split.make_exclusive_modes()
+    m = _excl_modes()
     assert "napi's" in (m["exclusive"].idle_problem() or "")
     assert "stock-kbp's" in (m["stock-kbp-excl"].idle_problem() or "")
     ran: list[str] = []
 
     class _B:
         def __init__(self) -> None:
-            self.modes = {"napi": object(), **m}
+            self.modes = {"napi": modes.NapiMode(), **m}
             self.results: dict[str, Any] = {"idle_skipped": {}}
 
         def order(self, rep: int) -> list[str]:
@@ -184,7 +190,7 @@ def test_mask_that_does_not_stick_is_a_restore_problem(monkeypatch: pytest.Monke
                                                        ) -> None:
     from kbp.bench.knobs import KnobError
     h, _ = _heavy(monkeypatch)
-    monkeypatch.setattr(rt_split.steer, "write_rps", lambda ns, dev, m: None)
+    monkeypatch.setattr(hs.steer, "write_rps", lambda ns, dev, m: None)
     with pytest.raises(KnobError, match="did not stick"):
         h.place(0)
 
@@ -217,7 +223,7 @@ def _run(mode: str, rep: int, mean: float, p99: float, sd: float, gbit: float,
 
 def _results(layout: list[int], exclusive_ok: bool = True) -> dict[str, Any]:
     p = placement.plan(layout, on_rt=("heavy",))
-    rt, other = p.cpu("rt"), rt_split.nonrt_cpu(p)
+    rt, other = p.cpu("rt"), hs.nonrt_cpu(p)
     runs = []
     for rep in range(2):
         runs += [_run("napi", rep, 100, 1000, 300, 4.0, 95, rt, other),
@@ -248,7 +254,7 @@ def test_summary_table3_and_ratios(layout: list[int]) -> None:
     assert sp["threaded"]["heavy_gbit_s"]["ratio_to_napi"]["median"] == pytest.approx(1.1)
     assert sp["exclusive"]["cpu_rt_busy_pct"]["median"] == pytest.approx(30)
     assert sp["stock-kbp"]["poller_poll_pct"]["median"] == pytest.approx(2.0)
-    assert sp["exclusive"]["heavy_cpus"] == [rt_split.nonrt_cpu(report.placement_of(res))]
+    assert sp["exclusive"]["heavy_cpus"] == [hs.nonrt_cpu(report.placement_of(res))]
     assert sp["stock-kbp"]["rps"] == ["heavy:1", "rt:off"]
     chk = res["summary"]["steering_check"]
     assert {m: (d["ok"], d["runs"], d["passed"]) for m, d in chk.items()} == {
@@ -266,7 +272,7 @@ def test_summary_table3_and_ratios(layout: list[int]) -> None:
     table = md[md.index("| mode | mean (µs)"):md.index("**Where the receive work ran**")]
     at = [table.index(f"| {m} |") for m in ("napi", "threaded", "exclusive", "stock-kbp")]
     assert at == sorted(at)                  # napi, threaded, exclusive, the kbp modes
-    other = rt_split.nonrt_cpu(report.placement_of(res))
+    other = hs.nonrt_cpu(report.placement_of(res))
     assert f"| tcp | exclusive | heavy:{other} rt:1 | CPU {other} | 495 | 150 | 0.00 |" in md
     assert "| tcp | napi | heavy:1 rt:1 | CPU 1 | 330 | 330,401 | 1.00 |" in md
     assert "x134" not in md                  # counters carry no ratio to napi

@@ -173,8 +173,8 @@ def test_part_mode_heavy_device_in_class_non_rt_on_the_rt_cpu(tmp_path: Path) ->
     (GRO on, gro_max_size 1600) on a SCHED_OTHER thread on the RT CPU itself; nothing moved,
     its packets go up the stack on the RT CPU; everything put back."""
     _skip_unless_ready()
-    from kbp.bench.scenarios import rt_split
-    why = rt_split.nonrt_refusal("stock")
+    from kbp.bench import heavy
+    why = heavy.nonrt_refusal("stock")
     if why:
         pytest.skip(reason=f"needs kbpctl's stock backend with class non-rt: {why}")
     before_ns, before_set, before_rps = _ours(), _settings(), _host_rps()

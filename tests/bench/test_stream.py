@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from kbp import names
-from kbp.bench import cli, report, scenarios, workloads
+from kbp.bench import cli, modes, report, scenarios, workloads
 from kbp.bench.placement import Placement
 from kbp.bench.runner import Aborted, Bench, BenchConfig
 from kbp.bench.scenarios import stream as st
@@ -32,11 +31,11 @@ def test_registered_with_the_protocol() -> None:
     assert s is st.SCENARIO and s.links == ("rt",) and s.parts == ("stream-tcp", "stream-udp")
     assert s.tools(BenchConfig()) == ["iperf3"]
     assert scenarios.default_modes(s) == tuple(DEFAULT_MODES)
-    assert scenarios.default_modes(scenarios.get("veth-inline")) == names.BENCH_MODES
+    assert scenarios.default_modes(scenarios.get("veth-inline")) == modes.standard_modes()
     # shared-cpu: every mode but the periodic ones (NetAP is for bulk streams), then the
     # exclusive CPU modes and the part modes
     assert scenarios.default_modes(scenarios.get("shared-cpu")) == (
-        *(m for m in names.BENCH_MODES if "periodic" not in m), "exclusive",
+        *(m for m in modes.standard_modes() if "periodic" not in m), "exclusive",
         "stock-kbp-excl", "hybrid-excl", "busy-excl", "stock-kbp-part", "hybrid-part",
         "busy-part")
     assert "stream" in cli.description()
@@ -111,7 +110,7 @@ def test_cli_defaults_presets_and_knobs() -> None:
     assert cfg.parts == ["rtt", "rfc2544"]
     b = Bench(_cfg(["--scenario", "veth-inline"]), cpus_available=lambda: [0, 1])
     b.plan()
-    assert b.cfg.modes == list(names.BENCH_MODES)
+    assert b.cfg.modes == list(modes.standard_modes())
     b = Bench(_cfg(["--scenario", "shared-cpu", "--modes", "napi,stock-periodic"]),
               cpus_available=lambda: [0, 1])
     b.plan()

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from functools import cache
 from typing import Any
 
 from kbp import names
+from kbp.bench import modes
 from kbp.bench import parts as parts_
+from kbp.bench.modes import BASELINE
 from kbp.bench.placement import Placement
 from kbp.bench.stats import FEW_ABOVE, aggregate, kth_largest, pct_key, ratios_to_baseline
 
-BASELINE = "napi"
 Column = tuple[str, str, str]      # (metric key, heading, unit)
 
 # the latency tables, in order; the per-CPU columns follow (latency_columns)
@@ -266,13 +266,11 @@ def cell(agg: dict[str, Any] | None, spread: bool = True) -> str:
     return s
 
 
-@cache
 def mode_order() -> tuple[str, ...]:
-    """Every mode name in table order: names.BENCH_MODES, then the scenarios' own modes
-    (rt-split's and shared-cpu's: exclusive, the ``-excl`` and the ``-part`` modes)."""
-    from kbp.bench.scenarios import rt_split
-    return (*names.BENCH_MODES, rt_split.EXCLUSIVE, *rt_split.KBP_EXCL_MODES,
-            *rt_split.PART_MODES)
+    """Every mode name in table order (kbp.bench.modes' table): the modes every scenario
+    has, then those of the scenarios with a heavy receiver (exclusive, the ``-excl`` and the
+    ``-part`` modes)."""
+    return tuple(modes.catalog())
 
 
 def _modes_in(d: dict[str, Any]) -> list[str]:
@@ -472,8 +470,7 @@ def markdown(results: dict[str, Any]) -> str:
     pl = placement_of(results)
     scen = results.get("scenario") or {}
     scenario = scenario_of(results)
-    what = getattr(scenario, "measures", None) or (
-        "Kernel-timestamped round trips (SO_TIMESTAMPING software stamps), microseconds.")
+    what = scenario.measures
     out = [f"Scenario `{scen.get('name')}`: {scen.get('title', '')}.", "",
            f"Testbed: {results.get('testbed')}. {what} Cells: median of {reps} repetitions "
            "[min-max] xratio to napi (median of per-repetition ratios); idle cost and RFC "

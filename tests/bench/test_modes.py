@@ -353,7 +353,7 @@ def test_stock_busy_spins_like_busy() -> None:
     home, env = AppPlace(1), AppEnv(spin_app="fifo", elsewhere_cpu=0, rt_prio=50)
     for name in ("stock-busy", "busy"):
         assert ms[name].spins and ms[name].app_place(home, env) == AppPlace(1, 51)
-    for name in ("busypoll", "defer", "stock-kbp"):
+    for name in ("busypoll", "defer", "stock-hybrid"):
         assert not ms[name].spins and ms[name].app_place(home, env) == home
     assert not ms["stock-busy"].needs_fresh_device(T)     # only the module's modes do
 
@@ -373,7 +373,7 @@ def test_stock_busy_enables_without_a_priority(enabled_requests: list[Any]) -> N
     import kbp.backends as b
     reqs = enabled_requests
     ms = all_modes()
-    for name in ("stock-busy", "stock-kbp"):
+    for name in ("stock-busy", "stock-hybrid"):
         ms[name].setup(T)
         ms[name].teardown()
     busy, hybrid = reqs

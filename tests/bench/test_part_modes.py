@@ -1,4 +1,4 @@
-"""The part modes (hybrid-part, busy-part, stock-kbp-part: RT and heavy receive work split by
+"""The part modes (hybrid-part, busy-part, stock-hybrid-part: RT and heavy receive work split by
 class on the RT CPU itself, issue 24) without root: where they are offered and where refused
 with the reason, which device gets which EnableRequest on which role's CPU (any CPU count),
 the heavy device's per-packet NAPI put back, the stock backend's class checked after enable;
@@ -20,7 +20,7 @@ from kbp.bench import placement as pl
 from kbp.bench.modes import AppEnv, AppPlace, Target, availability
 from kbp.bench.runner import Aborted, Bench, BenchConfig
 
-PARTS = ("stock-kbp-part", "hybrid-part", "busy-part")
+PARTS = ("stock-hybrid-part", "hybrid-part", "busy-part")
 
 
 def _own() -> dict[str, Any]:
@@ -49,8 +49,8 @@ def test_offered_wherever_the_exclusive_modes_are(scen: str) -> None:
 
 @pytest.mark.parametrize("scen", ["veth-inline", "stream"])
 def test_refused_in_the_scenarios_without_a_heavy_device(scen: str) -> None:
-    with pytest.raises(Aborted, match=f"unknown mode 'stock-kbp-part' for scenario {scen}"):
-        _bench([0, 1], scenario=scen, modes=["napi", "stock-kbp-part"]).plan()
+    with pytest.raises(Aborted, match=f"unknown mode 'stock-hybrid-part' for scenario {scen}"):
+        _bench([0, 1], scenario=scen, modes=["napi", "stock-hybrid-part"]).plan()
 
 
 def test_module_part_modes_unavailable_without_the_module(monkeypatch: pytest.MonkeyPatch,
@@ -105,7 +105,7 @@ def test_stock_non_rt_class_checked_at_runtime(monkeypatch: pytest.MonkeyPatch, 
         assert why is None
     else:
         assert why is not None and expect in why, why
-    m = _own()["stock-kbp-part"]
+    m = _own()["stock-hybrid-part"]
     assert m.unavailable() == why
 
 
@@ -144,7 +144,7 @@ def gro(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
 @pytest.mark.parametrize("layout", [[0, 1], [0, 1, 2, 3], [4, 7]])
 @pytest.mark.parametrize(("mode", "backend", "kbp_mode", "heavy_prio"), [
     ("hybrid-part", "kmod", "hybrid", None), ("busy-part", "kmod", "busy", None),
-    ("stock-kbp-part", "stock", "hybrid", None)])
+    ("stock-hybrid-part", "stock", "hybrid", None)])
 def test_which_device_gets_which_request(enabled_requests: list[Any],
                                          gro: list[tuple[str, Any]],
                                          monkeypatch: pytest.MonkeyPatch, layout: list[int],
@@ -189,8 +189,8 @@ def test_app_placement_and_fresh_device_are_the_inner_modes() -> None:
     home, env = AppPlace(1, 51), AppEnv(spin_app="fifo", rt_prio=50)
     assert own["busy-part"].spins and own["busy-part"].app_place(home, env) == AppPlace(1, 51)
     assert not own["hybrid-part"].spins
-    assert own["stock-kbp-part"].app_place(home, env) == home
-    assert own["stock-kbp-part"].app() == names.APP_SOCKPERF
+    assert own["stock-hybrid-part"].app_place(home, env) == home
+    assert own["stock-hybrid-part"].app() == names.APP_SOCKPERF
 
 
 def test_refused_before_anything_changes_without_the_scenario(enabled_requests: list[Any],
@@ -209,7 +209,7 @@ def test_stock_class_ignored_stops_the_run(enabled_requests: list[Any],
     class) would make the run measure something else: setup stops with what it found, and
     teardown still disables and puts GRO back."""
     place = pl.plan([0, 1], on_rt=(pl.HEAVY,))
-    m = _own()["stock-kbp-part"]
+    m = _own()["stock-hybrid-part"]
     m.heavy = _heavy(place)
     from kbp.backends import probe
     monkeypatch.setattr(probe, "poller_threads", lambda *a, **k: {4242: "napi/heavy-s-ab-9"})
@@ -232,7 +232,7 @@ def test_bind_heavy_binds_the_part_modes() -> None:
     assert _B.modes[modes.EXCLUSIVE].heavy is h
     assert [hs.part_like(m) for m in ("hybrid-part", "hybrid", "hybrid-excl")] == [
         True, False, False]
-    assert not hs.exclusive_like("stock-kbp-part")   # the heavy flow stays on the RT CPU
+    assert not hs.exclusive_like("stock-hybrid-part")   # the heavy flow stays on the RT CPU
 
 
 # -- the heavy flow's throughput per mode -----------------------------------------------------
@@ -256,13 +256,13 @@ def _shared_results() -> dict[str, Any]:
     runs = []
     for rep in range(3):
         for mode, p999, gbit in (("napi", 1500, 5.0), ("exclusive", 150, 3.0),
-                                 ("stock-kbp-part", 300, 4.5 + rep * 0.1)):
+                                 ("stock-hybrid-part", 300, 4.5 + rep * 0.1)):
             runs += [_shared_run(mode, rep, "idle", 120, 0.0),
                      _shared_run(mode, rep, "flood", p999, gbit)]
     tails = {f"rtt|flood|{m}": {"runs": 3, "lost": 0, "n": 60000,
                                 "p99.9": {"value": v * 1000, "k": 61, "n": 60000, "few": False,
                                           "ci95": [v * 900, v * 1100]}}
-             for m, v in (("napi", 1500), ("exclusive", 150), ("stock-kbp-part", 300))}
+             for m, v in (("napi", 1500), ("exclusive", 150), ("stock-hybrid-part", 300))}
     return {"schema": "kbp-bench/2", "scenario": {"name": "shared-cpu", "title": "t"},
             "placement": {**p.to_json(), "app_policy": "fifo", "app_fifo": 51},
             "runs": runs, "rfc2544": [], "testbed": "test", "machine": {}, "modes": {},
@@ -279,8 +279,8 @@ def test_shared_cpu_heavy_gbit_per_mode_in_json_and_report() -> None:
     assert rtt["exclusive"]["heavy_gbit_s"]["ratio_to_napi"]["median"] == pytest.approx(0.6)
     pm = res["summary"]["per_mode"]
     assert (pm["condition"], pm["idle_condition"]) == ("flood", "idle")
-    assert list(pm["modes"]) == ["napi", "exclusive", "stock-kbp-part"]
-    part = pm["modes"]["stock-kbp-part"]
+    assert list(pm["modes"]) == ["napi", "exclusive", "stock-hybrid-part"]
+    part = pm["modes"]["stock-hybrid-part"]
     assert part["reps"] == 3 and part["n"] == 20000
     assert part["heavy_gbit_s"]["median"] == pytest.approx(4.6)
     assert (part["heavy_gbit_s"]["min"], part["heavy_gbit_s"]["max"]) == pytest.approx(
@@ -296,7 +296,7 @@ def test_shared_cpu_heavy_gbit_per_mode_in_json_and_report() -> None:
             "RT p99.9 (µs) flood | RT SD (µs) flood | RT max (µs) flood | heavy (Gbit/s) "
             "flood | RT p99.9 flood, pooled [95 % CI] (µs) |")
     assert head in md
-    row = next(line for line in md.splitlines() if line.startswith("| stock-kbp-part | 3 |"))
+    row = next(line for line in md.splitlines() if line.startswith("| stock-hybrid-part | 3 |"))
     assert "4.60 [4.50-4.70] x0.92" in row and "300 x0.20 (k=21 of n=20,000)" in row
     assert row.endswith("| 300 [270-330] (k=61 of n=60,000) |")
     assert "Headline: RT round trip idle and under the flood" in md
@@ -312,7 +312,7 @@ def test_rt_split_heavy_gbit_per_mode_with_reps_and_ci() -> None:
     res = json.loads(json.dumps(res))
     pm = res["summary"]["per_mode"]
     assert pm["condition"] == "tcp" and set(pm["modes"]) == {"napi", "threaded", "exclusive",
-                                                             "stock-kbp"}
+                                                             "stock-hybrid"}
     assert pm["modes"]["exclusive"]["heavy_gbit_s"]["median"] == pytest.approx(6.0)
     assert pm["modes"]["exclusive"]["reps"] == 2
     md = report.markdown(res)

@@ -209,7 +209,7 @@ def test_stock_search_state(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_non_periodic_modes_have_no_search_state() -> None:
     ms = all_modes()
-    for name in ("napi", "defer", "stock-kbp", "hybrid"):
+    for name in ("napi", "defer", "stock-hybrid", "hybrid"):
         assert search_state(ms[name]) is None
 
 

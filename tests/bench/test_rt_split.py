@@ -31,14 +31,14 @@ def test_registered() -> None:
     assert s is rt_split.SCENARIO
     assert s.links == ("rt", "heavy") and s.parts == ("rtt",)
     assert s.rt_roles == ("heavy",) and s.app_policy == "fifo"
-    assert scenarios.default_modes(s) == ("napi", "threaded", "exclusive", "stock-kbp",
-                                          "hybrid", "busy", "stock-kbp-excl", "hybrid-excl",
-                                          "busy-excl", "stock-kbp-part", "hybrid-part",
+    assert scenarios.default_modes(s) == ("napi", "threaded", "exclusive", "stock-hybrid",
+                                          "hybrid", "busy", "stock-hybrid-excl", "hybrid-excl",
+                                          "busy-excl", "stock-hybrid-part", "hybrid-part",
                                           "busy-part")
-    assert set(s.make_modes()) == {"exclusive", "stock-kbp-excl", "hybrid-excl",
-                                   "busy-excl", "stock-kbp-part", "hybrid-part", "busy-part"}
-    both = s.make_modes()["stock-kbp-excl"]
-    assert both.inner.name == "stock-kbp" and both.spins is False
+    assert set(s.make_modes()) == {"exclusive", "stock-hybrid-excl", "hybrid-excl",
+                                   "busy-excl", "stock-hybrid-part", "hybrid-part", "busy-part"}
+    both = s.make_modes()["stock-hybrid-excl"]
+    assert both.inner.name == "stock-hybrid" and both.spins is False
     assert hs.exclusive_like("busy-excl") and not hs.exclusive_like("busy")
     assert s.make_modes()["exclusive"] is not s.make_modes()["exclusive"]   # fresh per run
     assert "exclusive" in cli.description()
@@ -82,7 +82,7 @@ def test_pins() -> None:
     ({"uniform_us": [0.0, 1000.0]}, "0 < MIN_US <= MAX_US"),
     ({"uniform_us": [1000.0]}, "two numbers"),
     ({"modes": ["napi", "exclusive", "nope"]}, "unknown mode 'nope' for scenario rt-split"),
-    ({"modes": ["exclusive", "stock-kbp"]}, "keep it in --modes"),
+    ({"modes": ["exclusive", "stock-hybrid"]}, "keep it in --modes"),
 ])
 def test_bad_input_refused_in_plan(kw: dict[str, Any], match: str) -> None:
     with pytest.raises(Aborted, match=match):
@@ -95,7 +95,7 @@ def test_exclusive_is_rt_split_and_shared_cpu_only() -> None:
     _bench([0, 1], modes=["napi", "exclusive"], uniform_us=[500.0, 2000.0]).plan()
     b = _bench([0, 1], scenario="shared-cpu")
     b.plan()
-    assert {"exclusive", "stock-kbp-excl", "hybrid-excl", "busy-excl"} <= set(b.cfg.modes)
+    assert {"exclusive", "stock-hybrid-excl", "hybrid-excl", "busy-excl"} <= set(b.cfg.modes)
 
 
 def test_uniform_in_other_scenarios_too() -> None:
@@ -161,7 +161,7 @@ def test_the_idle_part_skips_the_exclusive_modes_with_the_reason() -> None:
     from kbp.bench import parts
     m = _excl_modes()
     assert "napi's" in (m["exclusive"].idle_problem() or "")
-    assert "stock-kbp's" in (m["stock-kbp-excl"].idle_problem() or "")
+    assert "stock-hybrid's" in (m["stock-hybrid-excl"].idle_problem() or "")
     ran: list[str] = []
 
     class _B:
@@ -170,7 +170,7 @@ def test_the_idle_part_skips_the_exclusive_modes_with_the_reason() -> None:
             self.results: dict[str, Any] = {"idle_skipped": {}}
 
         def order(self, rep: int) -> list[str]:
-            return ["napi", "exclusive", "stock-kbp-excl"]
+            return ["napi", "exclusive", "stock-hybrid-excl"]
 
         def note(self, s: str) -> None:
             pass
@@ -180,10 +180,10 @@ def test_the_idle_part_skips_the_exclusive_modes_with_the_reason() -> None:
     b = _B()
     parts.idle(b)  # type: ignore[arg-type]
     assert ran == ["napi"]
-    assert set(b.results["idle_skipped"]) == {"exclusive", "stock-kbp-excl"}
+    assert set(b.results["idle_skipped"]) == {"exclusive", "stock-hybrid-excl"}
     lines = report.idle_section({"summary": {"idle": {"napi": {}}}, "config": {},
                                  "idle_skipped": b.results["idle_skipped"]})
-    assert any(line.startswith("- stock-kbp-excl: ") for line in lines)
+    assert any(line.startswith("- stock-hybrid-excl: ") for line in lines)
 
 
 def test_mask_that_does_not_stick_is_a_restore_problem(monkeypatch: pytest.MonkeyPatch,
@@ -212,12 +212,12 @@ def _run(mode: str, rep: int, mean: float, p99: float, sd: float, gbit: float,
                        "max": p99 * 2000, "mean": mean * 1000, "sd": sd * 1000},
             "sys": {"wall_s": 2.0, "cpu": cpus, "net_rx": [1, 2], "hardirqs_total": [0, 0],
                     "threads": {}},
-            "poller": {"poll_ns": 40_000_000} if mode == "stock-kbp" else {},
+            "poller": {"poll_ns": 40_000_000} if mode == "stock-hybrid" else {},
             "heavy": {"gbit_s": gbit, "rx_pps": heavy_pps, "wall_s": 2.0,
                       "receiver_cpus": [other if excl else rt]},
             "rt_cpu_rx": rx,
             "nonrt_cpu_rx": {"cpu": other, "wall_s": 2.0, "processed_per_s": on_other},
-            "steering": {"rt-s-ab": [] if mode == "stock-kbp" else [rt],
+            "steering": {"rt-s-ab": [] if mode == "stock-hybrid" else [rt],
                          "heavy-s-ab": [other if excl else rt]}}
 
 
@@ -229,7 +229,7 @@ def _results(layout: list[int], exclusive_ok: bool = True) -> dict[str, Any]:
         runs += [_run("napi", rep, 100, 1000, 300, 4.0, 95, rt, other),
                  _run("threaded", rep, 200, 3000, 600, 4.4, 96, rt, other),
                  _run("exclusive", rep, 50, 100, 25, 6.0, 30, rt, other),
-                 _run("stock-kbp", rep, 110, 500, 150, 4.8, 97, rt, other)]
+                 _run("stock-hybrid", rep, 110, 500, 150, 4.8, 97, rt, other)]
     if not exclusive_ok:
         runs[2]["nonrt_cpu_rx"]["processed_per_s"] = 5.0
     return {"schema": "kbp-bench/2", "scenario": {"name": "rt-split", "title": "t"},
@@ -250,15 +250,15 @@ def test_summary_table3_and_ratios(layout: list[int]) -> None:
     assert sp["napi"]["rtt_sd_us"]["median"] == pytest.approx(300)
     assert "ratio_to_napi" not in sp["napi"]["rtt_p99_us"]
     assert sp["exclusive"]["rtt_p99_us"]["ratio_to_napi"]["median"] == pytest.approx(0.1)
-    assert sp["stock-kbp"]["rtt_sd_us"]["ratio_to_napi"]["median"] == pytest.approx(0.5)
+    assert sp["stock-hybrid"]["rtt_sd_us"]["ratio_to_napi"]["median"] == pytest.approx(0.5)
     assert sp["threaded"]["heavy_gbit_s"]["ratio_to_napi"]["median"] == pytest.approx(1.1)
     assert sp["exclusive"]["cpu_rt_busy_pct"]["median"] == pytest.approx(30)
-    assert sp["stock-kbp"]["poller_poll_pct"]["median"] == pytest.approx(2.0)
+    assert sp["stock-hybrid"]["poller_poll_pct"]["median"] == pytest.approx(2.0)
     assert sp["exclusive"]["heavy_cpus"] == [hs.nonrt_cpu(report.placement_of(res))]
-    assert sp["stock-kbp"]["rps"] == ["heavy:1", "rt:off"]
+    assert sp["stock-hybrid"]["rps"] == ["heavy:1", "rt:off"]
     chk = res["summary"]["steering_check"]
     assert {m: (d["ok"], d["runs"], d["passed"]) for m, d in chk.items()} == {
-        m: (2, 2, True) for m in ("napi", "threaded", "exclusive", "stock-kbp")}
+        m: (2, 2, True) for m in ("napi", "threaded", "exclusive", "stock-hybrid")}
     md = report.markdown(res)
     assert "**Steering check: PASS**" in md and "exclusive: 2/2 on the non-RT CPU" in md
     assert ("| mode | mean (µs) | p99 (µs) | SD (µs) | p99.9 (µs) | max (µs) | heavy Gbit/s "
@@ -270,7 +270,7 @@ def test_summary_table3_and_ratios(layout: list[int]) -> None:
             "150 x0.10 (k=1 of n=360)† | 200 x0.10 (k=1 of n=360)† | 6 x1.50 | "
             "30 x0.32 | 90 x1.00 | 0 |") in md
     table = md[md.index("| mode | mean (µs)"):md.index("**Where the receive work ran**")]
-    at = [table.index(f"| {m} |") for m in ("napi", "threaded", "exclusive", "stock-kbp")]
+    at = [table.index(f"| {m} |") for m in ("napi", "threaded", "exclusive", "stock-hybrid")]
     assert at == sorted(at)                  # napi, threaded, exclusive, the kbp modes
     other = hs.nonrt_cpu(report.placement_of(res))
     assert f"| tcp | exclusive | heavy:{other} rt:1 | CPU {other} | 495 | 150 | 0.00 |" in md
@@ -308,7 +308,7 @@ def test_cli_uniform_and_presets() -> None:
                                              "500,2000"]))
     assert cfg.uniform_us == [500.0, 2000.0] and cfg.loads == ["on"] and cfg.parts == ["rtt"]
     cfg = cli.config_from_args(p.parse_args(["--scenario", "rt-split", "--smoke"]))
-    assert cfg.modes == ["napi", "exclusive", "stock-kbp"] and cfg.duration == 2.0
+    assert cfg.modes == ["napi", "exclusive", "stock-hybrid"] and cfg.duration == 2.0
     for bad in ("2000,500", "1,2,3", "a,b"):
         with pytest.raises(SystemExit):
             p.parse_args(["--uniform", bad])

@@ -76,7 +76,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "full": {},
     "demo": {"scenario": "shared-cpu", "budget_s": 290.0,
              "reps": 5, "duration": 3.0, "parts": ["rtt"]},
-    "smoke": {"modes": [modes.NAPI, modes.STOCK_KBP], "reps": 1, "duration": 1.0, "warmup": 0.2,
+    "smoke": {"modes": [modes.NAPI, modes.STOCK_HYBRID], "reps": 1, "duration": 1.0, "warmup": 0.2,
               "parts": ["rtt", "rfc2544"], "rfc_frames": [64], "rfc_reps": 1,
               "rfc_trial": 0.3, "rfc_resolution": 0.25, "rfc_max_pps": 20000.0},
 }

@@ -29,8 +29,10 @@ nothing else; the client ends and the competing flood's devices stay stock NAPI 
                         application is ``kbp-echo``, an epoll echo server that asks for it
                         (``EPIOCSPARAMS``: prefer_busy_poll 1, busy_poll_usecs 0, budget 16).
                         Why these values: :class:`IrqSuspendMode`.
-``stock-kbp``           kbpctl's stock backend (threaded NAPI kthread pinned to the RT CPU,
-                        SCHED_FIFO), enabled and disabled through :mod:`kbp.backends`.
+``stock-hybrid``        kbpctl's stock backend ``--mode hybrid`` (threaded NAPI kthread
+                        pinned to the RT CPU, SCHED_FIFO), enabled and disabled through
+                        :mod:`kbp.backends`; called ``stock-kbp`` until 2026-11-27 (still
+                        taken by ``--modes`` and read from older results files).
 ``stock-busy``          kbpctl's stock backend ``--mode busy``: upstream threaded busy polling
                         (``threaded`` = 2, the kthread never sleeps), Linux 6.19 and later;
                         skipped with the reason on older kernels.  No ``--rt-prio``: the
@@ -124,7 +126,7 @@ THREADED: Final = "threaded"
 BUSYPOLL: Final = "busypoll"
 DEFER: Final = "defer"
 IRQ_SUSPEND: Final = "irq-suspend"
-STOCK_KBP: Final = "stock-kbp"
+STOCK_HYBRID: Final = backend_mode(names.BACKEND_STOCK, names.MODE_HYBRID)
 STOCK_BUSY: Final = backend_mode(names.BACKEND_STOCK, names.MODE_BUSY)
 STOCK_PERIODIC: Final = backend_mode(names.BACKEND_STOCK, names.MODE_PERIODIC)
 BUSY: Final = backend_mode(names.BACKEND_KMOD, names.MODE_BUSY)
@@ -714,7 +716,7 @@ class IrqSuspendMode(KnobMode):
                                  "max_events": workloads.ECHO_MAX_EVENTS}}
 
 
-# -- kbpctl backends (stock-kbp, stock-busy, stock-periodic, busy, hybrid, periodic) ---------
+# -- kbpctl backends (stock-hybrid, stock-busy, stock-periodic, busy, hybrid, periodic) ------
 def _backends() -> Any:
     import kbp.backends as b  # the kbpctl engineers' package; imported only when used
     return b
@@ -1029,16 +1031,17 @@ class ModeInfo:
         return self.category == EXCL
 
 
-def _kbpctl(backend: str, kbp_mode: str, colour: str, summary: str, **adapter: Any,
-            ) -> ModeInfo:
+def _kbpctl(backend: str, kbp_mode: str, colour: str, summary: str,
+            aliases: tuple[str, ...] = (), **adapter: Any) -> ModeInfo:
     """A mode in which kbpctl's ``backend`` serves the RT device in ``kbp_mode``: named by
-    :func:`backend_mode`, spinning where kbpctl's mode does (modespec)."""
+    :func:`backend_mode`, spinning where kbpctl's mode does (modespec); ``adapter``: the
+    adapter's own settings (BackendMode's since, feature, own_prio)."""
     name, spins = backend_mode(backend, kbp_mode), modespec.spins(kbp_mode)
     cls = PeriodicMode if kbp_mode == names.MODE_PERIODIC else BackendMode
     return ModeInfo(name, KBPCTL, summary, colour,
                     partial(cls, name, backend, kbp_mode, spins=spins, **adapter),
                     backend=backend, kbp_mode=kbp_mode, spins=spins,
-                    kthread=backend == names.BACKEND_STOCK)
+                    kthread=backend == names.BACKEND_STOCK, aliases=aliases)
 
 
 def _heavy() -> Any:
@@ -1088,11 +1091,10 @@ def _table() -> list[ModeInfo]:
     """Every mode, in table order (--help, the report's rows, the plots' legends).  Colours:
     a kbp mode's ``-excl`` variant is its colour's light shade, its ``-part`` variant its
     dark shade; ``exclusive`` is napi's light grey (napi with the heavy flow moved)."""
-    stock_kbp = ModeInfo(
-        STOCK_KBP, KBPCTL, "kbpctl stock backend --mode hybrid (NAPI kthread SCHED_FIFO on "
-        "the RT CPU)", "#2ca02c",
-        partial(BackendMode, STOCK_KBP, names.BACKEND_STOCK, names.MODE_HYBRID),
-        backend=names.BACKEND_STOCK, kbp_mode=names.MODE_HYBRID, kthread=True)
+    # stock-hybrid was stock-kbp until 2026-11-27 (the stock backend's *hybrid*)
+    stock_hybrid = _kbpctl(names.BACKEND_STOCK, names.MODE_HYBRID, "#2ca02c",
+                           "kbpctl stock backend --mode hybrid (NAPI kthread SCHED_FIFO on "
+                           "the RT CPU)", aliases=("stock-kbp",))
     hybrid = _kbpctl(names.BACKEND_KMOD, names.MODE_HYBRID, "#ff7f0e",
                      "kbp.ko poller, hybrid mode (kbp module loaded: the VM rig)")
     busy = _kbpctl(names.BACKEND_KMOD, names.MODE_BUSY, "#d62728",
@@ -1109,7 +1111,7 @@ def _table() -> list[ModeInfo]:
                  DeferMode),
         ModeInfo(IRQ_SUSPEND, KERNEL, "IRQ suspension on the RT device (Linux 6.13+), RT app "
                  "kbp-echo (epoll)", "#e377c2", IrqSuspendMode),
-        stock_kbp,
+        stock_hybrid,
         # kbpctl refuses a SCHED_FIFO priority for stock --mode busy (the upstream kthread
         # never sleeps): the backend's default, SCHED_NORMAL, as a user gets it
         _kbpctl(names.BACKEND_STOCK, names.MODE_BUSY, "#17becf", "kbpctl stock backend --mode "
@@ -1124,10 +1126,10 @@ def _table() -> list[ModeInfo]:
         _kbpctl(names.BACKEND_KMOD, names.MODE_PERIODIC, "#7f3b08", "kbp.ko poller, periodic "
                 "mode: IRQ masked, interval searched (NetAP; the VM rig)"),
         _exclusive(),
-        _excl(stock_kbp, "#98df8a"),
+        _excl(stock_hybrid, "#98df8a", aliases=("stock-kbp-excl",)),
         _excl(hybrid, "#ffbb78"),
         _excl(busy, "#ff9896"),
-        _part(stock_kbp, "#00441b"),
+        _part(stock_hybrid, "#00441b", aliases=("stock-kbp-part",)),
         _part(hybrid, "#b8860b"),
         _part(busy, "#67000d"),
     ]

@@ -208,6 +208,7 @@ def standard(results: dict[str, Any], samples: dict[str, list[int]], out: Path,
 
 def all_plots(results: dict[str, Any], samples: dict[str, list[int]], out: Path) -> list[Path]:
     """The plots of the results' scenario."""
-    from kbp.bench.report import scenario_of, upgrade
+    from kbp.bench.report import scenario_of, upgrade, upgrade_samples
     upgrade(results)
+    upgrade_samples(samples)
     return scenario_of(results).plots(results, samples, out)

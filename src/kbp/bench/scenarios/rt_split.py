@@ -42,13 +42,13 @@ Modes (the paper's methods; napi is the baseline every ratio refers to):
                stays on plain napi (RPS to the RT CPU), but the heavy receiver (iperf3 server)
                and its device's receive processing (RPS) move to the non-RT CPU while the mode
                is on, and back after; the RT CPU then runs only RT work
-``stock-kbp``  the kbp RT class on this host (kbpctl stock backend: RT device off RPS, its
+``stock-hybrid``  the kbp RT class on this host (kbpctl stock backend: RT device off RPS, its
                NAPI polled by a SCHED_FIFO kthread on the RT CPU; the heavy flow stays on the
                RT CPU's backlog); ``hybrid`` / ``busy`` are kbp.ko's, in the VM rig
 ``<kbp mode>-excl``  the kbp mode and the exclusive CPU together (kbpctl enable --isolate's
                placement, the heavy receiver moved too)
 ``<kbp mode>-part``  the outsourcing paper's own method, RT and non-RT receive work split by
-               priority on the *same* CPU (``stock-kbp-part``, ``hybrid-part``,
+               priority on the *same* CPU (``stock-hybrid-part``, ``hybrid-part``,
                ``busy-part``): the RT device on the kbp mode's RT poller, the heavy device in
                the same backend's class non-rt on the RT CPU (kbp.ko: that CPU's non-rt
                poller, SCHED_NORMAL, giving way to the RT poller between polls of a small
@@ -75,7 +75,7 @@ ksoftirqd on the RT and the non-RT CPU: where the heavy flow was processed), ``s
 mode puts it (the RT CPU, or the non-RT CPU in ``exclusive``).
 
 In the VM rig (``python -m kbp.bench vm --nic-pair --scenario rt-split``, kbp.ko loaded:
-hybrid and busy run there): on kernels before 6.15 the runner refuses threaded / stock-kbp
+hybrid and busy run there): on kernels before 6.15 the runner refuses threaded / stock-hybrid
 and the module modes in one ``--nic-pair`` run (a NAPI keeps its kthread), so pass
 ``--modes napi,exclusive,hybrid,busy`` there and the others in a second invocation.
 
@@ -151,7 +151,7 @@ class RtSplit(Scenario):
         "full": {"loads": ["on"], "parts": [pt.RTT], "duration": 10.0},
         "demo": {"loads": ["on"], "parts": [pt.RTT], "duration": 4.0, "reps": 3},
         "smoke": {"loads": ["on"], "parts": [pt.RTT], "duration": 2.0,
-                  "modes": [modes.NAPI, modes.EXCLUSIVE, modes.STOCK_KBP]},
+                  "modes": [modes.NAPI, modes.EXCLUSIVE, modes.STOCK_HYBRID]},
     }
     role_doc: ClassVar[dict[str, str]] = {
         pl.RT: "RPS target of both server devices: the backlog NET_RX of the RT flow (napi, "

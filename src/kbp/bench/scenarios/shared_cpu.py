@@ -27,7 +27,7 @@ CPU (``rt_cpu_rx``: NET_RX softirqs, packets processed, RPS IPIs, ksoftirqd's ru
 the RPS masks during the run (``steering``); the poller counters are in ``poller``.
 
 The exclusive CPU modes (``exclusive``, ``<kbp mode>-excl``) move the flood's RPS and the
-heavy receiver to the non-RT CPU; the part modes (``stock-kbp-part``, ``hybrid-part``,
+heavy receiver to the non-RT CPU; the part modes (``stock-hybrid-part``, ``hybrid-part``,
 ``busy-part``) keep everything on the RT CPU and put the flood's device in the backend's
 class non-rt there (rt-split's docstring).  Every latency run records the heavy device's
 bytes (``heavy``: Gbit/s over the run), so the summary's ``per_mode`` and the report's

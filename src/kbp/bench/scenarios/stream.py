@@ -37,7 +37,7 @@ same repetition):
 Roles: tester (iperf3 client), rt (the RT device's poller in the kbp modes), heavy (the
 receiver; its own CPU from 3 CPUs on, the tester's on 2).  The RT application of every
 scenario (sockperf server) idles on the RT CPU.  Default modes: napi, hybrid, periodic (both
-kbp.ko: where it is loaded), stock-kbp, stock-periodic; default parts: both streams and the
+kbp.ko: where it is loaded), stock-hybrid, stock-periodic; default parts: both streams and the
 idle cost (a periodic device handed back to interrupts should cost nothing idle).
 """
 
@@ -102,7 +102,7 @@ class Stream(Scenario):
     rt_roles: tuple[str, ...] = ()
     app_policy = "other"
     default_modes: tuple[str, ...] = (modes.NAPI, modes.HYBRID, modes.PERIODIC,
-                                      modes.STOCK_KBP, modes.STOCK_PERIODIC)
+                                      modes.STOCK_HYBRID, modes.STOCK_PERIODIC)
     default_parts: tuple[str, ...] | None = (TCP, UDP, pt.IDLE)
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "smoke": {"parts": [TCP, UDP], "duration": 1.0, "stream_warmup": 1.0},

@@ -280,19 +280,23 @@ def description() -> str:
     for name, scen in known.items():
         lines = textwrap.wrap(scen.title, 80) or [""]
         rows += [f"{name:<13}  {lines[0]}", *(" " * 15 + x for x in lines[1:])]
-    mode_rows = []
-    for m, info in modes.catalog().items():
-        where = [n for n, scen in known.items() if scen.offers(m)]
-        only = "" if len(where) == len(known) else f"{' and '.join(where)} only: "
-        mode_rows.append(f"{m:<13}  {only}{info.summary}")
+    def table(rows: dict[str, str]) -> list[str]:
+        out = []
+        for name, text in rows.items():
+            lines = textwrap.wrap(text, 80, break_on_hyphens=False) or [""]
+            out += [f"{name:<13}  {lines[0]}", *(" " * 15 + x for x in lines[1:])]
+        return out
+
+    where = {m: [n for n, scen in known.items() if scen.offers(m)] for m in modes.catalog()}
+    mode_rows = table({m: ("" if len(where[m]) == len(known) else
+                           f"{' and '.join(where[m])} only: ") + info.summary
+                       for m, info in modes.catalog().items()})
     old = modes.aliases()
     if old:
-        mode_rows += ["", "Older names, still taken (--modes, results files): " + ", ".join(
-            f"{a} = {m}" for a, m in old.items())]
-    defaults = []
-    for name, scen in known.items():
-        lines = textwrap.wrap(", ".join(scenarios.default_modes(scen)), 80) or [""]
-        defaults += [f"{name:<13}  {lines[0]}", *(" " * 15 + x for x in lines[1:])]
+        mode_rows += ["", *textwrap.wrap("Older names, still taken (--modes, results files): "
+                                         + ", ".join(f"{a} = {m}" for a, m in old.items()),
+                                         95, break_on_hyphens=False)]
+    defaults = table({n: ", ".join(scenarios.default_modes(scen)) for n, scen in known.items()})
     fill = {"{scenarios}": "\n".join(rows), "{modes}": "\n".join(mode_rows),
             "{defaults}": "\n".join(defaults), "{baseline}": modes.BASELINE,
             "{smoke}": " and ".join(PRESETS["smoke"]["modes"]),

@@ -1057,28 +1057,28 @@ def _make_part(name: str, base: str) -> Mode:
     return _heavy().PartMode(name, CATALOG[base].make())
 
 
-def _variant(base: ModeInfo, category: str, colour: str, summary: str, **kw: Any) -> ModeInfo:
+def _variant(base: ModeInfo, category: str, colour: str, summary: str) -> ModeInfo:
     """``base`` plus what a heavy-receiver category adds: everything the RT flow sees is
-    base's (backend, kbpctl mode, spinning, kthread)."""
-    if category == EXCL:
-        name, make = base.name + EXCL_SUFFIX, partial(_make_excl, base.name)
-    else:
-        name = base.name + PART_SUFFIX
-        make = partial(_make_part, name, base.name)
+    base's (backend, kbpctl mode, spinning, kthread), its older names too (with the
+    suffix)."""
+    suffix = EXCL_SUFFIX if category == EXCL else PART_SUFFIX
+    name = base.name + suffix
+    make = partial(_make_excl, base.name) if category == EXCL else \
+        partial(_make_part, name, base.name)
     return ModeInfo(name, category, summary, colour, make, backend=base.backend,
                     kbp_mode=base.kbp_mode, spins=base.spins, kthread=base.kthread,
-                    base=base.name, **kw)
+                    base=base.name, aliases=tuple(a + suffix for a in base.aliases))
 
 
-def _excl(base: ModeInfo, colour: str, **kw: Any) -> ModeInfo:
+def _excl(base: ModeInfo, colour: str) -> ModeInfo:
     return _variant(base, EXCL, colour, f"{base.name} and the exclusive CPU together (kbpctl "
-                    "enable --isolate's placement, the heavy receiver moved too)", **kw)
+                    "enable --isolate's placement, the heavy receiver moved too)")
 
 
-def _part(base: ModeInfo, colour: str, **kw: Any) -> ModeInfo:
+def _part(base: ModeInfo, colour: str) -> ModeInfo:
     return _variant(base, PART, colour, f"{base.name} on the RT device and the heavy device "
                     "in the same backend's class non-rt on the RT CPU itself (the outsourcing "
-                    "paper's RT/non-RT split by priority; nothing moved)", **kw)
+                    "paper's RT/non-RT split by priority; nothing moved)")
 
 
 def _exclusive() -> ModeInfo:
@@ -1091,7 +1091,8 @@ def _table() -> list[ModeInfo]:
     """Every mode, in table order (--help, the report's rows, the plots' legends).  Colours:
     a kbp mode's ``-excl`` variant is its colour's light shade, its ``-part`` variant its
     dark shade; ``exclusive`` is napi's light grey (napi with the heavy flow moved)."""
-    # stock-hybrid was stock-kbp until 2026-11-27 (the stock backend's *hybrid*)
+    # stock-hybrid was stock-kbp until 2026-11-27 (the stock backend's *hybrid*); its -excl
+    # and -part variants take the old name with the suffix
     stock_hybrid = _kbpctl(names.BACKEND_STOCK, names.MODE_HYBRID, "#2ca02c",
                            "kbpctl stock backend --mode hybrid (NAPI kthread SCHED_FIFO on "
                            "the RT CPU)", aliases=("stock-kbp",))
@@ -1126,10 +1127,10 @@ def _table() -> list[ModeInfo]:
         _kbpctl(names.BACKEND_KMOD, names.MODE_PERIODIC, "#7f3b08", "kbp.ko poller, periodic "
                 "mode: IRQ masked, interval searched (NetAP; the VM rig)"),
         _exclusive(),
-        _excl(stock_hybrid, "#98df8a", aliases=("stock-kbp-excl",)),
+        _excl(stock_hybrid, "#98df8a"),
         _excl(hybrid, "#ffbb78"),
         _excl(busy, "#ff9896"),
-        _part(stock_hybrid, "#00441b", aliases=("stock-kbp-part",)),
+        _part(stock_hybrid, "#00441b"),
         _part(hybrid, "#b8860b"),
         _part(busy, "#67000d"),
     ]

@@ -91,30 +91,8 @@ BACKEND_KMOD: Final = "kmod"
 BACKEND_STOCK: Final = "stock"
 BACKENDS: Final = ("auto", BACKEND_KMOD, BACKEND_STOCK)
 
-# Benchmark mode names (bench output, docs, --help), in table order: stock NAPI, stock
-# threaded NAPI, what users tune today (socket busy polling as tuned's network-latency profile
-# sets it; the kernel's IRQ deferral; IRQ suspension, Linux 6.13+), kbpctl's stock backend
-# (--mode hybrid; --mode busy = upstream threaded busy polling, Linux 6.19+; --mode periodic
-# = IRQ deferral at an interval a user-space search tunes, NetAP), and the module's poller
-# modes (busy, hybrid, periodic).
-BENCH_NAPI: Final = "napi"
-BENCH_THREADED: Final = "threaded"
-BENCH_BUSYPOLL: Final = "busypoll"
-BENCH_DEFER: Final = "defer"
-BENCH_STOCK_KBP: Final = "stock-kbp"
-BENCH_STOCK_BUSY: Final = "stock-busy"
-BENCH_IRQ_SUSPEND: Final = "irq-suspend"
-BENCH_STOCK_PERIODIC: Final = "stock-periodic"
-BENCH_PERIODIC: Final = MODE_PERIODIC          # the module's periodic poller (NetAP)
-# The RT/non-RT split on the RT CPU itself ("part" = partitioned by priority, not by CPU): the
-# RT device on the RT poller, the heavy device on the same CPU's non-rt poller (module), or on
-# a SCHED_OTHER NAPI thread there (stock backend).
-BENCH_HYBRID_PART: Final = "hybrid-part"
-BENCH_BUSY_PART: Final = "busy-part"
-BENCH_STOCK_KBP_PART: Final = "stock-kbp-part"
-BENCH_MODES: Final = (BENCH_NAPI, BENCH_THREADED, BENCH_BUSYPOLL, BENCH_DEFER,
-                      BENCH_IRQ_SUSPEND, BENCH_STOCK_KBP, BENCH_STOCK_BUSY,
-                      BENCH_STOCK_PERIODIC, MODE_BUSY, MODE_HYBRID, BENCH_PERIODIC)
+# Benchmark mode names: kbp.bench.modes, whose table says what each mode is (the kbp module's
+# modes under the names above, the stock backend's as stock-<mode>).
 
 # The benchmark's RT applications: sockperf's server in every mode but irq-suspend, which
 # needs an epoll application that asks for IRQ suspension (kbp-echo, src/kbp/data/kbp_echo.c).

@@ -1,5 +1,5 @@
 """A short benchmark on the host kernel's netns testbed: well-formed JSON with every metric
-for napi and stock-kbp, and nothing left behind (also after Ctrl-C).
+for napi and stock-hybrid, and nothing left behind (also after Ctrl-C).
 
 Needs root, sockperf, iperf3, ethtool, gcc (bpftrace optional: kernel delays are then
 reported as skipped).  About 30 s.
@@ -83,10 +83,10 @@ def _settings_now() -> dict[str, str]:
     return snap
 
 
-def test_short_bench_napi_and_stock_kbp(tmp_path: Path) -> None:
+def test_short_bench_napi_and_stock_hybrid(tmp_path: Path) -> None:
     _skip_unless_ready()
     before_ns, before_set = _ours(), _settings()
-    cfg = BenchConfig(modes=["napi", "stock-kbp"], reps=1, duration=1.0, warmup=0.2,
+    cfg = BenchConfig(modes=["napi", "stock-hybrid"], reps=1, duration=1.0, warmup=0.2,
                       parts=["rtt", "rfc2544"], rfc_frames=[64], rfc_reps=1,
                       rfc_trial=0.3, rfc_resolution=0.25, rfc_max_pps=20000.0,
                       out=tmp_path, command="pytest")
@@ -106,12 +106,12 @@ def test_short_bench_napi_and_stock_kbp(tmp_path: Path) -> None:
     names = {d["dev_b"] for d in res["testbed_devices"].values()}
     assert {n.split("-")[0] for n in names} == {"rt", "flood"}     # pairs named by role
     assert res["modes"]["napi"]["status"] == "ok"
-    assert res["modes"]["stock-kbp"]["status"] == "ok", res["modes"]["stock-kbp"]
+    assert res["modes"]["stock-hybrid"]["status"] == "ok", res["modes"]["stock-hybrid"]
     assert res["machine"]["power_meter"]
     traced = trace.unavailable() is None
     runs = res["runs"]
     assert {(r["mode"], r["condition"]) for r in runs} == {
-        (m, c) for m in ("napi", "stock-kbp") for c in ("load-off", "load-on")}
+        (m, c) for m in ("napi", "stock-hybrid") for c in ("load-off", "load-on")}
     for r in runs:
         t = r["tester"]
         assert t["sent"] > 500
@@ -132,28 +132,28 @@ def test_short_bench_napi_and_stock_kbp(tmp_path: Path) -> None:
         if traced:
             xs = r["kernel_delay"]["xmit_to_poll"]
             assert xs["n"] > 0.5 * t["sent"] and xs["p99"] <= xs["max"]
-        if r["mode"] == "stock-kbp":
-            assert r["mode_setup"]["threads"], "stock-kbp must report its poller thread"
+        if r["mode"] == "stock-hybrid":
+            assert r["mode_setup"]["threads"], "stock-hybrid must report its poller thread"
             th = r["mode_setup"]["threads"][0]
             assert th["policy"] == "SCHED_FIFO" and th["cpus"] == [roles["rt"]]
             assert r["poller"].get("poll_ns", 0) > 0, r["poller"]   # counters via probe
         if r["condition"] == "load-on":
             assert r["flood_block"]["rx_pps"] > 1000
     rfc = {s["mode"]: s for s in res["rfc2544"]}
-    assert set(rfc) == {"napi", "stock-kbp"}
+    assert set(rfc) == {"napi", "stock-hybrid"}
     for s in rfc.values():
         assert s["throughput_pps"] > 0 and s["trials"]
     summ = res["summary"]
     for cond in ("load-off", "load-on"):
-        kbp = summ["rtt"][cond]["stock-kbp"]
+        kbp = summ["rtt"][cond]["stock-hybrid"]
         for key, _, _ in report.latency_columns(report.placement_of(res)):
             if key.startswith("xmit") and not traced:
                 continue
             assert kbp[key]["median"] is not None, (cond, key)
         assert kbp["rtt_p99_us"]["ratio_to_napi"]["median"] > 0
-    assert summ["rfc2544"]["64"]["stock-kbp"]["throughput_pps"]["ratio_to_napi"]["median"] > 0
+    assert summ["rfc2544"]["64"]["stock-hybrid"]["throughput_pps"]["ratio_to_napi"]["median"] > 0
     md = report.markdown(res)
-    assert "| stock-kbp |" in md
+    assert "| stock-hybrid |" in md
 
     assert _ours() == before_ns
     assert _settings() == before_set

@@ -117,18 +117,18 @@ def test_idle_table_in_the_report() -> None:
     res: dict[str, Any] = {
         "schema": "kbp-bench/2", "config": {"reps": 1, "idle_duration": 10.0},
         "scenario": {"name": "veth-inline", "title": "t"}, "placement": PL.to_json(),
-        "runs": [], "idle": [_idle("napi", {}, 0.0, 0.2), _idle("stock-kbp", {"11": 0.3}, 0, 1),
+        "runs": [], "idle": [_idle("napi", {}, 0.0, 0.2), _idle("stock-hybrid", {"11": 0.3}, 0, 1),
                              _idle("busypoll", {}, 0.4, 0.5)],
         "modes": {"stock-busy": {"status": "skipped", "reason": "kernel too old"}},
         "machine": {}}
     report.add_summary(res)
-    assert set(res["summary"]["idle"]) == {"napi", "stock-kbp", "busypoll"}
+    assert set(res["summary"]["idle"]) == {"napi", "stock-hybrid", "busypoll"}
     md = report.markdown(res)
     assert "**Idle cost**" in md and "CPU per poller thread (%)" in md
     rows = [line for line in md.splitlines() if line.startswith("| ")]
     assert [r.split("|")[1].strip() for r in rows[1:]][:3] == ["napi", "busypoll",
-                                                                "stock-kbp"]
-    assert "| stock-kbp | 1 | 0.30 |" in md
+                                                                "stock-hybrid"]
+    assert "| stock-hybrid | 1 | 0.30 |" in md
     assert "- stock-busy: kernel too old" in md
 
 

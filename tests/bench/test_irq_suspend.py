@@ -100,7 +100,7 @@ def test_the_probes_agree_with_this_kernel() -> None:
         pytest.skip(reason="the running kernel is older than 6.13")
     assert modes.netdev_features().napi_knob("irq_suspend_timeout")
     assert modes.epoll_params_errno() is None
-    assert all_modes()[names.BENCH_IRQ_SUSPEND].unavailable() is None
+    assert all_modes()[modes.IRQ_SUSPEND].unavailable() is None
 
 
 # -- setup / teardown against a fake kernel --------------------------------------------------
@@ -317,7 +317,7 @@ def test_runner_stops_when_irq_suspend_cannot_restore(monkeypatch: pytest.Monkey
 
 def test_every_other_mode_keeps_sockperf() -> None:
     for name, m in all_modes().items():
-        want = names.APP_KBP_ECHO if name == names.BENCH_IRQ_SUSPEND else names.APP_SOCKPERF
+        want = names.APP_KBP_ECHO if name == modes.IRQ_SUSPEND else names.APP_SOCKPERF
         assert m.app() == want, name
     assert set(workloads.RT_APPS) == set(names.RT_APPS)
     with pytest.raises(ValueError, match="unknown RT application"):

@@ -29,7 +29,6 @@ from test_bench_netns import (
     start_idle_bench,
 )
 
-from kbp import names
 from kbp.bench import modes, steer, tester, workloads
 from kbp.bench.modes import IrqSuspendMode, Target
 from kbp.netdev import Napi, NetdevClient, get_link
@@ -57,7 +56,7 @@ print(bad)
 
 def _skip_unless_irq_suspend() -> None:
     _skip_unless_ready()
-    why = modes.all_modes()[names.BENCH_IRQ_SUSPEND].unavailable()
+    why = modes.all_modes()[modes.IRQ_SUSPEND].unavailable()
     if why:
         pytest.skip(reason=why)
 

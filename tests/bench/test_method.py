@@ -72,7 +72,7 @@ def test_beta_bootstrap_matches_resampling() -> None:
 
 # -- order and settle -----------------------------------------------------------------------
 def test_seeded_random_order_per_repetition() -> None:
-    modes = ["napi", "threaded", "busypoll", "defer", "stock-kbp", "exclusive"]
+    modes = ["napi", "threaded", "busypoll", "defer", "stock-hybrid", "exclusive"]
     orders = [runner.seeded_order(modes, 1, rep) for rep in range(6)]
     assert all(sorted(o) == sorted(modes) for o in orders)
     assert orders == [runner.seeded_order(modes, 1, rep) for rep in range(6)]
@@ -85,7 +85,7 @@ def test_seeded_random_order_per_repetition() -> None:
 
 def test_the_order_is_recorded() -> None:
     b = Bench(BenchConfig(), cpus_available=lambda: [0, 1])
-    b.runnable = ["napi", "threaded", "stock-kbp"]
+    b.runnable = ["napi", "threaded", "stock-hybrid"]
     b.results = {}
     o0, o1 = b.order(0), b.order(1)
     assert b.results["mode_order"] == {"0": o0, "1": o1}
@@ -107,8 +107,8 @@ def test_settle_after_a_mode_that_moves_load(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_exclusive_modes_move_load() -> None:
-    from kbp.bench.scenarios import rt_split
-    made = rt_split.make_exclusive_modes()
+    from kbp.bench import modes
+    made = modes.make_modes(modes.named(lambda i: i.category == modes.EXCL))
     assert all(getattr(m, "moves_load", False) for m in made.values())
 
 
@@ -186,14 +186,14 @@ def _results(runs: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
 
 
 def test_report_discloses_tails_order_lateness_and_the_rt_cpu_check() -> None:
-    runs = [_run("napi", 0, 100e3), _run("stock-kbp", 0, 50e3)]
+    runs = [_run("napi", 0, 100e3), _run("stock-hybrid", 0, 50e3)]
     for r in runs:
         r["lateness_ns"] = {"n": 100, "p50": 3000, "p99": 20000, "max": 90000}
         r["rt_cpu_check"] = steer.rt_cpu_check(2100, 0, 2000)
     xs = list(range(1000, 7000))
     res = _results(runs, tails={
         "rtt|load-off|napi": {**stats.tail_summary(xs, lost=2), "runs": 1}},
-        mode_order={"0": ["stock-kbp", "napi"]}, settle_after_move_s=1.0,
+        mode_order={"0": ["stock-hybrid", "napi"]}, settle_after_move_s=1.0,
         mode_order_rule="seeded random permutation per repetition (--seed 1)",
         rfc2544=[{"rep": 0, "mode": "napi", "frame": 64, "throughput_pps": 1000.0,
                   "throughput_mbps": 0.5, "bound": "device", "sys": None}])
@@ -207,17 +207,17 @@ def test_report_discloses_tails_order_lateness_and_the_rt_cpu_check() -> None:
     assert "bootstrap CI" in md
     assert "**The tester's lateness**" in md and "| napi | 3 | 20 | 90 |" in md
     assert "**RT CPU check**" in md and "| load-off | napi | 1/1 | 1.05 |" in md
-    assert "- repetition 1: stock-kbp, napi" in md and "1 s settle" in md
+    assert "- repetition 1: stock-hybrid, napi" in md and "1 s settle" in md
     assert "single run per mode" in md             # RFC 2544 with --rfc-reps 1
 
 
 def test_old_results_still_render() -> None:
-    runs = [_run("napi", 0, 100e3), _run("stock-kbp", 0, 50e3)]
+    runs = [_run("napi", 0, 100e3), _run("stock-hybrid", 0, 50e3)]
     res = _results(runs)
     res["runs"][0]["rtt_ns"].pop("n")
     report.add_summary(res)
     md = report.markdown(res)
     assert "| napi | 50 | 100 |" in md                       # no n recorded: no k
-    assert "| stock-kbp | 50 x1.00 | 50 x0.50 (k=2 of n=100)† |" in md
+    assert "| stock-hybrid | 50 x1.00 | 50 x0.50 (k=2 of n=100)† |" in md
     assert "**RT CPU check**" not in md and "**Tails of the samples pooled" not in md
     assert "Order of the modes" not in md

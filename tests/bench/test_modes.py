@@ -318,7 +318,7 @@ def kmod_loaded(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_on_this_kernel_stock_busy_is_skipped_with_the_reason(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sysinfo, "kernel_release", lambda: "6.18.44-fc-v782")
-    why = availability([names.BENCH_STOCK_BUSY])[names.BENCH_STOCK_BUSY]
+    why = availability([modes.STOCK_BUSY])[modes.STOCK_BUSY]
     assert why == ("threaded busy polling (napi threaded=2, kbpctl --mode busy) needs Linux "
                    "6.19 or later; this kernel is 6.18.44-fc-v782 (kernel too old)")
 
@@ -336,7 +336,7 @@ def test_on_the_7_2_guest_the_vm_comparison_modes_are_available(
 
 
 def test_stock_busy_boundary(monkeypatch: pytest.MonkeyPatch) -> None:
-    m = all_modes()[names.BENCH_STOCK_BUSY]
+    m = all_modes()[modes.STOCK_BUSY]
     monkeypatch.setattr(sysinfo, "kernel_release", lambda: "6.19.0")
     assert m.unavailable() is None
     monkeypatch.setattr(sysinfo, "kernel_release", lambda: "6.18.99")
@@ -353,16 +353,17 @@ def test_stock_busy_spins_like_busy() -> None:
     home, env = AppPlace(1), AppEnv(spin_app="fifo", elsewhere_cpu=0, rt_prio=50)
     for name in ("stock-busy", "busy"):
         assert ms[name].spins and ms[name].app_place(home, env) == AppPlace(1, 51)
-    for name in ("busypoll", "defer", "stock-kbp"):
+    for name in ("busypoll", "defer", "stock-hybrid"):
         assert not ms[name].spins and ms[name].app_place(home, env) == home
     assert not ms["stock-busy"].needs_fresh_device(T)     # only the module's modes do
 
 
 def test_one_vocabulary_in_help_and_summary() -> None:
     from kbp.bench.cli import description
-    assert list(modes.SUMMARY) == list(names.BENCH_MODES) == list(all_modes())
+    assert list(modes.named(lambda i: not i.heavy)) == list(modes.standard_modes()) == list(
+        all_modes())
     text = description()
-    for name in names.BENCH_MODES:
+    for name in modes.catalog():
         assert f"\n{name:<13}  " in text, name
 
 
@@ -372,7 +373,7 @@ def test_stock_busy_enables_without_a_priority(enabled_requests: list[Any]) -> N
     import kbp.backends as b
     reqs = enabled_requests
     ms = all_modes()
-    for name in ("stock-busy", "stock-kbp"):
+    for name in ("stock-busy", "stock-hybrid"):
         ms[name].setup(T)
         ms[name].teardown()
     busy, hybrid = reqs

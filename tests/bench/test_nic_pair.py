@@ -115,7 +115,7 @@ def test_run_over_a_device_pair_puts_them_back(tmp_path: Path) -> None:
     before_ns, before_procs = _ours(), _procs()
     with _veth_pair() as (a, b):
         was = {a: _state(a), b: _state(b)}
-        cfg = BenchConfig(scenario="shared-cpu", modes=["napi", "stock-kbp"], reps=1,
+        cfg = BenchConfig(scenario="shared-cpu", modes=["napi", "stock-hybrid"], reps=1,
                           duration=1.0, warmup=0.2, parts=["rtt"], trace=False, out=tmp_path,
                           command="pytest", nic_pair=[a, b])
         res = Bench(cfg).run()
@@ -129,10 +129,10 @@ def test_run_over_a_device_pair_puts_them_back(tmp_path: Path) -> None:
         # the RT port is not steered with RPS (its interrupt runs the receive path); the flood is
         assert list(res["steering"]["devices"]) == [res["testbed_devices"]["flood"]["dev_b"]]
         runs = {(r["mode"], r["condition"]): r for r in res["runs"]}
-        assert set(runs) == {(m, c) for m in ("napi", "stock-kbp") for c in ("idle", "flood")}
+        assert set(runs) == {(m, c) for m in ("napi", "stock-hybrid") for c in ("idle", "flood")}
         for key, r in runs.items():
             assert r["rtt_ns"]["n"] > 0.5 * r["tester"]["sent"], key
-            if key[0] == "stock-kbp":
+            if key[0] == "stock-hybrid":
                 assert r["poller"].get("poll_ns", 0) > 0, (key, r["poller"])
         # both devices back in this namespace, as they were; the journal gone
         assert {a: _state(a), b: _state(b)} == was

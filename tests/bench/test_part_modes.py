@@ -1,4 +1,4 @@
-"""The part modes (hybrid-part, busy-part, stock-kbp-part: RT and heavy receive work split by
+"""The part modes (hybrid-part, busy-part, stock-hybrid-part: RT and heavy receive work split by
 class on the RT CPU itself, issue 24) without root: where they are offered and where refused
 with the reason, which device gets which EnableRequest on which role's CPU (any CPU count),
 the heavy device's per-packet NAPI put back, the stock backend's class checked after enable;
@@ -13,14 +13,19 @@ from typing import Any
 import pytest
 
 from kbp import names
+from kbp.bench import heavy as hs
 from kbp.bench import modes, plots, report, scenarios
 from kbp.bench import parts as pt
 from kbp.bench import placement as pl
 from kbp.bench.modes import AppEnv, AppPlace, Target, availability
-from kbp.bench.runner import MODULE_MODES, Aborted, Bench, BenchConfig
-from kbp.bench.scenarios import rt_split
+from kbp.bench.runner import Aborted, Bench, BenchConfig
 
-PARTS = ("stock-kbp-part", "hybrid-part", "busy-part")
+PARTS = ("stock-hybrid-part", "hybrid-part", "busy-part")
+
+
+def _own() -> dict[str, Any]:
+    """Fresh adapters of the heavy-receiver scenarios' own modes (exclusive CPU and part)."""
+    return scenarios.get("rt-split").make_modes()
 
 
 def _bench(layout: list[int], **kw: Any) -> Bench:
@@ -39,20 +44,20 @@ def test_offered_wherever_the_exclusive_modes_are(scen: str) -> None:
     b = _bench([0, 1], scenario=scen, modes=["napi", "exclusive", *PARTS])
     b.plan()
     assert b.cfg.modes == ["napi", "exclusive", *PARTS]
-    assert {names.BENCH_HYBRID_PART, names.BENCH_BUSY_PART} <= set(MODULE_MODES)
+    assert {"hybrid-part", "busy-part"} <= set(modes.named(lambda i: i.module))
 
 
 @pytest.mark.parametrize("scen", ["veth-inline", "stream"])
 def test_refused_in_the_scenarios_without_a_heavy_device(scen: str) -> None:
-    with pytest.raises(Aborted, match=f"unknown mode 'stock-kbp-part' for scenario {scen}"):
-        _bench([0, 1], scenario=scen, modes=["napi", "stock-kbp-part"]).plan()
+    with pytest.raises(Aborted, match=f"unknown mode 'stock-hybrid-part' for scenario {scen}"):
+        _bench([0, 1], scenario=scen, modes=["napi", "stock-hybrid-part"]).plan()
 
 
 def test_module_part_modes_unavailable_without_the_module(monkeypatch: pytest.MonkeyPatch,
                                                           ) -> None:
     from kbp.backends.kmod import KmodBackend
     monkeypatch.setattr(KmodBackend, "available", lambda self: (False, "kbp module not loaded"))
-    own = rt_split.make_own_modes()
+    own = _own()
     why = availability(["hybrid-part", "busy-part"], own)
     for m in ("hybrid-part", "busy-part"):
         assert why[m] is not None and why[m].startswith("kbp module not loaded (runs in the VM "
@@ -62,9 +67,9 @@ def test_module_part_modes_unavailable_without_the_module(monkeypatch: pytest.Mo
 def test_module_part_modes_available_with_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
     from kbp.backends.kmod import KmodBackend
     monkeypatch.setattr(KmodBackend, "available", lambda self: (True, "kbp module loaded"))
-    assert availability(["hybrid-part", "busy-part"], rt_split.make_own_modes()) == {
+    assert availability(["hybrid-part", "busy-part"], _own()) == {
         "hybrid-part": None, "busy-part": None}
-    assert rt_split.nonrt_refusal(names.BACKEND_KMOD) is None
+    assert hs.nonrt_refusal(names.BACKEND_KMOD) is None
 
 
 class _StaticBe:
@@ -95,18 +100,18 @@ def test_stock_non_rt_class_checked_at_runtime(monkeypatch: pytest.MonkeyPatch, 
                                                expect: str | None) -> None:
     import kbp.backends as b
     monkeypatch.setattr(b, "get", lambda name: _StaticBe(refuse))
-    why = rt_split.nonrt_refusal(names.BACKEND_STOCK)
+    why = hs.nonrt_refusal(names.BACKEND_STOCK)
     if expect is None:
         assert why is None
     else:
         assert why is not None and expect in why, why
-    m = rt_split.make_own_modes()["stock-kbp-part"]
+    m = _own()["stock-hybrid-part"]
     assert m.unavailable() == why
 
 
 def test_the_stock_backend_serves_the_non_rt_class() -> None:
     """The real stock backend takes a non-rt hybrid request (its class is in)."""
-    assert rt_split.nonrt_refusal(names.BACKEND_STOCK) is None
+    assert hs.nonrt_refusal(names.BACKEND_STOCK) is None
 
 
 # -- plumbing: which device gets which request, on which role's CPU ---------------------------
@@ -114,8 +119,8 @@ class _Flood:
     server = None
 
 
-def _heavy(place: pl.Placement) -> rt_split.HeavySide:
-    return rt_split.HeavySide("ns-s", "heavy-s-ab", place.cpu(pl.RT), rt_split.nonrt_cpu(place),
+def _heavy(place: pl.Placement) -> hs.HeavySide:
+    return hs.HeavySide("ns-s", "heavy-s-ab", place.cpu(pl.RT), hs.nonrt_cpu(place),
                               _Flood(), cpu_now=place.cpu(pl.RT))  # type: ignore[arg-type]
 
 
@@ -139,7 +144,7 @@ def gro(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
 @pytest.mark.parametrize("layout", [[0, 1], [0, 1, 2, 3], [4, 7]])
 @pytest.mark.parametrize(("mode", "backend", "kbp_mode", "heavy_prio"), [
     ("hybrid-part", "kmod", "hybrid", None), ("busy-part", "kmod", "busy", None),
-    ("stock-kbp-part", "stock", "hybrid", None)])
+    ("stock-hybrid-part", "stock", "hybrid", None)])
 def test_which_device_gets_which_request(enabled_requests: list[Any],
                                          gro: list[tuple[str, Any]],
                                          monkeypatch: pytest.MonkeyPatch, layout: list[int],
@@ -147,10 +152,10 @@ def test_which_device_gets_which_request(enabled_requests: list[Any],
                                          heavy_prio: int | None) -> None:
     place = pl.plan(layout, on_rt=(pl.HEAVY,))
     rt = place.cpu(pl.RT)
-    m = rt_split.make_own_modes()[mode]
+    m = _own()[mode]
     m.heavy = _heavy(place)
     assert m.backend == backend and not m.moves_load
-    monkeypatch.setattr(rt_split, "thread_placement", lambda pid: {
+    monkeypatch.setattr(hs, "thread_placement", lambda pid: {
         "pid": pid, "policy": "SCHED_OTHER", "priority": 0, "cpus": [rt]})
     from kbp.backends import probe
     monkeypatch.setattr(probe, "poller_threads", lambda be, dev, *a, **k: {
@@ -180,19 +185,19 @@ def test_which_device_gets_which_request(enabled_requests: list[Any],
 
 
 def test_app_placement_and_fresh_device_are_the_inner_modes() -> None:
-    own = rt_split.make_own_modes()
+    own = _own()
     home, env = AppPlace(1, 51), AppEnv(spin_app="fifo", rt_prio=50)
     assert own["busy-part"].spins and own["busy-part"].app_place(home, env) == AppPlace(1, 51)
     assert not own["hybrid-part"].spins
-    assert own["stock-kbp-part"].app_place(home, env) == home
-    assert own["stock-kbp-part"].app() == names.APP_SOCKPERF
+    assert own["stock-hybrid-part"].app_place(home, env) == home
+    assert own["stock-hybrid-part"].app() == names.APP_SOCKPERF
 
 
 def test_refused_before_anything_changes_without_the_scenario(enabled_requests: list[Any],
                                                               ) -> None:
-    m = rt_split.make_own_modes()["hybrid-part"]
+    m = _own()["hybrid-part"]
     assert "its idle cost is hybrid's" in (m.idle_problem() or "")
-    with pytest.raises(rt_split.RtSplitError, match="only in the rt-split and shared-cpu"):
+    with pytest.raises(hs.HeavyError, match="only in the rt-split and shared-cpu"):
         m.setup(Target("ns", "dev", 1))
     assert enabled_requests == []
 
@@ -204,13 +209,13 @@ def test_stock_class_ignored_stops_the_run(enabled_requests: list[Any],
     class) would make the run measure something else: setup stops with what it found, and
     teardown still disables and puts GRO back."""
     place = pl.plan([0, 1], on_rt=(pl.HEAVY,))
-    m = rt_split.make_own_modes()["stock-kbp-part"]
+    m = _own()["stock-hybrid-part"]
     m.heavy = _heavy(place)
     from kbp.backends import probe
     monkeypatch.setattr(probe, "poller_threads", lambda *a, **k: {4242: "napi/heavy-s-ab-9"})
-    monkeypatch.setattr(rt_split, "thread_placement", lambda pid: {
+    monkeypatch.setattr(hs, "thread_placement", lambda pid: {
         "pid": pid, "policy": "SCHED_FIFO", "priority": 50, "cpus": [1]})
-    with pytest.raises(rt_split.RtSplitError, match="should be SCHED_OTHER on the RT CPU 1"):
+    with pytest.raises(hs.HeavyError, match="should be SCHED_OTHER on the RT CPU 1"):
         m.setup(Target("ns-s", "rt-s-ab", 1))
     m.teardown()
     assert gro[-1][0] == "restore"
@@ -220,14 +225,14 @@ def test_bind_heavy_binds_the_part_modes() -> None:
     place = pl.plan([0, 1], on_rt=(pl.HEAVY,))
 
     class _B:
-        modes = rt_split.make_own_modes()
+        modes = _own()
     h = _heavy(place)
-    rt_split.bind_heavy(_B(), h)  # type: ignore[arg-type]
+    hs.bind_heavy(_B(), h)  # type: ignore[arg-type]
     assert all(_B.modes[m].heavy is h for m in PARTS)
-    assert _B.modes[rt_split.EXCLUSIVE].heavy is h
-    assert [rt_split.part_like(m) for m in ("hybrid-part", "hybrid", "hybrid-excl")] == [
+    assert _B.modes[modes.EXCLUSIVE].heavy is h
+    assert [hs.part_like(m) for m in ("hybrid-part", "hybrid", "hybrid-excl")] == [
         True, False, False]
-    assert not rt_split.exclusive_like("stock-kbp-part")   # the heavy flow stays on the RT CPU
+    assert not hs.exclusive_like("stock-hybrid-part")   # the heavy flow stays on the RT CPU
 
 
 # -- the heavy flow's throughput per mode -----------------------------------------------------
@@ -251,13 +256,13 @@ def _shared_results() -> dict[str, Any]:
     runs = []
     for rep in range(3):
         for mode, p999, gbit in (("napi", 1500, 5.0), ("exclusive", 150, 3.0),
-                                 ("stock-kbp-part", 300, 4.5 + rep * 0.1)):
+                                 ("stock-hybrid-part", 300, 4.5 + rep * 0.1)):
             runs += [_shared_run(mode, rep, "idle", 120, 0.0),
                      _shared_run(mode, rep, "flood", p999, gbit)]
     tails = {f"rtt|flood|{m}": {"runs": 3, "lost": 0, "n": 60000,
                                 "p99.9": {"value": v * 1000, "k": 61, "n": 60000, "few": False,
                                           "ci95": [v * 900, v * 1100]}}
-             for m, v in (("napi", 1500), ("exclusive", 150), ("stock-kbp-part", 300))}
+             for m, v in (("napi", 1500), ("exclusive", 150), ("stock-hybrid-part", 300))}
     return {"schema": "kbp-bench/2", "scenario": {"name": "shared-cpu", "title": "t"},
             "placement": {**p.to_json(), "app_policy": "fifo", "app_fifo": 51},
             "runs": runs, "rfc2544": [], "testbed": "test", "machine": {}, "modes": {},
@@ -274,8 +279,8 @@ def test_shared_cpu_heavy_gbit_per_mode_in_json_and_report() -> None:
     assert rtt["exclusive"]["heavy_gbit_s"]["ratio_to_napi"]["median"] == pytest.approx(0.6)
     pm = res["summary"]["per_mode"]
     assert (pm["condition"], pm["idle_condition"]) == ("flood", "idle")
-    assert list(pm["modes"]) == ["napi", "exclusive", "stock-kbp-part"]
-    part = pm["modes"]["stock-kbp-part"]
+    assert list(pm["modes"]) == ["napi", "exclusive", "stock-hybrid-part"]
+    part = pm["modes"]["stock-hybrid-part"]
     assert part["reps"] == 3 and part["n"] == 20000
     assert part["heavy_gbit_s"]["median"] == pytest.approx(4.6)
     assert (part["heavy_gbit_s"]["min"], part["heavy_gbit_s"]["max"]) == pytest.approx(
@@ -291,7 +296,7 @@ def test_shared_cpu_heavy_gbit_per_mode_in_json_and_report() -> None:
             "RT p99.9 (µs) flood | RT SD (µs) flood | RT max (µs) flood | heavy (Gbit/s) "
             "flood | RT p99.9 flood, pooled [95 % CI] (µs) |")
     assert head in md
-    row = next(line for line in md.splitlines() if line.startswith("| stock-kbp-part | 3 |"))
+    row = next(line for line in md.splitlines() if line.startswith("| stock-hybrid-part | 3 |"))
     assert "4.60 [4.50-4.70] x0.92" in row and "300 x0.20 (k=21 of n=20,000)" in row
     assert row.endswith("| 300 [270-330] (k=61 of n=60,000) |")
     assert "Headline: RT round trip idle and under the flood" in md
@@ -307,7 +312,7 @@ def test_rt_split_heavy_gbit_per_mode_with_reps_and_ci() -> None:
     res = json.loads(json.dumps(res))
     pm = res["summary"]["per_mode"]
     assert pm["condition"] == "tcp" and set(pm["modes"]) == {"napi", "threaded", "exclusive",
-                                                             "stock-kbp"}
+                                                             "stock-hybrid"}
     assert pm["modes"]["exclusive"]["heavy_gbit_s"]["median"] == pytest.approx(6.0)
     assert pm["modes"]["exclusive"]["reps"] == 2
     md = report.markdown(res)
@@ -333,4 +338,4 @@ def test_one_distinct_colour_per_mode() -> None:
     assert plots.color("no-such-mode") == plots.FALLBACK not in cols
     assert [plots.style(m) for m in ("napi", "exclusive", "hybrid-excl", "busy-part")] == [
         "-", "--", "--", "-."]
-    assert modes.SUMMARY.keys() <= pal.keys()
+    assert set(modes.standard_modes()) <= pal.keys()

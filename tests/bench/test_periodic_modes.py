@@ -17,14 +17,14 @@ from kbp.bench.runner import Aborted, Bench, BenchConfig
 from kbp.errors import InvalidInput
 
 T = Target("kbpb-test-s", "rt-s-test", 1, 50, periodic={"round_ms": 200})
-PERIODIC = (names.BENCH_PERIODIC, names.BENCH_STOCK_PERIODIC)
+PERIODIC = (modes.PERIODIC, modes.STOCK_PERIODIC)
 
 
 def test_entries_like_the_other_backend_modes() -> None:
     ms = all_modes()
-    assert names.BENCH_PERIODIC == names.MODE_PERIODIC == "periodic"
-    assert names.BENCH_STOCK_PERIODIC == "stock-periodic"
-    assert list(modes.SUMMARY) == list(names.BENCH_MODES) == list(ms)
+    assert modes.PERIODIC == names.MODE_PERIODIC == "periodic"
+    assert modes.STOCK_PERIODIC == "stock-periodic"
+    assert list(modes.standard_modes()) == list(ms)
     per, stock = ms["periodic"], ms["stock-periodic"]
     assert isinstance(per, PeriodicMode) and isinstance(stock, PeriodicMode)
     assert (per.backend, per.kbp_mode) == (names.BACKEND_KMOD, names.MODE_PERIODIC)
@@ -33,10 +33,10 @@ def test_entries_like_the_other_backend_modes() -> None:
     from kbp.bench.cli import description
     text = description()
     for name in PERIODIC:
-        assert f"\n{name:<13}  " in text and "NetAP" in modes.SUMMARY[name]
+        assert f"\n{name:<13}  " in text and "NetAP" in modes.catalog()[name].summary
     assert "``periodic``" in (modes.__doc__ or "")
     assert "``stock-periodic``" in (modes.__doc__ or "")
-    assert names.BENCH_PERIODIC in runner.MODULE_MODES
+    assert modes.PERIODIC in modes.named(lambda i: i.module)
 
 
 def test_planned_in_any_scenario() -> None:
@@ -209,7 +209,7 @@ def test_stock_search_state(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_non_periodic_modes_have_no_search_state() -> None:
     ms = all_modes()
-    for name in ("napi", "defer", "stock-kbp", "hybrid"):
+    for name in ("napi", "defer", "stock-hybrid", "hybrid"):
         assert search_state(ms[name]) is None
 
 

@@ -117,7 +117,7 @@ def _results(p: placement.Placement, busy: dict[int, float]) -> dict[str, Any]:
              "condition": "load-on", "rtt_ns": {"p50": 1000, "p99": 2000}, "tester": {"sent": 1},
              "lost": 0, "sys": sysd,
              "kernel_delay": {"xmit_to_poll": {"p50": 900, "p99": 1900, "max": 2900}}}
-            for m in ("napi", "stock-kbp")]
+            for m in ("napi", "stock-hybrid")]
     return {"schema": "kbp-bench/2", "scenario": {"name": "veth-inline", "title": "t"},
             "placement": p.to_json(), "runs": runs, "rfc2544": [],
             "config": {"reps": 1, "rate": 2000.0, "poisson": True, "frame": 64,

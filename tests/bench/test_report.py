@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kbp import names
-from kbp.bench import placement, report, sysstat, trace, workloads
+from kbp.bench import modes, placement, report, sysstat, trace, workloads
 from kbp.bench.modes import all_modes
 
 TWO_CPUS = placement.plan([0, 1])
@@ -31,10 +30,10 @@ def _run(mode: str, rep: int, p99_ns: float, cond: str = "load-off") -> dict:
 def test_summary_medians_and_per_rep_ratios() -> None:
     runs = []
     for rep, (base, kbp) in enumerate([(100e3, 50e3), (200e3, 50e3), (400e3, 400e3)]):
-        runs += [_run("napi", rep, base), _run("stock-kbp", rep, kbp)]
+        runs += [_run("napi", rep, base), _run("stock-hybrid", rep, kbp)]
     s = report.summarize_runs(runs, TWO_CPUS)
     napi = s["rtt"]["load-off"]["napi"]
-    kbp = s["rtt"]["load-off"]["stock-kbp"]
+    kbp = s["rtt"]["load-off"]["stock-hybrid"]
     assert napi["rtt_p99_us"]["median"] == 200.0
     assert napi["rtt_p99_us"]["min"] == 100.0 and napi["rtt_p99_us"]["max"] == 400.0
     assert "ratio_to_napi" not in napi["rtt_p99_us"]
@@ -51,8 +50,8 @@ def test_summary_medians_and_per_rep_ratios() -> None:
 
 
 def test_markdown_tables() -> None:
-    runs = [_run("napi", 0, 100e3), _run("stock-kbp", 0, 50e3),
-            _run("napi", 0, 1e6, "load-on"), _run("stock-kbp", 0, 2e5, "load-on")]
+    runs = [_run("napi", 0, 100e3), _run("stock-hybrid", 0, 50e3),
+            _run("napi", 0, 1e6, "load-on"), _run("stock-hybrid", 0, 2e5, "load-on")]
     res = {"schema": "kbp-bench/2", "scenario": {"name": "veth-inline", "title": "t"},
            "placement": TWO_CPUS.to_json(),
            "runs": runs, "config": {"reps": 1, "rate": 2000.0, "poisson": True, "frame": 64,
@@ -62,15 +61,15 @@ def test_markdown_tables() -> None:
            "rfc2544": [
                {"rep": 0, "mode": "napi", "frame": 64, "throughput_pps": 1000.0,
                 "throughput_mbps": 0.512, "bound": "device", "sys": None},
-               {"rep": 0, "mode": "stock-kbp", "frame": 64, "throughput_pps": 1500.0,
+               {"rep": 0, "mode": "stock-hybrid", "frame": 64, "throughput_pps": 1500.0,
                 "throughput_mbps": 0.768, "bound": "device", "sys": None}]}
     report.add_summary(res)
     md = report.markdown(res)
     # p99 of a run's 100 samples is its 2nd largest: k and n disclosed, marked (< 10 above)
     assert "| napi | 50 | 100 (k=2 of n=100)† |" in md
-    assert "| stock-kbp | 50 x1.00 | 50 x0.50 (k=2 of n=100)† |" in md
+    assert "| stock-hybrid | 50 x1.00 | 50 x0.50 (k=2 of n=100)† |" in md
     assert "200 x0.20" in md                       # load-on p99 ratio
-    assert "| 64 B | stock-kbp | 1,500 x1.50 |" in md
+    assert "| 64 B | stock-hybrid | 1,500 x1.50 |" in md
     assert "busy: kbp module not loaded" in md
     assert "no power meter" in md
 
@@ -171,6 +170,6 @@ def test_table2_scaling() -> None:
 
 
 def test_modes_use_the_vocabulary() -> None:
-    assert tuple(all_modes()) == names.BENCH_MODES
+    assert tuple(all_modes()) == modes.standard_modes()
     for name, m in all_modes().items():
         assert m.name == name

@@ -48,7 +48,7 @@ def _client_ends_ok(res: dict) -> None:
 def test_shared_cpu_idle_one_packet_per_request_on_the_rt_cpu(tmp_path: Path) -> None:
     _skip_unless_ready()
     before_ns, before_set, before_rps = _ours(), _settings(), _host_rps()
-    cfg = BenchConfig(scenario="shared-cpu", modes=["napi", "stock-kbp", "busypoll"], reps=1,
+    cfg = BenchConfig(scenario="shared-cpu", modes=["napi", "stock-hybrid", "busypoll"], reps=1,
                       duration=1.5, warmup=0.2, parts=["rtt"], loads=["off"], trace=False,
                       out=tmp_path, command="pytest")
     res = Bench(cfg).run()
@@ -56,9 +56,9 @@ def test_shared_cpu_idle_one_packet_per_request_on_the_rt_cpu(tmp_path: Path) ->
     res = json.loads(json.dumps(res))
     assert not res["interrupted"] and "restore_problems" not in res
     _client_ends_ok(res)
-    assert sorted(res["mode_order"]["0"]) == ["busypoll", "napi", "stock-kbp"]
+    assert sorted(res["mode_order"]["0"]) == ["busypoll", "napi", "stock-hybrid"]
     runs = {r["mode"]: r for r in res["runs"]}
-    assert set(runs) == {"napi", "stock-kbp", "busypoll"}
+    assert set(runs) == {"napi", "stock-hybrid", "busypoll"}
     for mode, r in runs.items():
         # busypoll: the app may poll the request from the RT CPU or the NAPI run where the
         # tester sent it (RPS off): at most one per request there
@@ -76,12 +76,12 @@ def test_shared_cpu_idle_one_packet_per_request_on_the_rt_cpu(tmp_path: Path) ->
 def test_rt_split_idle_one_packet_per_request_on_the_rt_cpu(tmp_path: Path) -> None:
     _skip_unless_ready()
     before_ns, before_set, before_rps = _ours(), _settings(), _host_rps()
-    cfg = BenchConfig(scenario="rt-split", modes=["napi", "stock-kbp"], reps=1, duration=3.0,
+    cfg = BenchConfig(scenario="rt-split", modes=["napi", "stock-hybrid"], reps=1, duration=3.0,
                       warmup=0.2, loads=["off"], trace=False, out=tmp_path, command="pytest")
     res = json.loads(json.dumps(Bench(cfg).run()))
     assert not res["interrupted"] and "restore_problems" not in res
     _client_ends_ok(res)
-    assert {r["mode"] for r in res["runs"]} == {"napi", "stock-kbp"}
+    assert {r["mode"] for r in res["runs"]} == {"napi", "stock-hybrid"}
     for r in res["runs"]:
         assert r["condition"] == "idle" and r["tester"]["sent"] > 300
         _check_run(res, r, 0.8)

@@ -11,8 +11,14 @@ from typing import Any
 import pytest
 
 from kbp.bench import cli, modes, placement, report, scenarios
+from kbp.bench import heavy as hs
 from kbp.bench.runner import Aborted, Bench, BenchConfig
 from kbp.bench.scenarios import rt_split
+
+
+def _excl_modes() -> dict[str, Any]:
+    """Fresh adapters of the exclusive CPU modes (exclusive and the -excl modes)."""
+    return modes.make_modes(modes.named(lambda i: i.category == modes.EXCL))
 
 
 def _bench(layout: list[int], **kw: Any) -> Bench:
@@ -25,15 +31,15 @@ def test_registered() -> None:
     assert s is rt_split.SCENARIO
     assert s.links == ("rt", "heavy") and s.parts == ("rtt",)
     assert s.rt_roles == ("heavy",) and s.app_policy == "fifo"
-    assert scenarios.default_modes(s) == ("napi", "threaded", "exclusive", "stock-kbp",
-                                          "hybrid", "busy", "stock-kbp-excl", "hybrid-excl",
-                                          "busy-excl", "stock-kbp-part", "hybrid-part",
+    assert scenarios.default_modes(s) == ("napi", "threaded", "exclusive", "stock-hybrid",
+                                          "hybrid", "busy", "stock-hybrid-excl", "hybrid-excl",
+                                          "busy-excl", "stock-hybrid-part", "hybrid-part",
                                           "busy-part")
-    assert set(s.make_modes()) == {"exclusive", "stock-kbp-excl", "hybrid-excl",
-                                   "busy-excl", "stock-kbp-part", "hybrid-part", "busy-part"}
-    both = s.make_modes()["stock-kbp-excl"]
-    assert both.inner.name == "stock-kbp" and both.spins is False
-    assert rt_split.exclusive_like("busy-excl") and not rt_split.exclusive_like("busy")
+    assert set(s.make_modes()) == {"exclusive", "stock-hybrid-excl", "hybrid-excl",
+                                   "busy-excl", "stock-hybrid-part", "hybrid-part", "busy-part"}
+    both = s.make_modes()["stock-hybrid-excl"]
+    assert both.inner.name == "stock-hybrid" and both.spins is False
+    assert hs.exclusive_like("busy-excl") and not hs.exclusive_like("busy")
     assert s.make_modes()["exclusive"] is not s.make_modes()["exclusive"]   # fresh per run
     assert "exclusive" in cli.description()
 
@@ -51,7 +57,7 @@ def test_roles_and_the_non_rt_cpu(layout: list[int], cpus: dict[str, int], nonrt
     b = _bench(layout)
     p = b.plan()
     assert dict(p.cpus) == cpus
-    assert rt_split.nonrt_cpu(p) == nonrt != p.cpu("rt")
+    assert hs.nonrt_cpu(p) == nonrt != p.cpu("rt")
     assert b.cfg.parts == ["rtt"]                       # default_parts: no rtt-tcp, no idle
     assert b.cfg.modes == list(rt_split.SCENARIO.default_modes)
     assert b.app_fifo() == 51
@@ -60,7 +66,7 @@ def test_roles_and_the_non_rt_cpu(layout: list[int], cpus: dict[str, int], nonrt
 def test_pins() -> None:
     p = _bench([0, 1, 2, 3], cpus={"rt": 3}).plan()
     assert (p.cpu("rt"), p.cpu("heavy")) == (3, 3)
-    assert rt_split.nonrt_cpu(p) not in (3,)
+    assert hs.nonrt_cpu(p) not in (3,)
     with pytest.raises(Aborted, match="only the app and the heavy receiver may share it"):
         _bench([0, 1], cpus={"rt": 1, "flood": 1}).plan()
     with pytest.raises(Aborted, match="needs 2 CPUs"):
@@ -76,7 +82,7 @@ def test_pins() -> None:
     ({"uniform_us": [0.0, 1000.0]}, "0 < MIN_US <= MAX_US"),
     ({"uniform_us": [1000.0]}, "two numbers"),
     ({"modes": ["napi", "exclusive", "nope"]}, "unknown mode 'nope' for scenario rt-split"),
-    ({"modes": ["exclusive", "stock-kbp"]}, "keep it in --modes"),
+    ({"modes": ["exclusive", "stock-hybrid"]}, "keep it in --modes"),
 ])
 def test_bad_input_refused_in_plan(kw: dict[str, Any], match: str) -> None:
     with pytest.raises(Aborted, match=match):
@@ -89,7 +95,7 @@ def test_exclusive_is_rt_split_and_shared_cpu_only() -> None:
     _bench([0, 1], modes=["napi", "exclusive"], uniform_us=[500.0, 2000.0]).plan()
     b = _bench([0, 1], scenario="shared-cpu")
     b.plan()
-    assert {"exclusive", "stock-kbp-excl", "hybrid-excl", "busy-excl"} <= set(b.cfg.modes)
+    assert {"exclusive", "stock-hybrid-excl", "hybrid-excl", "busy-excl"} <= set(b.cfg.modes)
 
 
 def test_uniform_in_other_scenarios_too() -> None:
@@ -106,17 +112,17 @@ class _FakeFlood:
     server = None
 
 
-def _heavy(monkeypatch: pytest.MonkeyPatch) -> tuple[rt_split.HeavySide, dict[str, Any]]:
+def _heavy(monkeypatch: pytest.MonkeyPatch) -> tuple[hs.HeavySide, dict[str, Any]]:
     masks = {"rx-0": "2"}
     calls: dict[str, Any] = {"writes": []}
 
     def write(ns: str, dev: str, m: dict[str, str]) -> None:
         calls["writes"].append(dict(m))
         masks.update(m)
-    monkeypatch.setattr(rt_split.steer, "read_rps", lambda ns, dev: dict(masks))
-    monkeypatch.setattr(rt_split.steer, "write_rps", write)
+    monkeypatch.setattr(hs.steer, "read_rps", lambda ns, dev: dict(masks))
+    monkeypatch.setattr(hs.steer, "write_rps", write)
     monkeypatch.setattr(modes, "sysfs_net", lambda ns, dev, attr: "0")
-    h = rt_split.HeavySide("ns-s", "heavy-s-ab", 1, 0, _FakeFlood(),  # type: ignore[arg-type]
+    h = hs.HeavySide("ns-s", "heavy-s-ab", 1, 0, _FakeFlood(),  # type: ignore[arg-type]
                            cpu_now=1)
     return h, calls
 
@@ -124,7 +130,7 @@ def _heavy(monkeypatch: pytest.MonkeyPatch) -> tuple[rt_split.HeavySide, dict[st
 def test_exclusive_moves_and_puts_back(monkeypatch: pytest.MonkeyPatch) -> None:
     from kbp.bench.modes import AppEnv, AppPlace, Target
     h, calls = _heavy(monkeypatch)
-    m = rt_split.ExclusiveMode(heavy=h)
+    m = hs.ExclusiveMode(heavy=h)
     t = Target("ns-s", "rt-s-ab", 1)
     assert m.unavailable() is None and not m.needs_fresh_device(t)
     assert m.app_place(AppPlace(1, 51), AppEnv()) == AppPlace(1, 51)
@@ -140,12 +146,12 @@ def test_exclusive_moves_and_puts_back(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_exclusive_refuses_without_the_scenario(monkeypatch: pytest.MonkeyPatch) -> None:
     from kbp.bench.modes import Target
     monkeypatch.setattr(modes, "sysfs_net", lambda ns, dev, attr: "0")
-    with pytest.raises(rt_split.RtSplitError,
+    with pytest.raises(hs.HeavyError,
                        match="only in the rt-split and shared-cpu scenarios"):
-        rt_split.ExclusiveMode().setup(Target("ns", "dev", 1))
+        hs.ExclusiveMode().setup(Target("ns", "dev", 1))
     monkeypatch.setattr(modes, "sysfs_net", lambda ns, dev, attr: "1")
-    with pytest.raises(rt_split.RtSplitError, match="threaded is 1"):
-        rt_split.ExclusiveMode().setup(Target("ns", "dev", 1))
+    with pytest.raises(hs.HeavyError, match="threaded is 1"):
+        hs.ExclusiveMode().setup(Target("ns", "dev", 1))
 
 
 def test_the_idle_part_skips_the_exclusive_modes_with_the_reason() -> None:
@@ -153,18 +159,18 @@ def test_the_idle_part_skips_the_exclusive_modes_with_the_reason() -> None:
     nothing to move yet, so they are recorded as skipped (their idle cost is their base
     mode's) instead of failing the whole run (which they did, 2026-11-24)."""
     from kbp.bench import parts
-    m = rt_split.make_exclusive_modes()
+    m = _excl_modes()
     assert "napi's" in (m["exclusive"].idle_problem() or "")
-    assert "stock-kbp's" in (m["stock-kbp-excl"].idle_problem() or "")
+    assert "stock-hybrid's" in (m["stock-hybrid-excl"].idle_problem() or "")
     ran: list[str] = []
 
     class _B:
         def __init__(self) -> None:
-            self.modes = {"napi": object(), **m}
+            self.modes = {"napi": modes.NapiMode(), **m}
             self.results: dict[str, Any] = {"idle_skipped": {}}
 
         def order(self, rep: int) -> list[str]:
-            return ["napi", "exclusive", "stock-kbp-excl"]
+            return ["napi", "exclusive", "stock-hybrid-excl"]
 
         def note(self, s: str) -> None:
             pass
@@ -174,17 +180,17 @@ def test_the_idle_part_skips_the_exclusive_modes_with_the_reason() -> None:
     b = _B()
     parts.idle(b)  # type: ignore[arg-type]
     assert ran == ["napi"]
-    assert set(b.results["idle_skipped"]) == {"exclusive", "stock-kbp-excl"}
+    assert set(b.results["idle_skipped"]) == {"exclusive", "stock-hybrid-excl"}
     lines = report.idle_section({"summary": {"idle": {"napi": {}}}, "config": {},
                                  "idle_skipped": b.results["idle_skipped"]})
-    assert any(line.startswith("- stock-kbp-excl: ") for line in lines)
+    assert any(line.startswith("- stock-hybrid-excl: ") for line in lines)
 
 
 def test_mask_that_does_not_stick_is_a_restore_problem(monkeypatch: pytest.MonkeyPatch,
                                                        ) -> None:
     from kbp.bench.knobs import KnobError
     h, _ = _heavy(monkeypatch)
-    monkeypatch.setattr(rt_split.steer, "write_rps", lambda ns, dev, m: None)
+    monkeypatch.setattr(hs.steer, "write_rps", lambda ns, dev, m: None)
     with pytest.raises(KnobError, match="did not stick"):
         h.place(0)
 
@@ -206,24 +212,24 @@ def _run(mode: str, rep: int, mean: float, p99: float, sd: float, gbit: float,
                        "max": p99 * 2000, "mean": mean * 1000, "sd": sd * 1000},
             "sys": {"wall_s": 2.0, "cpu": cpus, "net_rx": [1, 2], "hardirqs_total": [0, 0],
                     "threads": {}},
-            "poller": {"poll_ns": 40_000_000} if mode == "stock-kbp" else {},
+            "poller": {"poll_ns": 40_000_000} if mode == "stock-hybrid" else {},
             "heavy": {"gbit_s": gbit, "rx_pps": heavy_pps, "wall_s": 2.0,
                       "receiver_cpus": [other if excl else rt]},
             "rt_cpu_rx": rx,
             "nonrt_cpu_rx": {"cpu": other, "wall_s": 2.0, "processed_per_s": on_other},
-            "steering": {"rt-s-ab": [] if mode == "stock-kbp" else [rt],
+            "steering": {"rt-s-ab": [] if mode == "stock-hybrid" else [rt],
                          "heavy-s-ab": [other if excl else rt]}}
 
 
 def _results(layout: list[int], exclusive_ok: bool = True) -> dict[str, Any]:
     p = placement.plan(layout, on_rt=("heavy",))
-    rt, other = p.cpu("rt"), rt_split.nonrt_cpu(p)
+    rt, other = p.cpu("rt"), hs.nonrt_cpu(p)
     runs = []
     for rep in range(2):
         runs += [_run("napi", rep, 100, 1000, 300, 4.0, 95, rt, other),
                  _run("threaded", rep, 200, 3000, 600, 4.4, 96, rt, other),
                  _run("exclusive", rep, 50, 100, 25, 6.0, 30, rt, other),
-                 _run("stock-kbp", rep, 110, 500, 150, 4.8, 97, rt, other)]
+                 _run("stock-hybrid", rep, 110, 500, 150, 4.8, 97, rt, other)]
     if not exclusive_ok:
         runs[2]["nonrt_cpu_rx"]["processed_per_s"] = 5.0
     return {"schema": "kbp-bench/2", "scenario": {"name": "rt-split", "title": "t"},
@@ -244,15 +250,15 @@ def test_summary_table3_and_ratios(layout: list[int]) -> None:
     assert sp["napi"]["rtt_sd_us"]["median"] == pytest.approx(300)
     assert "ratio_to_napi" not in sp["napi"]["rtt_p99_us"]
     assert sp["exclusive"]["rtt_p99_us"]["ratio_to_napi"]["median"] == pytest.approx(0.1)
-    assert sp["stock-kbp"]["rtt_sd_us"]["ratio_to_napi"]["median"] == pytest.approx(0.5)
+    assert sp["stock-hybrid"]["rtt_sd_us"]["ratio_to_napi"]["median"] == pytest.approx(0.5)
     assert sp["threaded"]["heavy_gbit_s"]["ratio_to_napi"]["median"] == pytest.approx(1.1)
     assert sp["exclusive"]["cpu_rt_busy_pct"]["median"] == pytest.approx(30)
-    assert sp["stock-kbp"]["poller_poll_pct"]["median"] == pytest.approx(2.0)
-    assert sp["exclusive"]["heavy_cpus"] == [rt_split.nonrt_cpu(report.placement_of(res))]
-    assert sp["stock-kbp"]["rps"] == ["heavy:1", "rt:off"]
+    assert sp["stock-hybrid"]["poller_poll_pct"]["median"] == pytest.approx(2.0)
+    assert sp["exclusive"]["heavy_cpus"] == [hs.nonrt_cpu(report.placement_of(res))]
+    assert sp["stock-hybrid"]["rps"] == ["heavy:1", "rt:off"]
     chk = res["summary"]["steering_check"]
     assert {m: (d["ok"], d["runs"], d["passed"]) for m, d in chk.items()} == {
-        m: (2, 2, True) for m in ("napi", "threaded", "exclusive", "stock-kbp")}
+        m: (2, 2, True) for m in ("napi", "threaded", "exclusive", "stock-hybrid")}
     md = report.markdown(res)
     assert "**Steering check: PASS**" in md and "exclusive: 2/2 on the non-RT CPU" in md
     assert ("| mode | mean (µs) | p99 (µs) | SD (µs) | p99.9 (µs) | max (µs) | heavy Gbit/s "
@@ -264,9 +270,9 @@ def test_summary_table3_and_ratios(layout: list[int]) -> None:
             "150 x0.10 (k=1 of n=360)† | 200 x0.10 (k=1 of n=360)† | 6 x1.50 | "
             "30 x0.32 | 90 x1.00 | 0 |") in md
     table = md[md.index("| mode | mean (µs)"):md.index("**Where the receive work ran**")]
-    at = [table.index(f"| {m} |") for m in ("napi", "threaded", "exclusive", "stock-kbp")]
+    at = [table.index(f"| {m} |") for m in ("napi", "threaded", "exclusive", "stock-hybrid")]
     assert at == sorted(at)                  # napi, threaded, exclusive, the kbp modes
-    other = rt_split.nonrt_cpu(report.placement_of(res))
+    other = hs.nonrt_cpu(report.placement_of(res))
     assert f"| tcp | exclusive | heavy:{other} rt:1 | CPU {other} | 495 | 150 | 0.00 |" in md
     assert "| tcp | napi | heavy:1 rt:1 | CPU 1 | 330 | 330,401 | 1.00 |" in md
     assert "x134" not in md                  # counters carry no ratio to napi
@@ -302,7 +308,7 @@ def test_cli_uniform_and_presets() -> None:
                                              "500,2000"]))
     assert cfg.uniform_us == [500.0, 2000.0] and cfg.loads == ["on"] and cfg.parts == ["rtt"]
     cfg = cli.config_from_args(p.parse_args(["--scenario", "rt-split", "--smoke"]))
-    assert cfg.modes == ["napi", "exclusive", "stock-kbp"] and cfg.duration == 2.0
+    assert cfg.modes == ["napi", "exclusive", "stock-hybrid"] and cfg.duration == 2.0
     for bad in ("2000,500", "1,2,3", "a,b"):
         with pytest.raises(SystemExit):
             p.parse_args(["--uniform", bad])

@@ -2,7 +2,7 @@
 flow at uniform random gaps, the TCP heavy receiver's receive processing on the RT CPU in
 napi (its packets through the stack there, RPS of both server devices to it), on the non-RT
 CPU with the heavy receiver in exclusive (and back on the RT CPU for the modes after it),
-the RT flow on the poller in stock-kbp (RT device off RPS, poller time in NAPI poll).
+the RT flow on the poller in stock-hybrid (RT device off RPS, poller time in NAPI poll).
 Nothing left behind: namespaces, RPS masks, settings, processes.  Ctrl-C while it runs
 restores everything too.  About 30 s.
 """
@@ -26,7 +26,7 @@ from kbp.bench.runner import Bench, BenchConfig
 
 pytestmark = [pytest.mark.netns, pytest.mark.root]
 
-MODES = ["napi", "exclusive", "stock-kbp", "stock-kbp-excl"]
+MODES = ["napi", "exclusive", "stock-hybrid", "stock-hybrid-excl"]
 
 
 def test_heavy_flow_where_each_mode_puts_it(tmp_path: Path) -> None:
@@ -61,7 +61,7 @@ def test_heavy_flow_where_each_mode_puts_it(tmp_path: Path) -> None:
         assert h["rx_pps"] > 1000 and h["gbit_s"] > 0.01, h
         rt_dev = next(d for d in r["steering"] if d.startswith("rt-"))
         hv_dev = next(d for d in r["steering"] if d.startswith("heavy-"))
-        if mode in ("exclusive", "stock-kbp-excl"):
+        if mode in ("exclusive", "stock-hybrid-excl"):
             # the heavy receiver and its receive processing on the non-RT CPU
             assert r["steering"][hv_dev] == [other] and h["receiver_cpus"] == [other]
             setup = r["mode_setup"]
@@ -78,7 +78,7 @@ def test_heavy_flow_where_each_mode_puts_it(tmp_path: Path) -> None:
             assert rx["net_rx"] > 0 and rx["received_rps"] > 0
         if mode == "napi":
             assert r["steering"][rt_dev] == [rt] and r["poller"] == {}
-        if mode in ("stock-kbp", "stock-kbp-excl"):
+        if mode in ("stock-hybrid", "stock-hybrid-excl"):
             assert r["steering"][rt_dev] == [], "enable must turn RPS off on the RT device"
             assert r["poller"].get("poll_ns", 0) > 0, r["poller"]
     summ = res["summary"]

@@ -110,7 +110,7 @@ def test_veth_inline_plan() -> None:
 def test_modes_own_their_quirks() -> None:
     modes = all_modes()
     home, env = AppPlace(1), AppEnv(spin_app="fifo", elsewhere_cpu=0, rt_prio=50)
-    for name in ("napi", "threaded", "stock-kbp", "hybrid"):
+    for name in ("napi", "threaded", "stock-hybrid", "hybrid"):
         assert modes[name].app_place(home, env) == home, name
     assert modes["busy"].app_place(home, env) == AppPlace(1, 51)
     assert modes["busy"].app_place(home, AppEnv("elsewhere", 0, 50)) == AppPlace(0)

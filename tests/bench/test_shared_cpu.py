@@ -126,8 +126,8 @@ def _results(p: placement.Placement, napi_flood: float) -> dict[str, Any]:
     for rep in range(3):
         runs += [_run("napi", "idle", rep, 100_000, rt, both),
                  _run("napi", "flood", rep, napi_flood, rt, both),
-                 _run("stock-kbp", "idle", rep, 80_000, rt, kbp),
-                 _run("stock-kbp", "flood", rep, 160_000, rt, kbp)]
+                 _run("stock-hybrid", "idle", rep, 80_000, rt, kbp),
+                 _run("stock-hybrid", "flood", rep, 160_000, rt, kbp)]
     return {"schema": "kbp-bench/2", "scenario": {"name": "shared-cpu", "title": "t"},
             "placement": {**p.to_json(), "app_policy": "fifo", "app_fifo": 51},
             "runs": runs, "rfc2544": [], "testbed": "test", "machine": {}, "modes": {},
@@ -143,17 +143,17 @@ def test_report_acceptance_and_roles(layout: list[int]) -> None:
     acc = res["summary"]["acceptance"]
     assert acc["passed"] is True and acc["factor"] == pytest.approx(7.0)
     fvi = res["summary"]["flood_vs_idle"]
-    assert fvi["stock-kbp"]["p99.9_ratio"]["median"] == pytest.approx(2.0)
+    assert fvi["stock-hybrid"]["p99.9_ratio"]["median"] == pytest.approx(2.0)
     rx = res["summary"]["rt_cpu_rx"]
     assert rx["flood"]["napi"]["rps"] == ["flood:1", "rt:1"]
-    assert rx["flood"]["stock-kbp"]["rps"] == ["flood:1", "rt:off"]
-    assert rx["flood"]["stock-kbp"]["poller_poll_pct"]["median"] == pytest.approx(2.0)
+    assert rx["flood"]["stock-hybrid"]["rps"] == ["flood:1", "rt:off"]
+    assert rx["flood"]["stock-hybrid"]["poller_poll_pct"]["median"] == pytest.approx(2.0)
     md = report.markdown(res)
     assert "**Acceptance check: PASS**" in md and "x7.00" in md
     assert "RT app: SCHED_FIFO 51 (--app-policy fifo)" in md
-    assert "| flood | stock-kbp | flood:1 rt:off |" in md
+    assert "| flood | stock-hybrid | flood:1 rt:off |" in md
     assert "RT+heavy CPU busy (%)" in md
-    assert "| stock-kbp | 80 x0.80 | 160 x0.23 | 2 | 160 x0.80 | 320 x0.23 | 2 |" in md
+    assert "| stock-hybrid | 80 x0.80 | 160 x0.23 | 2 | 160 x0.80 | 320 x0.23 | 2 |" in md
     assert "CPU0" not in md and "CPU1" not in md
     if len(layout) == 4:
         assert "| tester CPU busy (%) | RT+heavy CPU busy (%) | flood CPU busy (%) |" in md

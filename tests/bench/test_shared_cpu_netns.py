@@ -1,6 +1,6 @@
 """The shared-cpu scenario on the host kernel's netns testbed (root): in napi mode both flows'
 receive processing really runs on the RT CPU (RPS of both server devices, RPS IPIs and
-packets through the stack there), in stock-kbp the RT flow is on the poller (RT device off
+packets through the stack there), in stock-hybrid the RT flow is on the poller (RT device off
 RPS, poller time in NAPI poll, no RPS IPIs without the flood); all of it from results.json.
 Ctrl-C leaves no namespace, RPS mask, setting or process behind.  About 40 s.
 """
@@ -46,7 +46,7 @@ def test_both_flows_on_the_rt_cpu_then_the_rt_flow_on_the_poller(tmp_path: Path,
     """The default flood (the TCP heavy sender, its pair shaped per packet) and --flood udp."""
     _skip_unless_ready()
     before_ns, before_set, before_rps = _ours(), _settings(), _host_rps()
-    cfg = BenchConfig(scenario="shared-cpu", modes=["napi", "stock-kbp"], reps=1,
+    cfg = BenchConfig(scenario="shared-cpu", modes=["napi", "stock-hybrid"], reps=1,
                       duration=1.5, warmup=0.2, parts=["rtt"], trace=False, out=tmp_path,
                       command="pytest", flood=flood)
     res = Bench(cfg).run()
@@ -66,7 +66,7 @@ def test_both_flows_on_the_rt_cpu_then_the_rt_flow_on_the_poller(tmp_path: Path,
     devs = res["steering"]["devices"]
     assert sorted(devs.values()) == [[rt], [rt]]               # both server devices -> RT CPU
     runs = {(r["mode"], r["condition"]): r for r in res["runs"]}
-    assert set(runs) == {(m, c) for m in ("napi", "stock-kbp") for c in ("idle", "flood")}
+    assert set(runs) == {(m, c) for m in ("napi", "stock-hybrid") for c in ("idle", "flood")}
     for (mode, cond), r in runs.items():
         rx, sent = r["rt_cpu_rx"], r["tester"]["sent"]
         assert rx["cpu"] == rt and rx["net_rx"] > 0, (mode, cond, rx)
@@ -103,12 +103,12 @@ def test_both_flows_on_the_rt_cpu_then_the_rt_flow_on_the_poller(tmp_path: Path,
 
 
 def test_exclusive_modes_take_the_flood_off_the_rt_cpu(tmp_path: Path) -> None:
-    """exclusive and stock-kbp-excl (kbpctl enable --isolate's placement): while on, the
+    """exclusive and stock-hybrid-excl (kbpctl enable --isolate's placement): while on, the
     flood's RPS and the heavy receiver are on the other CPU, so the flood's packets no longer
-    go up the stack on the RT CPU; stock-kbp-excl still polls the RT device there."""
+    go up the stack on the RT CPU; stock-hybrid-excl still polls the RT device there."""
     _skip_unless_ready()
     before_ns, before_set, before_rps = _ours(), _settings(), _host_rps()
-    cfg = BenchConfig(scenario="shared-cpu", modes=["napi", "exclusive", "stock-kbp-excl"],
+    cfg = BenchConfig(scenario="shared-cpu", modes=["napi", "exclusive", "stock-hybrid-excl"],
                       reps=1,
                       duration=1.5, warmup=0.2, parts=["rtt"], loads=["on"], trace=False,
                       out=tmp_path, command="pytest")
@@ -117,12 +117,12 @@ def test_exclusive_modes_take_the_flood_off_the_rt_cpu(tmp_path: Path) -> None:
     res = json.loads(json.dumps(res))
     assert not res["interrupted"] and "restore_problems" not in res
     rt = res["placement"]["cpus"]["rt"]
-    assert {r["mode"] for r in res["runs"]} == {"napi", "exclusive", "stock-kbp-excl"}
+    assert {r["mode"] for r in res["runs"]} == {"napi", "exclusive", "stock-hybrid-excl"}
     # the heavy flow's throughput per run and per mode (issue 24), in JSON and the report
     for r in res["runs"]:
         assert r["heavy"]["gbit_s"] > 0.01 and r["heavy"]["wall_s"] > 1.0, r["heavy"]
     pm = res["summary"]["per_mode"]["modes"]
-    assert list(pm) == ["napi", "exclusive", "stock-kbp-excl"]
+    assert list(pm) == ["napi", "exclusive", "stock-hybrid-excl"]
     for mode, row in pm.items():
         assert row["reps"] == 1 and row["heavy_gbit_s"]["median"] > 0.01, (mode, row)
         assert row["rtt_p99.9_us"]["median"] > 0 and row["p99.9_pooled"]["n"] > 0
@@ -136,7 +136,7 @@ def test_exclusive_modes_take_the_flood_off_the_rt_cpu(tmp_path: Path) -> None:
         setup = r["mode_setup"]
         heavy = setup if r["mode"] == "exclusive" else setup["exclusive"]
         assert heavy["heavy_receiver_cpus"] == r["steering"][fl_dev], heavy
-        if r["mode"] == "stock-kbp-excl":
+        if r["mode"] == "stock-hybrid-excl":
             assert r["poller"].get("poll_ns", 0) > 0, r["poller"]
     assert _ours() == before_ns and _settings() == before_set
     assert _host_rps() == before_rps
@@ -169,25 +169,25 @@ def test_ctrl_c_leaves_no_rps_mask_or_namespace(tmp_path: Path) -> None:
 
 
 def test_part_mode_heavy_device_in_class_non_rt_on_the_rt_cpu(tmp_path: Path) -> None:
-    """stock-kbp-part: the RT device on the stock backend's poller, the heavy device's NAPI
+    """stock-hybrid-part: the RT device on the stock backend's poller, the heavy device's NAPI
     (GRO on, gro_max_size 1600) on a SCHED_OTHER thread on the RT CPU itself; nothing moved,
     its packets go up the stack on the RT CPU; everything put back."""
     _skip_unless_ready()
-    from kbp.bench.scenarios import rt_split
-    why = rt_split.nonrt_refusal("stock")
+    from kbp.bench import heavy
+    why = heavy.nonrt_refusal("stock")
     if why:
         pytest.skip(reason=f"needs kbpctl's stock backend with class non-rt: {why}")
     before_ns, before_set, before_rps = _ours(), _settings(), _host_rps()
-    cfg = BenchConfig(scenario="shared-cpu", modes=["napi", "stock-kbp-part"], reps=1,
+    cfg = BenchConfig(scenario="shared-cpu", modes=["napi", "stock-hybrid-part"], reps=1,
                       duration=1.5, warmup=0.2, parts=["rtt"], loads=["on"], trace=False,
                       out=tmp_path, command="pytest")
     res = Bench(cfg).run()
     report.add_summary(res)
     res = json.loads(json.dumps(res))
     assert not res["interrupted"] and "restore_problems" not in res
-    assert res["modes"]["stock-kbp-part"] == {"status": "ok"}
+    assert res["modes"]["stock-hybrid-part"] == {"status": "ok"}
     rt = res["placement"]["cpus"]["rt"]
-    r = next(r for r in res["runs"] if r["mode"] == "stock-kbp-part")
+    r = next(r for r in res["runs"] if r["mode"] == "stock-hybrid-part")
     part = r["mode_setup"]["part"]
     assert part["request"]["cls"] == "non-rt" and part["request"]["cpus"] == [rt]
     assert part["heavy_napi"] == {"gro": True, "gro_max_size": 1600}
@@ -198,7 +198,7 @@ def test_part_mode_heavy_device_in_class_non_rt_on_the_rt_cpu(tmp_path: Path) ->
     assert r["steering"][fl_dev] == [], "enable must turn RPS off on the heavy device"
     assert r["heavy"]["gbit_s"] > 0.01
     assert r["rt_cpu_rx"]["processed_per_s"] > 0.5 * r["heavy"]["rx_pps"]
-    assert res["summary"]["per_mode"]["modes"]["stock-kbp-part"]["heavy_gbit_s"]["median"]
+    assert res["summary"]["per_mode"]["modes"]["stock-hybrid-part"]["heavy_gbit_s"]["median"]
     assert _ours() == before_ns and _settings() == before_set
     assert _host_rps() == before_rps
     assert _procs() == [] and _iperf() == []

@@ -14,13 +14,12 @@ from typing import Any
 
 import pytest
 
-from kbp import names
-from kbp.bench import cli, report, scenarios, workloads
+from kbp.bench import cli, modes, report, scenarios, workloads
 from kbp.bench.placement import Placement
 from kbp.bench.runner import Aborted, Bench, BenchConfig
 from kbp.bench.scenarios import stream as st
 
-DEFAULT_MODES = ["napi", "hybrid", "periodic", "stock-kbp", "stock-periodic"]
+DEFAULT_MODES = ["napi", "hybrid", "periodic", "stock-hybrid", "stock-periodic"]
 
 
 def _bench(cpus: list[int], **kw: Any) -> Bench:
@@ -32,12 +31,12 @@ def test_registered_with_the_protocol() -> None:
     assert s is st.SCENARIO and s.links == ("rt",) and s.parts == ("stream-tcp", "stream-udp")
     assert s.tools(BenchConfig()) == ["iperf3"]
     assert scenarios.default_modes(s) == tuple(DEFAULT_MODES)
-    assert scenarios.default_modes(scenarios.get("veth-inline")) == names.BENCH_MODES
+    assert scenarios.default_modes(scenarios.get("veth-inline")) == modes.standard_modes()
     # shared-cpu: every mode but the periodic ones (NetAP is for bulk streams), then the
     # exclusive CPU modes and the part modes
     assert scenarios.default_modes(scenarios.get("shared-cpu")) == (
-        *(m for m in names.BENCH_MODES if "periodic" not in m), "exclusive",
-        "stock-kbp-excl", "hybrid-excl", "busy-excl", "stock-kbp-part", "hybrid-part",
+        *(m for m in modes.standard_modes() if "periodic" not in m), "exclusive",
+        "stock-hybrid-excl", "hybrid-excl", "busy-excl", "stock-hybrid-part", "hybrid-part",
         "busy-part")
     assert "stream" in cli.description()
 
@@ -61,11 +60,11 @@ def test_plan_and_placement(cpus: list[int], where: dict[str, int]) -> None:
 
 
 def test_explicit_choices_win_and_rtt_tcp_can_be_added() -> None:
-    b = _bench([0, 1, 2, 3], modes=["napi", "stock-kbp"], parts=["stream-udp", "rtt-tcp"])
+    b = _bench([0, 1, 2, 3], modes=["napi", "stock-hybrid"], parts=["stream-udp", "rtt-tcp"])
     pl = b.plan()
-    assert b.cfg.modes == ["napi", "stock-kbp"] and b.cfg.parts == ["stream-udp", "rtt-tcp"]
+    assert b.cfg.modes == ["napi", "stock-hybrid"] and b.cfg.parts == ["stream-udp", "rtt-tcp"]
     assert "flood" in pl.cpus and b.links() == ("rt", "tcp")
-    b.runnable = ["napi", "stock-kbp"]
+    b.runnable = ["napi", "stock-hybrid"]
     assert st.SCENARIO.plan_seconds(b.cfg, 2) == pytest.approx(5 * 1 * 2 * 15.5)
 
 
@@ -96,7 +95,7 @@ def test_cli_defaults_presets_and_knobs() -> None:
     b.plan()
     assert cfg.modes == DEFAULT_MODES
     cfg = _cfg(["--scenario", "stream", "--smoke"])
-    assert cfg.modes == ["napi", "stock-kbp"] and cfg.parts == ["stream-tcp", "stream-udp"]
+    assert cfg.modes == ["napi", "stock-hybrid"] and cfg.parts == ["stream-tcp", "stream-udp"]
     assert (cfg.duration, cfg.stream_warmup) == (1.0, 1.0)
     Bench(cfg, cpus_available=lambda: [0, 1]).plan()
     cfg = _cfg(["--scenario", "stream", "--demo"])
@@ -111,7 +110,7 @@ def test_cli_defaults_presets_and_knobs() -> None:
     assert cfg.parts == ["rtt", "rfc2544"]
     b = Bench(_cfg(["--scenario", "veth-inline"]), cpus_available=lambda: [0, 1])
     b.plan()
-    assert b.cfg.modes == list(names.BENCH_MODES)
+    assert b.cfg.modes == list(modes.standard_modes())
     b = Bench(_cfg(["--scenario", "shared-cpu", "--modes", "napi,stock-periodic"]),
               cpus_available=lambda: [0, 1])
     b.plan()
@@ -222,7 +221,7 @@ def _results(pl: Placement, nic: bool = False) -> dict[str, Any]:
                          "sender_tso": "the NIC's own" if nic else "off on the tester's",
                          "periodic": {"round_ms": 200}},
         "machine": {"power_meter": "no power meter"}}
-    res["modes"]["stock-kbp"] = {"status": "skipped", "reason": "kbp module not loaded"}
+    res["modes"]["stock-hybrid"] = {"status": "skipped", "reason": "kbp module not loaded"}
     return res
 
 
@@ -262,7 +261,7 @@ def test_summary_and_report(pl: Placement, tmp_path: Path) -> None:
     assert "523, converged 67 %" in md and "IRQs/pkt" not in md.split("Skipped")[0].split(
         "NET_RX/pkt")[1].split("\n")[0]
     assert st.NO_IRQ_NOTE in md and "TSO is off" in md
-    assert "- stock-kbp: kbp module not loaded" in md
+    assert "- stock-hybrid: kbp module not loaded" in md
     assert "rounds of 200 ms" in md
     for c in sorted(set(pl.role_cpus().values())):
         assert f"{c} ({pl.cpu_label(c)})" in md

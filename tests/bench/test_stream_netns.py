@@ -1,6 +1,6 @@
 """The stream scenario on the host kernel's netns testbed (root): short bulk TCP and UDP
-streams with napi and stock-kbp move bytes through the RT device and its counters (device,
-NET_RX, the stock-kbp NAPI thread's CPU), the results are well-formed, and nothing is left
+streams with napi and stock-hybrid move bytes through the RT device and its counters (device,
+NET_RX, the stock-hybrid NAPI thread's CPU), the results are well-formed, and nothing is left
 behind (namespaces, settings, iperf3, the RT app), also after Ctrl-C.  The periodic modes run
 here when kbpctl offers them (else skipped with the backend's reason).  About 30 s; no
 timing assertions.
@@ -40,20 +40,20 @@ def _run(tmp_path: Path, modes: list[str]) -> dict:
     return json.loads(json.dumps(res))          # well-formed JSON
 
 
-def test_short_streams_napi_and_stock_kbp(tmp_path: Path) -> None:
+def test_short_streams_napi_and_stock_hybrid(tmp_path: Path) -> None:
     _skip_unless_ready()
     before_ns, before_set = _ours(), _settings()
-    res = _run(tmp_path, ["napi", "stock-kbp"])
+    res = _run(tmp_path, ["napi", "stock-hybrid"])
     assert res["scenario"]["name"] == "stream" and not res["interrupted"]
     assert "restore_problems" not in res
-    assert res["modes"]["stock-kbp"]["status"] == "ok", res["modes"]
+    assert res["modes"]["stock-hybrid"]["status"] == "ok", res["modes"]
     cpus = res["placement"]["cpus"]
     assert cpus["rt"] != cpus["tester"] and cpus["heavy"] != cpus["rt"]
     setup = res["stream_setup"]
     assert setup["interrupts"]["source"] is None          # veth: no interrupts
     assert setup["sender_tso"].startswith("off")
     recs = {(r["mode"], r["part"]): r for r in res["stream"]}
-    assert set(recs) == {(m, p) for m in ("napi", "stock-kbp")
+    assert set(recs) == {(m, p) for m in ("napi", "stock-hybrid")
                          for p in ("stream-tcp", "stream-udp")}
     for (mode, part), r in recs.items():
         assert r["iperf"].get("bits_per_second", 0) > 0, (mode, part, r["iperf"])
@@ -72,7 +72,7 @@ def test_short_streams_napi_and_stock_kbp(tmp_path: Path) -> None:
     summ = res["summary"]["stream"]
     for part in ("stream-tcp", "stream-udp"):
         assert summ[part]["napi"]["gbit_s"]["median"] > 0
-        assert summ[part]["stock-kbp"]["gbit_s"]["ratio_to_napi"]["n"] == 1
+        assert summ[part]["stock-hybrid"]["gbit_s"]["ratio_to_napi"]["n"] == 1
         assert summ[part]["napi"]["net_rx_per_pkt"]["median"] is not None
     md = report.markdown(res)
     assert "**bulk TCP stream" in md and "**bulk UDP stream" in md
@@ -113,7 +113,7 @@ def test_ctrl_c_mid_stream_leaves_nothing(tmp_path: Path) -> None:
     while time.monotonic() < deadline and not _iperf():
         time.sleep(0.1)
     assert _iperf(), "the benchmark never started its receiver"
-    time.sleep(2.5)                      # a stream running, napi or stock-kbp on
+    time.sleep(2.5)                      # a stream running, napi or stock-hybrid on
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]

@@ -35,7 +35,7 @@ def _affinities() -> dict[str, str]:
 # long (make test-vm-all): ~2 min under TCG. In make test the NIC pair's bench run and its
 # put-back are test_bench_stream's, the non-rt poller under a heavy device test_classes',
 # and the part modes' requests and restore the host suite's (tests/bench/test_part_modes.py,
-# test_shared_cpu_netns.py's stock-kbp-part run)
+# test_shared_cpu_netns.py's stock-hybrid-part run)
 @pytest.mark.long
 @pytest.mark.timeout(420)
 def test_bench_over_the_two_virtio_nics_puts_them_back(kmod: Any, tmp_path: Path) -> None:

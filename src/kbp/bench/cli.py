@@ -5,14 +5,15 @@ Scenarios (``--scenario``; the first is the default):
 
 {scenarios}
 
-Modes (``--modes``, default all, or the scenario's own defaults (stream: napi, hybrid,
-periodic, stock-kbp, stock-periodic; rt-split: napi, threaded, exclusive, stock-kbp, hybrid,
-busy and the -excl and -part modes); napi is the baseline; a mode this kernel cannot run is
-skipped with the reason; a scenario may have modes of its own, e.g. rt-split's and
-shared-cpu's exclusive, <kbp mode>-excl and the part modes stock-kbp-part, hybrid-part,
-busy-part):
+Modes (``--modes``; default: the scenario's, below); {baseline} is the baseline every ratio
+refers to; a mode this kernel cannot run is skipped with the reason; the modes marked with
+scenarios run only there (they move or split a heavy receiver's flow):
 
 {modes}
+
+Default modes by scenario:
+
+{defaults}
 
 Parts of every scenario besides its own: ``idle`` (idle cost: each mode on with no traffic
 for ``--idle-duration`` s, CPU time per poller thread) and ``rtt-tcp`` (RT latency under an
@@ -29,13 +30,13 @@ full       every mode and part, 5 repetitions of 10 s runs, load off/on and TCP,
 demo       the scenario's default modes (unrunnable ones are reported as skipped), 5
            repetitions of 3 s runs, load off/on (shared-cpu: idle, and the TCP heavy
            sender as the flood), no RFC 2544; under 5 minutes (``make demo``)
-smoke      napi and stock-kbp, 1 repetition of 1 s runs, coarse RFC 2544: a functional check
+smoke      {smoke}, 1 repetition of 1 s runs, coarse RFC 2544: a functional check
 =========  =====================================================================================
 
 A scenario may say what a preset means for it (stream: --smoke = both streams, 1 s warm-up,
 1 s runs; --demo = 3 s warm-up, 4 s runs).
 
-Periodic modes (periodic, stock-periodic; NetAP): ``--round-ms`` is the interval search's
+Periodic modes ({periodic}; NetAP): ``--round-ms`` is the interval search's
 round (default 200 ms here, so its 11 rounds converge inside the stream scenario's 3 s
 warm-up; kbpctl's default is the paper's 1000 ms: use it with ``--stream-warmup 12``),
 ``--interval-us`` fixes the interval instead (no search).
@@ -67,7 +68,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kbp import names
 from kbp.bench import modes, parts, placement, plots, report, runner, scenarios, tester, workloads
 from kbp.bench.runner import Aborted, Bench, BenchConfig, Progress
 from kbp.testbed import remove_stale, stale_namespaces
@@ -76,7 +76,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "full": {},
     "demo": {"scenario": "shared-cpu", "budget_s": 290.0,
              "reps": 5, "duration": 3.0, "parts": ["rtt"]},
-    "smoke": {"modes": ["napi", "stock-kbp"], "reps": 1, "duration": 1.0, "warmup": 0.2,
+    "smoke": {"modes": [modes.NAPI, modes.STOCK_HYBRID], "reps": 1, "duration": 1.0, "warmup": 0.2,
               "parts": ["rtt", "rfc2544"], "rfc_frames": [64], "rfc_reps": 1,
               "rfc_trial": 0.3, "rfc_resolution": 0.25, "rfc_max_pps": 20000.0},
 }
@@ -115,8 +115,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the RT app's scheduling class: fifo = SCHED_FIFO rt-prio+1 (above "
                         "the poller), other = default policy (default: the scenario's; "
                         "shared-cpu fifo, veth-inline other)")
-    p.add_argument("--modes", type=_csv, help=f"comma list of {','.join(names.BENCH_MODES)} "
-                   "and a scenario's own (rt-split: exclusive) (see above)")
+    own = [m for m in modes.catalog() if m not in modes.standard_modes()]
+    p.add_argument("--modes", type=_csv, help=f"comma list of "
+                   f"{','.join(modes.standard_modes())}, and where a scenario offers them "
+                   f"{','.join(own)} (see above)")
     p.add_argument("--reps", type=int, help="repetitions (modes interleaved in each)")
     p.add_argument("--parts", type=_csv,
                    help="comma list of the scenario's parts (" + "; ".join(
@@ -177,8 +179,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="deprecated: --cpus tester=N,flood=N,heavy=N,harness=N")
     p.add_argument("--tester-prio", type=int, help="SCHED_FIFO priority of the tester (50)")
     p.add_argument("--rt-prio", type=int, help="SCHED_FIFO priority of kbp pollers (50)")
+    spinning = " and ".join(modes.named(lambda i: i.spins and i.category == modes.KBPCTL))
     p.add_argument("--busy-app", choices=("fifo", "elsewhere", "same"),
-                   help="the app in busy and stock-busy, whose pollers never sleep: fifo "
+                   help=f"the app in {spinning}, whose pollers never sleep: fifo "
                         "(default) = "
                         "on its CPU at SCHED_FIFO rt-prio+1, so it preempts the spinner; "
                         "elsewhere = on the tester's CPU; same = unchanged (starves)")
@@ -211,7 +214,7 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         setattr(cfg, k, v)
     try:                    # what the preset means for this scenario (unknown: plan refuses)
         scen = scenarios.get(getattr(a, "scenario", None) or cfg.scenario)
-        for k, v in (getattr(scen, "presets", None) or {}).get(a.preset, {}).items():
+        for k, v in scen.presets.get(a.preset, {}).items():
             setattr(cfg, k, v)
     except scenarios.UnknownScenario:
         pass
@@ -268,17 +271,40 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
 
 
 def description() -> str:
-    """This module's docstring with the registered scenarios filled in."""
+    """This module's docstring with the registered scenarios and the modes' table filled in
+    (every mode from kbp.bench.modes, each with the scenarios that offer it where not all
+    do)."""
     import textwrap
+    known = scenarios.all_scenarios()
     rows = []
-    for name, scen in scenarios.all_scenarios().items():
+    for name, scen in known.items():
         lines = textwrap.wrap(scen.title, 80) or [""]
         rows += [f"{name:<13}  {lines[0]}", *(" " * 15 + x for x in lines[1:])]
-    own = {m: line for scen in scenarios.all_scenarios().values()
-           for m, line in (getattr(scen, "own_modes", None) or {}).items()}
-    return (__doc__ or "").replace("{scenarios}", "\n".join(rows)).replace(
-        "{modes}", "\n".join(f"{name:<13}  {line}" for name, line in
-                             {**modes.SUMMARY, **own}.items()))
+    def table(rows: dict[str, str]) -> list[str]:
+        out = []
+        for name, text in rows.items():
+            lines = textwrap.wrap(text, 80, break_on_hyphens=False) or [""]
+            out += [f"{name:<13}  {lines[0]}", *(" " * 15 + x for x in lines[1:])]
+        return out
+
+    where = {m: [n for n, scen in known.items() if scen.offers(m)] for m in modes.catalog()}
+    mode_rows = table({m: ("" if len(where[m]) == len(known) else
+                           f"{' and '.join(where[m])} only: ") + info.summary
+                       for m, info in modes.catalog().items()})
+    old = modes.aliases()
+    if old:
+        mode_rows += ["", *textwrap.wrap("Older names, still taken (--modes, results files): "
+                                         + ", ".join(f"{a} = {m}" for a, m in old.items()),
+                                         95, break_on_hyphens=False)]
+    defaults = table({n: ", ".join(scenarios.default_modes(scen)) for n, scen in known.items()})
+    fill = {"{scenarios}": "\n".join(rows), "{modes}": "\n".join(mode_rows),
+            "{defaults}": "\n".join(defaults), "{baseline}": modes.BASELINE,
+            "{smoke}": " and ".join(PRESETS["smoke"]["modes"]),
+            "{periodic}": ", ".join(modes.named(lambda i: i.periodic))}
+    text = __doc__ or ""
+    for k, v in fill.items():
+        text = text.replace(k, v)
+    return text
 
 
 def _console() -> Any:
@@ -317,7 +343,8 @@ def run_bench(a: argparse.Namespace) -> int:
     elif stale:
         con.print(f"[yellow]warning:[/] namespaces of a killed benchmark remain: "
                   f"{', '.join(stale)} (remove them with --clean-stale; if it was killed "
-                  "during stock-kbp/busy/hybrid, 'kbpctl disable --all' restores the rest)")
+                  "while a mode had kbpctl enable a device, 'kbpctl disable --all' restores "
+                  "the rest)")
     quiet = runner.machine.quiet_report()
     if not quiet["quiet"]:
         msg = (f"machine not quiet (load {quiet['loadavg'][0]:.2f}, "

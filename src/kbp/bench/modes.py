@@ -29,8 +29,10 @@ nothing else; the client ends and the competing flood's devices stay stock NAPI 
                         application is ``kbp-echo``, an epoll echo server that asks for it
                         (``EPIOCSPARAMS``: prefer_busy_poll 1, busy_poll_usecs 0, budget 16).
                         Why these values: :class:`IrqSuspendMode`.
-``stock-kbp``           kbpctl's stock backend (threaded NAPI kthread pinned to the RT CPU,
-                        SCHED_FIFO), enabled and disabled through :mod:`kbp.backends`.
+``stock-hybrid``        kbpctl's stock backend ``--mode hybrid`` (threaded NAPI kthread
+                        pinned to the RT CPU, SCHED_FIFO), enabled and disabled through
+                        :mod:`kbp.backends`; called ``stock-kbp`` until 2026-11-27 (still
+                        taken by ``--modes`` and read from older results files).
 ``stock-busy``          kbpctl's stock backend ``--mode busy``: upstream threaded busy polling
                         (``threaded`` = 2, the kthread never sleeps), Linux 6.19 and later;
                         skipped with the reason on older kernels.  No ``--rt-prio``: the
@@ -97,15 +99,44 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from kbp import modespec, names, sysinfo
 from kbp.bench.knobs import Changes, KernelIO, Knob, KnobError, KnobIO, net_core_sysctl
 from kbp.testbed import run as ns_run
 
 VM_HINT = "runs in the VM rig: python -m kbp.bench vm --smoke"
+
+
+def backend_mode(backend: str, kbp_mode: str) -> str:
+    """The benchmark mode in which kbpctl's ``backend`` serves the RT device in ``kbp_mode``
+    (names.MODE_*): the kbp module's under the kbpctl mode's own name (busy, hybrid,
+    periodic), the stock backend's as ``stock-<mode>``."""
+    return kbp_mode if backend == names.BACKEND_KMOD else f"{backend}-{kbp_mode}"
+
+
+# The modes' names: the only place they are typed (the table at the end of this module says
+# what each is; every other module takes them from here or from the table).
+NAPI: Final = "napi"
+THREADED: Final = "threaded"
+BUSYPOLL: Final = "busypoll"
+DEFER: Final = "defer"
+IRQ_SUSPEND: Final = "irq-suspend"
+STOCK_HYBRID: Final = backend_mode(names.BACKEND_STOCK, names.MODE_HYBRID)
+STOCK_BUSY: Final = backend_mode(names.BACKEND_STOCK, names.MODE_BUSY)
+STOCK_PERIODIC: Final = backend_mode(names.BACKEND_STOCK, names.MODE_PERIODIC)
+BUSY: Final = backend_mode(names.BACKEND_KMOD, names.MODE_BUSY)
+HYBRID: Final = backend_mode(names.BACKEND_KMOD, names.MODE_HYBRID)
+PERIODIC: Final = backend_mode(names.BACKEND_KMOD, names.MODE_PERIODIC)
+EXCLUSIVE: Final = "exclusive"
+EXCL_SUFFIX: Final = "-excl"   # <kbp mode>-excl: the kbp mode and the exclusive CPU
+PART_SUFFIX: Final = "-part"   # <kbp mode>-part: the kbp mode and the heavy device non-rt
+#: the baseline every ratio refers to
+BASELINE: Final = NAPI
 
 
 @dataclass(frozen=True)
@@ -144,6 +175,10 @@ class Target:
 class Mode(Protocol):
     name: str
     spins: bool
+    moves_load: bool        # it moves load off the RT CPU: the runner lets it settle after
+
+    def idle_problem(self) -> str | None:
+        """Why the idle part cannot run this mode (None: it can)."""
 
     def unavailable(self) -> str | None:
         """Why this mode cannot run here (None: it can)."""
@@ -226,7 +261,13 @@ def too_old(since: Version, what: str, release: str | None = None) -> str | None
 
 
 class _Defaults:
-    """The quirks of a mode that has none: the app stays home, any device will do."""
+    """The quirks of a mode that has none: the app stays home, any device will do, nothing
+    moves, it runs in the idle part."""
+
+    moves_load = False
+
+    def idle_problem(self) -> str | None:
+        return None
 
     def app_place(self, home: AppPlace, env: AppEnv) -> AppPlace:
         return home
@@ -250,7 +291,7 @@ def require_softirq_napi(t: Target, mode: str, error: type[Exception] = RuntimeE
 
 @dataclass
 class NapiMode(_Defaults):
-    name: str = "napi"
+    name: str = NAPI
     target: Target | None = None
     spins: bool = False
 
@@ -277,7 +318,7 @@ class NapiMode(_Defaults):
 # -- threaded --------------------------------------------------------------------------------
 @dataclass
 class ThreadedMode(_Defaults):
-    name: str = "threaded"
+    name: str = THREADED
     target: Target | None = None
     spins: bool = False
     _was: str | None = None
@@ -368,7 +409,7 @@ class BusyPollMode(KnobMode):
     does not busy-poll although the sysctls may be global: kbp-rtt sets SO_BUSY_POLL 0 on its
     socket (checked by :func:`kbp.bench.tester.check_busy_poll`)."""
 
-    name: str = names.BENCH_BUSYPOLL
+    name: str = BUSYPOLL
 
     def unavailable(self) -> str | None:
         k = net_core_sysctl("busy_read", None, self.io)
@@ -411,7 +452,7 @@ def rps_off(t: Target, io: KnobIO, max_queues: int = 4096) -> list[tuple[Knob, s
 class DeferMode(KnobMode):
     """``defer``: napi_defer_hard_irqs and gro_flush_timeout on the RT server device."""
 
-    name: str = names.BENCH_DEFER
+    name: str = DEFER
 
     def unavailable(self) -> str | None:
         return too_old(DEFER_SINCE, "napi_defer_hard_irqs")
@@ -598,7 +639,7 @@ class IrqSuspendMode(KnobMode):
     through :class:`NapiIO`).  The app is placed as the placement says (``app_place``: home).
     """
 
-    name: str = names.BENCH_IRQ_SUSPEND
+    name: str = IRQ_SUSPEND
     io: KnobIO = field(default_factory=NapiIO)
     find_napis: Any = rt_napi_ids               # Target -> [NAPI id]
     find_rx_queues: Any = rt_rx_queues          # Target -> ["rx-0", ...]
@@ -675,14 +716,14 @@ class IrqSuspendMode(KnobMode):
                                  "max_events": workloads.ECHO_MAX_EVENTS}}
 
 
-# -- kbpctl backends (stock-kbp, stock-busy, stock-periodic, busy, hybrid, periodic) ---------
+# -- kbpctl backends (stock-hybrid, stock-busy, stock-periodic, busy, hybrid, periodic) ------
 def _backends() -> Any:
     import kbp.backends as b  # the kbpctl engineers' package; imported only when used
     return b
 
 
 @dataclass
-class BackendMode:
+class BackendMode(_Defaults):
     """A mode served by one of kbpctl's backends."""
 
     name: str
@@ -940,51 +981,222 @@ class PeriodicMode(BackendMode):
 
 STOCK_BUSY_SINCE: Version = modespec.BUSY.stock.since   # kbpctl stock --mode busy
 
-# one line per mode for --help and the docs (the table in this module's docstring, short)
-SUMMARY: dict[str, str] = {
-    names.BENCH_NAPI: "stock NAPI in NET_RX softirq (the baseline)",
-    names.BENCH_THREADED: "stock threaded NAPI (sysfs threaded=1), kthreads unpinned",
-    names.BENCH_BUSYPOLL: f"sysctls net.core.busy_read = busy_poll = {BUSY_POLL_US} "
-                          "(tuned network-latency), RPS off on the RT device",
-    names.BENCH_DEFER: f"IRQ deferral on the RT device: napi_defer_hard_irqs {DEFER_HARD_IRQS}, "
-                       f"gro_flush_timeout {GRO_FLUSH_TIMEOUT_NS} ns",
-    names.BENCH_IRQ_SUSPEND: "IRQ suspension on the RT device (Linux 6.13+), RT app kbp-echo "
-                             "(epoll)",
-    names.BENCH_STOCK_KBP: "kbpctl stock backend --mode hybrid (NAPI kthread SCHED_FIFO on "
-                           "the RT CPU)",
-    names.BENCH_STOCK_BUSY: "kbpctl stock backend --mode busy: upstream threaded busy "
-                            "polling (Linux 6.19+)",
-    names.BENCH_STOCK_PERIODIC: "kbpctl stock backend --mode periodic: IRQ deferral, "
-                                "interval searched (NetAP)",
-    names.MODE_BUSY: "kbp.ko poller, busy mode (kbp module loaded: the VM rig)",
-    names.MODE_HYBRID: "kbp.ko poller, hybrid mode (kbp module loaded: the VM rig)",
-    names.BENCH_PERIODIC: "kbp.ko poller, periodic mode: IRQ masked, interval searched "
-                          "(NetAP; the VM rig)",
-}
+
+# -- the table: what every mode is -----------------------------------------------------------
+# Categories: what a mode does with the RT CPU.
+KERNEL: Final = "kernel"    # the kernel's own settings, no kbpctl
+KBPCTL: Final = "kbpctl"    # a kbpctl backend serves the RT device (names.BACKENDS)
+EXCL: Final = "excl"        # the exclusive CPU method: the heavy flow moved to the non-RT CPU
+PART: Final = "part"        # RT and heavy receive work split by class on the RT CPU itself
+CATEGORIES: Final = (KERNEL, KBPCTL, EXCL, PART)
+#: the categories only a scenario with a heavy receiver offers (kbp.bench.heavy)
+HEAVY_CATEGORIES: Final = (EXCL, PART)
+
+
+@dataclass(frozen=True)
+class ModeInfo:
+    """What a benchmark mode is, typed once (in :data:`CATALOG`): --help, the runner's
+    checks, the plots' colours, the report's order and the scenarios' mode lists read it."""
+
+    name: str
+    category: str                  # one of CATEGORIES
+    summary: str                   # one line: --help and the docs
+    colour: str                    # its colour in every plot (no two modes share one)
+    make: Callable[[], Mode]       # a fresh adapter (the runner makes one set per run)
+    backend: str | None = None     # the kbpctl backend serving the RT device (names.BACKENDS)
+    kbp_mode: str | None = None    # the kbpctl mode it enables there (names.MODES)
+    spins: bool = False            # its poller never sleeps: it owns its CPU (modespec)
+    kthread: bool = False          # it leaves the RT device's NAPI a kthread (threaded NAPI)
+    base: str | None = None        # the mode it adds to (the -excl and -part modes; exclusive)
+    aliases: tuple[str, ...] = ()  # older names, still read from --modes and results files
+
+    @property
+    def heavy(self) -> bool:
+        """Only a scenario with a heavy receiver offers it (HEAVY_CATEGORIES)."""
+        return self.category in HEAVY_CATEGORIES
+
+    @property
+    def module(self) -> bool:
+        """kbp.ko serves the RT device (it refuses a NAPI that kept a kthread)."""
+        return self.backend == names.BACKEND_KMOD
+
+    @property
+    def periodic(self) -> bool:
+        """Mode periodic (NetAP): the bench's periodic knobs apply."""
+        return self.kbp_mode == names.MODE_PERIODIC
+
+    @property
+    def moves_load(self) -> bool:
+        """It moves the heavy flow off the RT CPU while on (the exclusive CPU modes)."""
+        return self.category == EXCL
+
+
+def _kbpctl(backend: str, kbp_mode: str, colour: str, summary: str,
+            aliases: tuple[str, ...] = (), **adapter: Any) -> ModeInfo:
+    """A mode in which kbpctl's ``backend`` serves the RT device in ``kbp_mode``: named by
+    :func:`backend_mode`, spinning where kbpctl's mode does (modespec); ``adapter``: the
+    adapter's own settings (BackendMode's since, feature, own_prio)."""
+    name, spins = backend_mode(backend, kbp_mode), modespec.spins(kbp_mode)
+    cls = PeriodicMode if kbp_mode == names.MODE_PERIODIC else BackendMode
+    return ModeInfo(name, KBPCTL, summary, colour,
+                    partial(cls, name, backend, kbp_mode, spins=spins, **adapter),
+                    backend=backend, kbp_mode=kbp_mode, spins=spins,
+                    kthread=backend == names.BACKEND_STOCK, aliases=aliases)
+
+
+def _heavy() -> Any:
+    from kbp.bench import heavy  # it builds on this module's adapters
+    return heavy
+
+
+def _make_excl(base: str) -> Mode:
+    return _heavy().KbpExclusiveMode(CATALOG[base].make())
+
+
+def _make_part(name: str, base: str) -> Mode:
+    return _heavy().PartMode(name, CATALOG[base].make())
+
+
+def _variant(base: ModeInfo, category: str, colour: str, summary: str) -> ModeInfo:
+    """``base`` plus what a heavy-receiver category adds: everything the RT flow sees is
+    base's (backend, kbpctl mode, spinning, kthread), its older names too (with the
+    suffix)."""
+    suffix = EXCL_SUFFIX if category == EXCL else PART_SUFFIX
+    name = base.name + suffix
+    make = partial(_make_excl, base.name) if category == EXCL else \
+        partial(_make_part, name, base.name)
+    return ModeInfo(name, category, summary, colour, make, backend=base.backend,
+                    kbp_mode=base.kbp_mode, spins=base.spins, kthread=base.kthread,
+                    base=base.name, aliases=tuple(a + suffix for a in base.aliases))
+
+
+def _excl(base: ModeInfo, colour: str) -> ModeInfo:
+    return _variant(base, EXCL, colour, f"{base.name} and the exclusive CPU together (kbpctl "
+                    "enable --isolate's placement, the heavy receiver moved too)")
+
+
+def _part(base: ModeInfo, colour: str) -> ModeInfo:
+    return _variant(base, PART, colour, f"{base.name} on the RT device and the heavy device "
+                    "in the same backend's class non-rt on the RT CPU itself (the outsourcing "
+                    "paper's RT/non-RT split by priority; nothing moved)")
+
+
+def _exclusive() -> ModeInfo:
+    return ModeInfo(EXCLUSIVE, EXCL, "the exclusive CPU method (RT device on napi; the heavy "
+                    "receiver and its RPS on the non-RT CPU)", "#aaaaaa",
+                    lambda: _heavy().ExclusiveMode(), base=NAPI)
+
+
+def _table() -> list[ModeInfo]:
+    """Every mode, in table order (--help, the report's rows, the plots' legends).  Colours:
+    a kbp mode's ``-excl`` variant is its colour's light shade, its ``-part`` variant its
+    dark shade; ``exclusive`` is napi's light grey (napi with the heavy flow moved)."""
+    # stock-hybrid was stock-kbp until 2026-11-27 (the stock backend's *hybrid*); its -excl
+    # and -part variants take the old name with the suffix
+    stock_hybrid = _kbpctl(names.BACKEND_STOCK, names.MODE_HYBRID, "#2ca02c",
+                           "kbpctl stock backend --mode hybrid (NAPI kthread SCHED_FIFO on "
+                           "the RT CPU)", aliases=("stock-kbp",))
+    hybrid = _kbpctl(names.BACKEND_KMOD, names.MODE_HYBRID, "#ff7f0e",
+                     "kbp.ko poller, hybrid mode (kbp module loaded: the VM rig)")
+    busy = _kbpctl(names.BACKEND_KMOD, names.MODE_BUSY, "#d62728",
+                   "kbp.ko poller, busy mode (kbp module loaded: the VM rig)")
+    return [
+        ModeInfo(NAPI, KERNEL, "stock NAPI in NET_RX softirq (the baseline)", "#444444",
+                 NapiMode),
+        ModeInfo(THREADED, KERNEL, "stock threaded NAPI (sysfs threaded=1), kthreads "
+                 "unpinned", "#1f77b4", ThreadedMode, kthread=True),
+        ModeInfo(BUSYPOLL, KERNEL, f"sysctls net.core.busy_read = busy_poll = {BUSY_POLL_US} "
+                 "(tuned network-latency), RPS off on the RT device", "#9467bd", BusyPollMode),
+        ModeInfo(DEFER, KERNEL, f"IRQ deferral on the RT device: napi_defer_hard_irqs "
+                 f"{DEFER_HARD_IRQS}, gro_flush_timeout {GRO_FLUSH_TIMEOUT_NS} ns", "#8c564b",
+                 DeferMode),
+        ModeInfo(IRQ_SUSPEND, KERNEL, "IRQ suspension on the RT device (Linux 6.13+), RT app "
+                 "kbp-echo (epoll)", "#e377c2", IrqSuspendMode),
+        stock_hybrid,
+        # kbpctl refuses a SCHED_FIFO priority for stock --mode busy (the upstream kthread
+        # never sleeps): the backend's default, SCHED_NORMAL, as a user gets it
+        _kbpctl(names.BACKEND_STOCK, names.MODE_BUSY, "#17becf", "kbpctl stock backend --mode "
+                "busy: upstream threaded busy polling (Linux 6.19+)", since=STOCK_BUSY_SINCE,
+                own_prio=True,
+                feature="threaded busy polling (napi threaded=2, kbpctl --mode busy)"),
+        # the interval search runs in kbpctl's service; the priority is the backend's own
+        _kbpctl(names.BACKEND_STOCK, names.MODE_PERIODIC, "#bcbd22", "kbpctl stock backend "
+                "--mode periodic: IRQ deferral, interval searched (NetAP)", own_prio=True),
+        busy,
+        hybrid,
+        _kbpctl(names.BACKEND_KMOD, names.MODE_PERIODIC, "#7f3b08", "kbp.ko poller, periodic "
+                "mode: IRQ masked, interval searched (NetAP; the VM rig)"),
+        _exclusive(),
+        _excl(stock_hybrid, "#98df8a"),
+        _excl(hybrid, "#ffbb78"),
+        _excl(busy, "#ff9896"),
+        _part(stock_hybrid, "#00441b"),
+        _part(hybrid, "#b8860b"),
+        _part(busy, "#67000d"),
+    ]
+
+
+def _catalog(table: list[ModeInfo]) -> dict[str, ModeInfo]:
+    out = {i.name: i for i in table}
+    every = [n for i in table for n in (i.name, *i.aliases)]
+    assert len(set(every)) == len(every), "two modes share a name"
+    assert len({i.colour for i in table}) == len(table), "two modes share a colour"
+    assert all(i.category in CATEGORIES for i in table)
+    return out
+
+
+#: every mode by name, in table order
+CATALOG: Final[dict[str, ModeInfo]] = _catalog(_table())
+
+
+def catalog() -> dict[str, ModeInfo]:
+    """Every mode's :class:`ModeInfo` by name, in table order."""
+    return CATALOG
+
+
+def canonical(name: str) -> str:
+    """The mode's name today (an older name, an alias, gives the mode's; others stay)."""
+    for info in CATALOG.values():
+        if name in info.aliases:
+            return info.name
+    return name
+
+
+def aliases() -> dict[str, str]:
+    """{older name: the mode's name today}."""
+    return {a: i.name for i in CATALOG.values() for a in i.aliases}
+
+
+def named(pred: Callable[[ModeInfo], bool]) -> tuple[str, ...]:
+    """The modes whose info satisfies ``pred``, in table order."""
+    return tuple(n for n, i in CATALOG.items() if pred(i))
+
+
+def standard_modes() -> tuple[str, ...]:
+    """The modes every scenario offers (those that need no heavy receiver), in table order."""
+    return named(lambda i: not i.heavy)
+
+
+def make_modes(wanted: Iterable[str]) -> dict[str, Mode]:
+    """Fresh adapters of the modes in ``wanted``."""
+    return {m: CATALOG[m].make() for m in wanted}
 
 
 def all_modes() -> dict[str, Mode]:
-    """Every benchmark mode, by its name in names.BENCH_MODES (in that order)."""
-    modes: list[Mode] = [
-        NapiMode(),
-        ThreadedMode(),
-        BusyPollMode(),
-        DeferMode(),
-        IrqSuspendMode(),
-        BackendMode(names.BENCH_STOCK_KBP, names.BACKEND_STOCK, names.MODE_HYBRID),
-        # kbpctl refuses a SCHED_FIFO priority for stock --mode busy (the upstream kthread
-        # never sleeps): the backend's default, SCHED_NORMAL, as a user gets it
-        BackendMode(names.BENCH_STOCK_BUSY, names.BACKEND_STOCK, names.MODE_BUSY, spins=True,
-                    since=STOCK_BUSY_SINCE, own_prio=True,
-                    feature="threaded busy polling (napi threaded=2, kbpctl --mode busy)"),
-        # the interval search runs in kbpctl's service; the priority is the backend's own
-        PeriodicMode(names.BENCH_STOCK_PERIODIC, names.BACKEND_STOCK, names.MODE_PERIODIC,
-                     own_prio=True),
-        BackendMode(names.MODE_BUSY, names.BACKEND_KMOD, names.MODE_BUSY, spins=True),
-        BackendMode(names.MODE_HYBRID, names.BACKEND_KMOD, names.MODE_HYBRID),
-        PeriodicMode(names.BENCH_PERIODIC, names.BACKEND_KMOD, names.MODE_PERIODIC),
-    ]
-    return {m.name: m for m in modes}
+    """Fresh adapters of the modes every scenario offers (:func:`standard_modes`)."""
+    return make_modes(standard_modes())
+
+
+def runs_doc(app_words: str, spin_app: str) -> dict[str, str]:
+    """What the modes run on the RT CPU and where the RT app runs (results' placement.runs):
+    ``app_words`` is the app's class at home, ``spin_app`` --busy-app."""
+    kbpctl = named(lambda i: i.category == KBPCTL)
+    spinning = named(lambda i: i.spins and i.category == KBPCTL)
+    return {"rt": f"the RT device's poller in {THREADED} (unpinned: where the scheduler puts "
+                  f"it), {', '.join(kbpctl)}",
+            "app": f"sockperf server (the RT application), {app_words}; {BUSYPOLL}: it "
+                   f"busy-polls the RT NAPI itself; {', '.join(spinning)}: --busy-app "
+                   f"{spin_app}; {IRQ_SUSPEND}: {names.APP_KBP_ECHO} in its place"}
 
 
 def availability(wanted: list[str], modes: dict[str, Mode] | None = None,
@@ -994,7 +1206,8 @@ def availability(wanted: list[str], modes: dict[str, Mode] | None = None,
     return {m: modes[m].unavailable() for m in wanted}
 
 
-__all__ = ["AppEnv", "AppPlace", "BackendMode", "BusyPollMode", "DeferMode",
-           "IrqSuspendMode", "KnobError", "KnobMode", "Mode", "NapiIO", "NapiMode",
-           "PeriodicMode", "Target", "ThreadedMode", "all_modes", "availability",
-           "backend_refusal", "search_state", "too_old"]
+__all__ = ["CATALOG", "AppEnv", "AppPlace", "BackendMode", "BusyPollMode", "DeferMode",
+           "IrqSuspendMode", "KnobError", "KnobMode", "Mode", "ModeInfo", "NapiIO", "NapiMode",
+           "PeriodicMode", "Target", "ThreadedMode", "aliases", "all_modes", "availability",
+           "backend_mode", "backend_refusal", "canonical", "catalog", "make_modes", "named",
+           "runs_doc", "search_state", "standard_modes", "too_old"]

@@ -274,10 +274,10 @@ def rfc2544(bench: Bench, rep: int) -> None:
 
 def idle(bench: Bench) -> None:
     """The idle cost of every mode, once (the first repetition's order).  A mode whose
-    ``idle_problem()`` (optional) gives a reason is recorded as skipped with it: the
-    exclusive CPU modes move the heavy flow, which the scenario starts after this part."""
+    ``idle_problem()`` gives a reason is recorded as skipped with it: the heavy-receiver
+    modes move or split the heavy flow, which the scenario starts after this part."""
     for m in bench.order(0):
-        why = getattr(bench.modes[m], "idle_problem", lambda: None)()
+        why = bench.modes[m].idle_problem()
         if why:
             bench.note(f"idle cost · {m}: skipped: {why}")
             bench.results["idle_skipped"][m] = why

@@ -2,62 +2,35 @@
 
 from __future__ import annotations
 
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-from kbp import names
+from kbp.bench import modes
 from kbp.bench.placement import Placement
 from kbp.bench.report import _modes_in, placement_of
 
 CPU_PARTS = ("user", "system", "softirq", "irq", "steal")
-#: every mode's colour, the one table (by kbp.names and the scenarios' own names, never
-#: re-typed): a kbp mode's ``-excl`` variant is its colour's light shade, its ``-part``
-#: variant its dark shade; ``exclusive`` is napi's light grey (napi with the flood moved)
-BASE_COLORS: dict[str, str] = {
-    names.BENCH_NAPI: "#444444", names.BENCH_THREADED: "#1f77b4",
-    names.BENCH_BUSYPOLL: "#9467bd", names.BENCH_DEFER: "#8c564b",
-    names.BENCH_IRQ_SUSPEND: "#e377c2", names.BENCH_STOCK_KBP: "#2ca02c",
-    names.BENCH_STOCK_BUSY: "#17becf", names.BENCH_STOCK_PERIODIC: "#bcbd22",
-    names.MODE_BUSY: "#d62728", names.MODE_HYBRID: "#ff7f0e", names.BENCH_PERIODIC: "#7f3b08",
-}
-#: the light (-excl) and dark (-part) shades of the kbp modes those variants exist for
-SHADES: dict[str, tuple[str, str]] = {
-    names.BENCH_STOCK_KBP: ("#98df8a", "#00441b"),
-    names.MODE_HYBRID: ("#ffbb78", "#b8860b"),
-    names.MODE_BUSY: ("#ff9896", "#67000d"),
-}
-EXCLUSIVE_COLOR = "#aaaaaa"
-FALLBACK = "#888888"
-#: line style by family: the exclusive CPU modes dashed, the part modes dash-dotted
-STYLES = {"excl": "--", "part": "-."}
+FALLBACK = "#888888"   # a name the modes' table does not know (no mode has it)
+#: line style by category: the exclusive CPU modes dashed, the part modes dash-dotted
+STYLES = {modes.EXCL: "--", modes.PART: "-."}
 
 
-@cache
 def palette() -> dict[str, str]:
-    """{mode: colour} for every mode the benchmark has (report.mode_order()), each distinct."""
-    from kbp.bench.scenarios import rt_split as rs
-    out = dict(BASE_COLORS)
-    out[rs.EXCLUSIVE] = EXCLUSIVE_COLOR
-    for m, (light, _dark) in SHADES.items():
-        out[m + rs.EXCL_SUFFIX] = light
-    for part, inner in rs.PART_MODES.items():
-        out[part] = SHADES[inner][1]
-    return out
+    """{mode: colour} for every mode the benchmark has (kbp.bench.modes' table, where each
+    mode's colour is its own)."""
+    return {m: info.colour for m, info in modes.catalog().items()}
 
 
 def color(mode: str) -> str:
     """The colour of ``mode`` (a grey for a name the table does not know)."""
-    return palette().get(mode, FALLBACK)
+    info = modes.catalog().get(modes.canonical(mode))
+    return info.colour if info is not None else FALLBACK
 
 
 def style(mode: str) -> str:
     """The line style of ``mode``: solid, dashed (exclusive CPU modes), dash-dotted (part)."""
-    from kbp.bench.scenarios import rt_split as rs
-    if rs.part_like(mode):
-        return STYLES["part"]
-    return STYLES["excl"] if rs.exclusive_like(mode) else "-"
-
+    info = modes.catalog().get(modes.canonical(mode))
+    return STYLES.get(info.category, "-") if info is not None else "-"
 
 
 def _plt() -> Any:
@@ -235,6 +208,7 @@ def standard(results: dict[str, Any], samples: dict[str, list[int]], out: Path,
 
 def all_plots(results: dict[str, Any], samples: dict[str, list[int]], out: Path) -> list[Path]:
     """The plots of the results' scenario."""
-    from kbp.bench.report import scenario_of, upgrade
+    from kbp.bench.report import scenario_of, upgrade, upgrade_samples
     upgrade(results)
+    upgrade_samples(samples)
     return scenario_of(results).plots(results, samples, out)

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from functools import cache
 from typing import Any
 
 from kbp import names
+from kbp.bench import modes
 from kbp.bench import parts as parts_
+from kbp.bench.modes import BASELINE
 from kbp.bench.placement import Placement
 from kbp.bench.stats import FEW_ABOVE, aggregate, kth_largest, pct_key, ratios_to_baseline
 
-BASELINE = "napi"
 Column = tuple[str, str, str]      # (metric key, heading, unit)
 
 # the latency tables, in order; the per-CPU columns follow (latency_columns)
@@ -266,13 +266,11 @@ def cell(agg: dict[str, Any] | None, spread: bool = True) -> str:
     return s
 
 
-@cache
 def mode_order() -> tuple[str, ...]:
-    """Every mode name in table order: names.BENCH_MODES, then the scenarios' own modes
-    (rt-split's and shared-cpu's: exclusive, the ``-excl`` and the ``-part`` modes)."""
-    from kbp.bench.scenarios import rt_split
-    return (*names.BENCH_MODES, rt_split.EXCLUSIVE, *rt_split.KBP_EXCL_MODES,
-            *rt_split.PART_MODES)
+    """Every mode name in table order (kbp.bench.modes' table): the modes every scenario
+    has, then those of the scenarios with a heavy receiver (exclusive, the ``-excl`` and the
+    ``-part`` modes)."""
+    return tuple(modes.catalog())
 
 
 def _modes_in(d: dict[str, Any]) -> list[str]:
@@ -472,8 +470,7 @@ def markdown(results: dict[str, Any]) -> str:
     pl = placement_of(results)
     scen = results.get("scenario") or {}
     scenario = scenario_of(results)
-    what = getattr(scenario, "measures", None) or (
-        "Kernel-timestamped round trips (SO_TIMESTAMPING software stamps), microseconds.")
+    what = scenario.measures
     out = [f"Scenario `{scen.get('name')}`: {scen.get('title', '')}.", "",
            f"Testbed: {results.get('testbed')}. {what} Cells: median of {reps} repetitions "
            "[min-max] xratio to napi (median of per-repetition ratios); idle cost and RFC "
@@ -602,9 +599,57 @@ def order_section(results: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _today(name: str, old: dict[str, str]) -> str:
+    """``name`` with an older mode name in it replaced by today's: the whole string, or a
+    part of a ``part|condition|mode`` key (tails, samples)."""
+    if name in old:
+        return old[name]
+    if "|" in name:
+        return "|".join(old.get(p, p) for p in name.split("|"))
+    return name
+
+
+def _rename_in(x: Any, old: dict[str, str]) -> None:
+    """Every older mode name in the dicts and lists of ``x`` (keys and string values)
+    replaced by today's, in place."""
+    if isinstance(x, dict):
+        items = [(_today(k, old) if isinstance(k, str) else k, v) for k, v in x.items()]
+        x.clear()
+        for k, v in items:
+            x[k] = _today(v, old) if isinstance(v, str) else v
+            _rename_in(v, old)
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            if isinstance(v, str):
+                x[i] = _today(v, old)
+            else:
+                _rename_in(v, old)
+
+
+def rename_old_modes(results: dict[str, Any]) -> dict[str, Any]:
+    """Results written before a mode was renamed (kbp.bench.modes' aliases: the stock
+    backend's hybrid modes before 2026-11-27) with today's names, in place; the command stays
+    as it was run."""
+    command = results.get("command")
+    _rename_in(results, modes.aliases())
+    if command is not None:
+        results["command"] = command
+    return results
+
+
+def upgrade_samples(samples: dict[str, list[int]]) -> dict[str, list[int]]:
+    """A samples.json.gz's ``part|condition|mode`` keys with today's mode names, in place."""
+    old = modes.aliases()
+    items = [(_today(k, old), v) for k, v in samples.items()]
+    samples.clear()
+    samples.update(items)
+    return samples
+
+
 def upgrade(results: dict[str, Any]) -> dict[str, Any]:
-    """A results.json of schema kbp-bench/1 (one scenario, CPUs 0/1, ``scenario`` meaning
-    the part) in today's shape, in place; newer ones are left alone."""
+    """A results.json of an older shape in today's, in place: schema kbp-bench/1 (one
+    scenario, CPUs 0/1, ``scenario`` meaning the part) and modes under older names."""
+    rename_old_modes(results)
     if results.get("schema") != "kbp-bench/1":
         return results
     from kbp.bench import scenarios
@@ -651,5 +696,6 @@ def add_summary(results: dict[str, Any]) -> dict[str, Any]:
     return results
 
 
-__all__ = ["add_summary", "latency_table", "markdown", "pct_key", "run_metrics",
-           "summarize", "summarize_rfc", "summarize_runs", "upgrade"]
+__all__ = ["add_summary", "latency_table", "markdown", "pct_key", "rename_old_modes",
+           "run_metrics", "summarize", "summarize_rfc", "summarize_runs", "upgrade",
+           "upgrade_samples"]

@@ -70,6 +70,7 @@ from kbp.bench import (
     trace,
     workloads,
 )
+from kbp.bench import modes as modes_
 from kbp.bench import placement as placement_
 from kbp.bench.modes import (
     SPIN_APP_CHOICES,
@@ -96,13 +97,9 @@ LABEL_NIC_EMULATED = ("netns with the RT flow over a NIC pair ({pair}) in the VM
 
 SCHEMA = "kbp-bench/2"
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)     # asm-generic value
-# modes that leave the RT device's NAPI a kthread, and the module's modes, which refuse such a
-# NAPI on kernels before KTHREAD_KEPT_BEFORE (the runner recreates a veth pair; a NIC cannot be)
-KTHREAD_MODES = (names.BENCH_THREADED, names.BENCH_STOCK_KBP, names.BENCH_STOCK_BUSY,
-                 names.BENCH_STOCK_PERIODIC, names.BENCH_STOCK_KBP_PART)
-MODULE_MODES = (names.MODE_BUSY, names.MODE_HYBRID, names.BENCH_PERIODIC,
-                names.BENCH_HYBRID_PART, names.BENCH_BUSY_PART)
-PERIODIC_MODES = (names.BENCH_PERIODIC, names.BENCH_STOCK_PERIODIC)
+# the modes that leave the RT device's NAPI a kthread (ModeInfo.kthread) and the module's
+# (ModeInfo.module), which refuse such a NAPI on kernels before KTHREAD_KEPT_BEFORE (the runner
+# recreates a veth pair; a NIC cannot be)
 KTHREAD_KEPT_BEFORE = (6, 15, 0)
 
 
@@ -266,7 +263,7 @@ class Bench:
         except scenarios.UnknownScenario as e:
             raise Aborted(str(e)) from e
         known = [*self.scenario.parts, *parts.COMMON]
-        own = getattr(self.scenario, "default_parts", None)
+        own = self.scenario.default_parts
         if cfg.parts is None and own is not None:
             cfg.parts = list(own)
         elif cfg.parts is None:     # rtt-tcp is a competing load: only when loads are on
@@ -279,14 +276,16 @@ class Bench:
                           f"from {', '.join(known)}")
         if cfg.idle_duration <= 0:
             raise Aborted("--idle-duration must be positive")
-        known_modes = [*names.BENCH_MODES, *getattr(self.scenario, "own_modes", {})]
+        self._rename_old_modes(cfg)
+        known_modes = self.scenario.mode_names()
         badm = [m for m in cfg.modes if m not in known_modes]
         if badm:
             raise Aborted(f"unknown mode {badm[0]!r} for scenario {self.scenario.name}: "
                           f"choose from {', '.join(known_modes)}")
-        if "napi" not in cfg.modes:
-            raise Aborted("mode napi is the baseline every ratio refers to: keep it in --modes")
-        if any(m in PERIODIC_MODES for m in cfg.modes):
+        if modes_.BASELINE not in cfg.modes:
+            raise Aborted(f"mode {modes_.BASELINE} is the baseline every ratio refers to: "
+                          "keep it in --modes")
+        if any(modes_.catalog()[m].periodic for m in cfg.modes):
             why = periodic_problem(self.periodic_knobs())
             if why:
                 raise Aborted(f"the periodic modes' knobs: {why}")
@@ -339,8 +338,8 @@ class Bench:
         except nicpair.NicPairError as e:
             raise Aborted(str(e)) from e
         workloads.require_tools(["ping"])
-        kthread = [m for m in self.cfg.modes if m in KTHREAD_MODES]
-        module = [m for m in self.cfg.modes if m in MODULE_MODES]
+        kthread = [m for m in self.cfg.modes if modes_.catalog()[m].kthread]
+        module = [m for m in self.cfg.modes if modes_.catalog()[m].module]
         if kthread and module and sysinfo.kernel_version() < KTHREAD_KEPT_BEFORE:
             raise Aborted(
                 f"--nic-pair with {', '.join(kthread)} and {', '.join(module)} in one run: on "
@@ -363,9 +362,18 @@ class Bench:
         extra = (parts.TCP_LINK,) if parts.RTT_TCP in (self.cfg.parts or []) else ()
         return (*self.scenario.links, *extra)
 
+    def _rename_old_modes(self, cfg: BenchConfig) -> None:
+        """--modes with a mode's older name: today's name, and a note (cfg.deprecated)."""
+        old = [m for m in cfg.modes if m in modes_.aliases()]
+        if old:
+            cfg.modes = [modes_.canonical(m) for m in cfg.modes]
+            cfg.deprecated.append("--modes " + ", ".join(
+                f"{m} (now {modes_.canonical(m)})" for m in old))
+
     def _check_flood(self, cfg: BenchConfig) -> None:
         """--flood: known, and only for a scenario with a flood of that kind to choose."""
-        own = getattr(self.scenario, "flood", None)
+        assert self.scenario is not None
+        own = self.scenario.flood
         if cfg.flood is None:
             return
         if cfg.flood not in parts.FLOODS:
@@ -376,7 +384,8 @@ class Bench:
 
     def flood_proto(self) -> str:
         """The flood this run uses: --flood, else the scenario's own default."""
-        return self.cfg.flood or getattr(self.scenario, "flood", None) or "udp"
+        assert self.scenario is not None
+        return self.cfg.flood or self.scenario.flood or "udp"
 
     def plan_seconds(self) -> float:
         """Planned duration of the whole benchmark (for the progress bar)."""
@@ -426,11 +435,7 @@ class Bench:
         d["app_policy"] = self.app_policy()
         d["app_fifo"] = self.app_fifo()
         d["runs"] = {
-            "rt": "the RT device's poller in threaded (unpinned: where the scheduler puts "
-                  "it), stock-kbp, stock-busy, busy, hybrid",
-            "app": f"sockperf server (the RT application), {self.app_words()}; busypoll: it "
-                   "busy-polls the RT NAPI itself; busy, stock-busy: "
-                   f"--busy-app {cfg.spin_app}; irq-suspend: kbp-echo in its place",
+            **modes_.runs_doc(self.app_words(), cfg.spin_app),
             "tester": f"kbp-rtt (SCHED_FIFO {cfg.tester_prio})",
             "harness": "this program, bpftrace",
         }
@@ -470,10 +475,8 @@ class Bench:
             "mode_order_rule": f"seeded random permutation per repetition (--seed {cfg.seed})",
             "mode_order": {}, "settle_after_move_s": cfg.settle_s,
         }
-        self.modes = all_modes()
-        make = getattr(self.scenario, "make_modes", None)
-        if make is not None:            # the scenario's own modes (own_modes), fresh objects
-            self.modes.update(make())
+        # fresh adapters: every scenario's modes and the scenario's own (bound by its run)
+        self.modes = {**all_modes(), **self.scenario.make_modes()}
         for m, why in availability(cfg.modes, self.modes).items():
             self.results["modes"][m] = {"status": "skipped", "reason": why} if why else \
                 {"status": "ok"}
@@ -877,7 +880,7 @@ class Bench:
                 finally:
                     self._use_app(names.APP_SOCKPERF)
                     self.server.place(home)
-            if getattr(mode, "moves_load", False) and self.cfg.settle_s > 0:
+            if mode.moves_load and self.cfg.settle_s > 0:
                 time.sleep(self.cfg.settle_s)      # the moved load settles back first
 
     def _fresh_rt_link(self) -> None:
@@ -886,8 +889,10 @@ class Bench:
         assert self.tb is not None and self.server is not None
         if self.tb.link("rt").kind != "veth":
             raise Aborted("the RT device's NAPI kept its kthread after threaded NAPI (kernels "
-                          "before 6.15) and a NIC pair cannot be recreated: run threaded / "
-                          "stock-kbp and the module modes in two invocations")
+                          "before 6.15) and a NIC pair cannot be recreated: run the modes "
+                          "that thread it ("
+                          + ", ".join(modes_.named(lambda i: i.kthread))
+                          + ") and the module modes in two invocations")
         self._note("recreating the RT veth pair (a NAPI kthread outlived threaded=0)")
         self.server.stop()
         self.tb.recreate_link(list(self.tb.link_names).index("rt"))

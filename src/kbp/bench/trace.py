@@ -13,7 +13,7 @@ Four delays, each aggregated in the kernel into log-linear buckets (two signific
 ``netrx_raise_to_entry``  (napi mode's mechanism, per CPU)
     ``irq:softirq_raise`` (vec NET_RX) -> ``irq:softirq_entry`` (NET_RX) on the same CPU: the
     softirq scheduling delay.  It covers every NET_RX on the CPU (the competing flood too).
-``poller_wake_to_run``  (threaded / stock-kbp / hybrid: the poller threads' pids)
+``poller_wake_to_run``  (threaded / stock-hybrid / hybrid: the poller threads' pids)
     ``sched:sched_waking`` of a poller thread -> ``sched:sched_switch`` into it.
 ``app_wake_to_run``  (every mode: the RT application, sockperf server; kbp-echo in irq-suspend)
     ``sched:sched_waking`` -> ``sched:sched_switch`` of the application's threads.

@@ -1,6 +1,6 @@
 """Scenarios of the benchmark: what testbed, load and measurements one ``kbpctl bench`` runs.
 
-A scenario is one file in this package defining ``SCENARIO``, an object implementing
+A scenario is one file in this package defining ``SCENARIO``, an instance of a subclass of
 :class:`Scenario`; :func:`all_scenarios` finds every such file (the default first, then by
 name), and ``--help``, ``--scenario`` and the refusal of unknown names follow from it.
 The runner (:mod:`kbp.bench.runner`) does what every scenario shares: checks, the placement
@@ -42,7 +42,9 @@ import importlib
 import pkgutil
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from kbp.bench import modes
 
 if TYPE_CHECKING:
     from kbp.bench.runner import Bench, BenchConfig
@@ -54,57 +56,104 @@ class UnknownScenario(ValueError):
     pass
 
 
-class Scenario(Protocol):
+#: what a scenario's report says its cells are, unless it says otherwise (``measures``)
+ROUND_TRIPS = "Kernel-timestamped round trips (SO_TIMESTAMPING software stamps), microseconds."
+
+
+class Scenario:
+    """What every scenario is, and the defaults of what a scenario may leave out.
+
+    A scenario sets ``name``, ``title``, ``links``, ``parts`` and implements the methods that
+    raise NotImplementedError here; the other members have defaults (read directly, never
+    with getattr)."""
+
     name: str
     title: str                  # what it measures, one line (results.md, --help)
     links: tuple[str, ...]      # veth pairs by role; the first is the RT pair ("rt")
     parts: tuple[str, ...]      # the measurements it can run (--parts), in order
-    role_doc: dict[str, str]    # what runs in each role it adds (results' placement.runs)
-    rt_roles: tuple[str, ...]   # roles it puts on the RT CPU (placement.plan's on_rt)
-    app_policy: str             # the RT app's class unless --app-policy: "fifo" | "other"
+    #: what runs in each role it adds (results' placement.runs)
+    role_doc: ClassVar[dict[str, str]] = {}
+    rt_roles: tuple[str, ...] = ()   # roles it puts on the RT CPU (placement.plan's on_rt)
+    app_policy: str = "other"        # the RT app's class unless --app-policy: fifo | other
+    measures: str = ROUND_TRIPS      # the report header's sentence on what the cells are
+    #: the modes when --modes is not given (empty: every mode every scenario offers,
+    #: kbp.bench.modes.standard_modes; :meth:`modes_by_default` may decide instead)
+    default_modes: tuple[str, ...] = ()
+    #: the parts when --parts is not given (None: all of its own and the runner's)
+    default_parts: tuple[str, ...] | None = None
+    #: what a CLI preset (--smoke, --demo) means for it: {preset: {config field: value}},
+    #: applied over the preset's own values
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    #: the kind of its flood when --flood is not given (parts.FLOODS); None: it has no flood
+    #: to choose and refuses --flood
+    flood: str | None = None
+    #: its ``run`` binds a heavy receiver (kbp.bench.heavy.bind_heavy), so it offers the
+    #: modes that move or split the heavy flow (kbp.bench.modes.HEAVY_CATEGORIES)
+    binds_heavy: bool = False
 
+    # -- its modes, from kbp.bench.modes' table --------------------------------------------
+    def offers(self, mode: str) -> bool:
+        """``mode`` (today's name) runs in this scenario."""
+        info = modes.catalog().get(mode)
+        return info is not None and (self.binds_heavy or not info.heavy)
+
+    def mode_names(self) -> tuple[str, ...]:
+        """Every mode it offers, in table order (--modes)."""
+        return tuple(m for m in modes.catalog() if self.offers(m))
+
+    @property
+    def own_modes(self) -> dict[str, str]:
+        """{mode: summary} of the modes it offers beyond the ones every scenario has."""
+        common = set(modes.standard_modes())
+        return {m: modes.catalog()[m].summary for m in self.mode_names() if m not in common}
+
+    def make_modes(self) -> dict[str, modes.Mode]:
+        """Fresh adapters of :attr:`own_modes` (one set per run; ``run`` binds them)."""
+        return modes.make_modes(self.own_modes)
+
+    def modes_by_default(self) -> tuple[str, ...]:
+        """The modes a run compares when none are named."""
+        return self.default_modes or modes.standard_modes()
+
+    # -- what every scenario implements ----------------------------------------------------
     def roles(self, cfg: BenchConfig) -> tuple[str, ...]:
         """The roles (kbp.bench.placement.ROLES) this configuration places on CPUs."""
+        raise NotImplementedError
 
     def tools(self, cfg: BenchConfig) -> list[str]:
         """Programs it needs besides the runner's (ip, ethtool, taskset, sockperf)."""
+        raise NotImplementedError
 
     def check(self, cfg: BenchConfig) -> None:
         """Refuse a configuration it cannot run (raise runner.Aborted with the reason)."""
+        raise NotImplementedError
 
     def plan_seconds(self, cfg: BenchConfig, n_modes: int) -> float:
         """Planned run time (the progress bar's total)."""
+        raise NotImplementedError
 
     def run(self, bench: Bench) -> None:
         """Every repetition of every part; records land in bench.results / bench.samples."""
+        raise NotImplementedError
 
     def summarize(self, results: dict[str, Any]) -> dict[str, Any]:
         """results["summary"] from results["runs"] and the other raw records."""
+        raise NotImplementedError
 
     def render(self, results: dict[str, Any]) -> str:
         """The scenario's markdown tables (the runner adds the header and footer)."""
+        raise NotImplementedError
 
     def plots(self, results: dict[str, Any], samples: dict[str, list[int]], out: Path,
               ) -> list[Path]:
         """PNG plots written to ``out``."""
-
-    # Optional, read with getattr: ``measures`` (the report header's sentence on what the
-    # cells are; default: kernel-timestamped round trips), ``default_modes`` (a tuple of
-    # names.BENCH_MODES: the modes when --modes is not given; else every mode),
-    # ``default_parts`` (the parts when --parts is not given; else all of its own and the
-    # runner's), ``presets`` ({preset: {config field: value}}: what a CLI preset (--smoke,
-    # --demo) means for this scenario, applied over the preset's own values), ``own_modes``
-    # ({name: one line}: modes only this scenario has, accepted by --modes for it alone) with
-    # ``make_modes()`` (fresh kbp.bench.modes.Mode objects for them, one set per run; the
-    # scenario's ``run`` binds them to what it built), ``flood`` (the kind of its flood when
-    # --flood is not given, one of parts.FLOODS; a scenario without it refuses --flood).
+        raise NotImplementedError
 
 
 def default_modes(scen: Scenario) -> tuple[str, ...]:
     """The modes a run of ``scen`` compares when none are named: its ``default_modes``,
-    else every benchmark mode."""
-    from kbp import names
-    return tuple(getattr(scen, "default_modes", None) or names.BENCH_MODES)
+    else every mode every scenario offers."""
+    return tuple(scen.modes_by_default())
 
 
 @cache

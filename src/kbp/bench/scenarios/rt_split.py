@@ -42,13 +42,13 @@ Modes (the paper's methods; napi is the baseline every ratio refers to):
                stays on plain napi (RPS to the RT CPU), but the heavy receiver (iperf3 server)
                and its device's receive processing (RPS) move to the non-RT CPU while the mode
                is on, and back after; the RT CPU then runs only RT work
-``stock-kbp``  the kbp RT class on this host (kbpctl stock backend: RT device off RPS, its
+``stock-hybrid``  the kbp RT class on this host (kbpctl stock backend: RT device off RPS, its
                NAPI polled by a SCHED_FIFO kthread on the RT CPU; the heavy flow stays on the
                RT CPU's backlog); ``hybrid`` / ``busy`` are kbp.ko's, in the VM rig
 ``<kbp mode>-excl``  the kbp mode and the exclusive CPU together (kbpctl enable --isolate's
                placement, the heavy receiver moved too)
 ``<kbp mode>-part``  the outsourcing paper's own method, RT and non-RT receive work split by
-               priority on the *same* CPU (``stock-kbp-part``, ``hybrid-part``,
+               priority on the *same* CPU (``stock-hybrid-part``, ``hybrid-part``,
                ``busy-part``): the RT device on the kbp mode's RT poller, the heavy device in
                the same backend's class non-rt on the RT CPU (kbp.ko: that CPU's non-rt
                poller, SCHED_NORMAL, giving way to the RT poller between polls of a small
@@ -75,7 +75,7 @@ ksoftirqd on the RT and the non-RT CPU: where the heavy flow was processed), ``s
 mode puts it (the RT CPU, or the non-RT CPU in ``exclusive``).
 
 In the VM rig (``python -m kbp.bench vm --nic-pair --scenario rt-split``, kbp.ko loaded:
-hybrid and busy run there): on kernels before 6.15 the runner refuses threaded / stock-kbp
+hybrid and busy run there): on kernels before 6.15 the runner refuses threaded / stock-hybrid
 and the module modes in one ``--nic-pair`` run (a NAPI keeps its kthread), so pass
 ``--modes napi,exclusive,hybrid,busy`` there and the others in a second invocation.
 
@@ -85,34 +85,24 @@ situation; the presets run only this) and ``off`` (``idle``: the RT flow alone, 
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from kbp import names
-from kbp.bench import netstats, plots, report, steer, workloads
+from kbp.bench import heavy as hs
+from kbp.bench import modes, plots, report, steer, workloads
 from kbp.bench import parts as pt
 from kbp.bench import placement as pl
-from kbp.bench.knobs import KnobError
-from kbp.bench.modes import (
-    AppEnv,
-    AppPlace,
-    Target,
-    _Defaults,
-    require_softirq_napi,
-    thread_placement,
-)
+from kbp.bench.scenarios import Scenario
 from kbp.bench.stats import aggregate, ratios_to_baseline
 
 if TYPE_CHECKING:
     from kbp.bench.runner import Bench, BenchConfig
 
-EXCLUSIVE = "exclusive"
-KBP_MODES = (names.BENCH_STOCK_KBP, names.MODE_HYBRID, names.MODE_BUSY)
+#: the kbp modes the heavy-side variants (-excl, -part) build on, in the variants' order
+KBP_MODES = tuple(dict.fromkeys(i.base for i in modes.catalog().values()
+                                if i.category == modes.PART and i.base))
 LOADS = {"off": "idle", "on": "tcp"}
 CONDITIONS: dict[str, str] = {
     "tcp": "RT flow with the TCP heavy sender, both server devices' receive processing on "
@@ -120,36 +110,18 @@ CONDITIONS: dict[str, str] = {
     "idle": "RT flow alone, its receive processing on the RT CPU (baseline)",
 }
 PAPER_UNIFORM_US = (1000.0, 10000.0)        # Sect. IV-A: random gaps of 1 to 10 ms
-EXCL_SUFFIX = "-excl"
-#: the kbp modes combined with the exclusive CPU (kbpctl enable --isolate's placement plus the
-#: heavy receiver moved): "stock-kbp-excl", "hybrid-excl", "busy-excl"
-KBP_EXCL_MODES = tuple(m + EXCL_SUFFIX for m in KBP_MODES)
-ORDER = (names.BENCH_NAPI, names.BENCH_THREADED, EXCLUSIVE, *KBP_MODES, *KBP_EXCL_MODES,
-         names.BENCH_STOCK_KBP_PART, names.BENCH_HYBRID_PART, names.BENCH_BUSY_PART)
-
-
-#: the part modes (the outsourcing paper's RT/non-RT split by priority on the RT CPU itself):
-#: {part mode: the kbp mode that serves the RT device}; the heavy device goes to the same
-#: backend's non-rt class on the same CPU
-PART_MODES: dict[str, str] = {names.BENCH_STOCK_KBP_PART: names.BENCH_STOCK_KBP,
-                              names.BENCH_HYBRID_PART: names.MODE_HYBRID,
-                              names.BENCH_BUSY_PART: names.MODE_BUSY}
-
-
-def part_like(mode: str) -> bool:
-    """The mode splits the RT CPU by class: RT device on its RT poller, heavy device on the
-    same CPU's non-rt poller (or SCHED_OTHER NAPI thread)."""
-    return mode in PART_MODES
-
-
-def exclusive_like(mode: str) -> bool:
-    """The mode puts the heavy flow on the non-RT CPU (exclusive, or a kbp mode with it)."""
-    return mode == EXCLUSIVE or mode in KBP_EXCL_MODES
+#: the kbp modes with the exclusive CPU ("<kbp mode>-excl"), and with the heavy device in
+#: class non-rt on the RT CPU ("<kbp mode>-part")
+KBP_EXCL_MODES = modes.named(lambda i: i.category == modes.EXCL and i.base in KBP_MODES)
+PART_MODES = modes.named(lambda i: i.category == modes.PART)
+#: the modes in this scenario's tables' order (and its default)
+ORDER = (modes.NAPI, modes.THREADED, modes.EXCLUSIVE, *KBP_MODES, *KBP_EXCL_MODES,
+         *PART_MODES)
 # Table 3 of the paper (µs: mean, p99, SD) and Fig. 7's throughput, by the mode standing in
 PAPER_TABLE3: dict[str, tuple[str, float, float, float]] = {
-    names.BENCH_NAPI: ("(non-RT) vanilla Linux", 92.5, 225.0, 29.2),
-    names.BENCH_THREADED: ("threaded interrupt handling", 100.8, 202.9, 29.0),
-    EXCLUSIVE: ("exclusive CPU", 70.5, 96.0, 11.8),
+    modes.NAPI: ("(non-RT) vanilla Linux", 92.5, 225.0, 29.2),
+    modes.THREADED: ("threaded interrupt handling", 100.8, 202.9, 29.0),
+    modes.EXCLUSIVE: ("exclusive CPU", 70.5, 96.0, 11.8),
     "kbp": ("outsourcing (the paper's RT class)", 32.9, 46.8, 4.3),
 }
 HEAVY_LINK = "heavy"
@@ -159,405 +131,8 @@ STEER_SHARE = 0.5     # steering_check: this share of the heavy flow's packets w
 RUN_OVERHEAD_S = 0.3  # per run: the probes, exclusive's moves
 
 
-class RtSplitError(RuntimeError):
-    pass
-
-
-# -- the heavy receiver's side, and the exclusive CPU mode --------------------------------
-@dataclass
-class HeavySide:
-    """The heavy receiver and its device's receive processing: where they run now, and the
-    move ``exclusive`` makes (RPS mask of the device, affinity of every iperf3 thread)."""
-
-    netns: str
-    dev: str
-    rt_cpu: int
-    nonrt_cpu: int
-    flood: workloads.Flood
-    cpu_now: int = -1
-
-    def receiver_pids(self) -> list[int]:
-        srv = self.flood.server
-        if srv is None:
-            return []
-        try:
-            return sorted(int(t) for t in os.listdir(f"/proc/{srv.pid}/task"))
-        except OSError:
-            return [srv.pid]
-
-    def receiver_cpus(self) -> list[int]:
-        """The CPUs the heavy receiver may run on now (its main thread's affinity)."""
-        pids = self.receiver_pids()
-        with contextlib.suppress(OSError):
-            return sorted(os.sched_getaffinity(pids[0])) if pids else []
-        return []
-
-    def place(self, cpu: int) -> None:
-        """The heavy device's RPS and the heavy receiver onto ``cpu`` (KnobError when the
-        mask does not stick)."""
-        rx = steer.read_rps(self.netns, self.dev)
-        steer.write_rps(self.netns, self.dev, dict.fromkeys(rx, steer.cpu_mask(cpu)))
-        got = steer.rps_cpus(steer.read_rps(self.netns, self.dev))
-        if got != [cpu]:
-            raise KnobError(f"{self.dev}: RPS to CPU {cpu} did not stick (reads {got})")
-        for tid in self.receiver_pids():
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(tid, {cpu})
-        self.cpu_now = cpu
-
-
-@dataclass
-class ExclusiveMode(_Defaults):
-    """``exclusive``: the exclusive CPU method.  The RT device is plain napi (as ``napi``);
-    while the mode is on the heavy receiver and its device's RPS are on the non-RT CPU, and
-    teardown puts both back on the RT CPU.  Bound to the run's heavy side by the scenario."""
-
-    name: str = EXCLUSIVE
-    base: str = names.BENCH_NAPI    # the mode it is without the move (idle_problem)
-    spins: bool = False
-    moves_load: bool = True         # the runner lets the moved load settle after it
-    heavy: HeavySide | None = None
-    target: Target | None = None
-    _moved: bool = False
-
-    def unavailable(self) -> str | None:
-        return None
-
-    def setup(self, t: Target) -> None:
-        self.target = t
-        require_softirq_napi(t, self.name, RtSplitError)
-        self.move_out()
-
-    def idle_problem(self) -> str | None:
-        """Why the idle part cannot run this mode: nothing to move before the heavy flow."""
-        return None if self.heavy is not None else (
-            f"{self.name} moves the heavy flow, which does not exist in the idle part: "
-            f"its idle cost is {self.base}'s")
-
-    def teardown(self) -> None:
-        self.target = None
-        self.move_back()
-
-    def require_heavy(self) -> HeavySide:
-        """The bound heavy side, or RtSplitError outside the scenarios that bind one."""
-        if self.heavy is None:
-            raise RtSplitError(f"mode {self.name} runs only in the rt-split and shared-cpu "
-                               "scenarios (no heavy receiver to move)")
-        return self.heavy
-
-    def move_out(self) -> None:
-        """The heavy receiver and its device's RPS to the non-RT CPU (the exclusive CPU)."""
-        heavy = self.require_heavy()
-        self._moved = True
-        heavy.place(heavy.nonrt_cpu)
-
-    def move_back(self) -> None:
-        """Undo :meth:`move_out` (nothing when it did not run)."""
-        if self._moved and self.heavy is not None:
-            self._moved = False
-            self.heavy.place(self.heavy.rt_cpu)
-
-    def threads(self) -> dict[int, str]:
-        return {}
-
-    def counters(self) -> dict[str, int | None]:
-        return {}
-
-    def describe(self) -> dict[str, Any]:
-        h = self.heavy
-        return {"how": "RT device on stock NAPI (RPS to the RT CPU); the heavy receiver and "
-                       "its device's RPS on the non-RT CPU while on",
-                "rt_cpu": h.rt_cpu if h else None, "nonrt_cpu": h.nonrt_cpu if h else None,
-                "heavy_receiver_cpus": h.receiver_cpus() if h else None}
-
-
-class _Wrapper:
-    """A mode made of an inner kbp mode plus something around it (a placement move, a
-    heavy device's class): what the RT flow sees is the inner mode's."""
-
-    inner: Any
-
-    def unavailable(self) -> str | None:
-        return self.inner.unavailable()
-
-    def app_place(self, home: AppPlace, env: AppEnv) -> AppPlace:
-        return self.inner.app_place(home, env)
-
-    def app(self) -> str:
-        return self.inner.app()
-
-    def needs_fresh_device(self, t: Target) -> bool:
-        return bool(self.inner.needs_fresh_device(t))
-
-    def threads(self) -> dict[int, str]:
-        """The inner mode's threads (what serves the RT device)."""
-        return dict(self.inner.threads())
-
-
-class KbpExclusiveMode(_Wrapper):
-    """``<kbp mode>-excl``: a kbp mode (the RT device on the poller) *and* the exclusive CPU
-    (the heavy receiver and its device's RPS on the non-RT CPU): what an operator gets with
-    ``kbpctl enable --isolate`` plus the heavy application placed elsewhere. Everything but
-    the move is the inner mode's."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.name = inner.name + EXCL_SUFFIX
-        self.spins = inner.spins
-        self.moves_load = True
-        self.excl = ExclusiveMode(name=self.name, base=inner.name)
-
-    @property
-    def heavy(self) -> HeavySide | None:
-        return self.excl.heavy
-
-    @heavy.setter
-    def heavy(self, h: HeavySide | None) -> None:
-        self.excl.heavy = h
-
-    def idle_problem(self) -> str | None:
-        return self.excl.idle_problem()
-
-    def setup(self, t: Target) -> None:
-        self.excl.require_heavy()  # refuse before the inner mode changes anything
-        self.inner.setup(t)
-        self.excl.move_out()
-
-    def teardown(self) -> None:
-        try:
-            self.excl.move_back()
-        finally:
-            self.inner.teardown()
-
-    def counters(self) -> dict[str, int | None]:
-        return dict(self.inner.counters())
-
-    def describe(self) -> dict[str, Any]:
-        return {**self.inner.describe(), "exclusive": self.excl.describe()}
-
-
-# -- the part modes: RT and non-RT receive work split by class on the RT CPU ---------------
-def nonrt_request(backend: str, dev: str, netns: str | None, cpu: int | None) -> Any:
-    """The kbpctl EnableRequest for the heavy device in a part mode: class non-rt, mode
-    hybrid (that class's only mode), on the RT CPU itself (``cpu``; no placement move).
-    Priority: the class's own (``EnableRequest.resolved``: SCHED_NORMAL at nice 0)."""
-    return _backends().EnableRequest([dev], netns=netns, mode=names.MODE_HYBRID,
-                                     cpus=None if cpu is None else [cpu],
-                                     cls=names.CLASS_NON_RT)
-
-
-def _backends() -> Any:
-    from kbp.bench.modes import _backends as get
-    return get()
-
-
-def nonrt_refusal(backend: str) -> str | None:
-    """Why kbpctl's ``backend`` cannot serve a device in class non-rt here (its static
-    checks on a placeholder device, nothing changed), None when it can."""
-    be = _backends().get(backend)
-    check = getattr(be, "_check_static", None)
-    if check is None:
-        return None
-    try:
-        check(nonrt_request(backend, "lo", None, None).resolved(backend))
-    except Exception as e:
-        return f"kbpctl {backend} backend refuses --class {names.CLASS_NON_RT}: {e}"
-    return None
-
-
-class PartMode(_Wrapper):
-    """``<kbp mode>-part``: the outsourcing paper's split by priority on the RT CPU itself.
-    The RT device on the inner kbp mode (its RT poller, class rt); the heavy device, given a
-    per-packet NAPI (:func:`kbp.bench.parts.napi_per_packet`), in the same backend's class
-    non-rt on the same CPU (kbp.ko: the CPU's non-rt poller, SCHED_NORMAL, which gives way to
-    the RT poller between polls; stock: its NAPI thread SCHED_OTHER there).  Nothing moves:
-    the heavy receiver stays on the RT CPU.  Bound to the run's heavy side by the scenario."""
-
-    def __init__(self, name: str, inner: Any) -> None:
-        self.inner = inner
-        self.name = name
-        self.spins = inner.spins
-        self.backend: str = inner.backend
-        self.moves_load = False
-        self.heavy: HeavySide | None = None
-        self.request_made: Any = None          # the heavy device's EnableRequest while on
-        self._before: dict[str, Any] | None = None   # the heavy device's GRO before setup
-        self._napi: dict[str, Any] | None = None
-        self._enabled = False
-        self._nonrt: dict[int, str] = {}
-
-    def unavailable(self) -> str | None:
-        why = super().unavailable()
-        if why:
-            return why
-        try:
-            return nonrt_refusal(self.backend)
-        except Exception as e:
-            return f"{self.backend} backend: {e}"
-
-    def idle_problem(self) -> str | None:
-        return None if self.heavy is not None else (
-            f"{self.name} puts the heavy device in the RT CPU's non-rt class, and the heavy "
-            f"device does not exist in the idle part: its idle cost is {self.inner.name}'s")
-
-    def require_heavy(self) -> HeavySide:
-        if self.heavy is None:
-            raise RtSplitError(f"mode {self.name} runs only in the rt-split and shared-cpu "
-                               "scenarios (no heavy device to put in class non-rt)")
-        return self.heavy
-
-    def heavy_request(self) -> Any:
-        """The EnableRequest this mode makes for the heavy device (on the RT CPU)."""
-        h = self.require_heavy()
-        return nonrt_request(self.backend, h.dev, h.netns, h.rt_cpu)
-
-    def setup(self, t: Target) -> None:
-        h = self.require_heavy()        # refuse before the inner mode changes anything
-        if h.rt_cpu != t.cpu:
-            raise RtSplitError(f"{self.name}: the heavy device's CPU {h.rt_cpu} is not the "
-                               f"RT CPU {t.cpu}")
-        self.inner.setup(t)
-        self._before = pt.napi_state(h.netns, h.dev)
-        self._napi = pt.napi_per_packet(h.netns, h.dev)
-        self.request_made = self.heavy_request()
-        self._enabled = True              # a half-done enable is journaled: always disable
-        _backends().get(self.backend).enable(self.request_made)
-        from kbp.backends import probe
-        self._nonrt = probe.poller_threads(self.backend, h.dev, h.netns, h.rt_cpu)
-        self.verify()
-
-    def verify(self) -> None:
-        """The stock backend's non-rt class as asked: the heavy device's NAPI threads
-        SCHED_OTHER on the RT CPU (a backend that ignored the class would run them FIFO:
-        the run would then measure something else, so it stops here)."""
-        if self.backend != names.BACKEND_STOCK:
-            return
-        h = self.require_heavy()
-        got = [thread_placement(pid) for pid in self._nonrt]
-        bad = [g for g in got if not g.get("gone") and (g["policy"] != "SCHED_OTHER"
-                                                        or g["cpus"] != [h.rt_cpu])]
-        if not got or bad:
-            raise RtSplitError(f"{self.name}: after kbpctl enable --class non-rt the heavy "
-                               f"device {h.dev}'s NAPI threads should be SCHED_OTHER on the "
-                               f"RT CPU {h.rt_cpu}; found {got or 'none'}")
-
-    def teardown(self) -> None:
-        h = self.heavy
-        try:
-            if self._enabled and h is not None:
-                try:
-                    _backends().get(self.backend).disable([h.dev], h.netns)
-                finally:
-                    self._enabled = False
-                    self._nonrt = {}
-        finally:
-            try:
-                before, self._before, self._napi = self._before, None, None
-                if before is not None and h is not None:
-                    try:
-                        pt.napi_restore(h.netns, h.dev, before)
-                    except RuntimeError as e:
-                        raise KnobError(str(e)) from e
-            finally:
-                self.request_made = None
-                self.inner.teardown()
-
-    def counters(self) -> dict[str, int | None]:
-        """The RT poller's counters, and the non-rt class's as ``nonrt_<counter>``."""
-        h = self.heavy
-        if h is None:
-            return dict(self.inner.counters())
-        from kbp.backends import probe
-        if self.backend != names.BACKEND_KMOD:
-            nonrt = probe.poller_counters(self.backend, self._nonrt, [h.rt_cpu])
-            return {**self.inner.counters(), **{f"nonrt_{k}": v for k, v in nonrt.items()}}
-        from kbp import kmod
-        out: dict[str, int | None] = {}
-        with kmod.Client() as c:          # the CPU's two pollers, apart by class
-            for p in c.pollers():
-                if p.cpu != h.rt_cpu:
-                    continue
-                pre = "nonrt_" if p.cls == names.CLASS_NON_RT else ""
-                for k, v in p.counters().items():
-                    if k in names.POLLER_COUNTERS and v is not None:
-                        out[pre + k] = int(out.get(pre + k) or 0) + int(v)
-        return out
-
-    def describe(self) -> dict[str, Any]:
-        h, req = self.heavy, self.request_made
-        return {**self.inner.describe(),
-                "part": {"how": f"the heavy device in kbpctl {self.backend} backend's class "
-                                f"{names.CLASS_NON_RT} on the RT CPU (mode hybrid), the RT "
-                                "device on the RT poller; nothing moved",
-                         "heavy_dev": h.dev if h else None,
-                         "request": None if req is None else {
-                             "mode": req.mode, "cls": req.cls, "cpus": req.cpus,
-                             "rt_prio": req.rt_prio, "nice": req.nice},
-                         "heavy_napi": self._napi,
-                         "heavy_receiver_cpus": h.receiver_cpus() if h else None,
-                         "nonrt_threads": [thread_placement(p) for p in self._nonrt]}}
-
-
-def nonrt_cpu(place: pl.Placement) -> int:
-    """The exclusive CPU method's non-RT CPU: a usable CPU no role uses, else one only the
-    harness uses, else the flood sender's (never the RT CPU)."""
-    used = set(place.cpus.values())
-    free = [c for c in place.available if c not in used]
-    if free:
-        return free[0]
-    harness = [c for c in place.available if place.roles_on(c) == [pl.HARNESS]]
-    if harness:
-        return harness[0]
-    return place.cpu(pl.FLOOD)
-
-
-#: the exclusive CPU modes, which rt-split and shared-cpu offer (their ``own_modes``)
-EXCLUSIVE_MODES_DOC: dict[str, str] = {
-    EXCLUSIVE: "rt-split and shared-cpu only: the exclusive CPU method (RT device on napi; "
-               "the heavy receiver and its RPS on the non-RT CPU)",
-    **{m + EXCL_SUFFIX: f"rt-split and shared-cpu only: {m} and the exclusive CPU together "
-                        "(kbpctl enable --isolate's placement, the heavy receiver moved too)"
-       for m in KBP_MODES}}
-
-
-#: the part modes, which rt-split and shared-cpu offer beside the exclusive CPU modes
-PART_MODES_DOC: dict[str, str] = {
-    m: f"rt-split and shared-cpu only: {inner} on the RT device and the heavy device in the "
-       f"same backend's class non-rt on the RT CPU itself (the outsourcing paper's RT/non-RT "
-       "split by priority; nothing moved)" for m, inner in PART_MODES.items()}
-#: a scenario's own modes: the exclusive CPU modes (the yardstick) and the part modes
-OWN_MODES_DOC: dict[str, str] = {**EXCLUSIVE_MODES_DOC, **PART_MODES_DOC}
-
-
-def make_own_modes() -> dict[str, Any]:
-    """Fresh objects of rt-split's and shared-cpu's own modes: the exclusive CPU modes and
-    the part modes, unbound until :func:`bind_heavy`."""
-    from kbp.bench.modes import all_modes
-    base = all_modes()
-    return {**make_exclusive_modes(),
-            **{m: PartMode(m, base[inner]) for m, inner in PART_MODES.items()}}
-
-
-def make_exclusive_modes() -> dict[str, Any]:
-    """Fresh objects of the exclusive CPU modes (a scenario's ``make_modes``), unbound until
-    :func:`bind_heavy`."""
-    from kbp.bench.modes import all_modes
-    base = all_modes()
-    return {EXCLUSIVE: ExclusiveMode(),
-            **{m + EXCL_SUFFIX: KbpExclusiveMode(base[m]) for m in KBP_MODES}}
-
-
-def bind_heavy(bench: Bench, heavy: HeavySide) -> None:
-    """Tell the run's exclusive CPU modes which heavy receiver and device they move, and the
-    part modes which heavy device they put in class non-rt."""
-    for m in (EXCLUSIVE, *KBP_EXCL_MODES, *PART_MODES):
-        mode = bench.modes.get(m)
-        if isinstance(mode, ExclusiveMode | KbpExclusiveMode | PartMode):
-            mode.heavy = heavy
-
-
 # -- the scenario ---------------------------------------------------------------------------
-class RtSplit:
+class RtSplit(Scenario):
     name = "rt-split"
     title = ("rt-socket-outsourcing Table 3: RT UDP request/response (random gaps 1-10 ms) "
              "and a TCP heavy receiver, both received on the RT CPU; RT mean/p99/SD, heavy "
@@ -569,15 +144,14 @@ class RtSplit:
     parts: tuple[str, ...] = (pt.RTT,)
     rt_roles: tuple[str, ...] = (pl.HEAVY,)
     app_policy = "fifo"
-    default_modes: tuple[str, ...] = (names.BENCH_NAPI, names.BENCH_THREADED, EXCLUSIVE,
-                                      *KBP_MODES, *KBP_EXCL_MODES, *PART_MODES)
-    default_parts: tuple[str, ...] = (pt.RTT,)
-    own_modes: ClassVar[dict[str, str]] = OWN_MODES_DOC
+    binds_heavy = True
+    default_modes: tuple[str, ...] = ORDER
+    default_parts: tuple[str, ...] | None = (pt.RTT,)
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "full": {"loads": ["on"], "parts": [pt.RTT], "duration": 10.0},
         "demo": {"loads": ["on"], "parts": [pt.RTT], "duration": 4.0, "reps": 3},
         "smoke": {"loads": ["on"], "parts": [pt.RTT], "duration": 2.0,
-                  "modes": [names.BENCH_NAPI, EXCLUSIVE, names.BENCH_STOCK_KBP]},
+                  "modes": [modes.NAPI, modes.EXCLUSIVE, modes.STOCK_HYBRID]},
     }
     role_doc: ClassVar[dict[str, str]] = {
         pl.RT: "RPS target of both server devices: the backlog NET_RX of the RT flow (napi, "
@@ -593,9 +167,6 @@ class RtSplit:
 
     def tools(self, cfg: BenchConfig) -> list[str]:
         return ["iperf3"]
-
-    def make_modes(self) -> dict[str, Any]:
-        return make_own_modes()
 
     def check(self, cfg: BenchConfig) -> None:
         from kbp.bench.runner import Aborted, BenchConfig
@@ -624,24 +195,19 @@ class RtSplit:
         if cfg.uniform_us is None:
             cfg.uniform_us = list(PAPER_UNIFORM_US)
         bench.results["config"]["uniform_us"] = list(cfg.uniform_us)
-        rt_cpu, other = place.cpu(pl.RT), nonrt_cpu(place)
+        rt_cpu, other = place.cpu(pl.RT), hs.nonrt_cpu(place)
         rt, hv = tb.link("rt"), tb.link(HEAVY_LINK)
         nic = rt.kind == "nic"
         shaping = pt.per_packet(hv)
-        steering = steer.Steering(tb.server, [hv.dev_b] if nic else [rt.dev_b, hv.dev_b],
-                                  rt_cpu)
-        tb.defer(steering.undo)
-        steering.apply()
-        if not nic:
-            bench.rt_link_hooks.append(lambda: steering.apply([rt.dev_b]))
+        steering = hs.steer_to_rt_cpu(bench, HEAVY_LINK)
         load = workloads.Flood(tb.client, tb.server, hv.ip_b, hv.dev_b,
                                sender_cpu=place.cpu(pl.FLOOD), receiver_cpu=place.cpu(pl.HEAVY),
                                length=cfg.tcp_len, proto="tcp", port=workloads.IPERF_PORT)
         load.start_server()
         tb.defer(load.stop_server)
         tb.defer(load.stop)
-        heavy = HeavySide(tb.server, hv.dev_b, rt_cpu, other, load, cpu_now=rt_cpu)
-        bind_heavy(bench, heavy)
+        heavy = hs.HeavySide(tb.server, hv.dev_b, rt_cpu, other, load, cpu_now=rt_cpu)
+        hs.bind_heavy(bench, heavy)
         bench.results["steering"] = {
             "mechanism": "RT NIC IRQ + RPS of the heavy device" if nic else "RPS",
             "cpu": rt_cpu, "devices": steering.now(),
@@ -684,7 +250,7 @@ class RtSplit:
         rs = results.get("rt_split") or {}
         place = report.placement_of(results)
         cfg = results.get("config") or {}
-        out = [f"RT app: {_app_words(results)}. RT flow: {report.arrival_words(cfg)}, "
+        out = [f"RT app: {hs.app_words(results)}. RT flow: {report.arrival_words(cfg)}, "
                f"{cfg.get('frame')} B frames, {cfg.get('duration'):g} s per run. Non-RT CPU "
                f"of mode exclusive: {rs.get('nonrt_cpu', '?')}"
                f"{_roles_words(rs.get('nonrt_roles'))}.", ""]
@@ -704,36 +270,7 @@ class RtSplit:
         return plots.standard(results, samples, out, CONDITIONS)
 
 
-def heavy_counters(heavy: HeavySide) -> dict[str, int] | None:
-    """The heavy device's receive counters, read through the receiver's /proc (no child
-    process), else with ip."""
-    pids = heavy.receiver_pids()
-    got = netstats.proc_net_dev(pids[0], heavy.dev) if pids else None
-    if got is not None:
-        return got
-    st = (netstats.link_stats(heavy.netns, heavy.dev).get("rx") or {})
-    if "bytes" not in st:
-        return None
-    return {"bytes": int(st["bytes"]), "packets": int(st.get("packets") or 0),
-            "dropped": int(st.get("dropped") or 0)}
-
-
-def heavy_rate(c0: dict[str, int] | None, c1: dict[str, int] | None, wall: float,
-               ) -> dict[str, Any]:
-    """The heavy device's receive counters over a run's window (``heavy_counters`` at its
-    start and end, ``wall`` seconds apart): bytes, packets, Gbit/s (L2 bytes at the device)
-    and packets/s; only the window when a read failed."""
-    wall = max(wall, 1e-9)
-    h: dict[str, Any] = {"wall_s": wall}
-    if c0 is not None and c1 is not None:
-        h["rx_bytes"] = c1["bytes"] - c0["bytes"]
-        h["rx_packets"] = c1["packets"] - c0["packets"]
-        h["gbit_s"] = 8 * h["rx_bytes"] / wall / 1e9
-        h["rx_pps"] = h["rx_packets"] / wall
-    return h
-
-
-def _probe(steering: steer.Steering, heavy: HeavySide, irqs: tuple[int, ...] = ()) -> Any:
+def _probe(steering: steer.Steering, heavy: hs.HeavySide, irqs: tuple[int, ...] = ()) -> Any:
     """Around each latency run: receive work on the RT and the non-RT CPU, the heavy
     receiver's bytes and packets, where it runs, the RPS masks in force."""
     def begin() -> Any:
@@ -742,15 +279,15 @@ def _probe(steering: steer.Steering, heavy: HeavySide, irqs: tuple[int, ...] = (
         masks = {**steering.now(),
                  heavy.dev: steer.rps_cpus(steer.read_rps(heavy.netns, heavy.dev))}
         where = heavy.receiver_cpus()
-        c0, t0 = heavy_counters(heavy), time.monotonic()
+        c0, t0 = hs.heavy_counters(heavy), time.monotonic()
         rx.start()
         rx2.start()
 
         def end(rec: dict[str, Any]) -> None:
             rec["rt_cpu_rx"] = rx.stop()
             rec["nonrt_cpu_rx"] = rx2.stop()
-            c1, t1 = heavy_counters(heavy), time.monotonic()
-            rec["heavy"] = {"receiver_cpus": where, **heavy_rate(c0, c1, t1 - t0)}
+            c1, t1 = hs.heavy_counters(heavy), time.monotonic()
+            rec["heavy"] = {"receiver_cpus": where, **hs.heavy_rate(c0, c1, t1 - t0)}
             rec["steering"] = masks
         return end
     return begin
@@ -831,9 +368,9 @@ def steering_check(runs: list[dict[str, Any]]) -> dict[str, Any]:
         h = r.get("heavy") or {}
         if r.get("condition") != LOADS["on"] or not h.get("rx_pps"):
             continue
-        key = "nonrt_cpu_rx" if exclusive_like(r["mode"]) else "rt_cpu_rx"
+        key = "nonrt_cpu_rx" if hs.exclusive_like(r["mode"]) else "rt_cpu_rx"
         got = (r.get(key) or {}).get("processed_per_s") or 0.0
-        d = out.setdefault(r["mode"], {"where": "non-RT CPU" if exclusive_like(r["mode"])
+        d = out.setdefault(r["mode"], {"where": "non-RT CPU" if hs.exclusive_like(r["mode"])
                                        else "RT CPU", "runs": 0, "ok": 0})
         d["runs"] += 1
         d["ok"] += int(got >= STEER_SHARE * h["rx_pps"])
@@ -845,13 +382,6 @@ def steering_check(runs: list[dict[str, Any]]) -> dict[str, Any]:
 # -- markdown -------------------------------------------------------------------------------
 def _modes(d: dict[str, Any]) -> list[str]:
     return sorted(d, key=lambda m: ORDER.index(m) if m in ORDER else len(ORDER))
-
-
-def _app_words(results: dict[str, Any]) -> str:
-    p = results.get("placement") or {}
-    fifo = p.get("app_fifo")
-    pol = f"SCHED_FIFO {fifo}" if fifo else "default policy (SCHED_OTHER)"
-    return f"{pol} (--app-policy {p.get('app_policy', '?')})"
 
 
 def _roles_words(roles: list[str] | None) -> str:
@@ -936,7 +466,7 @@ def paper_section() -> list[str]:
             "its values", "", "| mode here | paper's method | mean (µs) | p99 (µs) | SD (µs) |",
             "|---|---|---|---|---|"]
     for mode, (meth, mean, p99, sd) in PAPER_TABLE3.items():
-        here = "stock-kbp / hybrid / busy" if mode == "kbp" else mode
+        here = " / ".join(KBP_MODES) if mode == "kbp" else mode
         rows.append(f"| {here} | {meth} | {mean:g} | {p99:g} | {sd:g} |")
     return [*rows, ""]
 

@@ -27,7 +27,7 @@ CPU (``rt_cpu_rx``: NET_RX softirqs, packets processed, RPS IPIs, ksoftirqd's ru
 the RPS masks during the run (``steering``); the poller counters are in ``poller``.
 
 The exclusive CPU modes (``exclusive``, ``<kbp mode>-excl``) move the flood's RPS and the
-heavy receiver to the non-RT CPU; the part modes (``stock-kbp-part``, ``hybrid-part``,
+heavy receiver to the non-RT CPU; the part modes (``stock-hybrid-part``, ``hybrid-part``,
 ``busy-part``) keep everything on the RT CPU and put the flood's device in the backend's
 class non-rt there (rt-split's docstring).  Every latency run records the heavy device's
 bytes (``heavy``: Gbit/s over the run), so the summary's ``per_mode`` and the report's
@@ -51,11 +51,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from kbp import names
+from kbp.bench import heavy as hs
+from kbp.bench import modes, plots, report, steer
 from kbp.bench import parts as pt
 from kbp.bench import placement as pl
-from kbp.bench import plots, report, steer
-from kbp.bench.scenarios import rt_split as rs
+from kbp.bench.scenarios import Scenario
 from kbp.bench.stats import aggregate
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ RX_FIELDS = ("net_rx_per_s", "processed_per_s", "received_rps", "time_squeeze",
              "ksoftirqd_cpu_pct", "ksoftirqd_runs", "backlog_dropped", "rt_nic_irqs_per_s")
 
 
-class SharedCpu:
+class SharedCpu(Scenario):
     name = "shared-cpu"
     title = ("RT flow and a heavy receiver's flood (a TCP heavy sender; --flood udp for a UDP "
              "one) with their receive processing steered (RPS) to the RT CPU; kbp modes move "
@@ -94,7 +94,8 @@ class SharedCpu:
     parts = (pt.RTT, pt.RFC2544)
     rt_roles: tuple[str, ...] = (pl.HEAVY,)
     app_policy = "fifo"
-    flood = "tcp"
+    flood: str | None = "tcp"
+    binds_heavy = True
     # every mode but the periodic ones: NetAP trades per-request latency for CPU on bulk
     # streams (scenario ``stream``); at 2000 RT requests/s its interval puts ms into every
     # round trip (measured: docs/results.md, "shared-cpu"). Named with --modes, they run here.
@@ -103,11 +104,9 @@ class SharedCpu:
     # device on the poller: what kbpctl enable --isolate recommends, design.md §3), and the
     # part modes (``<kbp mode>-part``: the heavy device in the backend's class non-rt on the
     # RT CPU itself, the outsourcing paper's split by priority; nothing moved).
-    default_modes: tuple[str, ...] = (
-        *(m for m in names.BENCH_MODES
-          if m not in (names.BENCH_PERIODIC, names.BENCH_STOCK_PERIODIC)),
-        rs.EXCLUSIVE, *rs.KBP_EXCL_MODES, *rs.PART_MODES)
-    own_modes: ClassVar[dict[str, str]] = rs.OWN_MODES_DOC
+    def modes_by_default(self) -> tuple[str, ...]:
+        return tuple(m for m in self.mode_names() if not modes.catalog()[m].periodic)
+
     role_doc: ClassVar[dict[str, str]] = {
         pl.RT: "RPS target of both server devices: the backlog NET_RX of the RT flow "
                "(napi, threaded) and of the flood (every mode)",
@@ -117,9 +116,6 @@ class SharedCpu:
                   "device's veth NAPI",
         pl.HEAVY: "iperf3 server (the heavy receiver), on the RT CPU by design",
     }
-
-    def make_modes(self) -> dict[str, Any]:
-        return rs.make_own_modes()
 
     def roles(self, cfg: BenchConfig) -> tuple[str, ...]:
         return (pl.TESTER, pl.RT, pl.FLOOD, pl.HEAVY)
@@ -145,12 +141,7 @@ class SharedCpu:
         rt_cpu = place.cpu(pl.RT)
         rt, fl = tb.link("rt"), tb.link("flood")
         nic = rt.kind == "nic"       # --nic-pair: its IRQ already lands on the RT CPU
-        steering = steer.Steering(tb.server, [fl.dev_b] if nic else [rt.dev_b, fl.dev_b],
-                                  rt_cpu)
-        tb.defer(steering.undo)
-        steering.apply()
-        if not nic:
-            bench.rt_link_hooks.append(lambda: steering.apply([rt.dev_b]))
+        steering = hs.steer_to_rt_cpu(bench, "flood")
         bench.results["steering"] = {
             "mechanism": "RT NIC IRQ + RPS of the flood" if nic else "RPS", "cpu": rt_cpu,
             "devices": steering.now(),
@@ -159,9 +150,9 @@ class SharedCpu:
                      "kbp modes: kbpctl enable turns RPS off on the RT device while on; "
                      "irq-suspend turns it off too")}
         flood = pt.start_flood(bench)
-        heavy = rs.HeavySide(tb.server, fl.dev_b, rt_cpu, rs.nonrt_cpu(place), flood,
+        heavy = hs.HeavySide(tb.server, fl.dev_b, rt_cpu, hs.nonrt_cpu(place), flood,
                              cpu_now=rt_cpu)
-        rs.bind_heavy(bench, heavy)
+        hs.bind_heavy(bench, heavy)
         load = pt.Patient(flood)
         irqs = tuple((bench.results.get("nic_pair") or {}).get("irqs", {}).get(rt.dev_b, ()))
         bench.probes.append(_probe(steering, rt_cpu, irqs, heavy))
@@ -190,7 +181,7 @@ class SharedCpu:
     def render(self, results: dict[str, Any]) -> str:
         summ = results.get("summary") or {}
         out = [acceptance_line(summ.get("acceptance") or {}), "",
-               f"RT app: {app_words(results)}. Flood: {pt.flood_words(results)}.", ""]
+               f"RT app: {hs.app_words(results)}. Flood: {pt.flood_words(results)}.", ""]
         out += report.per_mode_section((summ.get("per_mode") or {}).get("modes") or {},
                                        "flood", PER_MODE_TITLE, idle="idle")
         out += flood_vs_idle_section(summ.get("flood_vs_idle") or {})
@@ -216,13 +207,13 @@ def conditions(results: dict[str, Any]) -> dict[str, str]:
 
 
 def _probe(steering: steer.Steering, cpu: int, irqs: tuple[int, ...] = (),
-           heavy: rs.HeavySide | None = None) -> Any:
+           heavy: hs.HeavySide | None = None) -> Any:
     """Around each latency run: receive work on the RT CPU (and the RT NIC port's interrupts
     with --nic-pair), the RPS masks in force, and the heavy device's received packets (the
     runner's RT CPU check) and bytes: the heavy flow's Gbit/s in this run, per mode (rt-split's
-    :func:`~kbp.bench.scenarios.rt_split.heavy_rate`)."""
+    :func:`~kbp.bench.heavy.heavy_rate`)."""
     def begin() -> Any:
-        c0 = rs.heavy_counters(heavy) if heavy is not None else None
+        c0 = hs.heavy_counters(heavy) if heavy is not None else None
         t0 = time.monotonic()
         rx = steer.CpuRx(cpu, irqs=irqs)
         rx.start()
@@ -231,9 +222,9 @@ def _probe(steering: steer.Steering, cpu: int, irqs: tuple[int, ...] = (),
         def end(rec: dict[str, Any]) -> None:
             rec["rt_cpu_rx"] = rx.stop()
             rec["steering"] = masks
-            c1 = rs.heavy_counters(heavy) if heavy is not None else None
+            c1 = hs.heavy_counters(heavy) if heavy is not None else None
             if c0 is not None and c1 is not None:
-                rec["heavy"] = rs.heavy_rate(c0, c1, time.monotonic() - t0)
+                rec["heavy"] = hs.heavy_rate(c0, c1, time.monotonic() - t0)
         return end
     return begin
 
@@ -308,7 +299,7 @@ def flood_vs_idle(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def acceptance(fvi: dict[str, Any]) -> dict[str, Any]:
     """The scenario's own check: napi's RT p99.9 under the flood >= ACCEPT_FACTOR x idle."""
-    r = (fvi.get("napi") or {}).get("p99.9_ratio") or {}
+    r = (fvi.get(modes.BASELINE) or {}).get("p99.9_ratio") or {}
     med = r.get("median")
     return {"check": f"napi p99.9 flood / idle >= {ACCEPT_FACTOR:g} (median of the "
                      "per-repetition ratios)",
@@ -328,17 +319,10 @@ def acceptance_line(acc: dict[str, Any]) -> str:
             f"{acc['n']} repetitions]; required x{ACCEPT_FACTOR:g}{tail}.")
 
 
-def app_words(results: dict[str, Any]) -> str:
-    p = results.get("placement") or {}
-    fifo = p.get("app_fifo")
-    pol = f"SCHED_FIFO {fifo}" if fifo else "default policy (SCHED_OTHER)"
-    return f"{pol} (--app-policy {p.get('app_policy', '?')})"
-
-
 def flood_vs_idle_section(fvi: dict[str, Any]) -> list[str]:
     if not fvi:
         return []
-    base = fvi.get("napi") or {}
+    base = fvi.get(modes.BASELINE) or {}
     rows = ["**RT round trip, idle vs flood** (µs; median of repetitions; x = ratio to napi's "
             "median; flood/idle = median of per-repetition ratios)", "",
             "| mode | p99.9 idle | p99.9 flood | p99.9 flood/idle | max idle | max flood | "
@@ -350,7 +334,7 @@ def flood_vs_idle_section(fvi: dict[str, Any]) -> list[str]:
             for c in ("idle", "flood"):
                 v = (d.get(f"{c}_{p}_us") or {}).get("median")
                 b = (base.get(f"{c}_{p}_us") or {}).get("median")
-                x = f" x{v / b:.2f}" if v is not None and b and mode != "napi" else ""
+                x = f" x{v / b:.2f}" if v is not None and b and mode != modes.BASELINE else ""
                 n = (d.get(f"{c}_n") or {}).get("median")
                 k = report.tail_note(n, 99.9 if p == "p99.9" else 100.0) if v is not None \
                     else ""

@@ -37,7 +37,7 @@ same repetition):
 Roles: tester (iperf3 client), rt (the RT device's poller in the kbp modes), heavy (the
 receiver; its own CPU from 3 CPUs on, the tester's on 2).  The RT application of every
 scenario (sockperf server) idles on the RT CPU.  Default modes: napi, hybrid, periodic (both
-kbp.ko: where it is loaded), stock-kbp, stock-periodic; default parts: both streams and the
+kbp.ko: where it is loaded), stock-hybrid, stock-periodic; default parts: both streams and the
 idle cost (a periodic device handed back to interrupts should cost nothing idle).
 """
 
@@ -49,11 +49,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from kbp import names
-from kbp.bench import machine, netstats, report, steer, sysstat, workloads
+from kbp.bench import machine, modes, netstats, report, steer, sysstat, workloads
 from kbp.bench import parts as pt
 from kbp.bench import placement as pl
 from kbp.bench.modes import search_state
+from kbp.bench.scenarios import Scenario
 from kbp.bench.stats import aggregate, ratios_to_baseline
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ NIC_IRQ_NOTE = ("IRQs/pkt: the server port's interrupts ({irqs}) per packet it r
                 "(/proc/interrupts; in the VM rig its virtio vectors).")
 
 
-class Stream:
+class Stream(Scenario):
     name = "stream"
     title = ("NetAP's throughput workload: bulk TCP and UDP streams (iperf3) over the RT "
              "device; bandwidth, CPU of the polling context, interrupts per packet, the "
@@ -101,10 +101,9 @@ class Stream:
     parts = (TCP, UDP)
     rt_roles: tuple[str, ...] = ()
     app_policy = "other"
-    default_modes: tuple[str, ...] = (names.BENCH_NAPI, names.MODE_HYBRID,
-                                      names.BENCH_PERIODIC, names.BENCH_STOCK_KBP,
-                                      names.BENCH_STOCK_PERIODIC)
-    default_parts: tuple[str, ...] = (TCP, UDP, pt.IDLE)
+    default_modes: tuple[str, ...] = (modes.NAPI, modes.HYBRID, modes.PERIODIC,
+                                      modes.STOCK_HYBRID, modes.STOCK_PERIODIC)
+    default_parts: tuple[str, ...] | None = (TCP, UDP, pt.IDLE)
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "smoke": {"parts": [TCP, UDP], "duration": 1.0, "stream_warmup": 1.0},
         "demo": {"parts": [TCP, UDP], "duration": 4.0, "stream_warmup": 3.0},

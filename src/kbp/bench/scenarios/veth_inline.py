@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from kbp.bench import parts as pt
 from kbp.bench import placement as pl
 from kbp.bench import plots, report
+from kbp.bench.scenarios import Scenario
 
 if TYPE_CHECKING:
     from kbp.bench.runner import Bench, BenchConfig
@@ -34,7 +35,7 @@ CONDITIONS: dict[str, str] = {
 }
 
 
-class VethInline:
+class VethInline(Scenario):
     name = "veth-inline"
     title = ("RT flow over veth with and without a flood (UDP; --flood tcp) on a second "
              "pair; the RT NAPI runs inline in the tester's send() in napi mode")
@@ -42,7 +43,7 @@ class VethInline:
     parts = (pt.RTT, pt.TABLE2, pt.RFC2544)
     rt_roles: tuple[str, ...] = ()
     app_policy = "other"
-    flood = "udp"
+    flood: str | None = "udp"
     role_doc: ClassVar[dict[str, str]] = {
         pl.TESTER: "in napi mode also the RT device's NAPI (veth polls on the transmitting "
                    "CPU)",

@@ -24,13 +24,12 @@ import contextlib
 import fcntl
 import json
 import os
-import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from kbp.testbed import run as ns_run
+from kbp import sysaccess
 
 SYSCTL_NET_CORE = "/proc/sys/net/core"
 GLOBAL_LOCK = Path("/run/lock/kbp-bench-global-knobs.lock")
@@ -38,7 +37,12 @@ JOURNAL_DIR = Path("/run/kbp/bench-knobs")
 
 
 class KnobError(RuntimeError):
-    """A knob that could not be set or put back (the message names it)."""
+    """A knob that could not be set or put back (the message names it; ``errno``: the
+    kernel's answer when a file access failed, else None)."""
+
+    def __init__(self, msg: str, errno: int | None = None) -> None:
+        super().__init__(msg)
+        self.errno = errno
 
 
 @dataclass(frozen=True)
@@ -62,31 +66,27 @@ class KnobIO(Protocol):
 
 
 class KernelIO:
-    """The real kernel: files read and written directly in the initial namespace, through
-    ``ip netns exec`` in another (/proc/sys/net and /sys/class/net show the namespace of the
-    process that opens them)."""
+    """The real kernel, through :mod:`kbp.sysaccess` (files of another namespace are
+    accessed inside it: /proc/sys/net and /sys/class/net show the namespace of the process
+    that opens them); a failure is a KnobError whose ``errno`` is the kernel's."""
 
     def exists(self, k: Knob) -> bool:
-        if k.netns is None:
-            return Path(k.path).exists()
-        return ns_run(k.netns, ["test", "-e", k.path], check=False).returncode == 0
+        try:
+            return sysaccess.exists(k.path, k.netns)
+        except OSError:
+            return False
 
     def read(self, k: Knob) -> str:
         try:
-            if k.netns is None:
-                return Path(k.path).read_text().strip()
-            return ns_run(k.netns, ["cat", k.path]).stdout.strip()
-        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-            raise KnobError(f"cannot read {k}: {e}") from e
+            return sysaccess.read(k.path, k.netns)
+        except OSError as e:
+            raise KnobError(f"cannot read {k}: {e}", e.errno) from e
 
     def write(self, k: Knob, value: str) -> None:
         try:
-            if k.netns is None:
-                Path(k.path).write_text(f"{value}\n")
-            else:
-                ns_run(k.netns, ["sh", "-c", f"echo {value} > {k.path}"])
-        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-            raise KnobError(f"cannot write {value} to {k}: {e}") from e
+            sysaccess.write(k.path, f"{value}\n", k.netns)
+        except OSError as e:
+            raise KnobError(f"cannot write {value} to {k}: {e}", e.errno) from e
 
 
 def net_core_sysctl(name: str, netns: str | None, io: KnobIO) -> Knob:

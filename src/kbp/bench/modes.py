@@ -105,9 +105,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from kbp import modespec, names, sysinfo
+from kbp import modespec, names, sysaccess, sysinfo
 from kbp.bench.knobs import Changes, KernelIO, Knob, KnobError, KnobIO, net_core_sysctl
-from kbp.testbed import run as ns_run
 
 VM_HINT = "runs in the VM rig: python -m kbp.bench vm --smoke"
 
@@ -207,11 +206,12 @@ class Mode(Protocol):
 
 # -- helpers ---------------------------------------------------------------------------------
 def sysfs_net(netns: str, dev: str, attr: str, value: str | None = None) -> str:
-    """Read (or write, then read back) /sys/class/net/DEV/ATTR as seen inside ``netns``."""
-    path = f"/sys/class/net/{dev}/{attr}"
+    """Read (or write, then read back) /sys/class/net/DEV/ATTR as seen inside ``netns``
+    (OSError with the kernel's errno)."""
+    path = sysaccess.net_path(dev, attr)
     if value is not None:
-        ns_run(netns, ["sh", "-c", f"echo {value} > {path}"])
-    return ns_run(netns, ["cat", path]).stdout.strip()
+        sysaccess.write(path, f"{value}\n", netns)
+    return sysaccess.read(path, netns)
 
 
 def napi_kthreads(dev: str, proc: Path = Path("/proc")) -> dict[int, str]:
@@ -335,7 +335,7 @@ class ThreadedMode(_Defaults):
 
     def teardown(self) -> None:
         if self.target is not None:
-            with contextlib.suppress(RuntimeError):  # the device may be gone (Ctrl-C)
+            with contextlib.suppress(OSError, RuntimeError):  # the device may be gone
                 sysfs_net(self.target.netns, self.target.dev, "threaded", self._was or "0")
         self.target = None
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kbp import sysaccess
 from kbp.bench.sysstat import read_percpu_table
 from kbp.rps import mask_cpus
 from kbp.testbed import run as ns_run
@@ -28,22 +29,25 @@ def cpu_mask(cpu: int) -> str:
 
 
 def rx_queues(netns: str, dev: str) -> list[str]:
-    out = ns_run(netns, ["ls", f"/sys/class/net/{dev}/queues"]).stdout.split()
+    out = sysaccess.listdir(sysaccess.net_path(dev, "queues"), netns)
     return sorted(q for q in out if q.startswith("rx-"))
 
 
 def read_rps(netns: str, dev: str) -> dict[str, str]:
-    """{rx-N: rps_cpus text} of a device (seen inside its namespace)."""
+    """{rx-N: rps_cpus text} of a device (seen inside its namespace; "" where unreadable)."""
     out: dict[str, str] = {}
     for q in rx_queues(netns, dev):
-        r = ns_run(netns, ["cat", f"/sys/class/net/{dev}/queues/{q}/rps_cpus"], check=False)
-        out[q] = r.stdout.strip()
+        try:
+            out[q] = sysaccess.read(sysaccess.net_path(dev, f"queues/{q}/rps_cpus"), netns)
+        except OSError:
+            out[q] = ""
     return out
 
 
 def write_rps(netns: str, dev: str, masks: dict[str, str]) -> None:
+    """Write each queue's mask (OSError with the kernel's errno)."""
     for q, mask in masks.items():
-        ns_run(netns, ["sh", "-c", f"echo {mask} > /sys/class/net/{dev}/queues/{q}/rps_cpus"])
+        sysaccess.write(sysaccess.net_path(dev, f"queues/{q}/rps_cpus"), f"{mask}\n", netns)
 
 
 def rps_cpus(masks: dict[str, str]) -> list[int]:

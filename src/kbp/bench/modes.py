@@ -246,14 +246,9 @@ def thread_placement(pid: int) -> dict[str, Any]:
 Version = tuple[int, int, int]
 
 
-def kernel_release() -> str:
-    """The running kernel's release (the tests make it another one)."""
-    return sysinfo.kernel_release()
-
-
 def too_old(since: Version, what: str, release: str | None = None) -> str | None:
     """Why ``what`` cannot run on this kernel (None: it is ``since`` or newer)."""
-    rel = release or kernel_release()
+    rel = release or sysinfo.kernel_release()
     if sysinfo.kernel_version(rel) >= since:
         return None
     return (f"{what} needs Linux {since[0]}.{since[1]} or later; this kernel is {rel} "
@@ -650,7 +645,7 @@ class IrqSuspendMode(KnobMode):
         return names.APP_KBP_ECHO
 
     def unavailable(self) -> str | None:
-        rel = kernel_release()
+        rel = sysinfo.kernel_release()
         f = self.features()
         if not f.napi_knob("irq_suspend_timeout"):
             where = ("its netdev napi-set has no irq-suspend-timeout" if f.napi_set else

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kbp import sysaccess
+from kbp import rps, sysaccess
 from kbp.bench.sysstat import read_percpu_table
-from kbp.rps import mask_cpus
+from kbp.netdev import NetFS
 from kbp.testbed import run as ns_run
 
 PROC = Path("/proc")
@@ -23,36 +23,20 @@ SOFTNET = {"processed": 0, "dropped": 1, "time_squeeze": 2, "received_rps": 9}
 SOFTNET_CPU_COL = 12
 
 
-def cpu_mask(cpu: int) -> str:
-    """The sysfs mask text of one CPU ("2" for CPU 1)."""
-    return format(1 << cpu, "x")
-
-
 def rx_queues(netns: str, dev: str) -> list[str]:
-    out = sysaccess.listdir(sysaccess.net_path(dev, "queues"), netns)
-    return sorted(q for q in out if q.startswith("rx-"))
+    """The receive queues of a device (rx-0, rx-1, ...; [] when it has none)."""
+    return list(NetFS(netns).rx_queues(dev, []))
 
 
 def read_rps(netns: str, dev: str) -> dict[str, str]:
     """{rx-N: rps_cpus text} of a device (seen inside its namespace; "" where unreadable)."""
-    out: dict[str, str] = {}
-    for q in rx_queues(netns, dev):
-        try:
-            out[q] = sysaccess.read(sysaccess.net_path(dev, f"queues/{q}/rps_cpus"), netns)
-        except OSError:
-            out[q] = ""
-    return out
+    return rps.read_masks(NetFS(netns), dev)
 
 
 def write_rps(netns: str, dev: str, masks: dict[str, str]) -> None:
     """Write each queue's mask (OSError with the kernel's errno)."""
     for q, mask in masks.items():
         sysaccess.write(sysaccess.net_path(dev, f"queues/{q}/rps_cpus"), f"{mask}\n", netns)
-
-
-def rps_cpus(masks: dict[str, str]) -> list[int]:
-    """The CPUs the masks of a device steer to (union over its queues)."""
-    return sorted({c for m in masks.values() for c in mask_cpus(m)})
 
 
 @dataclass
@@ -67,8 +51,8 @@ class Steering:
     def apply(self, devs: list[str] | None = None) -> None:
         for dev in devs or self.devs:
             self.before.setdefault(dev, read_rps(self.netns, dev))
-            write_rps(self.netns, dev, {q: cpu_mask(self.cpu) for q in self.before[dev]})
-            got = rps_cpus(read_rps(self.netns, dev))
+            write_rps(self.netns, dev, {q: rps.cpu_mask(self.cpu) for q in self.before[dev]})
+            got = rps.masks_cpus(read_rps(self.netns, dev))
             if got != [self.cpu]:
                 raise RuntimeError(f"{dev}: RPS to CPU {self.cpu} did not stick (reads {got})")
 
@@ -83,7 +67,7 @@ class Steering:
         out: dict[str, list[int]] = {}
         for dev in self.devs:
             try:
-                out[dev] = rps_cpus(read_rps(self.netns, dev))
+                out[dev] = rps.masks_cpus(read_rps(self.netns, dev))
             except Exception:
                 out[dev] = []
         return out
@@ -217,8 +201,8 @@ class ClientEnds:
             self.before[dev] = (gro_on(self.netns, dev), read_rps(self.netns, dev))
         self.cpus[dev] = cpu
         set_gro(self.netns, dev, False)
-        write_rps(self.netns, dev, {q: cpu_mask(cpu) for q in self.before[dev][1]})
-        got = rps_cpus(read_rps(self.netns, dev))
+        write_rps(self.netns, dev, {q: rps.cpu_mask(cpu) for q in self.before[dev][1]})
+        got = rps.masks_cpus(read_rps(self.netns, dev))
         if got != [cpu] or gro_on(self.netns, dev):
             raise RuntimeError(f"{dev}: GRO off and RPS to CPU {cpu} did not stick (RPS "
                                f"reads {got})")
@@ -237,7 +221,7 @@ class ClientEnds:
         for dev in self.cpus:
             try:
                 out[dev] = {"gro": gro_on(self.netns, dev),
-                            "rps": rps_cpus(read_rps(self.netns, dev))}
+                            "rps": rps.masks_cpus(read_rps(self.netns, dev))}
             except Exception as e:
                 out[dev] = {"error": str(e)}
         return out

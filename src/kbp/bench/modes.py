@@ -102,7 +102,6 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import Any, Final, Protocol
 
 from kbp import modespec, names, sysaccess, sysinfo
@@ -214,22 +213,6 @@ def sysfs_net(netns: str, dev: str, attr: str, value: str | None = None) -> str:
     return sysaccess.read(path, netns)
 
 
-def napi_kthreads(dev: str, proc: Path = Path("/proc")) -> dict[int, str]:
-    """Threaded-NAPI kthreads of ``dev`` by name (comm ``napi/<dev>-<id>``, 15 chars)."""
-    prefix = f"napi/{dev}-"[:15]
-    out = {}
-    for d in proc.iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            comm = (d / "comm").read_text().strip()
-        except OSError:
-            continue
-        if comm.startswith(prefix):
-            out[int(d.name)] = comm
-    return out
-
-
 def thread_placement(pid: int) -> dict[str, Any]:
     """CPU affinity, scheduling policy and priority of a thread (for the record)."""
     try:
@@ -335,7 +318,9 @@ class ThreadedMode(_Defaults):
         self.target = None
 
     def threads(self) -> dict[int, str]:
-        return napi_kthreads(self.target.dev) if self.target else {}
+        if self.target is None:
+            return {}
+        return {st.pid: st.comm for st in sysinfo.find_napi_threads(self.target.dev)}
 
     def counters(self) -> dict[str, int | None]:
         return {}
@@ -743,7 +728,7 @@ class BackendMode(_Defaults):
         return names.APP_SOCKPERF
 
     def needs_fresh_device(self, t: Target) -> bool:
-        return self.backend == names.BACKEND_KMOD and bool(napi_kthreads(t.dev))
+        return self.backend == names.BACKEND_KMOD and bool(sysinfo.find_napi_threads(t.dev))
 
     def unavailable(self) -> str | None:
         if self.since is not None:

@@ -14,10 +14,12 @@ was mounted in, so a ``setns`` alone would not do), and the helper reports the e
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -45,23 +47,50 @@ def ns_argv(argv: Sequence[str], ns: str | None = None) -> list[str]:
     return ["ip", "netns", "exec", ns, *argv] if ns else list(argv)
 
 
-def cmd(argv: Sequence[str], ns: str | None = None, check: bool = True,
-        timeout: float | None = CMD_TIMEOUT) -> subprocess.CompletedProcess[str]:
-    """Run a command (in namespace ``ns``) to completion, text output captured; ``check``:
-    a non-zero exit raises :class:`CmdError`."""
-    proc = subprocess.run(ns_argv(argv, ns), capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise CmdError(proc)
-    return proc
-
-
-def popen(argv: Sequence[str], ns: str | None = None, **kw: Any) -> subprocess.Popen[str]:
+def popen(argv: Sequence[str], ns: str | None = None, *, session: bool = False,
+          **kw: Any) -> subprocess.Popen[str]:
     """Start a command (in namespace ``ns``), output piped as text unless ``kw`` says
-    otherwise; the caller owns the process."""
+    otherwise; ``session``: in a session of its own, so that a Ctrl-C on the terminal
+    reaches only this program, which then stops it in order.  The caller owns the process
+    (:func:`stop`)."""
     kw.setdefault("stdout", subprocess.PIPE)
     kw.setdefault("stderr", subprocess.PIPE)
     kw.setdefault("text", True)
-    return subprocess.Popen(ns_argv(argv, ns), **kw)
+    return subprocess.Popen(ns_argv(argv, ns), start_new_session=session, **kw)
+
+
+def stop(proc: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 5.0,
+         ) -> tuple[str, str]:
+    """Signal a child (if it still runs), wait for it (SIGKILL after ``timeout``), and
+    return what it printed."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    return out or "", err or ""
+
+
+def cmd(argv: Sequence[str], ns: str | None = None, check: bool = True,
+        timeout: float | None = CMD_TIMEOUT, *, session: bool = False,
+        ) -> subprocess.CompletedProcess[str]:
+    """Run a command (in namespace ``ns``) to completion, text output captured; ``check``:
+    a non-zero exit raises :class:`CmdError`.  On a timeout (TimeoutExpired) or any
+    exception (Ctrl-C) the child is stopped first (SIGINT, then SIGKILL); ``session`` as
+    for :func:`popen`."""
+    proc = popen(argv, ns, session=session)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        stop(proc, signal.SIGINT, timeout=2.0)
+        raise
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    if check and done.returncode != 0:
+        raise CmdError(done)
+    return done
 
 
 # -- sysfs / procfs ---------------------------------------------------------------------------
@@ -191,8 +220,9 @@ class Deferred:
 class Journal:
     """Restore steps, run last first by :meth:`restore` (or on leaving ``with``).
 
-    Every step runs even when an earlier one fails; then :class:`RestoreError` names the
-    failures (the first one's exception is its ``__cause__``)."""
+    Every step runs even when an earlier one fails (also on a Ctrl-C in one); then
+    :class:`RestoreError` names the failures (the first one's exception is its
+    ``__cause__``), or the KeyboardInterrupt is raised again."""
 
     steps: list[Deferred] = field(default_factory=list)
 
@@ -210,8 +240,11 @@ class Journal:
             d = self.steps.pop()
             try:
                 d.exec()
-            except Exception as e:
+            except BaseException as e:      # Ctrl-C in one step: the others still run
                 errors.append(e)
+        for e in errors:
+            if not isinstance(e, Exception):
+                raise e                     # KeyboardInterrupt, SystemExit: as they came
         if errors:
             raise RestoreError(errors) from errors[0]
 

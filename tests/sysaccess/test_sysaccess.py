@@ -90,3 +90,26 @@ def test_exec_and_cancel() -> None:
     assert done == ["a"] and len(j) == 0
     j.restore()
     assert done == ["a"]
+
+
+def test_ctrl_c_in_one_step_lets_the_others_run() -> None:
+    done: list[str] = []
+    j = Journal()
+    j.defer(done.append, "first")
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    j.defer(interrupted)
+    j.defer(done.append, "last")
+    with pytest.raises(KeyboardInterrupt):
+        j.restore()
+    assert done == ["last", "first"]
+
+
+def test_cmd_stops_its_child_on_a_timeout() -> None:
+    import subprocess
+    with pytest.raises(subprocess.TimeoutExpired):
+        sysaccess.cmd(["sleep", "30"], timeout=0.2, session=True)
+    p = sysaccess.popen(["sleep", "30"])
+    assert sysaccess.stop(p, timeout=2) == ("", "") and p.returncode is not None

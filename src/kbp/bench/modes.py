@@ -299,22 +299,25 @@ class ThreadedMode(_Defaults):
     name: str = THREADED
     target: Target | None = None
     spins: bool = False
-    _was: str | None = None
+    journal: sysaccess.Journal = field(default_factory=sysaccess.Journal)
 
     def unavailable(self) -> str | None:
         return None
 
     def setup(self, t: Target) -> None:
         self.target = t
-        self._was = sysfs_net(t.netns, t.dev, "threaded")
+        was: str | None = None
+        try:
+            was = sysfs_net(t.netns, t.dev, "threaded")
+        finally:              # put back as found (0 if it could not be read)
+            self.journal.defer(sysfs_net, t.netns, t.dev, "threaded", was or "0")
         got = sysfs_net(t.netns, t.dev, "threaded", "1")
         if got != "1":
             raise RuntimeError(f"{t.dev}: cannot turn threaded NAPI on (reads {got})")
 
     def teardown(self) -> None:
-        if self.target is not None:
-            with contextlib.suppress(OSError, RuntimeError):  # the device may be gone
-                sysfs_net(self.target.netns, self.target.dev, "threaded", self._was or "0")
+        with contextlib.suppress(sysaccess.RestoreError):   # the device may be gone (Ctrl-C)
+            self.journal.restore()
         self.target = None
 
     def threads(self) -> dict[int, str]:

@@ -15,7 +15,6 @@ from typing import Any
 from kbp import rps, sysaccess
 from kbp.bench.sysstat import read_percpu_table
 from kbp.netdev import NetFS
-from kbp.testbed import run as ns_run
 
 PROC = Path("/proc")
 # /proc/net/softnet_stat columns (hex, one row per online CPU; the 13th is the CPU number)
@@ -41,25 +40,28 @@ def write_rps(netns: str, dev: str, masks: dict[str, str]) -> None:
 
 @dataclass
 class Steering:
-    """RPS of some devices to one CPU; ``undo`` writes back what was there."""
+    """RPS of some devices to one CPU; ``undo`` writes back what was there (each device's
+    masks as found, registered with the journal before they change, last device first)."""
 
     netns: str
     devs: list[str]
     cpu: int
     before: dict[str, dict[str, str]] = field(default_factory=dict)
+    journal: sysaccess.Journal = field(default_factory=sysaccess.Journal)
 
     def apply(self, devs: list[str] | None = None) -> None:
         for dev in devs or self.devs:
-            self.before.setdefault(dev, read_rps(self.netns, dev))
+            if dev not in self.before:
+                self.before[dev] = read_rps(self.netns, dev)
+                self.journal.defer(write_rps, self.netns, dev, self.before[dev])
             write_rps(self.netns, dev, {q: rps.cpu_mask(self.cpu) for q in self.before[dev]})
             got = rps.masks_cpus(read_rps(self.netns, dev))
             if got != [self.cpu]:
                 raise RuntimeError(f"{dev}: RPS to CPU {self.cpu} did not stick (reads {got})")
 
     def undo(self) -> None:
-        for dev, masks in self.before.items():
-            with contextlib.suppress(Exception):     # the device may be gone already
-                write_rps(self.netns, dev, masks)
+        with contextlib.suppress(sysaccess.RestoreError):   # a device may be gone already
+            self.journal.restore()
         self.before.clear()
 
     def now(self) -> dict[str, list[int]]:
@@ -171,7 +173,7 @@ class CpuRx:
 def gro_on(netns: str, dev: str) -> bool:
     """Whether GRO is active on a device, as the kernel reads it back."""
     import json
-    out = ns_run(netns, ["ethtool", "--json", "-k", dev]).stdout
+    out = sysaccess.cmd(["ethtool", "--json", "-k", dev], ns=netns).stdout
     return bool(json.loads(out)[0]["generic-receive-offload"]["active"])
 
 
@@ -194,11 +196,13 @@ class ClientEnds:
     netns: str
     cpus: dict[str, int] = field(default_factory=dict)      # {dev: CPU}
     before: dict[str, tuple[bool, dict[str, str]]] = field(default_factory=dict)
+    journal: sysaccess.Journal = field(default_factory=sysaccess.Journal)
 
     def apply(self, dev: str, cpu: int) -> None:
         from kbp.testbed import set_gro
         if dev not in self.before:
-            self.before[dev] = (gro_on(self.netns, dev), read_rps(self.netns, dev))
+            self.before[dev] = gro, masks = gro_on(self.netns, dev), read_rps(self.netns, dev)
+            self.journal.defer(self._put_back, dev, gro, masks)
         self.cpus[dev] = cpu
         set_gro(self.netns, dev, False)
         write_rps(self.netns, dev, {q: rps.cpu_mask(cpu) for q in self.before[dev][1]})
@@ -207,12 +211,14 @@ class ClientEnds:
             raise RuntimeError(f"{dev}: GRO off and RPS to CPU {cpu} did not stick (RPS "
                                f"reads {got})")
 
-    def undo(self) -> None:
+    def _put_back(self, dev: str, gro: bool, masks: dict[str, str]) -> None:
         from kbp.testbed import set_gro
-        for dev, (gro, masks) in self.before.items():
-            with contextlib.suppress(Exception):     # the device may be gone already
-                write_rps(self.netns, dev, masks)
-                set_gro(self.netns, dev, gro)
+        write_rps(self.netns, dev, masks)
+        set_gro(self.netns, dev, gro)
+
+    def undo(self) -> None:
+        with contextlib.suppress(sysaccess.RestoreError):   # a device may be gone already
+            self.journal.restore()
         self.before.clear()
 
     def now(self) -> dict[str, dict[str, Any]]:

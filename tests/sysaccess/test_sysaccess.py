@@ -113,3 +113,26 @@ def test_cmd_stops_its_child_on_a_timeout() -> None:
         sysaccess.cmd(["sleep", "30"], timeout=0.2, session=True)
     p = sysaccess.popen(["sleep", "30"])
     assert sysaccess.stop(p, timeout=2) == ("", "") and p.returncode is not None
+
+
+def test_orphan_journals_are_the_dead_processes() -> None:
+    import subprocess
+    import tempfile
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    with tempfile.TemporaryDirectory() as d:
+        base = Path(d)
+        sysaccess.save_journal(base / f"{dead.pid}.json", {"pid": dead.pid, "found": [1]})
+        sysaccess.save_journal(base / f"{os.getpid()}.json", {"pid": os.getpid()})
+        sysaccess.save_journal(base / "1.json", {"pid": 1})                 # init: alive
+        sysaccess.save_journal(base / f"nicpair-{dead.pid}.json", {"ports": []})
+        (base / "junk.json").write_text("{")
+        assert not list(base.glob("*.tmp"))
+        got = sysaccess.orphan_journals(base, "[0-9]*.json")
+        assert [(f.name, data) for f, data in got] == [(f"{dead.pid}.json",
+                                                       {"pid": dead.pid, "found": [1]})]
+        own = sysaccess.orphan_journals(base, "[0-9]*.json", own=True)
+        assert {f.name for f, _ in own} == {f"{dead.pid}.json", f"{os.getpid()}.json"}
+        assert [f.name for f, _ in sysaccess.orphan_journals(base, "nicpair-*.json")] == \
+            [f"nicpair-{dead.pid}.json"]
+    assert sysaccess.orphan_journals(Path("/nonexistent/kbp"), "*.json") == []

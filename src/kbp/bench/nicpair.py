@@ -205,11 +205,8 @@ class NicPair:
         return self.tester, self.server
 
     def write_journal(self) -> None:
-        self.journal.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.journal.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"pid": os.getpid(),
-                                   "ports": [asdict(p) for p in self.ports()]}))
-        tmp.replace(self.journal)
+        sysaccess.save_journal(self.journal, {"pid": os.getpid(),
+                                              "ports": [asdict(p) for p in self.ports()]})
 
     def restore(self) -> list[str]:
         problems = [p for port in self.ports() for p in port.restore()]
@@ -241,16 +238,7 @@ def recover(journal_dir: Path = JOURNAL_DIR) -> list[str]:
     out of a namespace still holding them, renamed, readdressed, re-affined.  Returns what
     was recovered (one line per port)."""
     done: list[str] = []
-    if not journal_dir.is_dir():
-        return done
-    for path in sorted(journal_dir.glob("nicpair-*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        pid = int(data.get("pid", 0))
-        if pid and pid != os.getpid() and Path(f"/proc/{pid}").exists():
-            continue                                  # its benchmark still runs
+    for path, data in sysaccess.orphan_journals(journal_dir, "nicpair-*.json", own=True):
         problems: list[str] = []
         for d in data.get("ports", []):
             d["addrs"] = [tuple(a) for a in d.get("addrs", [])]

@@ -216,14 +216,10 @@ def sysfs_net(netns: str, dev: str, attr: str, value: str | None = None) -> str:
 def thread_placement(pid: int) -> dict[str, Any]:
     """CPU affinity, scheduling policy and priority of a thread (for the record)."""
     try:
-        pol = os.sched_getscheduler(pid)
-        prio = os.sched_getparam(pid).sched_priority
-        cpus = sorted(os.sched_getaffinity(pid))
+        s = sysinfo.get_sched(pid)
     except OSError:
         return {"pid": pid, "gone": True}
-    pname = {os.SCHED_OTHER: "SCHED_OTHER", os.SCHED_FIFO: "SCHED_FIFO",
-             os.SCHED_RR: "SCHED_RR"}.get(pol, str(pol))
-    return {"pid": pid, "policy": pname, "priority": prio, "cpus": cpus}
+    return {"pid": pid, "policy": s.policy, "priority": s.priority, "cpus": s.cpus}
 
 
 Version = tuple[int, int, int]

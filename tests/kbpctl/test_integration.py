@@ -515,7 +515,7 @@ def test_status_works_without_root(bed: Bed, user_kbpctl: UserKbpctl) -> None:
 
 # -- RPS on the served device -----------------------------------------------------------
 def rps_attr(ns: str, dev: str, attr: str, q: str = "rx-0") -> str:
-    return sysaccess.cmd(["cat", f"/sys/class/net/{dev}/queues/{q}/{attr}"], ns=ns).stdout.strip()
+    return sysaccess.read(f"/sys/class/net/{dev}/queues/{q}/{attr}", ns)
 
 
 def set_rps_attr(ns: str, dev: str, attr: str, value: str, q: str = "rx-0") -> None:

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kbp import names, rps
+from kbp import names, rps, sysinfo
 from kbp.bench import netstats, steer, workloads
 from kbp.bench import parts as pt
 from kbp.bench import placement as pl
@@ -101,7 +101,7 @@ class HeavySide:
             raise KnobError(f"{self.dev}: RPS to CPU {cpu} did not stick (reads {got})")
         for tid in self.receiver_pids():
             with contextlib.suppress(OSError):
-                os.sched_setaffinity(tid, {cpu})
+                sysinfo.set_affinity(tid, [cpu])
         self.cpu_now = cpu
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kbp import rps, sysaccess
+from kbp import rps, sysaccess, sysinfo
 from kbp.bench.sysstat import read_percpu_table
 from kbp.netdev import NetFS
 
@@ -97,12 +97,8 @@ def net_rx(cpu: int, proc: Path = PROC) -> int:
 def ksoftirqd(cpu: int, proc: Path = PROC) -> int | None:
     """The pid of ``ksoftirqd/<cpu>``."""
     want = f"ksoftirqd/{cpu}"
-    for d in proc.iterdir():
-        if d.name.isdigit():
-            with contextlib.suppress(OSError):
-                if (d / "comm").read_text().strip() == want:
-                    return int(d.name)
-    return None
+    return next((st.pid for st in sysinfo.kthreads(sysinfo.Host(proc=proc))
+                 if st.comm == want), None)
 
 
 def schedstat(pid: int | None, proc: Path = PROC) -> tuple[int, int]:

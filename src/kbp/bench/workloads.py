@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from kbp import names, sysaccess
+from kbp import names, sysaccess, sysinfo
 from kbp.bench import netstats
 from kbp.bench.modes import AppPlace
 
@@ -124,7 +124,7 @@ class RtApp:
         """Re-pin every thread of the running server to ``cpu``."""
         for tid in self.pids():
             with contextlib.suppress(OSError):
-                os.sched_setaffinity(tid, {cpu})
+                sysinfo.set_affinity(tid, [cpu])
         self.cpu_now = cpu
 
     def set_fifo(self, prio: int) -> None:
@@ -132,10 +132,7 @@ class RtApp:
         SCHED_OTHER).  The application's code is unchanged, as with chrt."""
         for tid in self.pids():
             with contextlib.suppress(OSError):
-                if prio > 0:
-                    os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(prio))
-                else:
-                    os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+                sysinfo.set_policy(tid, "SCHED_FIFO" if prio > 0 else "SCHED_OTHER", prio)
         self.fifo_now = prio
 
     def place(self, where: AppPlace) -> None:

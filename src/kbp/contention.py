@@ -18,14 +18,13 @@ Two measured inversions (docs/results.md "Softirq-lock inversion measured"):
 from __future__ import annotations
 
 import os
-import platform
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kbp import rtclass
+from kbp import rtclass, sysinfo
 from kbp.errors import InvalidInput, KbpctlError
 from kbp.state import TargetGone
 from kbp.sysinfo import (
@@ -125,7 +124,7 @@ def has_bh_lock(version: str | None = None, release: str | None = None,
     version = os.uname().version if version is None else version
     if not rtclass.preempt_rt(version=version):
         return False
-    release = platform.release() if release is None else release
+    release = sysinfo.kernel_release() if release is None else release
     m = re.match(r"(\d+)\.(\d+)", release)
     if m and (int(m.group(1)), int(m.group(2))) < (6, 18):
         return True

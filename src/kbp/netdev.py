@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +38,7 @@ from pyroute2.netlink import (
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic import GenericNetlinkSocket
 
+from kbp import sysaccess
 from kbp.errors import InvalidInput, OperationFailed
 
 if TYPE_CHECKING:
@@ -397,51 +396,12 @@ def list_links(netns: str | None = None) -> list[Link]:
 
 
 # -- sysfs in any netns ----------------------------------------------------------------
-_HELPER = r"""
-import json, os, sys
-op, path = sys.argv[1], sys.argv[2]
-try:
-    if op == "read":
-        with open(path) as f:
-            print(json.dumps({"ok": f.read()}))
-    elif op == "write":
-        with open(path, "w") as f:
-            f.write(sys.argv[3])
-        print(json.dumps({"ok": ""}))
-    elif op == "list":
-        print(json.dumps({"ok": sorted(os.listdir(path))}))
-    elif op == "readmany":
-        out = {}
-        for name in sys.argv[3:]:
-            try:
-                with open(os.path.join(path, name)) as f:
-                    out[name] = f.read()
-            except FileNotFoundError:
-                out[name] = None
-        print(json.dumps({"ok": out}))
-    elif op == "rxqueues":
-        out = {}
-        for q in sorted(os.listdir(path)):
-            if not q.startswith("rx-"):
-                continue
-            out[q] = {}
-            for name in sys.argv[3:]:
-                try:
-                    with open(os.path.join(path, q, name)) as f:
-                        out[q][name] = f.read()
-                except FileNotFoundError:
-                    out[q][name] = None
-        print(json.dumps({"ok": out}))
-except OSError as e:
-    print(json.dumps({"errno": e.errno, "msg": e.strerror}))
-"""
-
-
 class NetFS:
     """/sys/class/net of a network namespace.
 
     sysfs shows the devices of the netns it was mounted in, so for another netns the
-    access runs in a short helper under ``ip netns exec`` (which mounts a fresh sysfs).
+    access runs in :func:`kbp.sysaccess.ns_fs` (a short helper under ``ip netns exec``, which
+    mounts a fresh sysfs, keeping errno).
     """
 
     def __init__(self, netns: str | None = None, sysroot: Path = Path("/sys")) -> None:
@@ -455,23 +415,11 @@ class NetFS:
         p = Path("/sys" if self.netns else self.sysroot) / "class/net" / dev
         return p / attr if attr else p
 
-    def _helper(self, *argv: str) -> Any:
-        assert self.netns
-        proc = subprocess.run(
-            ["ip", "netns", "exec", self.netns, sys.executable, "-c", _HELPER, *argv],
-            capture_output=True, text=True, timeout=30)
-        if proc.returncode != 0:
-            raise OSError(errno.EIO, f"ip netns exec {self.netns}: {proc.stderr.strip()}")
-        res = json.loads(proc.stdout)
-        if "errno" in res:
-            raise OSError(res["errno"], res["msg"], argv[1])
-        return res["ok"]
-
     def read(self, dev: str, attr: str) -> str | None:
         """The attribute's text, stripped (None if the attribute does not exist)."""
         try:
             if self.netns:
-                return str(self._helper("read", str(self.path(dev, attr)))).strip()
+                return str(sysaccess.ns_fs(self.netns, "read", str(self.path(dev, attr)))).strip()
             return self.path(dev, attr).read_text().strip()
         except FileNotFoundError:
             return None
@@ -482,7 +430,7 @@ class NetFS:
 
     def write(self, dev: str, attr: str, value: str | int) -> None:
         if self.netns:
-            self._helper("write", str(self.path(dev, attr)), str(value))
+            sysaccess.ns_fs(self.netns, "write", str(self.path(dev, attr)), str(value))
         else:
             with open(self.path(dev, attr), "w") as f:
                 f.write(str(value))
@@ -492,7 +440,7 @@ class NetFS:
         if not self.netns:
             return {a: self.read(dev, a) for a in attrs}
         try:
-            raw = self._helper("readmany", str(self.path(dev)), *attrs)
+            raw = sysaccess.ns_fs(self.netns, "readmany", str(self.path(dev)), *attrs)
         except OSError:
             return dict.fromkeys(attrs)
         return {a: (v.strip() if isinstance(v, str) else None) for a, v in raw.items()}
@@ -500,7 +448,7 @@ class NetFS:
     def listdir(self, dev: str, sub: str) -> list[str]:
         try:
             if self.netns:
-                return list(self._helper("list", str(self.path(dev, sub))))
+                return list(sysaccess.ns_fs(self.netns, "list", str(self.path(dev, sub))))
             return sorted(os.listdir(self.path(dev, sub)))
         except OSError:
             return []
@@ -511,7 +459,7 @@ class NetFS:
         ``queues`` directory has no queues ({})."""
         if self.netns:
             try:
-                raw = self._helper("rxqueues", str(self.path(dev, "queues")), *attrs)
+                raw = sysaccess.ns_fs(self.netns, "rxqueues", str(self.path(dev, "queues")), *attrs)
             except OSError as e:
                 if e.errno == errno.ENOENT:
                     return {}

@@ -47,6 +47,21 @@ def mask_cpus(mask: str | None) -> list[int]:
     return [i for i in range(bits.bit_length()) if bits >> i & 1]
 
 
+def cpu_mask(cpu: int) -> str:
+    """The sysfs mask text of one CPU ("2" for CPU 1)."""
+    return format(1 << cpu, "x")
+
+
+def masks_cpus(masks: dict[str, str]) -> list[int]:
+    """The CPUs some queues' masks steer to ({rx-N: mask}; union over the queues)."""
+    return sorted({c for m in masks.values() for c in mask_cpus(m)})
+
+
+def read_masks(fs: NetFS, dev: str) -> dict[str, str]:
+    """{rx-N: rps_cpus text} of a device ("" where a queue has none)."""
+    return {q: v.get(RPS_CPUS) or "" for q, v in fs.rx_queues(dev, [RPS_CPUS]).items()}
+
+
 def _int(text: str | None) -> int | None:
     try:
         return int(text) if text is not None else None

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from kbp import sysaccess
+
 DEFAULT_RUN_DIR = Path("/run/kbp")
 ENV_RUN_DIR = "KBP_RUN_DIR"
 ENV_PAUSE_STEP = "KBP_TEST_PAUSE_AFTER_STEP"
@@ -307,25 +309,36 @@ def describe(kind: str, key: Mapping[str, Any]) -> str:
 
 
 def restore(record: Record, effector: Effector) -> list[str]:
-    """Undo a device's journal, newest change first. Returns notes on skipped targets."""
+    """Undo a device's journal, newest change first (each change's restore registered on a
+    :class:`kbp.sysaccess.Journal` in journal order, run last first). Returns notes on
+    skipped targets; RestoreError names the changes that could not be put back."""
     notes: list[str] = []
     errors: list[str] = []
-    for c in reversed(record.changes):
+
+    def put_back(c: Change) -> None:
         handler = effector.get(c.kind)
         if handler is None:
             errors.append(f"step {c.step}: unknown kind {c.kind} (journal of a newer kbpctl?)")
-            continue
+            return
         try:
             cur = handler.get(c.key)
             if cur is MISSING:
                 notes.append(f"{describe(c.kind, c.key)}: gone, nothing to restore")
-                continue
+                return
             if cur != c.old:
                 handler.set(c.key, c.old)
         except TargetGone:
             notes.append(f"{describe(c.kind, c.key)}: gone, nothing to restore")
         except OSError as e:
             errors.append(f"restoring {describe(c.kind, c.key)} to {c.old!r}: {e}")
+
+    steps = sysaccess.Journal()
+    for c in record.changes:
+        steps.defer(put_back, c)
+    try:
+        steps.restore()
+    except sysaccess.RestoreError as e:     # not an OSError: a bug, raised as it came
+        raise e.errors[0] from None
     if errors:
         raise RestoreError(errors, notes)
     return notes

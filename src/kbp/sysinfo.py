@@ -82,16 +82,23 @@ def format_cpulist(cpus: Iterable[int]) -> str:
     return ",".join(out)
 
 
+def read_cpulist(path: Path) -> list[int]:
+    """The CPU list in a file (.../cpu/online, an IRQ's smp_affinity_list); OSError when
+    it cannot be read, InvalidInput when it is not a CPU list."""
+    return parse_cpulist(path.read_text())
+
+
 def online_cpus(host: Host = HOST) -> list[int]:
+    """The online CPUs (this process's affinity when /sys does not say)."""
     try:
-        return parse_cpulist((host.cpu_dir / "online").read_text())
+        return read_cpulist(host.cpu_dir / "online")
     except OSError:
         return sorted(os.sched_getaffinity(0))
 
 
 def possible_cpus(host: Host = HOST) -> list[int]:
     try:
-        return parse_cpulist((host.cpu_dir / "possible").read_text())
+        return read_cpulist(host.cpu_dir / "possible")
     except OSError:
         return online_cpus(host)
 

@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import subprocess
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pyroute2 import IPRoute, netns
+
+from kbp import sysaccess
 
 NETNS_DIR = Path("/run/netns")
 DEFAULT_PREFIX = "kbp"
@@ -38,36 +40,12 @@ def _short_id() -> str:
     return uuid.uuid4().hex[:6]
 
 
-def ns_cmd(ns: str | None, argv: Sequence[str]) -> list[str]:
-    """The argv that runs ``argv`` inside network namespace ``ns`` (None: this one)."""
-    return ["ip", "netns", "exec", ns, *argv] if ns else list(argv)
-
-
-def run(ns: str | None, argv: Sequence[str], check: bool = True,
-        timeout: float | None = 60) -> subprocess.CompletedProcess[str]:
-    """Run a command in a namespace and return its completed process (text output)."""
-    full = ns_cmd(ns, argv)
-    proc = subprocess.run(full, capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise RuntimeError(
-            f"{shlex.join(full)} failed ({proc.returncode}): {proc.stderr.strip()}")
-    return proc
-
-
-def popen(ns: str | None, argv: Sequence[str], **kw: object) -> subprocess.Popen[str]:
-    """Start a command in a namespace; the caller owns the process."""
-    kw.setdefault("stdout", subprocess.PIPE)
-    kw.setdefault("stderr", subprocess.PIPE)
-    kw.setdefault("text", True)
-    return subprocess.Popen(ns_cmd(ns, argv), **kw)  # type: ignore[call-overload]
-
-
 def set_gro(ns: str | None, dev: str, on: bool) -> None:
-    run(ns, ["ethtool", "-K", dev, "gro", "on" if on else "off"])
+    sysaccess.cmd(["ethtool", "-K", dev, "gro", "on" if on else "off"], ns)
 
 
 def set_udp_gro_forwarding(ns: str | None, dev: str, on: bool) -> None:
-    run(ns, ["ethtool", "-K", dev, "rx-udp-gro-forwarding", "on" if on else "off"])
+    sysaccess.cmd(["ethtool", "-K", dev, "rx-udp-gro-forwarding", "on" if on else "off"], ns)
 
 
 def ifindex(ns: str | None, dev: str) -> int:
@@ -112,7 +90,7 @@ class Testbed:
     client: str = ""
     server: str = ""
     links: list[VethLink] = field(default_factory=list)
-    _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    journal: sysaccess.Journal = field(default_factory=sysaccess.Journal)
 
     # -- context manager -------------------------------------------------------------
     def __enter__(self) -> Testbed:
@@ -122,16 +100,16 @@ class Testbed:
             for i in range(max(self.links_wanted, len(self.link_names))):
                 self.add_link(i)
         except BaseException:
-            self._stack.close()
+            self.journal.restore()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stack.close()
+        self.journal.restore()
 
-    def defer(self, fn: Callable[..., object], *args: object) -> None:
+    def defer(self, fn: Callable[..., object], *args: object) -> sysaccess.Deferred:
         """Register an undo step; steps run in reverse order when the testbed closes."""
-        self._stack.callback(fn, *args)
+        return self.journal.defer(fn, *args)
 
     # -- building blocks -------------------------------------------------------------
     def add_netns(self, role: str) -> str:
@@ -183,7 +161,7 @@ class Testbed:
         if old.kind != "veth":
             raise ValueError(f"link {i} ({old.dev_a}, {old.dev_b}) is not a veth pair: it "
                              "cannot be recreated")
-        run(old.ns_a, ["ip", "link", "del", old.dev_a], check=False)
+        sysaccess.cmd(["ip", "link", "del", old.dev_a], old.ns_a, check=False)
         link = self.add_link(i)
         self.links.remove(link)
         self.links[i] = link
@@ -193,25 +171,16 @@ class Testbed:
         """The veth pair ``link_names`` calls ``name``."""
         return self.links[list(self.link_names).index(name)]
 
-    # -- helpers ---------------------------------------------------------------------
+    # -- helpers (kbp.sysaccess) -------------------------------------------------------
     def run(self, ns: str | None, argv: Sequence[str], check: bool = True,
             timeout: float | None = 60) -> subprocess.CompletedProcess[str]:
-        return run(ns, argv, check=check, timeout=timeout)
+        return sysaccess.cmd(argv, ns, check=check, timeout=timeout)
 
-    def popen(self, ns: str | None, argv: Sequence[str], **kw: object) -> subprocess.Popen[str]:
-        proc = popen(ns, argv, **kw)
-        self.defer(_stop, proc)
+    def popen(self, ns: str | None, argv: Sequence[str], **kw: Any) -> subprocess.Popen[str]:
+        """Start a command in a namespace; it is stopped when the testbed closes."""
+        proc = sysaccess.popen(argv, ns, **kw)
+        self.defer(sysaccess.stop, proc)
         return proc
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _remove_netns(name: str) -> None:

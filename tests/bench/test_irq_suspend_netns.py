@@ -29,6 +29,7 @@ from test_bench_netns import (
     start_idle_bench,
 )
 
+from kbp import rps
 from kbp.bench import modes, steer, tester, workloads
 from kbp.bench.modes import IrqSuspendMode, Target
 from kbp.netdev import Napi, NetdevClient, get_link
@@ -142,7 +143,7 @@ def test_irq_suspend_sets_the_napis_and_rps_off_then_restores_exactly(
                        irq_suspend_timeout=777)
     napis_before = _napis(tb)
     rps_before = steer.read_rps(tb.server, rt.dev_b)
-    assert napis_before and steer.rps_cpus(rps_before) == [rt_cpu]
+    assert napis_before and rps.masks_cpus(rps_before) == [rt_cpu]
 
     mode = IrqSuspendMode()
     echo = workloads.EchoServer(tb.server, rt.ip_b, rt_cpu)
@@ -153,7 +154,7 @@ def test_irq_suspend_sets_the_napis_and_rps_off_then_restores_exactly(
         for n in on:
             assert (n.defer_hard_irqs, n.gro_flush_timeout, n.irq_suspend_timeout) == \
                 (2, 20_000, 20_000_000), n
-        assert steer.rps_cpus(steer.read_rps(tb.server, rt.dev_b)) == []
+        assert rps.masks_cpus(steer.read_rps(tb.server, rt.dev_b)) == []
         d = mode.describe()
         assert d["found"][f"netdev napi {on[0].id} irq-suspend-timeout (netns {tb.server})"] \
             == "777"

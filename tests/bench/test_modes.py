@@ -414,3 +414,20 @@ def test_the_7_2_vm_comparison_command(monkeypatch: pytest.MonkeyPatch, tmp_path
                                               str(tmp_path)]))
     assert cfg.modes == ["napi", "defer", "stock-busy", "busy", "hybrid"] and cfg.emulated
     Bench(cfg, cpus_available=lambda: [0, 1]).plan()
+
+
+def test_threaded_mode_finds_its_kthreads_as_kbpctl_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one finder of NAPI kthreads (sysinfo's, exact device name), not a 15-character prefix
+    seen: list[str] = []
+
+    def find(dev: str, host: object = None) -> list[sysinfo.TaskStat]:
+        seen.append(dev)
+        return [sysinfo.TaskStat(pid=7, comm="napi/rt-s-x-3", state="S", ppid=2,
+                                 flags=sysinfo.PF_KTHREAD, starttime=0, last_cpu=0,
+                                 rt_priority=0, policy=0)]
+
+    monkeypatch.setattr(sysinfo, "find_napi_threads", find)
+    m = modes.ThreadedMode()
+    assert m.threads() == {}
+    m.target = modes.Target("ns", "rt-s-x", 1)
+    assert m.threads() == {7: "napi/rt-s-x-3"} and seen == ["rt-s-x"]

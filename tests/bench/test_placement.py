@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from kbp import sysinfo
 from kbp.bench import placement, plots, report
 from kbp.bench.placement import PlacementError
 from kbp.bench.runner import Aborted, Bench, BenchConfig
@@ -97,7 +98,7 @@ def test_offline_cpu(tmp_path: Path) -> None:
     (tmp_path / "online").write_text("0-1,3\n")
     assert "is offline" in placement.cpu_problem(2, [0, 1, 3], tmp_path)
     assert "does not exist" in placement.cpu_problem(9, [0, 1, 3], tmp_path)
-    assert placement.parse_cpu_list("0-1,3") == [0, 1, 3]
+    assert sysinfo.parse_cpulist("0-1,3") == [0, 1, 3]
 
 
 @pytest.mark.parametrize("text", ["rt", "rt=x", "bogus=1", "rt=1,rt=2"])

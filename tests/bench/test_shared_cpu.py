@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from kbp import rps
 from kbp.bench import parts as pt
 from kbp.bench import placement, report, scenarios, steer
 from kbp.bench.cli import PRESETS
@@ -183,6 +184,6 @@ def test_softnet_and_softirqs_parsing(tmp_path: Path) -> None:
     sn = steer.softnet(tmp_path)
     assert sn[1] == {"processed": 255, "dropped": 2, "time_squeeze": 4, "received_rps": 16}
     assert steer.net_rx(1, tmp_path) == 250
-    assert steer.cpu_mask(1) == "2" and steer.cpu_mask(12) == "1000"
-    assert steer.rps_cpus({"rx-0": "00000000,00000002"}) == [1]
-    assert steer.rps_cpus({"rx-0": "0"}) == []
+    assert rps.cpu_mask(1) == "2" and rps.cpu_mask(12) == "1000"
+    assert rps.masks_cpus({"rx-0": "00000000,00000002"}) == [1]
+    assert rps.masks_cpus({"rx-0": "0"}) == []

@@ -87,7 +87,8 @@ def test_start_interrupted_while_loading_reaps_bpftrace(monkeypatch: pytest.Monk
     """Ctrl-C while bpftrace loads (before READY): the tracer must not be left running."""
     started: list[subprocess.Popen[str]] = []
 
-    def fake_start(_ns: str | None, _argv: Sequence[str], **_kw: Any) -> subprocess.Popen[str]:
+    def fake_start(_argv: Sequence[str], _ns: str | None = None, **_kw: Any,
+                   ) -> subprocess.Popen[str]:
         p = _holder(tmp_path)                  # never prints READY
         started.append(p)
         return p
@@ -95,7 +96,7 @@ def test_start_interrupted_while_loading_reaps_bpftrace(monkeypatch: pytest.Monk
     def interrupt(_sig: int, _frm: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(trace.procs, "start", fake_start)
+    monkeypatch.setattr(trace.sysaccess, "popen", fake_start)
     old = signal.signal(signal.SIGALRM, interrupt)
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.3)

@@ -282,15 +282,15 @@ def test_stock_non_rt_round_trip_in_place_and_exact_restore() -> None:
     """A thread already SCHED_OTHER nice 3 on every CPU: non-rt at nice 7 on CPU 0, then
     rt and back to non-rt in place (the same thread, threaded NAPI never off, no packet
     lost), status, and disable puts nice 3 and the affinity back."""
+    from kbp import sysaccess
     from kbp.netdev import NetdevClient, get_link
     from kbp.snapshot import snapshot
-    from kbp.testbed import popen, run
 
     from .test_integration import PING_CLIENT, PORT, new_bed
 
     with new_bed() as bed:
         ns, dev = bed.tb.server, bed.link.dev_b
-        run(ns, ["sh", "-c", f"echo 1 > /sys/class/net/{dev}/threaded"])
+        sysaccess.write(f"/sys/class/net/{dev}/threaded", "1\n", ns)
 
         def thread() -> sysinfo.TaskStat:
             link = get_link(dev, ns)
@@ -322,8 +322,8 @@ def test_stock_non_rt_round_trip_in_place_and_exact_restore() -> None:
         assert [(p["class"], p["pid"]) for p in pc["pollers"]] == [("non-rt", t0.pid)]
         assert st["preempt"]["model"] == sysinfo.preempt_model().model
 
-        pinger = popen(bed.tb.client, [sys.executable, "-c", PING_CLIENT, bed.link.ip_b,
-                                       str(PORT), "0", "60"])
+        pinger = sysaccess.popen([sys.executable, "-c", PING_CLIENT, bed.link.ip_b,
+                                  str(PORT), "0", "60"], ns=bed.tb.client)
         try:
             out = bed.kbpctl("enable", dev, "--netns", ns, "--cpus", "0").stdout
             assert "class changed in place" in out

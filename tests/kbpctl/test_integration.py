@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from kbp import names, sysinfo, testbed
+from kbp import names, sysaccess, sysinfo, testbed
 from kbp.netdev import NetdevClient, get_link
 from kbp.snapshot import snapshot
-from kbp.testbed import VethLink, popen, run
+from kbp.testbed import VethLink
 
 from .conftest import UserKbpctl, netns_skip_reason
 
@@ -106,9 +106,9 @@ class Bed:
 
     def ping(self, count: int, tries: int = 20) -> dict[str, int]:
         for _ in range(tries):
-            out = json.loads(run(self.tb.client, [sys.executable, "-c", PING_CLIENT,
-                                                  self.link.ip_b, str(PORT), str(count),
-                                                  "0"]).stdout)
+            out = json.loads(sysaccess.cmd([sys.executable, "-c", PING_CLIENT,
+                                            self.link.ip_b, str(PORT), str(count),
+                                            "0"], ns=self.tb.client).stdout)
             if out["ok"]:
                 return out
             time.sleep(0.1)
@@ -209,9 +209,9 @@ def test_restores_non_default_prior_settings(bed: Bed) -> None:
     """Threaded NAPI already on (thread SCHED_OTHER on every CPU), defer/gro set: disable
     puts exactly that back, the same thread included."""
     ns, dev = bed.tb.server, bed.link.dev_b
-    run(ns, ["sh", "-c", f"echo 1 > /sys/class/net/{dev}/threaded"])
-    run(ns, ["sh", "-c", f"echo 2 > /sys/class/net/{dev}/napi_defer_hard_irqs"])
-    run(ns, ["sh", "-c", f"echo 5000 > /sys/class/net/{dev}/gro_flush_timeout"])
+    sysaccess.write(f"/sys/class/net/{dev}/threaded", "1\n", ns)
+    sysaccess.write(f"/sys/class/net/{dev}/napi_defer_hard_irqs", "2\n", ns)
+    sysaccess.write(f"/sys/class/net/{dev}/gro_flush_timeout", "5000\n", ns)
     (t0,) = napi_threads(bed, ns, dev)
     os.setpriority(os.PRIO_PROCESS, t0.pid, 5)
     before = bed.snap()
@@ -253,12 +253,12 @@ def test_older_kernel_paths(bed: Bed, features: str) -> None:
 def test_two_queues_round_robin(bed: Bed) -> None:
     """A veth with two RX queues has two NAPIs: --cpus 0-1 puts one thread on each."""
     c, s = bed.tb.client, bed.tb.server
-    run(None, ["ip", "link", "add", "mqc0", "netns", c, "numtxqueues", "2", "numrxqueues", "2",
+    sysaccess.cmd(["ip", "link", "add", "mqc0", "netns", c, "numtxqueues", "2", "numrxqueues", "2",
                "type", "veth", "peer", "name", "mqs0", "netns", s, "numtxqueues", "2",
                "numrxqueues", "2"])
     for ns, dev in ((c, "mqc0"), (s, "mqs0")):
-        run(ns, ["ip", "link", "set", dev, "up"])
-        run(ns, ["ethtool", "-K", dev, "gro", "on"])
+        sysaccess.cmd(["ip", "link", "set", dev, "up"], ns=ns)
+        sysaccess.cmd(["ethtool", "-K", dev, "gro", "on"], ns=ns)
     before = snapshot("mqs0", s)
     assert len(before["napis"]) == 2
     bed.kbpctl("enable", "mqs0", "--netns", s, "--cpus", "0-1")
@@ -273,8 +273,8 @@ def test_two_queues_round_robin(bed: Bed) -> None:
 def test_twenty_cycles_under_traffic(bed: Bed) -> None:
     before = bed.snap()
     bed.echo_server()
-    pinger = popen(bed.tb.client, [sys.executable, "-c", PING_CLIENT, bed.link.ip_b, str(PORT),
-                                   "0", "600"])
+    pinger = sysaccess.popen([sys.executable, "-c", PING_CLIENT, bed.link.ip_b, str(PORT),
+                              "0", "600"], ns=bed.tb.client)
     try:
         for i in range(20):
             cpus = str(i % 2)
@@ -463,14 +463,14 @@ def test_stock_priority_defaults_and_busy_refuses_fifo(bed: Bed, tmp_path: Path)
 
 def test_refuses_device_without_napi(bed: Bed) -> None:
     s, dev = bed.tb.server, bed.link.dev_b
-    run(s, ["ethtool", "-K", dev, "gro", "off"])
+    sysaccess.cmd(["ethtool", "-K", dev, "gro", "off"], ns=s)
     msg = f"{dev} has no NAPI instance (veth uses NAPI only with GRO on: ip netns exec {s} " \
           f"ethtool -K {dev} gro on)"
     _refused(bed, ["enable", dev, "--netns", s], 2, msg)
     _refused(bed, ["enable", dev, "--netns", s], 2, msg, env={"KBP_STOCK_FEATURES": "legacy"})
     # a device in the list without NAPI refuses the whole command: the good one is untouched
     _refused(bed, ["enable", "lo", "--cpus", "1"], 2, "lo has no NAPI instance")
-    run(s, ["ethtool", "-K", dev, "gro", "on"])
+    sysaccess.cmd(["ethtool", "-K", dev, "gro", "on"], ns=s)
 
 
 def test_refuses_missing_kernel_feature(bed: Bed) -> None:
@@ -515,11 +515,11 @@ def test_status_works_without_root(bed: Bed, user_kbpctl: UserKbpctl) -> None:
 
 # -- RPS on the served device -----------------------------------------------------------
 def rps_attr(ns: str, dev: str, attr: str, q: str = "rx-0") -> str:
-    return run(ns, ["cat", f"/sys/class/net/{dev}/queues/{q}/{attr}"]).stdout.strip()
+    return sysaccess.read(f"/sys/class/net/{dev}/queues/{q}/{attr}", ns)
 
 
 def set_rps_attr(ns: str, dev: str, attr: str, value: str, q: str = "rx-0") -> None:
-    run(ns, ["sh", "-c", f"echo {value} > /sys/class/net/{dev}/queues/{q}/{attr}"])
+    sysaccess.write(f"/sys/class/net/{dev}/queues/{q}/{attr}", f"{value}\n", ns)
 
 
 def cpu_mask(cpus: list[int]) -> str:
@@ -631,12 +631,12 @@ def test_rps_per_queue_masks_restored(bed: Bed) -> None:
     and each gets its own mask back."""
     from kbp.rps import mask_cpus, sock_flow_entries
     c, s = bed.tb.client, bed.tb.server
-    run(None, ["ip", "link", "add", "rpsc0", "netns", c, "numtxqueues", "2", "numrxqueues",
+    sysaccess.cmd(["ip", "link", "add", "rpsc0", "netns", c, "numtxqueues", "2", "numrxqueues",
                "2", "type", "veth", "peer", "name", "rpss0", "netns", s, "numtxqueues", "2",
                "numrxqueues", "2"])
     for ns, dev in ((c, "rpsc0"), (s, "rpss0")):
-        run(ns, ["ip", "link", "set", dev, "up"])
-        run(ns, ["ethtool", "-K", dev, "gro", "on"])
+        sysaccess.cmd(["ip", "link", "set", dev, "up"], ns=ns)
+        sysaccess.cmd(["ethtool", "-K", dev, "gro", "on"], ns=ns)
     cpus = sysinfo.online_cpus()
     set_rps_attr(s, "rpss0", "rps_cpus", cpu_mask(cpus[:1]), q="rx-0")
     set_rps_attr(s, "rpss0", "rps_cpus", cpu_mask(cpus), q="rx-1")

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kbp import names
+from kbp import names, rps, sysinfo
 from kbp.bench import netstats, steer, workloads
 from kbp.bench import parts as pt
 from kbp.bench import placement as pl
@@ -95,13 +95,13 @@ class HeavySide:
         """The heavy device's RPS and the heavy receiver onto ``cpu`` (KnobError when the
         mask does not stick)."""
         rx = steer.read_rps(self.netns, self.dev)
-        steer.write_rps(self.netns, self.dev, dict.fromkeys(rx, steer.cpu_mask(cpu)))
-        got = steer.rps_cpus(steer.read_rps(self.netns, self.dev))
+        steer.write_rps(self.netns, self.dev, dict.fromkeys(rx, rps.cpu_mask(cpu)))
+        got = rps.masks_cpus(steer.read_rps(self.netns, self.dev))
         if got != [cpu]:
             raise KnobError(f"{self.dev}: RPS to CPU {cpu} did not stick (reads {got})")
         for tid in self.receiver_pids():
             with contextlib.suppress(OSError):
-                os.sched_setaffinity(tid, {cpu})
+                sysinfo.set_affinity(tid, [cpu])
         self.cpu_now = cpu
 
 

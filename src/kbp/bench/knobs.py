@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
-import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from kbp.testbed import run as ns_run
+from kbp import sysaccess
 
 SYSCTL_NET_CORE = "/proc/sys/net/core"
 GLOBAL_LOCK = Path("/run/lock/kbp-bench-global-knobs.lock")
@@ -38,7 +36,12 @@ JOURNAL_DIR = Path("/run/kbp/bench-knobs")
 
 
 class KnobError(RuntimeError):
-    """A knob that could not be set or put back (the message names it)."""
+    """A knob that could not be set or put back (the message names it; ``errno``: the
+    kernel's answer when a file access failed, else None)."""
+
+    def __init__(self, msg: str, errno: int | None = None) -> None:
+        super().__init__(msg)
+        self.errno = errno
 
 
 @dataclass(frozen=True)
@@ -62,31 +65,27 @@ class KnobIO(Protocol):
 
 
 class KernelIO:
-    """The real kernel: files read and written directly in the initial namespace, through
-    ``ip netns exec`` in another (/proc/sys/net and /sys/class/net show the namespace of the
-    process that opens them)."""
+    """The real kernel, through :mod:`kbp.sysaccess` (files of another namespace are
+    accessed inside it: /proc/sys/net and /sys/class/net show the namespace of the process
+    that opens them); a failure is a KnobError whose ``errno`` is the kernel's."""
 
     def exists(self, k: Knob) -> bool:
-        if k.netns is None:
-            return Path(k.path).exists()
-        return ns_run(k.netns, ["test", "-e", k.path], check=False).returncode == 0
+        try:
+            return sysaccess.exists(k.path, k.netns)
+        except OSError:
+            return False
 
     def read(self, k: Knob) -> str:
         try:
-            if k.netns is None:
-                return Path(k.path).read_text().strip()
-            return ns_run(k.netns, ["cat", k.path]).stdout.strip()
-        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-            raise KnobError(f"cannot read {k}: {e}") from e
+            return sysaccess.read(k.path, k.netns)
+        except OSError as e:
+            raise KnobError(f"cannot read {k}: {e}", e.errno) from e
 
     def write(self, k: Knob, value: str) -> None:
         try:
-            if k.netns is None:
-                Path(k.path).write_text(f"{value}\n")
-            else:
-                ns_run(k.netns, ["sh", "-c", f"echo {value} > {k.path}"])
-        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-            raise KnobError(f"cannot write {value} to {k}: {e}") from e
+            sysaccess.write(k.path, f"{value}\n", k.netns)
+        except OSError as e:
+            raise KnobError(f"cannot write {value} to {k}: {e}", e.errno) from e
 
 
 def net_core_sysctl(name: str, netns: str | None, io: KnobIO) -> Knob:
@@ -109,6 +108,7 @@ class Changes:
     lock_path: Path | None = field(default_factory=lambda: GLOBAL_LOCK)  # None: no lock
     journal_dir: Path = field(default_factory=lambda: JOURNAL_DIR)
     recovered: dict[str, str] = field(default_factory=dict)   # put back for a dead process
+    restores: sysaccess.Journal = field(default_factory=sysaccess.Journal)
     _lock_fd: int | None = None
 
     def _lock(self) -> None:
@@ -130,26 +130,13 @@ class Changes:
 
     def _write_journal(self) -> None:
         glob = [{"path": k.path, "was": was} for k, was in self.found if k.netns is None]
-        if not glob:
-            return
-        self.journal_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self._journal().with_suffix(".tmp")
-        tmp.write_text(json.dumps({"pid": os.getpid(), "found": glob}))
-        tmp.replace(self._journal())
+        if glob:
+            sysaccess.save_journal(self._journal(), {"pid": os.getpid(), "found": glob})
 
     def _recover(self) -> None:
         """Put back what benchmarks that died holding global knobs had found (held lock)."""
-        if not self.journal_dir.is_dir():
-            return
-        for f in sorted(self.journal_dir.glob("*.json")):
-            try:
-                pid = int(f.stem)
-                if pid == os.getpid() or _alive(pid):
-                    continue
-                entries = json.loads(f.read_text()).get("found") or []
-            except (ValueError, OSError, AttributeError):
-                continue
-            for e in reversed(entries):
+        for f, data in sysaccess.orphan_journals(self.journal_dir, "[0-9]*.json"):
+            for e in reversed(data.get("found") or []):
                 k = Knob(str(e["path"]))
                 self.io.write(k, str(e["was"]))
                 self.recovered[str(k)] = str(e["was"])
@@ -170,6 +157,7 @@ class Changes:
         for k, value in wanted:
             was = self.io.read(k)
             self.found.append((k, was))
+            self.restores.defer(self._put_back, k, was)
             if k.netns is None:
                 self._write_journal()      # before the change: SIGKILL after it is covered
             self.io.write(k, value)
@@ -182,14 +170,12 @@ class Changes:
         that could not be put back (after trying them all)."""
         failed: list[str] = []
         try:
-            while self.found:
-                k, was = self.found.pop()
-                try:
-                    self.io.write(k, was)
-                    if self.io.read(k) != was:
-                        failed.append(f"{k} (wanted {was!r} back)")
-                except KnobError as e:
-                    failed.append(str(e))
+            try:
+                self.restores.restore()
+            except sysaccess.RestoreError as e:
+                failed = [str(x) for x in e.errors]
+            finally:
+                self.found.clear()
             if not failed:
                 self._journal().unlink(missing_ok=True)
         finally:
@@ -197,15 +183,12 @@ class Changes:
         if failed:
             raise KnobError("not restored: " + "; ".join(failed))
 
+    def _put_back(self, k: Knob, was: str) -> None:
+        self.io.write(k, was)
+        if self.io.read(k) != was:
+            raise KnobError(f"{k} (wanted {was!r} back)")
+
     def as_json(self) -> dict[str, str]:
         return {str(k): was for k, was in self.found}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

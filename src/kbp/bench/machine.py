@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from kbp import sysinfo
 from kbp.bench.sysstat import power_meter
 
 
@@ -55,10 +56,10 @@ def describe() -> dict[str, Any]:
     flags = _read("/proc/cpuinfo") or ""
     return {
         "hostname": platform.node(),
-        "kernel": platform.release(),
+        "kernel": sysinfo.kernel_release(),
         "kernel_version": platform.version(),
         "cpu_model": cpu_model(),
-        "cpus_online": _read("/sys/devices/system/cpu/online"),
+        "cpus_online": sysinfo.format_cpulist(sysinfo.online_cpus()),
         "ncpu": os.cpu_count(),
         "mem_gib": round(mem_kb / 2**20, 1),
         "virtualized": " hypervisor" in flags,

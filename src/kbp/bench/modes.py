@@ -102,12 +102,10 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import Any, Final, Protocol
 
-from kbp import modespec, names, sysinfo
+from kbp import modespec, names, sysaccess, sysinfo
 from kbp.bench.knobs import Changes, KernelIO, Knob, KnobError, KnobIO, net_core_sysctl
-from kbp.testbed import run as ns_run
 
 VM_HINT = "runs in the VM rig: python -m kbp.bench vm --smoke"
 
@@ -207,53 +205,29 @@ class Mode(Protocol):
 
 # -- helpers ---------------------------------------------------------------------------------
 def sysfs_net(netns: str, dev: str, attr: str, value: str | None = None) -> str:
-    """Read (or write, then read back) /sys/class/net/DEV/ATTR as seen inside ``netns``."""
-    path = f"/sys/class/net/{dev}/{attr}"
+    """Read (or write, then read back) /sys/class/net/DEV/ATTR as seen inside ``netns``
+    (OSError with the kernel's errno)."""
+    path = sysaccess.net_path(dev, attr)
     if value is not None:
-        ns_run(netns, ["sh", "-c", f"echo {value} > {path}"])
-    return ns_run(netns, ["cat", path]).stdout.strip()
-
-
-def napi_kthreads(dev: str, proc: Path = Path("/proc")) -> dict[int, str]:
-    """Threaded-NAPI kthreads of ``dev`` by name (comm ``napi/<dev>-<id>``, 15 chars)."""
-    prefix = f"napi/{dev}-"[:15]
-    out = {}
-    for d in proc.iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            comm = (d / "comm").read_text().strip()
-        except OSError:
-            continue
-        if comm.startswith(prefix):
-            out[int(d.name)] = comm
-    return out
+        sysaccess.write(path, f"{value}\n", netns)
+    return sysaccess.read(path, netns)
 
 
 def thread_placement(pid: int) -> dict[str, Any]:
     """CPU affinity, scheduling policy and priority of a thread (for the record)."""
     try:
-        pol = os.sched_getscheduler(pid)
-        prio = os.sched_getparam(pid).sched_priority
-        cpus = sorted(os.sched_getaffinity(pid))
+        s = sysinfo.get_sched(pid)
     except OSError:
         return {"pid": pid, "gone": True}
-    pname = {os.SCHED_OTHER: "SCHED_OTHER", os.SCHED_FIFO: "SCHED_FIFO",
-             os.SCHED_RR: "SCHED_RR"}.get(pol, str(pol))
-    return {"pid": pid, "policy": pname, "priority": prio, "cpus": cpus}
+    return {"pid": pid, "policy": s.policy, "priority": s.priority, "cpus": s.cpus}
 
 
 Version = tuple[int, int, int]
 
 
-def kernel_release() -> str:
-    """The running kernel's release (the tests make it another one)."""
-    return sysinfo.kernel_release()
-
-
 def too_old(since: Version, what: str, release: str | None = None) -> str | None:
     """Why ``what`` cannot run on this kernel (None: it is ``since`` or newer)."""
-    rel = release or kernel_release()
+    rel = release or sysinfo.kernel_release()
     if sysinfo.kernel_version(rel) >= since:
         return None
     return (f"{what} needs Linux {since[0]}.{since[1]} or later; this kernel is {rel} "
@@ -321,26 +295,31 @@ class ThreadedMode(_Defaults):
     name: str = THREADED
     target: Target | None = None
     spins: bool = False
-    _was: str | None = None
+    journal: sysaccess.Journal = field(default_factory=sysaccess.Journal)
 
     def unavailable(self) -> str | None:
         return None
 
     def setup(self, t: Target) -> None:
         self.target = t
-        self._was = sysfs_net(t.netns, t.dev, "threaded")
+        was: str | None = None
+        try:
+            was = sysfs_net(t.netns, t.dev, "threaded")
+        finally:              # put back as found (0 if it could not be read)
+            self.journal.defer(sysfs_net, t.netns, t.dev, "threaded", was or "0")
         got = sysfs_net(t.netns, t.dev, "threaded", "1")
         if got != "1":
             raise RuntimeError(f"{t.dev}: cannot turn threaded NAPI on (reads {got})")
 
     def teardown(self) -> None:
-        if self.target is not None:
-            with contextlib.suppress(RuntimeError):  # the device may be gone (Ctrl-C)
-                sysfs_net(self.target.netns, self.target.dev, "threaded", self._was or "0")
+        with contextlib.suppress(sysaccess.RestoreError):   # the device may be gone (Ctrl-C)
+            self.journal.restore()
         self.target = None
 
     def threads(self) -> dict[int, str]:
-        return napi_kthreads(self.target.dev) if self.target else {}
+        if self.target is None:
+            return {}
+        return {st.pid: st.comm for st in sysinfo.find_napi_threads(self.target.dev)}
 
     def counters(self) -> dict[str, int | None]:
         return {}
@@ -650,7 +629,7 @@ class IrqSuspendMode(KnobMode):
         return names.APP_KBP_ECHO
 
     def unavailable(self) -> str | None:
-        rel = kernel_release()
+        rel = sysinfo.kernel_release()
         f = self.features()
         if not f.napi_knob("irq_suspend_timeout"):
             where = ("its netdev napi-set has no irq-suspend-timeout" if f.napi_set else
@@ -748,7 +727,7 @@ class BackendMode(_Defaults):
         return names.APP_SOCKPERF
 
     def needs_fresh_device(self, t: Target) -> bool:
-        return self.backend == names.BACKEND_KMOD and bool(napi_kthreads(t.dev))
+        return self.backend == names.BACKEND_KMOD and bool(sysinfo.find_napi_threads(t.dev))
 
     def unavailable(self) -> str | None:
         if self.since is not None:

@@ -41,6 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kbp import sysinfo
+from kbp.errors import KbpctlError
+
 TESTER, RT, FLOOD, HEAVY, APP, HARNESS = "tester", "rt", "flood", "heavy", "app", "harness"
 ROLES: tuple[str, ...] = (TESTER, RT, FLOOD, HEAVY)       # the roles that claim CPUs
 ALL_ROLES: tuple[str, ...] = (*ROLES, APP, HARNESS)
@@ -51,22 +54,11 @@ SHORT: dict[str, str] = {TESTER: "tester", RT: "RT", FLOOD: "flood", HEAVY: "hea
 # who gets a CPU of its own first when there are too few (the RT CPU always does)
 OWN_PRIORITY: tuple[str, ...] = (RT, TESTER, HEAVY, FLOOD)
 SHARE_WITH: dict[str, str] = {FLOOD: TESTER, HEAVY: FLOOD}
-SYS_CPU = Path("/sys/devices/system/cpu")
+SYS_CPU = sysinfo.HOST.cpu_dir
 
 
 class PlacementError(ValueError):
     """A placement that cannot be made (the message says why and what to do)."""
-
-
-def parse_cpu_list(text: str) -> list[int]:
-    """A kernel CPU list ("0-3,5") as numbers."""
-    out: list[int] = []
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        out += range(int(lo), int(hi or lo) + 1)
-    return out
 
 
 def parse_pins(text: str) -> dict[str, int]:
@@ -93,8 +85,8 @@ def available_cpus(sys_cpu: Path = SYS_CPU) -> list[int]:
     import os
     allowed = set(os.sched_getaffinity(0))
     try:
-        online = set(parse_cpu_list((sys_cpu / "online").read_text()))
-    except (OSError, ValueError):
+        online = set(sysinfo.read_cpulist(sys_cpu / "online"))
+    except (OSError, KbpctlError):
         online = allowed
     return sorted(allowed & online)
 
@@ -102,9 +94,9 @@ def available_cpus(sys_cpu: Path = SYS_CPU) -> list[int]:
 def cpu_problem(cpu: int, available: Sequence[int], sys_cpu: Path = SYS_CPU) -> str:
     """Why ``cpu`` cannot be used (for a refusal)."""
     try:
-        present = set(parse_cpu_list((sys_cpu / "present").read_text()))
-        online = set(parse_cpu_list((sys_cpu / "online").read_text()))
-    except (OSError, ValueError):
+        present = set(sysinfo.read_cpulist(sys_cpu / "present"))
+        online = set(sysinfo.read_cpulist(sys_cpu / "online"))
+    except (OSError, KbpctlError):
         present = online = set()
     if present and cpu not in present:
         why = "does not exist"

@@ -343,7 +343,7 @@ class Bench:
         if kthread and module and sysinfo.kernel_version() < KTHREAD_KEPT_BEFORE:
             raise Aborted(
                 f"--nic-pair with {', '.join(kthread)} and {', '.join(module)} in one run: on "
-                f"this kernel ({os.uname().release}, before "
+                f"this kernel ({sysinfo.kernel_release()}, before "
                 f"{'.'.join(map(str, KTHREAD_KEPT_BEFORE))}) a NAPI keeps its kthread once "
                 "threaded NAPI was on, kbp.ko then refuses the device, and a NIC cannot be "
                 "recreated as a veth pair is: run them in two invocations")

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kbp import rps, sysaccess, sysinfo
 from kbp.bench.sysstat import read_percpu_table
-from kbp.rps import mask_cpus
-from kbp.testbed import run as ns_run
+from kbp.netdev import NetFS
 
 PROC = Path("/proc")
 # /proc/net/softnet_stat columns (hex, one row per online CPU; the 13th is the CPU number)
@@ -22,56 +22,46 @@ SOFTNET = {"processed": 0, "dropped": 1, "time_squeeze": 2, "received_rps": 9}
 SOFTNET_CPU_COL = 12
 
 
-def cpu_mask(cpu: int) -> str:
-    """The sysfs mask text of one CPU ("2" for CPU 1)."""
-    return format(1 << cpu, "x")
-
-
 def rx_queues(netns: str, dev: str) -> list[str]:
-    out = ns_run(netns, ["ls", f"/sys/class/net/{dev}/queues"]).stdout.split()
-    return sorted(q for q in out if q.startswith("rx-"))
+    """The receive queues of a device (rx-0, rx-1, ...; [] when it has none)."""
+    return list(NetFS(netns).rx_queues(dev, []))
 
 
 def read_rps(netns: str, dev: str) -> dict[str, str]:
-    """{rx-N: rps_cpus text} of a device (seen inside its namespace)."""
-    out: dict[str, str] = {}
-    for q in rx_queues(netns, dev):
-        r = ns_run(netns, ["cat", f"/sys/class/net/{dev}/queues/{q}/rps_cpus"], check=False)
-        out[q] = r.stdout.strip()
-    return out
+    """{rx-N: rps_cpus text} of a device (seen inside its namespace; "" where unreadable)."""
+    return rps.read_masks(NetFS(netns), dev)
 
 
 def write_rps(netns: str, dev: str, masks: dict[str, str]) -> None:
+    """Write each queue's mask (OSError with the kernel's errno)."""
     for q, mask in masks.items():
-        ns_run(netns, ["sh", "-c", f"echo {mask} > /sys/class/net/{dev}/queues/{q}/rps_cpus"])
-
-
-def rps_cpus(masks: dict[str, str]) -> list[int]:
-    """The CPUs the masks of a device steer to (union over its queues)."""
-    return sorted({c for m in masks.values() for c in mask_cpus(m)})
+        sysaccess.write(sysaccess.net_path(dev, f"queues/{q}/rps_cpus"), f"{mask}\n", netns)
 
 
 @dataclass
 class Steering:
-    """RPS of some devices to one CPU; ``undo`` writes back what was there."""
+    """RPS of some devices to one CPU; ``undo`` writes back what was there (each device's
+    masks as found, registered with the journal before they change, last device first)."""
 
     netns: str
     devs: list[str]
     cpu: int
     before: dict[str, dict[str, str]] = field(default_factory=dict)
+    journal: sysaccess.Journal = field(default_factory=sysaccess.Journal)
 
     def apply(self, devs: list[str] | None = None) -> None:
         for dev in devs or self.devs:
-            self.before.setdefault(dev, read_rps(self.netns, dev))
-            write_rps(self.netns, dev, {q: cpu_mask(self.cpu) for q in self.before[dev]})
-            got = rps_cpus(read_rps(self.netns, dev))
+            if dev not in self.before:
+                self.before[dev] = read_rps(self.netns, dev)
+                self.journal.defer(write_rps, self.netns, dev, self.before[dev])
+            write_rps(self.netns, dev, {q: rps.cpu_mask(self.cpu) for q in self.before[dev]})
+            got = rps.masks_cpus(read_rps(self.netns, dev))
             if got != [self.cpu]:
                 raise RuntimeError(f"{dev}: RPS to CPU {self.cpu} did not stick (reads {got})")
 
     def undo(self) -> None:
-        for dev, masks in self.before.items():
-            with contextlib.suppress(Exception):     # the device may be gone already
-                write_rps(self.netns, dev, masks)
+        with contextlib.suppress(sysaccess.RestoreError):   # a device may be gone already
+            self.journal.restore()
         self.before.clear()
 
     def now(self) -> dict[str, list[int]]:
@@ -79,7 +69,7 @@ class Steering:
         out: dict[str, list[int]] = {}
         for dev in self.devs:
             try:
-                out[dev] = rps_cpus(read_rps(self.netns, dev))
+                out[dev] = rps.masks_cpus(read_rps(self.netns, dev))
             except Exception:
                 out[dev] = []
         return out
@@ -107,12 +97,8 @@ def net_rx(cpu: int, proc: Path = PROC) -> int:
 def ksoftirqd(cpu: int, proc: Path = PROC) -> int | None:
     """The pid of ``ksoftirqd/<cpu>``."""
     want = f"ksoftirqd/{cpu}"
-    for d in proc.iterdir():
-        if d.name.isdigit():
-            with contextlib.suppress(OSError):
-                if (d / "comm").read_text().strip() == want:
-                    return int(d.name)
-    return None
+    return next((st.pid for st in sysinfo.kthreads(sysinfo.Host(proc=proc))
+                 if st.comm == want), None)
 
 
 def schedstat(pid: int | None, proc: Path = PROC) -> tuple[int, int]:
@@ -183,7 +169,7 @@ class CpuRx:
 def gro_on(netns: str, dev: str) -> bool:
     """Whether GRO is active on a device, as the kernel reads it back."""
     import json
-    out = ns_run(netns, ["ethtool", "--json", "-k", dev]).stdout
+    out = sysaccess.cmd(["ethtool", "--json", "-k", dev], ns=netns).stdout
     return bool(json.loads(out)[0]["generic-receive-offload"]["active"])
 
 
@@ -206,25 +192,29 @@ class ClientEnds:
     netns: str
     cpus: dict[str, int] = field(default_factory=dict)      # {dev: CPU}
     before: dict[str, tuple[bool, dict[str, str]]] = field(default_factory=dict)
+    journal: sysaccess.Journal = field(default_factory=sysaccess.Journal)
 
     def apply(self, dev: str, cpu: int) -> None:
         from kbp.testbed import set_gro
         if dev not in self.before:
-            self.before[dev] = (gro_on(self.netns, dev), read_rps(self.netns, dev))
+            self.before[dev] = gro, masks = gro_on(self.netns, dev), read_rps(self.netns, dev)
+            self.journal.defer(self._put_back, dev, gro, masks)
         self.cpus[dev] = cpu
         set_gro(self.netns, dev, False)
-        write_rps(self.netns, dev, {q: cpu_mask(cpu) for q in self.before[dev][1]})
-        got = rps_cpus(read_rps(self.netns, dev))
+        write_rps(self.netns, dev, {q: rps.cpu_mask(cpu) for q in self.before[dev][1]})
+        got = rps.masks_cpus(read_rps(self.netns, dev))
         if got != [cpu] or gro_on(self.netns, dev):
             raise RuntimeError(f"{dev}: GRO off and RPS to CPU {cpu} did not stick (RPS "
                                f"reads {got})")
 
-    def undo(self) -> None:
+    def _put_back(self, dev: str, gro: bool, masks: dict[str, str]) -> None:
         from kbp.testbed import set_gro
-        for dev, (gro, masks) in self.before.items():
-            with contextlib.suppress(Exception):     # the device may be gone already
-                write_rps(self.netns, dev, masks)
-                set_gro(self.netns, dev, gro)
+        write_rps(self.netns, dev, masks)
+        set_gro(self.netns, dev, gro)
+
+    def undo(self) -> None:
+        with contextlib.suppress(sysaccess.RestoreError):   # a device may be gone already
+            self.journal.restore()
         self.before.clear()
 
     def now(self) -> dict[str, dict[str, Any]]:
@@ -233,7 +223,7 @@ class ClientEnds:
         for dev in self.cpus:
             try:
                 out[dev] = {"gro": gro_on(self.netns, dev),
-                            "rps": rps_cpus(read_rps(self.netns, dev))}
+                            "rps": rps.masks_cpus(read_rps(self.netns, dev))}
             except Exception as e:
                 out[dev] = {"error": str(e)}
         return out

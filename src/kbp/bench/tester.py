@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from kbp.bench import procs
+from kbp import sysaccess
 
 TESTER_COMM = "kbp-rtt"   # the process name (comm) the kernel trace filters on
 SOURCE = "kbp_rtt.c"
@@ -161,7 +161,8 @@ def run_rtt(binary: Path, ns: str | None, ip: str, *, port: int, size: int, rate
     if fifo:
         argv += ["--fifo", str(fifo)]
     try:
-        proc = procs.run(ns, argv, timeout=duration + warmup + grace + 30)
+        proc = sysaccess.cmd(argv, ns=ns, check=False,
+                             timeout=duration + warmup + grace + 30, session=True)
         if proc.returncode != 0:
             raise TesterError(f"tester failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
         summary = _parse_summary(proc.stdout, argv, proc.stderr)
@@ -194,7 +195,7 @@ def run_rate(binary: Path, ns: str | None, ip: str, *, port: int, size: int, rat
         argv += ["--cpu", str(cpu)]
     if fifo:
         argv += ["--fifo", str(fifo)]
-    proc = procs.run(ns, argv, timeout=duration + grace + 30)
+    proc = sysaccess.cmd(argv, ns=ns, check=False, timeout=duration + grace + 30, session=True)
     if proc.returncode != 0:
         raise TesterError(f"tester failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
     summary = _parse_summary(proc.stdout, argv, proc.stderr)

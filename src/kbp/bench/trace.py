@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kbp.bench import procs
+from kbp import sysaccess
 from kbp.bench.stats import hist_summary
 from kbp.bench.tester import TESTER_COMM
 
@@ -335,7 +335,7 @@ class KernelTrace:
         if self.cpu is not None and shutil.which("taskset"):
             argv = ["taskset", "-c", str(self.cpu), *argv]
         env_argv = ["env", "BPFTRACE_MAP_KEYS_MAX=65536", *argv]
-        self.proc = procs.start(None, env_argv)
+        self.proc = sysaccess.popen(env_argv, session=True)
         assert self.proc.stdout is not None
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)
@@ -358,14 +358,14 @@ class KernelTrace:
             raise
         finally:
             sel.close()
-        out, err = procs.stop(self.proc, signal.SIGKILL, timeout=2)
+        out, err = sysaccess.stop(self.proc, signal.SIGKILL, timeout=2)
         self.proc = None
         raise RuntimeError(f"bpftrace did not start: {(buf + out + err).strip()[-600:]}")
 
     def stop(self) -> dict[str, Any]:
         if self.proc is None:
             return {}
-        out, err = procs.stop(self.proc, signal.SIGINT, timeout=20)
+        out, err = sysaccess.stop(self.proc, signal.SIGINT, timeout=20)
         self.proc = None
         self.stopped_ns = time.monotonic_ns()
         self.output, self.error = out, err
@@ -375,5 +375,5 @@ class KernelTrace:
         """Kill bpftrace if it runs and wait until it has exited."""
         if self.proc is not None:
             with contextlib.suppress(Exception):
-                procs.stop(self.proc, signal.SIGKILL, timeout=2)
+                sysaccess.stop(self.proc, signal.SIGKILL, timeout=2)
             self.proc = None

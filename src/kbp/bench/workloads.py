@@ -31,10 +31,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from kbp import names
-from kbp.bench import netstats, procs
+from kbp import names, sysaccess, sysinfo
+from kbp.bench import netstats
 from kbp.bench.modes import AppPlace
-from kbp.testbed import run as ns_run
 
 SOCKPERF_PORT = 11111           # the RT application's port (sockperf's default; kbp-echo's too)
 IPERF_PORT = 5201
@@ -64,7 +63,7 @@ def require_tools(tools: list[str]) -> None:
 
 
 def _udp_port_bound(ns: str, port: int) -> bool:
-    out = ns_run(ns, ["cat", "/proc/net/udp"], check=False).stdout
+    out = sysaccess.cmd(["cat", "/proc/net/udp"], ns=ns, check=False).stdout
     want = f":{port:04X}"
     return any(line.split()[1].endswith(want) for line in out.splitlines()[1:]
                if len(line.split()) > 1)
@@ -96,9 +95,9 @@ class RtApp:
     def start(self, timeout: float = 10.0) -> None:
         self.cpu_now = self.cpu
         self.fifo_now = 0
-        self.proc = procs.start(self.ns, ["taskset", "-c", str(self.cpu), *self.argv()],
-                                stdout=subprocess.PIPE if self.reads_stdout else
-                                subprocess.DEVNULL)
+        self.proc = sysaccess.popen(["taskset", "-c", str(self.cpu), *self.argv()], ns=self.ns,
+                                    session=True, stdout=subprocess.PIPE if self.reads_stdout
+                                    else subprocess.DEVNULL)
         try:
             self.wait_ready(time.monotonic() + timeout)
         except BaseException:
@@ -108,7 +107,7 @@ class RtApp:
     def _exited(self) -> None:
         """Raise why the server is gone (it was, when this is called)."""
         assert self.proc is not None
-        _, err = procs.stop(self.proc)
+        _, err = sysaccess.stop(self.proc)
         self.proc = None
         raise RuntimeError(f"{self.name} server exited: {err.strip()[-300:]}")
 
@@ -125,7 +124,7 @@ class RtApp:
         """Re-pin every thread of the running server to ``cpu``."""
         for tid in self.pids():
             with contextlib.suppress(OSError):
-                os.sched_setaffinity(tid, {cpu})
+                sysinfo.set_affinity(tid, [cpu])
         self.cpu_now = cpu
 
     def set_fifo(self, prio: int) -> None:
@@ -133,10 +132,7 @@ class RtApp:
         SCHED_OTHER).  The application's code is unchanged, as with chrt."""
         for tid in self.pids():
             with contextlib.suppress(OSError):
-                if prio > 0:
-                    os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(prio))
-                else:
-                    os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+                sysinfo.set_policy(tid, "SCHED_FIFO" if prio > 0 else "SCHED_OTHER", prio)
         self.fifo_now = prio
 
     def place(self, where: AppPlace) -> None:
@@ -151,7 +147,7 @@ class RtApp:
         """Stop the server (SIGTERM); what it printed on stdout ("" when it was not running)."""
         if self.proc is None:
             return ""
-        out, _err = procs.stop(self.proc)
+        out, _err = sysaccess.stop(self.proc)
         self.proc = None
         return out
 
@@ -253,17 +249,17 @@ def start_iperf3_server(ns: str, cpu: int, ip: str, port: int,
                         what: str) -> subprocess.Popen[str]:
     """``iperf3 -s`` on ``ip``:``port`` in ``ns``, pinned to ``cpu``; returns once it listens
     (RuntimeError naming ``what`` when it exits or does not listen within 10 s)."""
-    server = procs.start(ns, ["taskset", "-c", str(cpu), "iperf3", "-s", "-B", ip,
-                              "-p", str(port)], stdout=subprocess.DEVNULL)
+    server = sysaccess.popen(["taskset", "-c", str(cpu), "iperf3", "-s", "-B", ip,
+                              "-p", str(port)], ns=ns, session=True, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        out = ns_run(ns, ["cat", "/proc/net/tcp"], check=False).stdout
+        out = sysaccess.cmd(["cat", "/proc/net/tcp"], ns=ns, check=False).stdout
         if f":{port:04X}" in out:
             return server
         if server.poll() is not None:
             break
         time.sleep(0.05)
-    procs.stop(server)
+    sysaccess.stop(server)
     raise RuntimeError(f"{what} did not listen")
 
 
@@ -305,10 +301,10 @@ class Flood:
         return [*argv, *extra, *(["-l", str(self.length)] if self.length else [])]
 
     def start(self, warm: float = 1.0) -> None:
-        self.client = procs.start(self.client_ns, self.client_argv())
+        self.client = sysaccess.popen(self.client_argv(), ns=self.client_ns, session=True)
         time.sleep(warm)
         if self.client.poll() is not None:
-            out, err = procs.stop(self.client)
+            out, err = sysaccess.stop(self.client)
             self.client = None
             raise RuntimeError(f"iperf3 flood exited: {(out + err).strip()[-400:]}")
         self._rx0, self._t0 = self.rx_packets(), time.monotonic()
@@ -317,7 +313,7 @@ class Flood:
         if self.client is None:
             return {}
         rx1, t1 = self.rx_packets(), time.monotonic()
-        out, _err = procs.stop(self.client, signal.SIGINT, timeout=10)
+        out, _err = sysaccess.stop(self.client, signal.SIGINT, timeout=10)
         self.client = None
         res: dict[str, Any] = {"rx_pps": (rx1 - self._rx0) / max(t1 - self._t0, 1e-9),
                                "proto": self.proto, "payload_bytes": self.length,
@@ -327,7 +323,7 @@ class Flood:
 
     def stop_server(self) -> None:
         if self.server is not None:
-            procs.stop(self.server)
+            sysaccess.stop(self.server)
             self.server = None
 
 
@@ -397,11 +393,12 @@ class Stream:
         """Start the stream (again, a second later, while the server still finishes the
         previous test: iperf3 serves one at a time)."""
         for i in range(tries):
-            self.client = procs.start(self.client_ns, self.client_argv(seconds, omit))
+            self.client = sysaccess.popen(self.client_argv(seconds, omit), ns=self.client_ns,
+                                          session=True)
             time.sleep(0.3)
             if self.client.poll() is None:
                 return
-            out, err = procs.stop(self.client)
+            out, err = sysaccess.stop(self.client)
             self.client = None
             if "busy" not in out + err or i == tries - 1:
                 raise RuntimeError(f"iperf3 {self.proto} stream exited: "
@@ -415,9 +412,9 @@ class Stream:
         try:
             out, err = self.client.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            out, err = procs.stop(self.client, signal.SIGINT, timeout=10)
+            out, err = sysaccess.stop(self.client, signal.SIGINT, timeout=10)
         except BaseException:           # Ctrl-C: never leave it behind
-            procs.stop(self.client, signal.SIGINT, timeout=2.0)
+            sysaccess.stop(self.client, signal.SIGINT, timeout=2.0)
             self.client = None
             raise
         self.client = None
@@ -428,12 +425,12 @@ class Stream:
 
     def stop(self) -> None:
         if self.client is not None:
-            procs.stop(self.client, signal.SIGINT, timeout=10)
+            sysaccess.stop(self.client, signal.SIGINT, timeout=10)
             self.client = None
 
     def stop_server(self) -> None:
         if self.server is not None:
-            procs.stop(self.server)
+            sysaccess.stop(self.server)
             self.server = None
 
 

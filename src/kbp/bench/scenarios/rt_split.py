@@ -90,6 +90,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from kbp import rps
 from kbp.bench import heavy as hs
 from kbp.bench import modes, plots, report, steer, workloads
 from kbp.bench import parts as pt
@@ -277,7 +278,7 @@ def _probe(steering: steer.Steering, heavy: hs.HeavySide, irqs: tuple[int, ...] 
         rx = steer.CpuRx(heavy.rt_cpu, irqs=irqs)
         rx2 = steer.CpuRx(heavy.nonrt_cpu)
         masks = {**steering.now(),
-                 heavy.dev: steer.rps_cpus(steer.read_rps(heavy.netns, heavy.dev))}
+                 heavy.dev: rps.masks_cpus(steer.read_rps(heavy.netns, heavy.dev))}
         where = heavy.receiver_cpus()
         c0, t0 = hs.heavy_counters(heavy), time.monotonic()
         rx.start()

@@ -1,0 +1,138 @@
+"""kbp.sysaccess without namespaces: errno of a failed access, commands, the journal."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from kbp import sysaccess
+from kbp.sysaccess import CmdError, Journal, RestoreError
+
+
+def test_write_and_read_back(tmp_path: Path) -> None:
+    p = str(tmp_path / "f")
+    sysaccess.write(p, 42)
+    assert sysaccess.read(p) == "42"
+    assert sysaccess.exists(p) and not sysaccess.exists(p + ".no")
+    assert sysaccess.listdir(str(tmp_path)) == ["f"]
+
+
+def test_failed_write_keeps_errno(tmp_path: Path) -> None:
+    with pytest.raises(OSError) as e:
+        sysaccess.write(str(tmp_path / "no" / "f"), "1")
+    assert e.value.errno == errno.ENOENT
+    with pytest.raises(OSError) as e:
+        sysaccess.write(str(tmp_path), "1")
+    assert e.value.errno == errno.EISDIR
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (writes sysfs)")
+def test_failed_sysfs_write_keeps_the_kernels_errno() -> None:
+    with pytest.raises(OSError) as e:
+        sysaccess.write("/sys/class/net/lo/mtu", "not-a-number")
+    assert e.value.errno == errno.EINVAL
+
+
+def test_cmd_and_its_failure() -> None:
+    assert sysaccess.cmd(["echo", "hi"]).stdout == "hi\n"
+    assert sysaccess.cmd(["false"], check=False).returncode == 1
+    with pytest.raises(CmdError, match="false failed") as e:
+        sysaccess.cmd(["false"])
+    assert isinstance(e.value, RuntimeError) and e.value.returncode == 1
+    assert sysaccess.ns_argv(["ls"], "x") == ["ip", "netns", "exec", "x", "ls"]
+    assert sysaccess.ns_argv(["ls"]) == ["ls"]
+
+
+def test_defer_runs_last_first() -> None:
+    done: list[int] = []
+    with Journal() as j:
+        for i in range(3):
+            j.defer(done.append, i)
+        assert len(j) == 3
+    assert done == [2, 1, 0]
+
+
+def test_restore_on_exception() -> None:
+    done: list[str] = []
+    with pytest.raises(KeyError), Journal() as j:
+        j.defer(done.append, "a")
+        raise KeyError("boom")
+    assert done == ["a"]
+
+
+def test_every_step_runs_and_failures_are_named() -> None:
+    done: list[str] = []
+    j = Journal()
+    j.defer(done.append, "first")
+
+    def bad() -> None:
+        raise OSError(errno.EBUSY, "busy")
+
+    j.defer(bad)
+    j.defer(done.append, "last")
+    with pytest.raises(RestoreError, match="busy") as e:
+        j.restore()
+    assert done == ["last", "first"]
+    assert isinstance(e.value.__cause__, OSError) and e.value.__cause__.errno == errno.EBUSY
+    assert len(j) == 0
+
+
+def test_exec_and_cancel() -> None:
+    done: list[str] = []
+    j = Journal()
+    a = j.defer(done.append, "a")
+    b = j.defer(done.append, "b")
+    b.cancel()
+    a.exec()
+    assert done == ["a"] and len(j) == 0
+    j.restore()
+    assert done == ["a"]
+
+
+def test_ctrl_c_in_one_step_lets_the_others_run() -> None:
+    done: list[str] = []
+    j = Journal()
+    j.defer(done.append, "first")
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    j.defer(interrupted)
+    j.defer(done.append, "last")
+    with pytest.raises(KeyboardInterrupt):
+        j.restore()
+    assert done == ["last", "first"]
+
+
+def test_cmd_stops_its_child_on_a_timeout() -> None:
+    import subprocess
+    with pytest.raises(subprocess.TimeoutExpired):
+        sysaccess.cmd(["sleep", "30"], timeout=0.2, session=True)
+    p = sysaccess.popen(["sleep", "30"])
+    assert sysaccess.stop(p, timeout=2) == ("", "") and p.returncode is not None
+
+
+def test_orphan_journals_are_the_dead_processes() -> None:
+    import subprocess
+    import tempfile
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    with tempfile.TemporaryDirectory() as d:
+        base = Path(d)
+        sysaccess.save_journal(base / f"{dead.pid}.json", {"pid": dead.pid, "found": [1]})
+        sysaccess.save_journal(base / f"{os.getpid()}.json", {"pid": os.getpid()})
+        sysaccess.save_journal(base / "1.json", {"pid": 1})                 # init: alive
+        sysaccess.save_journal(base / f"nicpair-{dead.pid}.json", {"ports": []})
+        (base / "junk.json").write_text("{")
+        assert not list(base.glob("*.tmp"))
+        got = sysaccess.orphan_journals(base, "[0-9]*.json")
+        assert [(f.name, data) for f, data in got] == [(f"{dead.pid}.json",
+                                                       {"pid": dead.pid, "found": [1]})]
+        own = sysaccess.orphan_journals(base, "[0-9]*.json", own=True)
+        assert {f.name for f, _ in own} == {f"{dead.pid}.json", f"{os.getpid()}.json"}
+        assert [f.name for f, _ in sysaccess.orphan_journals(base, "nicpair-*.json")] == \
+            [f"nicpair-{dead.pid}.json"]
+    assert sysaccess.orphan_journals(Path("/nonexistent/kbp"), "*.json") == []

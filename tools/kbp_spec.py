@@ -27,6 +27,7 @@ rather than ignoring what it would not render.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -541,7 +542,7 @@ def parse(raw: Any) -> Spec:
     pol = {o.attr_set for o in spec.ops if not o.reserved}
     if len(pol) != 1:
         raise SpecError("kernel-policy global: every operation must use one attribute set")
-    return Spec(**{**spec.__dict__, "policy_set": pol.pop()})
+    return dataclasses.replace(spec, policy_set=pol.pop())
 
 
 def _validate(spec: Spec) -> None:

@@ -3,7 +3,8 @@
 #   make test    every test: lint, host tests (real kernel, netns), VM suite on 5 kernels
 # and their parts:
 #   make setup       install packages, .venv, checkpatch (scripts/setup.sh)
-#   make lint        ruff + checkpatch --strict
+#   make lint        ruff, the files generated from module/netlink/kbp.yaml up to date
+#                    (tools/kbp_spec.py check), checkpatch --strict
 #   make test-host   pytest on this machine's kernel (unit + netns integration)
 #   make test-vm     the in-guest suite under QEMU: whole on Debian 12's 6.12 (slub_debug)
 #                    but the tests marked long; smoke on 6.1 and 7.2-rt; the PREEMPT_RT
@@ -37,7 +38,8 @@ setup:
 	scripts/setup.sh
 
 lint: setup
-	$(PY) -m ruff check src tests vm
+	$(PY) -m ruff check src tests vm tools
+	$(PY) tools/kbp_spec.py check
 	$(MAKE) -C module checkpatch KSRC=$(CURDIR)/.cache/checkpatch
 
 test-host: setup

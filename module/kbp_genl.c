@@ -36,36 +36,9 @@
 
 #include "kbp_priv.h"
 #include "kbp_compat.h"
+#include "kbp_genl_policy.h"	/* generated from netlink/kbp.yaml */
 
 static struct genl_family kbp_genl_family;
-
-static const struct nla_policy kbp_map_policy[KBP_MAP_A_MAX + 1] = {
-	[KBP_MAP_A_NAPI_INDEX]	= { .type = NLA_U32 },
-	[KBP_MAP_A_CPU]		= { .type = NLA_U32 },
-};
-
-static const struct nla_policy kbp_policy[KBP_A_MAX + 1] = {
-	[KBP_A_CPU]		= { .type = NLA_U32 },
-	[KBP_A_MODE]		= { .type = NLA_U32 },
-	[KBP_A_LINGER_US]	= { .type = NLA_U32 },
-	[KBP_A_QUOTA]		= { .type = NLA_U32 },
-	[KBP_A_RT_PRIO]		= { .type = NLA_U32 },
-	[KBP_A_FREQ_CTL]	= { .type = NLA_U32 },
-	[KBP_A_INTERVAL_US]	= { .type = NLA_U32 },
-	[KBP_A_NETAP]		= { .type = NLA_U32 },
-	[KBP_A_ROUND_MS]	= { .type = NLA_U32 },
-	[KBP_A_MIN_INTERVAL_US]	= { .type = NLA_U32 },
-	[KBP_A_MAX_INTERVAL_US]	= { .type = NLA_U32 },
-	[KBP_A_MIN_CHANGE]	= { .type = NLA_U32 },
-	[KBP_A_MAX_ROUND]	= { .type = NLA_U32 },
-	[KBP_A_OBJECTIVE]	= { .type = NLA_U32 },
-	[KBP_A_IFINDEX]		= { .type = NLA_U32 },
-	[KBP_A_IFNAME]		= { .type = NLA_STRING, .len = IFNAMSIZ - 1 },
-	[KBP_A_NETNS_FD]	= { .type = NLA_U32 },
-	[KBP_A_QUEUE_MAP]	= { .type = NLA_NESTED },
-	[KBP_A_CLASS]		= { .type = NLA_U32 },
-	[KBP_A_NICE]		= { .type = NLA_S32 },
-};
 
 /* --- requests ---------------------------------------------------------- */
 

@@ -27,6 +27,15 @@
 #include "kbp_priv.h"
 #include "kbp_compat.h"
 
+/*
+ * kbp_spec.h (generated from netlink/kbp.yaml) spells out as numbers the
+ * limits that are the kernel's, for kbpctl; they must stay the kernel's.
+ * (That the defaults lie in their ranges: tests/kbpctl/test_spec.py.)
+ */
+static_assert(KBP_QUOTA_MAX == NAPI_POLL_WEIGHT);
+static_assert(KBP_RT_PRIO_MAX + 1 == MAX_RT_PRIO);
+static_assert(KBP_NICE_MIN == MIN_NICE && KBP_NICE_MAX == MAX_NICE);
+
 static char *default_mode = "hybrid";
 module_param(default_mode, charp, 0444);
 MODULE_PARM_DESC(default_mode, "mode of a poller created without one: busy, hybrid or periodic (default hybrid)");

@@ -67,19 +67,27 @@ int kbp_netap_check_params(const struct kbp_netap_params *p,
 
 	if (p->min_interval_us < KBP_NETAP_INTERVAL_US_LO ||
 	    p->min_interval_us > KBP_NETAP_INTERVAL_US_HI) {
-		msg = "min_interval_us out of range (10-100000)";
+		msg = "min_interval_us out of range ("
+		      KBP_NETAP_STR(KBP_NETAP_INTERVAL_US_LO) "-"
+		      KBP_NETAP_STR(KBP_NETAP_INTERVAL_US_HI) ")";
 	} else if (p->max_interval_us < KBP_NETAP_INTERVAL_US_LO ||
 		   p->max_interval_us > KBP_NETAP_INTERVAL_US_HI) {
-		msg = "max_interval_us out of range (10-100000)";
+		msg = "max_interval_us out of range ("
+		      KBP_NETAP_STR(KBP_NETAP_INTERVAL_US_LO) "-"
+		      KBP_NETAP_STR(KBP_NETAP_INTERVAL_US_HI) ")";
 	} else if (p->min_interval_us > p->max_interval_us) {
 		msg = "min_interval_us above max_interval_us: empty range";
 		err = -EINVAL;
 	} else if (p->min_change_pct < KBP_NETAP_MIN_CHANGE_PCT_LO ||
 		   p->min_change_pct > KBP_NETAP_MIN_CHANGE_PCT_HI) {
-		msg = "min_change out of range (1-1000 percent)";
+		msg = "min_change out of range ("
+		      KBP_NETAP_STR(KBP_NETAP_MIN_CHANGE_PCT_LO) "-"
+		      KBP_NETAP_STR(KBP_NETAP_MIN_CHANGE_PCT_HI) " percent)";
 	} else if (p->max_round < KBP_NETAP_MAX_ROUND_LO ||
 		   p->max_round > KBP_NETAP_MAX_ROUND_HI) {
-		msg = "max_round out of range (20-1000000)";
+		msg = "max_round out of range ("
+		      KBP_NETAP_STR(KBP_NETAP_MAX_ROUND_LO) "-"
+		      KBP_NETAP_STR(KBP_NETAP_MAX_ROUND_HI) ")";
 	}
 	if (why)
 		*why = msg;

@@ -25,27 +25,27 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 #endif
 
-/* The paper's constants (Sect. 3.4.3): the search range and its end. */
-#define KBP_NETAP_MIN_INTERVAL_US	100	/* MinInterval */
-#define KBP_NETAP_MAX_INTERVAL_US	4000	/* MaxInterval */
+/*
+ * The knobs' ranges and defaults, generated from netlink/kbp.yaml: the
+ * paper's constants (Sect. 3.4.3) MinInterval and MaxInterval, the default
+ * search range (KBP_NETAP_MIN_INTERVAL_US, KBP_NETAP_MAX_INTERVAL_US), the
+ * defaults of the two restart knobs (the paper gives no values:
+ * KBP_NETAP_MIN_CHANGE_PCT_DEF, KBP_NETAP_MAX_ROUND_DEF), and what
+ * kbp_netap_check_params() accepts (KBP_NETAP_INTERVAL_US_LO/_HI,
+ * KBP_NETAP_MIN_CHANGE_PCT_LO/_HI, KBP_NETAP_MAX_ROUND_LO/_HI).
+ */
+#include "kbp_spec.h"
+
+/* The paper's end of the search (Sect. 3.4.3). */
 #define KBP_NETAP_MIN_DISTANCE_US	30	/* MinDistance */
 /* R = 0.618 as an integer ratio; kbp_netap.c holds its powers in Q32. */
 #define KBP_NETAP_R_NUM			618
 #define KBP_NETAP_R_DEN			1000
 #define KBP_NETAP_NR_DIST		24	/* R^1 .. R^24 */
 
-/* Defaults of the two restart knobs (the paper gives no values). */
-#define KBP_NETAP_MIN_CHANGE_PCT_DEF	20
-#define KBP_NETAP_MAX_ROUND_DEF		300
-
-/* What kbp_netap_check_params() accepts. */
-#define KBP_NETAP_INTERVAL_US_LO	10
-#define KBP_NETAP_INTERVAL_US_HI	100000
-#define KBP_NETAP_MIN_CHANGE_PCT_LO	1
-#define KBP_NETAP_MIN_CHANGE_PCT_HI	1000
-/* above the longest search (17 rounds, for the range 10..100000 us) */
-#define KBP_NETAP_MAX_ROUND_LO		20
-#define KBP_NETAP_MAX_ROUND_HI		1000000
+/* A constant of kbp_spec.h as a string, for messages. */
+#define KBP_NETAP_STR_(x)		#x
+#define KBP_NETAP_STR(x)		KBP_NETAP_STR_(x)
 
 struct kbp_netap_params {
 	u32 min_interval_us;	/* MinInterval */

@@ -59,23 +59,14 @@
 #include "uapi/kbp.h"
 #include "kbp_compat.h"
 #include "kbp_netap.h"
+/*
+ * The knobs' ranges and defaults (KBP_QUOTA_MAX, KBP_LINGER_US_MAX, ...,
+ * KBP_NETAP_INTERVAL_US_LO, ...): generated from netlink/kbp.yaml, with the
+ * uapi header (docs/design.md, section 4, "The spec").
+ */
+#include "kbp_spec.h"
 
-#define KBP_QUOTA_MAX		NAPI_POLL_WEIGHT
-#define KBP_LINGER_US_MAX	1000000U	/* 1 s */
-/* above it, linger_us needs CAP_SYS_NICE (kbp_genl.c, kbp_takes_cpu()) */
-#define KBP_LINGER_US_FREE	100U
-#define KBP_RT_PRIO_MAX		(MAX_RT_PRIO - 1)
-/* non-rt: packets per NAPI per poll by default (docs/design.md, "Classes") */
-#define KBP_NONRT_QUOTA_DEF	8U
-#define KBP_NICE_MIN		MIN_NICE
-#define KBP_NICE_MAX		MAX_NICE
-#define KBP_NR_CLASSES		2
-#define KBP_MAP_MAX		256
-/* periodic: the interval (and the search range) in KBP_NETAP_INTERVAL_US_* */
-#define KBP_INTERVAL_US_DEF	1000U
-#define KBP_ROUND_MS_DEF	1000U
-#define KBP_ROUND_MS_MIN	10U
-#define KBP_ROUND_MS_MAX	60000U	/* 1 min */
+#define KBP_NR_CLASSES		(KBP_CLASS_NON_RT + 1)
 #define KBP_OBJECTIVE_MAX	KBP_OBJECTIVE_BYTES_PER_CPU
 /*
  * periodic: a NAPI kept scheduled is handed back to interrupts after this

@@ -1,4 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 WITH Linux-syscall-note */
+/* Do not edit directly, auto-generated from: */
+/*	module/netlink/kbp.yaml */
+/* by tools/kbp_spec.py gen */
 /*
  * kbp: kernel busy poll - generic netlink control surface.
  *
@@ -27,7 +30,9 @@
 
 enum kbp_mode {
 	KBP_MODE_BUSY = 1,	/* KBP: spin, never sleep */
-	KBP_MODE_HYBRID = 2,	/* EE-KBP: sleep when idle, woken from hardIRQ */
+	KBP_MODE_HYBRID = 2,	/* EE-KBP: sleep when idle,
+				 * woken from hardIRQ
+				 */
 	KBP_MODE_PERIODIC = 3,	/* NetAP: poll every interval_us with the NAPIs
 				 * kept scheduled (IRQ masked); idle NAPIs are
 				 * handed back to interrupts
@@ -68,102 +73,150 @@ enum kbp_state {
 enum kbp_cmd {
 	KBP_CMD_UNSPEC,
 	KBP_CMD_POLLER_GET,	/* doit: KBP_A_CPU; dumpit: every poller */
-	KBP_CMD_POLLER_SET,	/* KBP_A_CPU + any of MODE, LINGER_US, QUOTA, RT_PRIO,
-				 * FREQ_CTL and the periodic knobs
+	KBP_CMD_POLLER_SET,	/* KBP_A_CPU + any of MODE, LINGER_US, QUOTA,
+				 * RT_PRIO, FREQ_CTL and the periodic knobs
 				 */
-	KBP_CMD_DEV_ATTACH,	/* device + CPU and/or QUEUE_MAP (+ poller knobs) */
+	KBP_CMD_DEV_ATTACH,	/* device + CPU and/or QUEUE_MAP (+ poller
+				 * knobs)
+				 */
 	KBP_CMD_DEV_DETACH,	/* device */
-	KBP_CMD_DEV_GET,	/* doit: device; dumpit: every attached device */
+	KBP_CMD_DEV_GET,	/* doit: device; dumpit:
+				 * every attached device
+				 */
 	__KBP_CMD_MAX,
 };
 
-#define KBP_CMD_MAX (__KBP_CMD_MAX - 1)
+#define KBP_CMD_MAX		(__KBP_CMD_MAX - 1)
 
+/* Every command uses this one attribute space. */
 enum kbp_attr {
 	KBP_A_UNSPEC,
 	KBP_A_PAD,
 	KBP_A_CPU,		/* u32 */
 	KBP_A_MODE,		/* u32, enum kbp_mode */
-	KBP_A_LINGER_US,	/* u32, hybrid: spin this long after the last packet */
-	KBP_A_QUOTA,		/* u32, packets per NAPI per pass (1..NAPI weight) */
+	KBP_A_LINGER_US,	/* u32, hybrid: spin this long after the last
+				 * packet
+				 */
+	KBP_A_QUOTA,		/* u32, packets per NAPI per pass (1..NAPI
+				 * weight)
+				 */
 	KBP_A_PID,		/* u32, poller kthread pid (output) */
 	KBP_A_IFINDEX,		/* u32 */
 	KBP_A_IFNAME,		/* string */
 	KBP_A_NETNS_FD,		/* u32, fd of a netns (input) */
-	KBP_A_NETNS_INUM,	/* u32, inode number of the device's netns (output) */
-	KBP_A_QUEUE_MAP,	/* nest of KBP_A_MAP_ENTRY */
-	KBP_A_MAP_ENTRY,	/* nest: KBP_MAP_A_NAPI_INDEX, KBP_MAP_A_CPU */
-	KBP_A_NAPI,		/* nest of KBP_NAPI_A_* (output, one per NAPI) */
+	KBP_A_NETNS_INUM,	/* u32, inode number of the device's netns
+				 * (output)
+				 */
+	KBP_A_QUEUE_MAP,	/* nest of KBP_A_MAP_ENTRY (input) */
+	KBP_A_MAP_ENTRY,	/* nest of enum kbp_map_attr */
+	KBP_A_NAPI,		/* nest of enum kbp_napi_attr, one per NAPI
+				 * (output)
+				 */
 	KBP_A_NAPIS,		/* u32, number of NAPIs (output) */
-	/* counters, u64 (output) */
-	KBP_A_PASSES,
-	KBP_A_EMPTY_PASSES,
-	KBP_A_PACKETS,
-	KBP_A_WAKEUPS,
-	KBP_A_SLEEPS,
-	KBP_A_SLEEP_NS,
-	KBP_A_POLL_NS,
-	KBP_A_POLLS,
-	KBP_A_RESPAWNS,
-	KBP_A_REPAIRS,
-	KBP_A_RT_PRIO,		/* u32, 0 = SCHED_NORMAL, 1..99 = SCHED_FIFO priority */
-	KBP_A_STATE,		/* u32, enum kbp_state (output, devices) */
+	KBP_A_PASSES,		/* u64, counter: loop iterations over the
+				 * poller's NAPIs (output)
+				 */
+	KBP_A_EMPTY_PASSES,	/* u64, counter: passes that found no work
+				 * (output)
+				 */
+	KBP_A_PACKETS,		/* u64, counter: packets polled (output) */
+	KBP_A_WAKEUPS,		/* u64, counter: times the poller was woken from
+				 * sleep (output)
+				 */
+	KBP_A_SLEEPS,		/* u64, counter: times the poller went to sleep
+				 * (output)
+				 */
+	KBP_A_SLEEP_NS,		/* u64, counter: time asleep (output) */
+	KBP_A_POLL_NS,		/* u64, counter: time inside
+				 * NAPI poll (output)
+				 */
+	KBP_A_POLLS,		/* u64, counter: NAPI polls (output) */
+	KBP_A_RESPAWNS,		/* u64, counter: poller threads replaced
+				 * (output)
+				 */
+	KBP_A_REPAIRS,		/* u64, counter: NAPIs put back on the poller
+				 * (output)
+				 */
+	KBP_A_RT_PRIO,		/* u32, 0 = SCHED_NORMAL, 1..99 = SCHED_FIFO
+				 * priority
+				 */
+	KBP_A_STATE,		/* u32, enum kbp_state, devices (output) */
 	KBP_A_FREQ_CTL,		/* u32, 0/1: hybrid lowers the CPU frequency
 				 * while asleep (userspace governor needed)
 				 */
-	KBP_A_FREQ_CHANGES,	/* u64 counter: frequency changes made */
-	KBP_A_YIELDS,		/* u64 counter: times a polling thread gave its
-				 * CPU to other runnable tasks there
+	KBP_A_FREQ_CHANGES,	/* u64, counter: frequency
+				 * changes made (output)
 				 */
-	/* periodic (NetAP) knobs, u32 */
-	KBP_A_INTERVAL_US,	/* polling interval while the search is off */
-	KBP_A_NETAP,		/* 0/1: golden-section search of the interval */
-	KBP_A_ROUND_MS,		/* length of a search round */
-	KBP_A_MIN_INTERVAL_US,	/* search range (MinInterval) */
-	KBP_A_MAX_INTERVAL_US,	/* search range (MaxInterval), a latency cap */
-	KBP_A_MIN_CHANGE,	/* % change of a round's objective that
-				 * restarts a converged search (MinChange)
+	KBP_A_YIELDS,		/* u64, counter: times a polling thread gave its
+				 * CPU to other runnable tasks there (output)
 				 */
-	KBP_A_MAX_ROUND,	/* rounds after which the search restarts */
-	KBP_A_HANDBACKS,	/* u64 counter, periodic: polls that let the
+	KBP_A_INTERVAL_US,	/* u32, periodic: polling interval while the
+				 * search is off
+				 */
+	KBP_A_NETAP,		/* u32, periodic, 0/1: golden-section search of
+				 * the interval
+				 */
+	KBP_A_ROUND_MS,		/* u32, periodic: length of a search round */
+	KBP_A_MIN_INTERVAL_US,	/* u32, periodic: search range (MinInterval) */
+	KBP_A_MAX_INTERVAL_US,	/* u32, periodic: search range (MaxInterval), a
+				 * latency cap
+				 */
+	KBP_A_MIN_CHANGE,	/* u32, periodic: % change of a round's
+				 * objective that restarts a converged search
+				 * (MinChange)
+				 */
+	KBP_A_MAX_ROUND,	/* u32, periodic: rounds after which the search
+				 * restarts
+				 */
+	KBP_A_HANDBACKS,	/* u64, counter, periodic: polls that let the
 				 * driver complete the NAPI and unmask its IRQ
 				 * (idle, or the NAPI was being taken away)
+				 * (output)
 				 */
-	KBP_A_NETAP_STATE,	/* nest of KBP_NETAP_A_* (output, periodic) */
-	KBP_A_OBJECTIVE,	/* u32, enum kbp_objective: what the search
+	KBP_A_NETAP_STATE,	/* nest of enum kbp_netap_attr, periodic
+				 * (output)
+				 */
+	KBP_A_OBJECTIVE,	/* u32, enum kbp_objective, what the search
 				 * maximizes (periodic knob)
 				 */
-	KBP_A_CLASS,		/* u32, enum kbp_class: which of a CPU's pollers
-				 * (attach, poller-get/set; output of both)
+	KBP_A_CLASS,		/* u32, enum kbp_class, which of a CPU's pollers
+				 * (attach, poller-get/set)
 				 */
 	KBP_A_NICE,		/* s32, non-rt poller's nice (-20..19; below 0
 				 * needs CAP_SYS_NICE)
 				 */
-	KBP_A_GAVE_WAY,		/* u64 counter, non-rt: polls after which the
+	KBP_A_GAVE_WAY,		/* u64, counter, non-rt: polls after which the
 				 * poller gave its CPU to a woken task at once
+				 * (output)
 				 */
-	KBP_A_WAKE_DELAY_NS,	/* u64 counter: the poller thread's wake-up to
+	KBP_A_WAKE_DELAY_NS,	/* u64, counter: the poller thread's wake-up to
 				 * running delays, summed (sched_info run_delay)
+				 * (output)
 				 */
-	KBP_A_WAKE_DELAY_MAX_NS,	/* u64: the longest of them */
-	KBP_A_TAKEOVERS,	/* u64 counter: NAPIs the softirq kept scheduled
-				 * (a load that never let them go idle), asked
-				 * to hand over to the poller
+	KBP_A_WAKE_DELAY_MAX_NS,	/* u64, the longest of them (output) */
+	KBP_A_TAKEOVERS,	/* u64, counter: NAPIs the softirq kept
+				 * scheduled (a load that never let them go
+				 * idle), asked to hand over to the poller
+				 * (output)
 				 */
 	__KBP_A_MAX,
 };
 
-#define KBP_A_MAX (__KBP_A_MAX - 1)
+#define KBP_A_MAX		(__KBP_A_MAX - 1)
 
+/* One NAPI index -> CPU pair of a queue map (input). */
 enum kbp_map_attr {
 	KBP_MAP_A_UNSPEC,
-	KBP_MAP_A_NAPI_INDEX,	/* u32, position of the NAPI in the device (0 = first added) */
+	KBP_MAP_A_NAPI_INDEX,	/* u32, position of the NAPI in the device (0 =
+				 * first added)
+				 */
 	KBP_MAP_A_CPU,		/* u32 */
 	__KBP_MAP_A_MAX,
 };
 
-#define KBP_MAP_A_MAX (__KBP_MAP_A_MAX - 1)
+#define KBP_MAP_A_MAX		(__KBP_MAP_A_MAX - 1)
 
+/* One NAPI of an attached device (KBP_A_NAPI, output). */
 enum kbp_napi_attr {
 	KBP_NAPI_A_UNSPEC,
 	KBP_NAPI_A_PAD,
@@ -176,9 +229,9 @@ enum kbp_napi_attr {
 	__KBP_NAPI_A_MAX,
 };
 
-#define KBP_NAPI_A_MAX (__KBP_NAPI_A_MAX - 1)
+#define KBP_NAPI_A_MAX		(__KBP_NAPI_A_MAX - 1)
 
-/* The interval search of a periodic poller (KBP_A_NETAP_STATE). */
+/* The interval search of a periodic poller (KBP_A_NETAP_STATE, output). */
 enum kbp_netap_attr {
 	KBP_NETAP_A_UNSPEC,
 	KBP_NETAP_A_PAD,
@@ -196,7 +249,7 @@ enum kbp_netap_attr {
 					 * last round (bytes, or bytes per
 					 * CPU-second)
 					 */
-	KBP_NETAP_A_OBJECTIVE,	/* u32, enum kbp_objective of the search */
+	KBP_NETAP_A_OBJECTIVE,	/* u32, enum kbp_objective, of the search */
 	KBP_NETAP_A_LAST_BYTES,	/* u64, bytes of the last round */
 	KBP_NETAP_A_LAST_CPU_NS,	/* u64, CPU time of the poller thread in
 					 * the last round
@@ -204,9 +257,9 @@ enum kbp_netap_attr {
 	__KBP_NETAP_A_MAX,
 };
 
-/* the name of KBP_NETAP_A_LAST_OBJECTIVE when it counted packets */
-#define KBP_NETAP_A_LAST_WORK	KBP_NETAP_A_LAST_OBJECTIVE
+#define KBP_NETAP_A_MAX		(__KBP_NETAP_A_MAX - 1)
 
-#define KBP_NETAP_A_MAX (__KBP_NETAP_A_MAX - 1)
+/* the name of KBP_NETAP_A_LAST_OBJECTIVE when it counted packets */
+#define KBP_NETAP_A_LAST_WORK	12
 
 #endif /* _UAPI_LINUX_KBP_H */

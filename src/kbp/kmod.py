@@ -1,9 +1,10 @@
 """Python client of the kbp kernel module's generic netlink family "kbp" (module/uapi/kbp.h).
 
-Message classes mirror the uapi enums exactly (attribute ids are explicit, and a unit test
-checks them against the header). Every call opens a socket in the caller's network
-namespace; a device in another namespace is named together with that namespace
-(``netns="NAME"`` opens /run/netns/NAME and passes its fd as KBP_A_NETNS_FD).
+Message classes mirror the uapi enums exactly: their ``nla_map`` is built from the family's
+spec (module/netlink/kbp.yaml, through the generated :mod:`kbp._spec`), and a unit test checks
+them against the header generated from the same spec. Every call opens a socket in the
+caller's network namespace; a device in another namespace is named together with that
+namespace (``netns="NAME"`` opens /run/netns/NAME and passes its fd as KBP_A_NETNS_FD).
 
 >>> from kbp import kmod
 >>> kmod.attach("eth1", cpu=3, mode="hybrid", linger_us=50)
@@ -26,233 +27,73 @@ from pyroute2.netlink import NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic import GenericNetlinkSocket
 
-from kbp import names
+from kbp import _spec, names
 
-KBP_GENL_NAME = "kbp"
-KBP_GENL_VERSION = 1
+KBP_GENL_NAME = _spec.KBP_GENL_NAME
+KBP_GENL_VERSION = _spec.KBP_GENL_VERSION
 SYS_MODULE = Path("/sys/module/kbp")
 NETNS_DIR = Path("/run/netns")
 
-# enum kbp_mode
-KBP_MODE_BUSY = 1
-KBP_MODE_HYBRID = 2
-KBP_MODE_PERIODIC = 3
+STATE_NAMES = {v: k for k, v in _spec.ENUMS["state"].items()}  # enum kbp_state
 
-# enum kbp_objective (KBP_A_OBJECTIVE): names.OBJECTIVE_IDS
-KBP_OBJECTIVE_BYTES = 0
-KBP_OBJECTIVE_BYTES_PER_CPU = 1
 
-# enum kbp_state (of an attached device)
-KBP_STATE_ACTIVE = 1
-KBP_STATE_STANDBY = 2
-STATE_NAMES = {KBP_STATE_ACTIVE: "active", KBP_STATE_STANDBY: "standby"}
+def __getattr__(name: str) -> int:
+    """``kmod.KBP_*``: every constant of module/uapi/kbp.h (and of kbp_spec.h), by its C
+    name, from :mod:`kbp._spec`."""
+    value = getattr(_spec, name, None) if name.startswith("KBP_") else None
+    if not isinstance(value, int):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return value
 
-# enum kbp_cmd
-KBP_CMD_UNSPEC = 0
-KBP_CMD_POLLER_GET = 1
-KBP_CMD_POLLER_SET = 2
-KBP_CMD_DEV_ATTACH = 3
-KBP_CMD_DEV_DETACH = 4
-KBP_CMD_DEV_GET = 5
-
-# enum kbp_attr
-KBP_A_UNSPEC = 0
-KBP_A_PAD = 1
-KBP_A_CPU = 2
-KBP_A_MODE = 3
-KBP_A_LINGER_US = 4
-KBP_A_QUOTA = 5
-KBP_A_PID = 6
-KBP_A_IFINDEX = 7
-KBP_A_IFNAME = 8
-KBP_A_NETNS_FD = 9
-KBP_A_NETNS_INUM = 10
-KBP_A_QUEUE_MAP = 11
-KBP_A_MAP_ENTRY = 12
-KBP_A_NAPI = 13
-KBP_A_NAPIS = 14
-KBP_A_PASSES = 15
-KBP_A_EMPTY_PASSES = 16
-KBP_A_PACKETS = 17
-KBP_A_WAKEUPS = 18
-KBP_A_SLEEPS = 19
-KBP_A_SLEEP_NS = 20
-KBP_A_POLL_NS = 21
-KBP_A_POLLS = 22
-KBP_A_RESPAWNS = 23
-KBP_A_REPAIRS = 24
-KBP_A_RT_PRIO = 25
-KBP_A_STATE = 26
-KBP_A_FREQ_CTL = 27
-KBP_A_FREQ_CHANGES = 28
-KBP_A_YIELDS = 29
-KBP_A_INTERVAL_US = 30
-KBP_A_NETAP = 31
-KBP_A_ROUND_MS = 32
-KBP_A_MIN_INTERVAL_US = 33
-KBP_A_MAX_INTERVAL_US = 34
-KBP_A_MIN_CHANGE = 35
-KBP_A_MAX_ROUND = 36
-KBP_A_HANDBACKS = 37
-KBP_A_NETAP_STATE = 38
-KBP_A_OBJECTIVE = 39
-KBP_A_CLASS = 40
-KBP_A_NICE = 41
-KBP_A_GAVE_WAY = 42
-KBP_A_WAKE_DELAY_NS = 43
-KBP_A_WAKE_DELAY_MAX_NS = 44
-KBP_A_TAKEOVERS = 45
-
-# enum kbp_class (KBP_A_CLASS): names.CLASS_IDS
-KBP_CLASS_RT = 0
-KBP_CLASS_NON_RT = 1
-
-# enum kbp_netap_attr (nested in KBP_A_NETAP_STATE)
-KBP_NETAP_A_UNSPEC = 0
-KBP_NETAP_A_PAD = 1
-KBP_NETAP_A_ROUND = 2
-KBP_NETAP_A_ROUNDS = 3
-KBP_NETAP_A_INTERVAL_US = 4
-KBP_NETAP_A_LOW_US = 5
-KBP_NETAP_A_HIGH_US = 6
-KBP_NETAP_A_RANGE_LO_US = 7
-KBP_NETAP_A_RANGE_HI_US = 8
-KBP_NETAP_A_DISTANCE_US = 9
-KBP_NETAP_A_CONVERGED = 10
-KBP_NETAP_A_RESTARTS = 11
-KBP_NETAP_A_LAST_OBJECTIVE = 12
-KBP_NETAP_A_LAST_WORK = KBP_NETAP_A_LAST_OBJECTIVE  # its name when it counted packets
-KBP_NETAP_A_OBJECTIVE = 13
-KBP_NETAP_A_LAST_BYTES = 14
-KBP_NETAP_A_LAST_CPU_NS = 15
 
 #: knobs of mode periodic (u32 each), as keyword arguments of attach() and poller_set()
 #: (objective: the id of names.OBJECTIVE_IDS, or its name)
 PERIODIC_KNOBS = ("interval_us", "netap", "round_ms", "min_interval_us", "max_interval_us",
                   "min_change", "max_round", "objective")
 
-# enum kbp_map_attr
-KBP_MAP_A_UNSPEC = 0
-KBP_MAP_A_NAPI_INDEX = 1
-KBP_MAP_A_CPU = 2
+#: the spec's attribute types as pyroute2's nla types (nests: the class attribute named after
+#: the nested attribute set)
+_NLA_TYPES = {"unused": "none", "pad": "none", "u8": "uint8", "u16": "uint16", "u32": "uint32",
+              "u64": "uint64", "s8": "int8", "s16": "int16", "s32": "int32", "s64": "int64",
+              "flag": "flag", "string": "asciiz", "binary": "cdata"}
 
-# enum kbp_napi_attr
-KBP_NAPI_A_UNSPEC = 0
-KBP_NAPI_A_PAD = 1
-KBP_NAPI_A_INDEX = 2
-KBP_NAPI_A_ID = 3
-KBP_NAPI_A_CPU = 4
-KBP_NAPI_A_PID = 5
-KBP_NAPI_A_PACKETS = 6
-KBP_NAPI_A_POLLS = 7
+
+def _nla_map(attr_set: str) -> tuple[tuple[Any, ...], ...]:
+    """A pyroute2 ``nla_map`` of one of the spec's attribute sets (module/netlink/kbp.yaml)."""
+    return tuple((a.value, a.c_name, a.nested.replace("-", "_"), NLA_F_NESTED)
+                 if a.type == "nest" else (a.value, a.c_name, _NLA_TYPES[a.type])
+                 for a in _spec.ATTRIBUTE_SETS[attr_set])
 
 
 class kbp_map_entry(nla):
     """KBP_A_MAP_ENTRY: one NAPI index -> CPU pair."""
 
-    nla_map = (
-        (KBP_MAP_A_UNSPEC, "KBP_MAP_A_UNSPEC", "none"),
-        (KBP_MAP_A_NAPI_INDEX, "KBP_MAP_A_NAPI_INDEX", "uint32"),
-        (KBP_MAP_A_CPU, "KBP_MAP_A_CPU", "uint32"),
-    )
+    nla_map = _nla_map("map-entry")
 
 
 class kbp_queue_map(nla):
     """KBP_A_QUEUE_MAP: a nest of KBP_A_MAP_ENTRY nests."""
 
-    nla_map = ((KBP_A_MAP_ENTRY, "KBP_A_MAP_ENTRY", "map_entry", NLA_F_NESTED),)
+    nla_map = _nla_map("queue-map")
     map_entry = kbp_map_entry
 
 
 class kbp_napi(nla):
     """KBP_A_NAPI: one NAPI of an attached device (output)."""
 
-    nla_map = (
-        (KBP_NAPI_A_UNSPEC, "KBP_NAPI_A_UNSPEC", "none"),
-        (KBP_NAPI_A_PAD, "KBP_NAPI_A_PAD", "none"),
-        (KBP_NAPI_A_INDEX, "KBP_NAPI_A_INDEX", "uint32"),
-        (KBP_NAPI_A_ID, "KBP_NAPI_A_ID", "uint32"),
-        (KBP_NAPI_A_CPU, "KBP_NAPI_A_CPU", "uint32"),
-        (KBP_NAPI_A_PID, "KBP_NAPI_A_PID", "uint32"),
-        (KBP_NAPI_A_PACKETS, "KBP_NAPI_A_PACKETS", "uint64"),
-        (KBP_NAPI_A_POLLS, "KBP_NAPI_A_POLLS", "uint64"),
-    )
+    nla_map = _nla_map("napi")
 
 
 class kbp_netap_state(nla):
     """KBP_A_NETAP_STATE: the interval search of a periodic poller (output)."""
 
-    nla_map = (
-        (KBP_NETAP_A_UNSPEC, "KBP_NETAP_A_UNSPEC", "none"),
-        (KBP_NETAP_A_PAD, "KBP_NETAP_A_PAD", "none"),
-        (KBP_NETAP_A_ROUND, "KBP_NETAP_A_ROUND", "uint32"),
-        (KBP_NETAP_A_ROUNDS, "KBP_NETAP_A_ROUNDS", "uint64"),
-        (KBP_NETAP_A_INTERVAL_US, "KBP_NETAP_A_INTERVAL_US", "uint32"),
-        (KBP_NETAP_A_LOW_US, "KBP_NETAP_A_LOW_US", "uint32"),
-        (KBP_NETAP_A_HIGH_US, "KBP_NETAP_A_HIGH_US", "uint32"),
-        (KBP_NETAP_A_RANGE_LO_US, "KBP_NETAP_A_RANGE_LO_US", "uint32"),
-        (KBP_NETAP_A_RANGE_HI_US, "KBP_NETAP_A_RANGE_HI_US", "uint32"),
-        (KBP_NETAP_A_DISTANCE_US, "KBP_NETAP_A_DISTANCE_US", "uint32"),
-        (KBP_NETAP_A_CONVERGED, "KBP_NETAP_A_CONVERGED", "uint32"),
-        (KBP_NETAP_A_RESTARTS, "KBP_NETAP_A_RESTARTS", "uint32"),
-        (KBP_NETAP_A_LAST_OBJECTIVE, "KBP_NETAP_A_LAST_OBJECTIVE", "uint64"),
-        (KBP_NETAP_A_OBJECTIVE, "KBP_NETAP_A_OBJECTIVE", "uint32"),
-        (KBP_NETAP_A_LAST_BYTES, "KBP_NETAP_A_LAST_BYTES", "uint64"),
-        (KBP_NETAP_A_LAST_CPU_NS, "KBP_NETAP_A_LAST_CPU_NS", "uint64"),
-    )
+    nla_map = _nla_map("netap-state")
 
 
 class kbpmsg(genlmsg):
     """A message of the kbp family (every command uses the one attribute space KBP_A_*)."""
 
-    nla_map = (
-        (KBP_A_UNSPEC, "KBP_A_UNSPEC", "none"),
-        (KBP_A_PAD, "KBP_A_PAD", "none"),
-        (KBP_A_CPU, "KBP_A_CPU", "uint32"),
-        (KBP_A_MODE, "KBP_A_MODE", "uint32"),
-        (KBP_A_LINGER_US, "KBP_A_LINGER_US", "uint32"),
-        (KBP_A_QUOTA, "KBP_A_QUOTA", "uint32"),
-        (KBP_A_PID, "KBP_A_PID", "uint32"),
-        (KBP_A_IFINDEX, "KBP_A_IFINDEX", "uint32"),
-        (KBP_A_IFNAME, "KBP_A_IFNAME", "asciiz"),
-        (KBP_A_NETNS_FD, "KBP_A_NETNS_FD", "uint32"),
-        (KBP_A_NETNS_INUM, "KBP_A_NETNS_INUM", "uint32"),
-        (KBP_A_QUEUE_MAP, "KBP_A_QUEUE_MAP", "queue_map", NLA_F_NESTED),
-        (KBP_A_MAP_ENTRY, "KBP_A_MAP_ENTRY", "map_entry", NLA_F_NESTED),
-        (KBP_A_NAPI, "KBP_A_NAPI", "napi", NLA_F_NESTED),
-        (KBP_A_NAPIS, "KBP_A_NAPIS", "uint32"),
-        (KBP_A_PASSES, "KBP_A_PASSES", "uint64"),
-        (KBP_A_EMPTY_PASSES, "KBP_A_EMPTY_PASSES", "uint64"),
-        (KBP_A_PACKETS, "KBP_A_PACKETS", "uint64"),
-        (KBP_A_WAKEUPS, "KBP_A_WAKEUPS", "uint64"),
-        (KBP_A_SLEEPS, "KBP_A_SLEEPS", "uint64"),
-        (KBP_A_SLEEP_NS, "KBP_A_SLEEP_NS", "uint64"),
-        (KBP_A_POLL_NS, "KBP_A_POLL_NS", "uint64"),
-        (KBP_A_POLLS, "KBP_A_POLLS", "uint64"),
-        (KBP_A_RESPAWNS, "KBP_A_RESPAWNS", "uint64"),
-        (KBP_A_REPAIRS, "KBP_A_REPAIRS", "uint64"),
-        (KBP_A_RT_PRIO, "KBP_A_RT_PRIO", "uint32"),
-        (KBP_A_STATE, "KBP_A_STATE", "uint32"),
-        (KBP_A_FREQ_CTL, "KBP_A_FREQ_CTL", "uint32"),
-        (KBP_A_FREQ_CHANGES, "KBP_A_FREQ_CHANGES", "uint64"),
-        (KBP_A_YIELDS, "KBP_A_YIELDS", "uint64"),
-        (KBP_A_INTERVAL_US, "KBP_A_INTERVAL_US", "uint32"),
-        (KBP_A_NETAP, "KBP_A_NETAP", "uint32"),
-        (KBP_A_ROUND_MS, "KBP_A_ROUND_MS", "uint32"),
-        (KBP_A_MIN_INTERVAL_US, "KBP_A_MIN_INTERVAL_US", "uint32"),
-        (KBP_A_MAX_INTERVAL_US, "KBP_A_MAX_INTERVAL_US", "uint32"),
-        (KBP_A_MIN_CHANGE, "KBP_A_MIN_CHANGE", "uint32"),
-        (KBP_A_MAX_ROUND, "KBP_A_MAX_ROUND", "uint32"),
-        (KBP_A_HANDBACKS, "KBP_A_HANDBACKS", "uint64"),
-        (KBP_A_NETAP_STATE, "KBP_A_NETAP_STATE", "netap_state", NLA_F_NESTED),
-        (KBP_A_OBJECTIVE, "KBP_A_OBJECTIVE", "uint32"),
-        (KBP_A_CLASS, "KBP_A_CLASS", "uint32"),
-        (KBP_A_NICE, "KBP_A_NICE", "int32"),
-        (KBP_A_GAVE_WAY, "KBP_A_GAVE_WAY", "uint64"),
-        (KBP_A_WAKE_DELAY_NS, "KBP_A_WAKE_DELAY_NS", "uint64"),
-        (KBP_A_WAKE_DELAY_MAX_NS, "KBP_A_WAKE_DELAY_MAX_NS", "uint64"),
-        (KBP_A_TAKEOVERS, "KBP_A_TAKEOVERS", "uint64"),
-    )
+    nla_map = _nla_map("kbp")
     queue_map = kbp_queue_map
     map_entry = kbp_map_entry
     napi = kbp_napi
@@ -566,14 +407,14 @@ def build_poller_get(cpu: int | None = None, cls: str | int | None = None) -> kb
     attrs: list[list[Any]] = [["KBP_A_CPU", cpu]] if cpu is not None else []
     if cls is not None:
         attrs.append(["KBP_A_CLASS", class_id(cls)])
-    return _msg(KBP_CMD_POLLER_GET, attrs)
+    return _msg(_spec.KBP_CMD_POLLER_GET, attrs)
 
 
 def build_poller_set(cpu: int, mode: str | int | None = None, linger_us: int | None = None,
                      quota: int | None = None, rt_prio: int | None = None,
                      freq_ctl: bool | None = None, *, cls: str | int | None = None,
                      nice: int | None = None, **periodic: int) -> kbpmsg:
-    return _msg(KBP_CMD_POLLER_SET,
+    return _msg(_spec.KBP_CMD_POLLER_SET,
                 [["KBP_A_CPU", int(cpu)],
                  *_knobs(mode, linger_us, quota, rt_prio, freq_ctl, periodic, cls, nice)])
 
@@ -592,15 +433,15 @@ def build_attach(dev: str | int, netns_fd: int | None = None, cpu: int | None = 
     if queue_map is not None:
         attrs.append(_queue_map(queue_map))
     attrs += _knobs(mode, linger_us, quota, rt_prio, freq_ctl, periodic, cls, nice)
-    return _msg(KBP_CMD_DEV_ATTACH, attrs)
+    return _msg(_spec.KBP_CMD_DEV_ATTACH, attrs)
 
 
 def build_detach(dev: str | int, netns_fd: int | None = None) -> kbpmsg:
-    return _msg(KBP_CMD_DEV_DETACH, _dev_attrs(dev, netns_fd))
+    return _msg(_spec.KBP_CMD_DEV_DETACH, _dev_attrs(dev, netns_fd))
 
 
 def build_dev_get(dev: str | int | None = None, netns_fd: int | None = None) -> kbpmsg:
-    return _msg(KBP_CMD_DEV_GET, _dev_attrs(dev, netns_fd) if dev is not None else [])
+    return _msg(_spec.KBP_CMD_DEV_GET, _dev_attrs(dev, netns_fd) if dev is not None else [])
 
 
 # -- the socket -----------------------------------------------------------------------

@@ -1,46 +1,53 @@
 """One vocabulary for the module, kbpctl, docs and benchmark output.
 
 The kernel module's generic netlink attributes (module/uapi/kbp.h) carry the same
-names: KBP_A_<NAME upper-case> for knobs and counters, KBP_MODE_<MODE> for modes.
+names: KBP_A_<NAME upper-case> for knobs and counters, KBP_MODE_<MODE> for modes. The
+module's ids of modes, classes and objectives and the knobs' ranges and defaults come from
+the family's spec (module/netlink/kbp.yaml, through the generated :mod:`kbp._spec`).
 """
 
 from typing import Final
+
+from kbp import _spec
 
 # Poller modes: busy (KBP), hybrid (EE-KBP), periodic (NetAP).
 MODE_BUSY: Final = "busy"
 MODE_HYBRID: Final = "hybrid"
 MODE_PERIODIC: Final = "periodic"
-MODES: Final = (MODE_BUSY, MODE_HYBRID, MODE_PERIODIC)
-MODE_IDS: Final = {MODE_BUSY: 1, MODE_HYBRID: 2, MODE_PERIODIC: 3}
+MODE_IDS: Final[dict[str, int]] = dict(_spec.ENUMS["mode"])  # enum kbp_mode
+MODES: Final = tuple(MODE_IDS)
 MODE_NAMES: Final = {v: k for k, v in MODE_IDS.items()}
 
 # Knobs of a poller / an attachment.
 KNOBS: Final = ("mode", "linger_us", "quota", "rt_prio", "freq_ctl", "cpu")
-DEFAULT_QUOTA: Final = 64
+DEFAULT_QUOTA: Final = _spec.KBP_QUOTA_MAX     # the NAPI weight: the most, and rt's default
 DEFAULT_LINGER_US: Final = 0
 
 # Knobs of mode periodic (NetAP; docs/netap.md), the module's attribute names
-# (module/uapi/kbp.h KBP_A_*) and their accepted ranges (module/kbp_netap.h, kbp_priv.h).
+# (module/uapi/kbp.h KBP_A_*) and their accepted ranges and defaults (the spec's checks and
+# definitions, module/kbp_spec.h).
 # interval_us set: a fixed interval, no search; left out: the golden-section search picks it
 # between min_interval_us and max_interval_us, in rounds of round_ms, maximizing objective.
 PERIODIC_KNOBS: Final = ("interval_us", "round_ms", "min_interval_us", "max_interval_us",
                          "min_change", "max_round", "objective")
-PERIODIC_RANGES: Final = {
-    "interval_us": (10, 100_000),
-    "round_ms": (10, 60_000),
-    "min_interval_us": (10, 100_000),
-    "max_interval_us": (10, 100_000),
-    "min_change": (1, 1000),          # percent of the previous round (MinChange)
-    "max_round": (20, 1_000_000),     # MaxRound
-}
-PERIODIC_DEFAULTS: Final = {"round_ms": 1000, "min_interval_us": 100, "max_interval_us": 4000,
-                            "min_change": 20, "max_round": 300, "objective": "bytes"}
+PERIODIC_RANGES: Final[dict[str, tuple[int, int]]] = {
+    k: _spec.RANGES[k] for k in ("interval_us", "round_ms", "min_interval_us",
+                                 "max_interval_us",
+                                 "min_change",     # percent of the previous round (MinChange)
+                                 "max_round")}     # MaxRound
 # What the search maximizes per round: bytes received (the paper's), or bytes per CPU-second
 # of the polling context (beyond the paper: counts what the polling costs).
 OBJECTIVE_BYTES: Final = "bytes"
 OBJECTIVE_BYTES_PER_CPU: Final = "bytes-per-cpu"
-OBJECTIVES: Final = (OBJECTIVE_BYTES, OBJECTIVE_BYTES_PER_CPU)
-OBJECTIVE_IDS: Final = {OBJECTIVE_BYTES: 0, OBJECTIVE_BYTES_PER_CPU: 1}
+OBJECTIVE_IDS: Final[dict[str, int]] = dict(_spec.ENUMS["objective"])  # enum kbp_objective
+OBJECTIVES: Final = tuple(OBJECTIVE_IDS)
+PERIODIC_DEFAULTS: Final[dict[str, int | str]] = {
+    "round_ms": _spec.KBP_ROUND_MS_DEF,
+    "min_interval_us": _spec.KBP_NETAP_MIN_INTERVAL_US,    # MinInterval
+    "max_interval_us": _spec.KBP_NETAP_MAX_INTERVAL_US,    # MaxInterval
+    "min_change": _spec.KBP_NETAP_MIN_CHANGE_PCT_DEF,
+    "max_round": _spec.KBP_NETAP_MAX_ROUND_DEF,
+    "objective": OBJECTIVE_BYTES}
 
 # Poller classes (the outsourcing method's RT/non-RT split on one CPU; docs/design.md
 # "Classes"): a CPU may run one poller of each. rt: the poller of the RT devices (any mode,
@@ -49,11 +56,11 @@ OBJECTIVE_IDS: Final = {OBJECTIVE_BYTES: 0, OBJECTIVE_BYTES_PER_CPU: 1}
 # between polls as soon as a woken task (the RT poller) needs it. Module ids: enum kbp_class.
 CLASS_RT: Final = "rt"
 CLASS_NON_RT: Final = "non-rt"
-CLASSES: Final = (CLASS_RT, CLASS_NON_RT)
-CLASS_IDS: Final = {CLASS_RT: 0, CLASS_NON_RT: 1}
+CLASS_IDS: Final[dict[str, int]] = dict(_spec.ENUMS["class"])  # enum kbp_class
+CLASSES: Final = tuple(CLASS_IDS)
 CLASS_NAMES: Final = {v: k for k, v in CLASS_IDS.items()}
-NONRT_DEFAULT_QUOTA: Final = 8   # packets per NAPI per poll of a non-rt poller
-NICE_RANGE: Final = (-20, 19)    # non-rt: the poller's nice (below 0 needs CAP_SYS_NICE)
+NONRT_DEFAULT_QUOTA: Final = _spec.KBP_NONRT_QUOTA_DEF  # packets per NAPI per poll, non-rt
+NICE_RANGE: Final = _spec.RANGES["nice"]  # non-rt: the poller's nice (< 0 needs CAP_SYS_NICE)
 
 # Per-poller counters (read-only), with what each counts (docs, the exporter's HELP text).
 # A name ending in _ns counts nanoseconds.

@@ -21,19 +21,24 @@ import errno
 from dataclasses import asdict, dataclass
 from typing import Any
 
-# The paper's constants (kbp_netap.h).
-MIN_INTERVAL_US = 100        # MinInterval
-MAX_INTERVAL_US = 4000       # MaxInterval
+from kbp import _spec
+
+# The paper's constants (kbp_netap.h); MinInterval and MaxInterval, the search range by
+# default, are the family spec's (module/netlink/kbp.yaml, module/kbp_spec.h).
+MIN_INTERVAL_US = _spec.KBP_NETAP_MIN_INTERVAL_US   # MinInterval
+MAX_INTERVAL_US = _spec.KBP_NETAP_MAX_INTERVAL_US   # MaxInterval
 MIN_DISTANCE_US = 30         # MinDistance
 R_NUM, R_DEN = 618, 1000     # R, kept in Q32 below
 NR_DIST = 24                 # R^1 .. R^24
 
-MIN_CHANGE_PCT_DEF = 20
-MAX_ROUND_DEF = 300
+# The restart knobs' defaults and what check_params() accepts: the spec's, as kbp_netap.c's.
+MIN_CHANGE_PCT_DEF = _spec.KBP_NETAP_MIN_CHANGE_PCT_DEF
+MAX_ROUND_DEF = _spec.KBP_NETAP_MAX_ROUND_DEF
 
-INTERVAL_US_LO, INTERVAL_US_HI = 10, 100_000
-MIN_CHANGE_PCT_LO, MIN_CHANGE_PCT_HI = 1, 1000
-MAX_ROUND_LO, MAX_ROUND_HI = 20, 1_000_000
+INTERVAL_US_LO, INTERVAL_US_HI = _spec.KBP_NETAP_INTERVAL_US_LO, _spec.KBP_NETAP_INTERVAL_US_HI
+MIN_CHANGE_PCT_LO, MIN_CHANGE_PCT_HI = (_spec.KBP_NETAP_MIN_CHANGE_PCT_LO,
+                                        _spec.KBP_NETAP_MIN_CHANGE_PCT_HI)
+MAX_ROUND_LO, MAX_ROUND_HI = _spec.KBP_NETAP_MAX_ROUND_LO, _spec.KBP_NETAP_MAX_ROUND_HI
 
 # round(R^k * 2^32) for R = 618/1000, k = 1..NR_DIST (kbp_netap_rq32, copied, not recomputed:
 # the test checks the table against the C file's)
@@ -71,16 +76,16 @@ def check_params(p: Params) -> tuple[int, str | None]:
     msg: str | None = None
     err = -errno.ERANGE
     if not INTERVAL_US_LO <= p.min_interval_us <= INTERVAL_US_HI:
-        msg = "min_interval_us out of range (10-100000)"
+        msg = f"min_interval_us out of range ({INTERVAL_US_LO}-{INTERVAL_US_HI})"
     elif not INTERVAL_US_LO <= p.max_interval_us <= INTERVAL_US_HI:
-        msg = "max_interval_us out of range (10-100000)"
+        msg = f"max_interval_us out of range ({INTERVAL_US_LO}-{INTERVAL_US_HI})"
     elif p.min_interval_us > p.max_interval_us:
         msg = "min_interval_us above max_interval_us: empty range"
         err = -errno.EINVAL
     elif not MIN_CHANGE_PCT_LO <= p.min_change_pct <= MIN_CHANGE_PCT_HI:
-        msg = "min_change out of range (1-1000 percent)"
+        msg = f"min_change out of range ({MIN_CHANGE_PCT_LO}-{MIN_CHANGE_PCT_HI} percent)"
     elif not MAX_ROUND_LO <= p.max_round <= MAX_ROUND_HI:
-        msg = "max_round out of range (20-1000000)"
+        msg = f"max_round out of range ({MAX_ROUND_LO}-{MAX_ROUND_HI})"
     return (err if msg else 0), msg
 
 

@@ -168,3 +168,29 @@ def test_a_cpus_knobs_do_not_outlive_its_last_device(kmod, topo: Topo) -> None:
         assert (p.quota, p.linger_us) == (64, 0), (p.quota, p.linger_us)
     finally:
         kbpctl("disable", nic)
+
+
+def test_the_kernels_ynl_reads_the_module(kmod, topo: Topo) -> None:
+    """The kernel's own YNL library (6.12's tools/net/ynl, what its cli.py runs) reads the
+    module's pollers and devices from the family's spec alone (docs/design.md, section 4)."""
+    repo = Path(__file__).resolve().parents[2]
+    ynl_dir = repo / ".cache/ynl-6.12"      # extracted on the host by tests/kbpctl/test_spec.py
+    python = "/usr/bin/python3"
+    if not (ynl_dir / "tools/net/ynl/lib/ynl.py").exists():
+        pytest.skip(reason=f"{ynl_dir} is not there (the host test extracts it)")
+    if subprocess.run([python, "-c", "import yaml"], capture_output=True).returncode:
+        pytest.skip(reason="the host's python3 has no PyYAML (python3-yaml), which ynl needs")
+    kmod.attach(topo.nic0, cpu=POLL_CPU, mode="hybrid", linger_us=20)
+    p = subprocess.run([python, str(repo / "tests/kbpctl/ynl_kbp.py"), str(ynl_dir),
+                        str(repo / "module/netlink/kbp.yaml"), "live"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    pollers, devices = json.loads(p.stdout)["results"]
+    assert [(x["cpu"], x["class"], x["mode"], x["linger-us"], x["napis"]) for x in pollers] == \
+        [(x.cpu, x.cls, x.mode, x.linger_us, x.napis) for x in kmod.pollers()]
+    dev = kmod.device(topo.nic0)
+    (ours,) = [d for d in devices if d["ifname"] == topo.nic0]
+    assert (ours["ifindex"], ours["state"], ours["mode"], ours["cpu"]) == \
+        (dev.ifindex, "active", "hybrid", POLL_CPU)
+    assert [(n["index"], n["cpu"]) for n in ours["napi"]] == \
+        [(n.index, n.cpu) for n in dev.napis]

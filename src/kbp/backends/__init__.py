@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from kbp import modespec, names
+from kbp import _spec, modespec, names
 from kbp.errors import InvalidInput, KbpctlError, NotRoot, OperationFailed
 from kbp.netdev import get_link
 from kbp.rps import Rps, RpsStatus
@@ -44,7 +44,7 @@ from kbp.sysinfo import (
 )
 
 DEFAULT_RT_PRIO = 50  # the priority of threaded IRQ handlers; NAPI threads run at it too
-MAX_LINGER_US = 1_000_000
+MAX_LINGER_US = _spec.KBP_LINGER_US_MAX  # the module's limit (module/netlink/kbp.yaml)
 
 
 def default_rt_prio(backend: str, mode: str) -> int:

@@ -86,7 +86,7 @@ from kbp.bench.modes import (
 )
 from kbp.bench.placement import Placement, PlacementError
 from kbp.bench.stats import summarize, tail_summary
-from kbp.testbed import Testbed, VethLink
+from kbp.bench.testbed import Testbed, VethLink
 
 LABEL_HOST = "netns+veth on the host kernel (real timings)"
 LABEL_EMULATED = "netns+veth in the VM rig guest: timings emulated (QEMU TCG), not real"

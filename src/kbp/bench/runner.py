@@ -45,7 +45,6 @@ import errno
 import json
 import os
 import random
-import signal
 import socket
 import sys
 import time
@@ -72,6 +71,7 @@ from kbp.bench import (
 )
 from kbp.bench import modes as modes_
 from kbp.bench import placement as placement_
+from kbp.bench.context import Signals
 from kbp.bench.modes import (
     SPIN_APP_CHOICES,
     AppEnv,
@@ -190,33 +190,6 @@ APP_POLICIES = ("fifo", "other")
 RunProbe = Callable[[], Callable[[dict[str, Any]], None]]
 
 
-_MAIN_PID = [0]
-_INTERRUPTED = [False]
-_HOLD = [0]                 # > 0: a mode is putting back what it changed (_signals_held)
-
-
-def _interrupt(sig: int, _frm: Any) -> None:
-    """SIGINT or SIGTERM in the benchmark process: unwind like Ctrl-C, so everything is
-    restored.  Python drops an exception raised while it runs an at-fork callback (pyroute2
-    forks to enter namespaces; logging registers one: "Exception ignored in _releaseLock"),
-    and the benchmark then ran to its end: the flag makes the next checkpoint raise it again.
-    A forked helper inherits this handler: it must just die, never run the cleanup."""
-    if os.getpid() != _MAIN_PID[0]:
-        signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)
-        return
-    _INTERRUPTED[0] = True
-    if _HOLD[0]:
-        return                  # raised when the mode is off again (_signals_held)
-    raise KeyboardInterrupt
-
-
-def _checkpoint() -> None:
-    """Raise the interrupt again if its first KeyboardInterrupt was swallowed."""
-    if _INTERRUPTED[0]:
-        raise KeyboardInterrupt
-
-
 @dataclass
 class Progress:
     """What the runner reports as it goes (the CLI draws it with rich): the planned total in
@@ -251,6 +224,8 @@ class Bench:
     rt_link_hooks: list[Callable[[], None]] = field(default_factory=list)
     _tcp: workloads.Flood | None = None
     _client_ends: steer.ClientEnds = field(default_factory=lambda: steer.ClientEnds(""))
+    # SIGINT/SIGTERM while run() runs (kbp.bench.context.Signals)
+    signals: Signals = field(default_factory=Signals)
 
     # -- planning ------------------------------------------------------------------------
     def plan(self) -> Placement:
@@ -449,88 +424,90 @@ class Bench:
         self.check()
         assert self.scenario is not None and self.placement is not None
         pl = self.placement
-        _MAIN_PID[0] = os.getpid()
-        _INTERRUPTED[0] = False
-        old_term = signal.signal(signal.SIGTERM, _interrupt)
-        old_int = signal.getsignal(signal.SIGINT)
-        if old_int is signal.default_int_handler:       # not when SIGINT is ignored
-            signal.signal(signal.SIGINT, _interrupt)
-        old_aff = os.sched_getaffinity(0)
-        emulated = machine.is_qemu_guest() if cfg.emulated is None else cfg.emulated
-        self.results = {
-            "schema": SCHEMA,
-            "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "command": cfg.command,
-            "config": cfg.to_json(),
-            "scenario": {"name": self.scenario.name, "title": self.scenario.title,
-                         "parts": list(cfg.parts or [])},
-            "testbed": self._label(emulated),
-            "emulated": emulated,
-            "machine": machine.describe(),
-            "tools": machine.tool_versions(),
-            "quiet_before": machine.quiet_report(),
-            "placement": self._placement_json(),
-            "modes": {}, "runs": [], "rfc2544": [], "idle": [], "idle_skipped": {},
-            "interrupted": False,
-            "mode_order_rule": f"seeded random permutation per repetition (--seed {cfg.seed})",
-            "mode_order": {}, "settle_after_move_s": cfg.settle_s,
-        }
-        # fresh adapters: every scenario's modes and the scenario's own (bound by its run)
-        self.modes = {**all_modes(), **self.scenario.make_modes()}
-        for m, why in availability(cfg.modes, self.modes).items():
-            self.results["modes"][m] = {"status": "skipped", "reason": why} if why else \
-                {"status": "ok"}
-            if not why:
-                self.runnable.append(m)
-        if cfg.trace:
-            self.trace_reason = trace.unavailable()
-        else:
-            self.trace_reason = "disabled (--no-trace)"
-        self.results["kernel_trace"] = self.trace_reason or "bpftrace on tracepoints"
-        self._fit_budget()
-        if self.progress:
-            self.progress.set_total(self.plan_seconds())
-        self.binary = tester.build()
-        tfs = self.tfs = trace.TraceFs()
-        stamps = timestamps_held()
-        try:
+        with contextlib.ExitStack() as stack:
+            # every restore of the run on this one stack, undone in reverse order: the
+            # testbed (and what its defer()s registered), then the run's results closed,
+            # the timestamp socket, the harness's affinity, tracefs, the signal handlers
+            stack.callback(setattr, self, "tb", None)
+            stack.enter_context(self.signals.installed())
+            old_aff = os.sched_getaffinity(0)
+            emulated = machine.is_qemu_guest() if cfg.emulated is None else cfg.emulated
+            self.results = {
+                "schema": SCHEMA,
+                "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "command": cfg.command,
+                "config": cfg.to_json(),
+                "scenario": {"name": self.scenario.name, "title": self.scenario.title,
+                             "parts": list(cfg.parts or [])},
+                "testbed": self._label(emulated),
+                "emulated": emulated,
+                "machine": machine.describe(),
+                "tools": machine.tool_versions(),
+                "quiet_before": machine.quiet_report(),
+                "placement": self._placement_json(),
+                "modes": {}, "runs": [], "rfc2544": [], "idle": [], "idle_skipped": {},
+                "interrupted": False,
+                "mode_order_rule": f"seeded random permutation per repetition (--seed {cfg.seed})",
+                "mode_order": {}, "settle_after_move_s": cfg.settle_s,
+            }
+            # fresh adapters: every scenario's modes and the scenario's own (bound by its run)
+            self.modes = {**all_modes(), **self.scenario.make_modes()}
+            for m, why in availability(cfg.modes, self.modes).items():
+                self.results["modes"][m] = {"status": "skipped", "reason": why} if why else \
+                    {"status": "ok"}
+                if not why:
+                    self.runnable.append(m)
+            if cfg.trace:
+                self.trace_reason = trace.unavailable()
+            else:
+                self.trace_reason = "disabled (--no-trace)"
+            self.results["kernel_trace"] = self.trace_reason or "bpftrace on tracepoints"
+            self._fit_budget()
+            if self.progress:
+                self.progress.set_total(self.plan_seconds())
+            self.binary = tester.build()
+            tfs = self.tfs = trace.TraceFs()
+            stack.callback(self._close_tracefs, tfs)
+            stack.callback(_set_affinity, old_aff)
+            stack.callback(timestamps_held().close)
+            stack.callback(self._finish)
+            stack.push(self._mark_interrupted)
             if not self.trace_reason:
                 tfs.ensure()
             os.sched_setaffinity(0, {pl.cpu(placement_.HARNESS)})
             for line in nicpair.recover():
                 self.note(line)
                 self.results.setdefault("recovered", []).append(line)
-            with _testbed(self.links(), self._builders()) as tb:
-                self.tb = tb
-                self._start(tb)
-                if parts.IDLE in (cfg.parts or []):
-                    parts.idle(self)
-                self.scenario.run(self)
-                if parts.RTT_TCP in (cfg.parts or []):
-                    for rep in range(cfg.reps):
-                        parts.tcp_block(self, rep)
-                _checkpoint()
-        except KeyboardInterrupt:
-            self.results["interrupted"] = True
-            raise
-        finally:
-            self.results["tails"] = pooled_tails(self.results["runs"], self.samples,
-                                                 cfg.seed)
-            self.results["finished"] = dt.datetime.now(dt.UTC).isoformat(
-                timespec="seconds")
-            self.results["quiet_after"] = machine.quiet_report()
-            stamps.close()
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(0, old_aff)
-            try:
-                tfs.close()       # waits for bpftrace to exit, then unmounts what we mounted
-            except trace.TraceFsError as e:
-                self.results.setdefault("restore_problems", []).append(str(e))
-            signal.signal(signal.SIGTERM, old_term)
-            if old_int is signal.default_int_handler:
-                signal.signal(signal.SIGINT, old_int)
-            self.tb = None
+            self.tb = tb = stack.enter_context(_testbed(self.links(), self._builders()))
+            self._start(tb)
+            if parts.IDLE in (cfg.parts or []):
+                parts.idle(self)
+            self.scenario.run(self)
+            if parts.RTT_TCP in (cfg.parts or []):
+                for rep in range(cfg.reps):
+                    parts.tcp_block(self, rep)
+            self.signals.checkpoint()
         return self.results
+
+    def _finish(self) -> None:
+        """The results' tail: pooled tails, the finishing time, how quiet the machine was."""
+        self.results["tails"] = pooled_tails(self.results["runs"], self.samples, self.cfg.seed)
+        self.results["finished"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        self.results["quiet_after"] = machine.quiet_report()
+
+    def _mark_interrupted(self, exc_type: type[BaseException] | None, *_: Any) -> bool:
+        """An exit callback: a Ctrl-C (or SIGTERM) is recorded in the results."""
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            self.results["interrupted"] = True
+        return False
+
+    def _close_tracefs(self, tfs: trace.TraceFs) -> None:
+        """Wait for bpftrace to exit, then unmount what we mounted (a failure is a restore
+        problem in the results)."""
+        try:
+            tfs.close()
+        except trace.TraceFsError as e:
+            self.results.setdefault("restore_problems", []).append(str(e))
 
     def _label(self, emulated: bool) -> str:
         if self.pair:
@@ -869,7 +846,7 @@ class Bench:
             mode.setup(self.target())
             yield
         finally:
-            with _signals_held():
+            with self.signals.held():
                 try:
                     mode.teardown()
                 except KnobError as e:
@@ -919,7 +896,7 @@ class Bench:
 
     def note(self, msg: str) -> None:
         """Say what starts now (and honour a pending Ctrl-C)."""
-        _checkpoint()                   # called as each run, trial and load starts
+        self.signals.checkpoint()       # called as each run, trial and load starts
         if self.progress:
             self.progress.note(msg)
 
@@ -927,7 +904,7 @@ class Bench:
 
     def advance(self, planned_s: float, desc: str) -> None:
         """One unit of ``planned_s`` planned seconds is done (and honour a pending Ctrl-C)."""
-        _checkpoint()
+        self.signals.checkpoint()
         if self.progress:
             self.progress.advance(planned_s, desc)
 
@@ -940,6 +917,11 @@ class Bench:
         return parts.rfc_seconds(self.cfg)
 
 
+def _set_affinity(cpus: set[int]) -> None:
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(0, cpus)
+
+
 def timestamps_held() -> socket.socket:
     """A socket that asks for receive timestamps for the whole benchmark, so the kernel's
     ``netstamp_needed_key`` stays on instead of flipping each time a tester (SO_TIMESTAMPING)
@@ -950,22 +932,6 @@ def timestamps_held() -> socket.socket:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     return s
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Ctrl-C and SIGTERM wait while a mode puts back what it changed: one arriving inside
-    ``kbpctl disable`` stopped it half way, leaving its journal (and the settings of a
-    namespace about to be deleted) behind.  The handler only notes the signal meanwhile; it
-    unwinds as usual right after.  (Blocking the signals would not do: the kernel hands a
-    process-directed signal to another thread, and Python runs the handler in this one.)"""
-    _HOLD[0] += 1
-    try:
-        yield
-    finally:
-        _HOLD[0] -= 1
-        if not _HOLD[0] and _INTERRUPTED[0]:
-            raise KeyboardInterrupt
 
 
 @contextlib.contextmanager

@@ -58,13 +58,11 @@ from pyroute2.netlink.exceptions import NetlinkError
 from kbp import names, sysinfo
 from kbp.bench import (
     machine,
-    netstats,
     nicpair,
     parts,
     rfc2544,
     scenarios,
     steer,
-    sysstat,
     tester,
     trace,
     workloads,
@@ -72,6 +70,7 @@ from kbp.bench import (
 from kbp.bench import modes as modes_
 from kbp.bench import placement as placement_
 from kbp.bench.context import Signals
+from kbp.bench.measure import idle, latency, throughput
 from kbp.bench.modes import (
     SPIN_APP_CHOICES,
     AppEnv,
@@ -82,10 +81,9 @@ from kbp.bench.modes import (
     all_modes,
     availability,
     periodic_problem,
-    search_state,
 )
 from kbp.bench.placement import Placement, PlacementError
-from kbp.bench.stats import summarize, tail_summary
+from kbp.bench.stats import tail_summary
 from kbp.bench.testbed import Testbed, VethLink
 
 LABEL_HOST = "netns+veth on the host kernel (real timings)"
@@ -622,195 +620,24 @@ class Bench:
         with self._mode(mode):
             yield mode
 
-    # -- one latency run -------------------------------------------------------------------
+    # -- the measurements (kbp.bench.measure: one module each) -----------------------------
     def latency_run(self, mode_name: str, rep: int, *, part: str, condition: str, size: int,
                     rate: float, poisson: bool, duration: float,
                     uniform_us: list[float] | None = None) -> dict[str, Any]:
-        """One RT latency run of ``mode_name``: the record, also appended to results.
-        ``uniform_us`` (MIN_US, MAX_US): inter-arrival times uniform in that range instead
-        of ``rate`` / ``poisson`` (the record's rate is then the range's mean rate)."""
-        cfg = self.cfg
-        assert self.tb is not None and self.binary is not None and self.server is not None
-        assert self.placement is not None and self.scenario is not None
-        pl = self.placement
-        mode = self.modes[mode_name]
-        desc = f"rep {rep + 1}/{cfg.reps} · {part} {condition} · {mode_name}"
-        self._note(desc)
-        if uniform_us is not None:
-            rate, poisson = tester.uniform_rate(uniform_us), False
-        rec: dict[str, Any] = {"rep": rep, "mode": mode_name, "scenario": self.scenario.name,
-                               "part": part, "condition": condition, "rate": rate,
-                               "poisson": poisson, "payload": size, "duration": duration}
-        if uniform_us is not None:
-            rec["uniform_us"] = list(uniform_us)
-        rec["waited_for_quiet_s"] = self._wait_quiet(desc)
-        rec["quiet"] = machine.quiet_report()
-        t_start = time.monotonic()
-        kt: trace.KernelTrace | None = None
-        with self._mode(mode):
-            threads = mode.threads()
-            app = self.server.pids()
-            rec["mode_setup"] = mode.describe()
-            rec["app"] = self.server.name
-            rec["app_cpu"] = self.server.cpu_now
-            rec["app_fifo"] = self.server.fifo_now
-            if not self.trace_reason:
-                kt = self.tfs.track(trace.KernelTrace(poller_pids=list(threads), app_pids=app,
-                                                      cpu=pl.cpu(placement_.HARNESS)))
-                try:
-                    kt.start()
-                except RuntimeError as e:
-                    rec["kernel_delay_error"] = str(e)
-                    kt = None
-            try:
-                ends = [probe() for probe in self.probes]
-                c0 = mode.counters()
-                s0 = sysstat.Snapshot.take(list(threads) + app)
-                res = tester.run_rtt(self.binary, self.tb.client, target_ip(self.tb), port=
-                                     workloads.SOCKPERF_PORT, size=size, rate=rate,
-                                     poisson=poisson, duration=duration, warmup=cfg.warmup,
-                                     cpu=pl.cpu(placement_.TESTER), fifo=cfg.tester_prio,
-                                     seed=cfg.seed * 1000 + rep, uniform_us=uniform_us)
-                s1 = sysstat.Snapshot.take(list(threads) + app)
-                c1 = mode.counters()
-                state = search_state(mode)
-                if state is not None:
-                    rec["search"] = state
-                for end in ends:
-                    end(rec)
-            finally:
-                kd = kt.stop() if kt is not None else {}
-        names_ = {**threads, **dict.fromkeys(app, rec["app"])}
-        rec["tester"] = res.summary
-        rec["rtt_ns"] = summarize(res.kernel_ns)
-        rec["rtt_user_ns"] = summarize(res.user_ns)
-        rec["lost"] = res.lost
-        rec["rtt_tail"] = tail_summary(res.kernel_ns, lost=res.lost, seed=cfg.seed * 1000 + rep)
-        rec["lateness_ns"] = summarize(res.late_ns)
-        rec["lateness_user_ns"] = summarize(res.late_user_ns)
-        if part == parts.RTT and rec.get("rt_cpu_rx"):
-            tsum = res.summary
-            chk = rec["rt_cpu_check"] = steer.rt_cpu_check(
-                int(rec["rt_cpu_rx"].get("packets_processed") or 0),
-                int((rec.get("heavy") or {}).get("rx_packets") or 0),
-                int(tsum.get("sent") or 0) + int(tsum.get("warmup_sent") or 0))
-        rec["sys"] = sysstat.delta(s0, s1, names_)
-        rec["poller"] = {k: (c1[k] - (c0.get(k) or 0)) for k in c1 if c1[k] is not None}
-        if kt is not None:
-            napi_id, xs, other = trace.rt_napi(kd)
-            rec["kernel_delay"] = {
-                "xmit_to_poll": xs, "xmit_to_poll_napi_id": napi_id,
-                "xmit_to_poll_other": other,
-                "netrx_raise_to_entry": {k: _nobuckets(v) for k, v in
-                                         (kd.get("netrx_raise_to_entry") or {}).items()},
-                "poller_wake_to_run": trace.merged(kd, "poller_wake_to_run"),
-                "app_wake_to_run": trace.merged(kd, "app_wake_to_run"),
-            }
-        else:
-            rec["kernel_delay"] = None
-            rec["kernel_delay_skipped"] = self.trace_reason or rec.get("kernel_delay_error")
-        key = f"{part}|{condition}|{mode_name}"
-        self.samples.setdefault(key, []).extend(res.kernel_ns)
-        self.results["runs"].append(rec)
-        rec["took_s"] = time.monotonic() - t_start
-        chk = rec.get("rt_cpu_check")
-        if chk is not None and not chk["passed"]:
-            self.results.setdefault("rt_cpu_check_failed", []).append(desc)
-            raise Aborted(
-                f"{desc}: the RT CPU processed {chk['processed']:,} packets, more than the "
-                f"heavy device's {chk['heavy_packets']:,} + {chk['requests']:,} RT requests "
-                f"allow (limit {chk['limit']:,.0f}: +{chk['margin']:.0%} + {chk['slack']}): "
-                "replies, ACKs or other receive work ran on the RT CPU, so the run would "
-                "measure the testbed, not the mode")
-        self._advance(self.latency_plan(duration), desc)
-        return rec
+        """One RT latency run of ``mode_name`` (:func:`kbp.bench.measure.latency.
+        latency_run`): the record, also appended to results."""
+        return latency.latency_run(self, mode_name, rep, part=part, condition=condition,
+                                   size=size, rate=rate, poisson=poisson, duration=duration,
+                                   uniform_us=uniform_us)
 
-    # -- one RFC 2544 search -----------------------------------------------------------------
     def rfc2544(self, mode_name: str, rep: int, frame: int) -> dict[str, Any]:
-        """One RFC 2544 zero-loss search of ``mode_name``: the record, also in results."""
-        cfg = self.cfg
-        assert self.tb is not None and self.binary is not None and self.placement is not None
-        mode = self.modes[mode_name]
-        tester_cpu = self.placement.cpu(placement_.TESTER)
-        size = rfc2544.udp_payload(frame)
-        desc = f"rep {rep + 1}/{cfg.reps} · rfc2544 {frame}B · {mode_name}"
-        self._note(desc)
-        waited = self._wait_quiet(desc)
-        quiet = machine.quiet_report()
-        t_start = time.monotonic()
-        ip = target_ip(self.tb)
+        """One RFC 2544 zero-loss search of ``mode_name`` (:func:`kbp.bench.measure.
+        throughput.search`): the record, also in results."""
+        return throughput.search(self, mode_name, rep, frame)
 
-        def trial(rate: float) -> rfc2544.Trial:
-            self._note(f"{desc} · trial {rate:,.0f} pps")
-            d0 = _drops(self.tb)
-            r = tester.run_rate(self.binary, self.tb.client if self.tb else None, ip,
-                                port=workloads.SOCKPERF_PORT, size=size, rate=rate,
-                                duration=cfg.rfc_trial, cpu=tester_cpu, fifo=cfg.tester_prio)
-            d1 = _drops(self.tb)
-            return rfc2544.Trial(rate=rate, sent=int(r["sent"]), received=int(r["received"]),
-                                 achieved_rate=float(r["achieved_pps"]),
-                                 duration_s=float(r["elapsed_s"]),
-                                 extra={"drops": {k: d1[k] - d0.get(k, 0) for k in d1}})
-
-        with self._mode(mode):
-            s0 = sysstat.Snapshot.take()
-            hi = cfg.rfc_max_pps
-            probe = None
-            if hi is None:
-                probe = trial(5_000_000.0)
-                hi = max(1000.0, round(probe.achieved_rate * 0.98, -2))
-            res = rfc2544.search(trial, hi=hi, resolution=cfg.rfc_resolution,
-                                 loss_tolerance=cfg.rfc_loss_tolerance)
-            s1 = sysstat.Snapshot.take()
-        out = {"rep": rep, "mode": mode_name, "part": "rfc2544", "frame": frame, "payload": size,
-               "throughput_pps": res.throughput,
-               "throughput_mbps": rfc2544.frame_mbps(res.throughput, frame),
-               "bound": res.bound, "hi": hi, "resolution": cfg.rfc_resolution,
-               "trial_s": cfg.rfc_trial,
-               "ceiling_probe": None if probe is None else
-               {"asked": probe.rate, "achieved_pps": probe.achieved_rate, "sent": probe.sent,
-                "received": probe.received},
-               "trials": res.trials, "sys": sysstat.delta(s0, s1),
-               "waited_for_quiet_s": waited, "quiet": quiet}
-        self.results["rfc2544"].append(out)
-        out["took_s"] = time.monotonic() - t_start
-        self._advance(self.rfc_plan(), desc)
-        return out
-
-    # -- idle cost ---------------------------------------------------------------------------
     def idle_run(self, mode_name: str) -> dict[str, Any]:
-        """``mode_name`` on, no traffic for cfg.idle_duration: CPU time of its poller threads
-        and the RT app, the CPUs' time and interrupts, the poller counters."""
-        cfg = self.cfg
-        assert self.server is not None
-        mode = self.modes[mode_name]
-        desc = f"idle cost · {mode_name} ({cfg.idle_duration:g} s, no traffic)"
-        self._note(desc)
-        rec: dict[str, Any] = {"mode": mode_name, "part": parts.IDLE,
-                               "duration": cfg.idle_duration,
-                               "waited_for_quiet_s": self._wait_quiet(desc),
-                               "quiet": machine.quiet_report()}
-        with self._mode(mode):
-            threads = mode.threads()
-            app = self.server.pids()
-            rec["app"] = self.server.name
-            rec["mode_setup"] = mode.describe()
-            time.sleep(parts.IDLE_SETTLE_S)       # setup's own work out of the window
-            c0 = mode.counters()
-            s0 = sysstat.Snapshot.take(list(threads) + app)
-            time.sleep(cfg.idle_duration)
-            s1 = sysstat.Snapshot.take(list(threads) + app)
-            c1 = mode.counters()
-            state = search_state(mode)
-            if state is not None:
-                rec["search"] = state
-        rec["poller_threads"] = {str(p): n for p, n in threads.items()}
-        rec["app_threads"] = [str(p) for p in app]
-        rec["sys"] = sysstat.delta(s0, s1, {**threads, **dict.fromkeys(app, rec["app"])})
-        rec["poller"] = {k: (c1[k] - (c0.get(k) or 0)) for k in c1 if c1[k] is not None}
-        self.results["idle"].append(rec)
-        self._advance(parts.idle_seconds(cfg), desc)
-        return rec
+        """``mode_name`` on, no traffic (:func:`kbp.bench.measure.idle.idle_run`)."""
+        return idle.idle_run(self, mode_name)
 
     # -- the TCP heavy sender ------------------------------------------------------------------
     def tcp_load(self) -> workloads.Flood:
@@ -953,38 +780,6 @@ def _testbed(links: tuple[str, ...],
         yield tb
     finally:
         tb.__exit__(None, None, None)
-
-
-def target_ip(tb: Testbed) -> str:
-    return tb.link("rt").ip_b
-
-
-def _drops(tb: Testbed | None) -> dict[str, int]:
-    """Where packets were dropped: UDP socket buffers in both namespaces, veth counters."""
-    if tb is None:
-        return {}
-    out: dict[str, int] = {}
-    for ns, tag in ((tb.server, "server"), (tb.client, "client")):
-        snmp = tb.run(ns, ["cat", "/proc/net/snmp"], check=False).stdout.splitlines()
-        udp = [line.split()[1:] for line in snmp if line.startswith("Udp:")]
-        if len(udp) == 2:
-            row = dict(zip(udp[0], (int(x) for x in udp[1]), strict=False))
-            out[f"{tag}_udp_rcvbuf_errors"] = row.get("RcvbufErrors", 0)
-            out[f"{tag}_udp_sndbuf_errors"] = row.get("SndbufErrors", 0)
-            out[f"{tag}_udp_in_errors"] = row.get("InErrors", 0)
-    link = tb.link("rt")
-    for ns, dev, tag in ((link.ns_a, link.dev_a, "client_dev"),
-                         (link.ns_b, link.dev_b, "server_dev")):
-        st = netstats.link_stats(ns, dev)
-        for way in ("rx", "tx"):
-            v = (st.get(way) or {}).get("dropped")
-            if v is not None:
-                out[f"{tag}_{way}_dropped"] = int(v)
-    return out
-
-
-def _nobuckets(s: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in s.items() if k != "buckets"}
 
 
 def seeded_order(xs: list[str], seed: int, rep: int) -> list[str]:

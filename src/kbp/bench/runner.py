@@ -35,6 +35,13 @@ Besides the scenario's parts the runner offers two of its own in every scenario
 ``--nic-pair`` (:mod:`kbp.bench.nicpair`) replaces the RT veth pair by two NIC ports through
 the testbed's ``builders``: checked before anything changes, journaled before they move, put
 back by the testbed's undo (or by the next benchmark's ``recover`` after a SIGKILL).
+
+Where the pieces are: this module plans (``BenchConfig``, ``Bench.plan``/``check``) and runs
+(``Bench.run``: every restore on one exit stack); the run context Bench extends, with the
+testbed, the RT application, the modes' lifecycle and the signals, is
+:class:`kbp.bench.context.RunContext`; the measurements are :mod:`kbp.bench.measure`
+(``latency``, ``throughput``, ``idle``), which ``latency_run``, ``rfc2544`` and ``idle_run``
+call (docs/design.md section 10).
 """
 
 from __future__ import annotations

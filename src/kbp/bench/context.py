@@ -1,8 +1,9 @@
 """The benchmark's run context: what a run holds on to and puts back.
 
 :class:`Signals` is the run's SIGINT/SIGTERM handling (its state here, not in module
-globals); :class:`RunContext` (below) is the testbed, the RT application, the modes' lifecycle
-and every restore of a run on one exit stack.
+globals); :class:`RunContext` is the testbed, the RT application, the modes' lifecycle (each
+mode on and off with its quirks) and the progress reports.  ``Bench.run``
+(:mod:`kbp.bench.runner`) puts every restore of a run on one exit stack.
 """
 
 from __future__ import annotations

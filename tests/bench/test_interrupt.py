@@ -3,7 +3,8 @@
 pyroute2 forks to enter namespaces and logging registers an at-fork callback; a
 KeyboardInterrupt raised there is swallowed by Python ("Exception ignored in ..."), and the
 benchmark used to run to its end (exit 0, test_ctrl_c_cleans_up failed now and then).  The
-runner's handler also sets a flag that its next checkpoint turns into KeyboardInterrupt.
+run context's handler (kbp.bench.context.Signals) also sets a flag that its next checkpoint
+turns into KeyboardInterrupt.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import sys
 
 SCRIPT = r"""
 import os, signal, sys
-from kbp.bench import runner
+from kbp.bench.context import Signals
 
-runner._MAIN_PID[0] = os.getpid()
-signal.signal(signal.SIGINT, runner._interrupt)
+signals = Signals(main_pid=os.getpid())
+signal.signal(signal.SIGINT, signals.handler)
 
 def after_in_parent():
     os.kill(os.getpid(), signal.SIGINT)
@@ -30,7 +31,7 @@ if pid == 0:
 os.waitpid(pid, 0)
 print("fork returned", flush=True)
 try:
-    runner._checkpoint()
+    signals.checkpoint()
 except KeyboardInterrupt:
     print("raised at the checkpoint")
     sys.exit(0)
@@ -48,12 +49,12 @@ def test_interrupt_swallowed_in_an_at_fork_callback_is_raised_again() -> None:
 
 HOLD_SCRIPT = r"""
 import os, signal, sys
-from kbp.bench import runner
+from kbp.bench.context import Signals
 
-runner._MAIN_PID[0] = os.getpid()
-signal.signal(signal.SIGINT, runner._interrupt)
+signals = Signals(main_pid=os.getpid())
+signal.signal(signal.SIGINT, signals.handler)
 try:
-    with runner._signals_held():            # a mode putting back what it changed
+    with signals.held():                    # a mode putting back what it changed
         os.kill(os.getpid(), signal.SIGINT)
         for _ in range(100000):
             pass

@@ -32,8 +32,8 @@ from test_bench_netns import (
 from kbp import rps
 from kbp.bench import modes, steer, tester, workloads
 from kbp.bench.modes import IrqSuspendMode, Target
+from kbp.bench.testbed import Testbed as VethTestbed  # not collected as a test class
 from kbp.netdev import Napi, NetdevClient, get_link
-from kbp.testbed import Testbed as VethTestbed  # not collected as a test class
 
 pytestmark = [pytest.mark.netns, pytest.mark.root]
 

@@ -17,7 +17,7 @@ from test_modes import NS, FakeKernel, T, _bench, _host
 from test_report import TWO_CPUS, _run
 from test_tester_uniform import binary, echo  # noqa: F401  (fixtures)
 
-from kbp.bench import report, runner, stats, steer, tester
+from kbp.bench import context, report, runner, stats, steer, tester
 from kbp.bench.modes import BusyPollMode, DeferMode
 from kbp.bench.runner import Bench, BenchConfig
 
@@ -94,7 +94,7 @@ def test_the_order_is_recorded() -> None:
 def test_settle_after_a_mode_that_moves_load(monkeypatch: pytest.MonkeyPatch) -> None:
     slept: list[float] = []
     b = _bench(monkeypatch)
-    monkeypatch.setattr(runner.time, "sleep", lambda s: slept.append(s))
+    monkeypatch.setattr(context.time, "sleep", lambda s: slept.append(s))
     k = _host()
     with b._mode(DeferMode(io=k)):
         pass

@@ -66,7 +66,7 @@ def _veth_pair(up: bool = True) -> Iterator[tuple[str, str]]:
     try:
         for dev, addr in ((a, "203.0.113.201/32"), (b, "203.0.113.202/32")):
             # gro: veth has NAPI; rx-udp-gro-forwarding: local UDP goes through it
-            # (kbp.testbed's docstring) -- a NIC needs neither
+            # (kbp.bench.testbed's docstring) -- a NIC needs neither
             subprocess.run(["ethtool", "-K", dev, "gro", "on", "rx-udp-gro-forwarding", "on"],
                            check=True, capture_output=True)
             _ip("addr", "add", addr, "dev", dev)

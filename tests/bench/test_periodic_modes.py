@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kbp import names
-from kbp.bench import modes, runner
+from kbp.bench import modes
 from kbp.bench.modes import PeriodicMode, Target, all_modes, availability, search_state
 from kbp.bench.runner import Aborted, Bench, BenchConfig
 from kbp.errors import InvalidInput
@@ -215,6 +215,7 @@ def test_non_periodic_modes_have_no_search_state() -> None:
 
 def test_runner_records_the_search_state_in_its_runs() -> None:
     import inspect
-    src = inspect.getsource(runner.Bench.latency_run) + inspect.getsource(
-        runner.Bench.idle_run)
+
+    from kbp.bench.measure import idle, latency
+    src = inspect.getsource(latency.latency_run) + inspect.getsource(idle.idle_run)
     assert src.count("search_state(mode)") == 2

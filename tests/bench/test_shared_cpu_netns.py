@@ -211,7 +211,7 @@ def test_heavy_device_gets_a_per_packet_napi_and_it_is_put_back() -> None:
     _skip_unless_ready()
     from kbp import sysaccess
     from kbp.bench import parts as pt
-    from kbp.testbed import set_gro
+    from kbp.bench.testbed import set_gro
     ns = f"kbpb-part{os.getpid()}"
     sysaccess.cmd(["ip", "netns", "add", ns])
     try:

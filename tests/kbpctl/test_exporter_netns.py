@@ -1,5 +1,5 @@
 """``kbpctl exporter`` scraped over HTTP on loopback while real counters move: a veth pair
-in two netns (kbp.testbed, named kbpx-*), the server side enabled with the stock backend,
+in two netns (kbp.bench.testbed, named kbpx-*), the server side enabled with the stock backend,
 UDP ping-pong through it; then the device deleted under the exporter, then disabled."""
 
 from __future__ import annotations

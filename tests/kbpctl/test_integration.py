@@ -1,6 +1,6 @@
 """kbpctl on this machine's real kernel: netns + veth testbeds (GRO on, so veth uses NAPI).
 
-Every test builds its own namespaces (kbp.testbed) and its own journal directory; teardown
+Every test builds its own namespaces (kbp.bench.testbed) and its own journal directory; teardown
 runs ``kbpctl disable --all`` and deletes the namespaces, also when a test fails.
 """
 
@@ -21,10 +21,11 @@ from typing import Any
 
 import pytest
 
-from kbp import names, sysaccess, sysinfo, testbed
+from kbp import names, sysaccess, sysinfo
+from kbp.bench import testbed
+from kbp.bench.testbed import VethLink
 from kbp.netdev import NetdevClient, get_link
 from kbp.snapshot import snapshot
-from kbp.testbed import VethLink
 
 from .conftest import UserKbpctl, netns_skip_reason
 

@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from kbp import netap, periodicd, rps, sysaccess, testbed
+from kbp import netap, periodicd, rps, sysaccess
+from kbp.bench import testbed
 from kbp.netdev import NetdevClient, NetFS, get_link
 from kbp.state import StateDir
 

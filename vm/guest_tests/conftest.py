@@ -438,7 +438,7 @@ def topo() -> Topo:
 
 
 # -- traffic ----------------------------------------------------------------------------
-UDPFLOW = [sys.executable, str(HERE / "udpflow.py")]
+UDPFLOW = [sys.executable, str(HERE.parent / "experiments" / "udpflow.py")]  # the traffic script
 
 
 class Flow:

@@ -41,6 +41,8 @@ from test_bad_input import refused
 
 from kbp.backends import DEFAULT_RT_PRIO as DEFAULT_PRIO  # kbpctl's, unless told otherwise
 
+UDPFLOW_PY = str(Path(__file__).resolve().parent.parent / "experiments" / "udpflow.py")
+
 RT_KERNEL = "-rt-" in os.environ.get("KBP_FLAVOUR", "")
 KERNEL = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
 OTHER_CPU = 1 - POLL_CPU
@@ -205,7 +207,7 @@ def test_livepatch_transition_completes_under_sustained_load(kmod, flow: Flow) -
     kmod.attach(flow.t.nic0, cpu=POLL_CPU, mode="busy", quota=1)
     flow.start_sink(timeout=300)
     senders = [subprocess.Popen(["ip", "netns", "exec", NS, "taskset", "-c", str(OTHER_CPU),
-                                 sys.executable, str(Path(__file__).parent / "udpflow.py"),
+                                 sys.executable, UDPFLOW_PY,
                                  "send", "--to", f"{flow.t.server_ip}:{flow.port}",
                                  "--count", "0", "--rate", "20000", "--burst", "64"])
                for _ in range(2)]
@@ -375,7 +377,7 @@ def veth_flow(kmod, topo: Topo) -> Iterator[str]:
        "ethtool -K kbpsa gro on rx-udp-gro-forwarding on")
     sh("ip addr add 198.18.104.2/24 dev kbpsb; ip link set kbpsb up", ns=NS)
     sender = subprocess.Popen(["ip", "netns", "exec", NS, "taskset", "-c", str(OTHER_CPU),
-                               sys.executable, str(Path(__file__).parent / "udpflow.py"),
+                               sys.executable, UDPFLOW_PY,
                                "send", "--to", "198.18.104.1:9", "--count", "0",
                                "--rate", "500"])
     yield "kbpsa"

@@ -70,7 +70,7 @@ from typing import Any
 
 from kbp.bench import modes, parts, placement, plots, report, runner, scenarios, tester, workloads
 from kbp.bench.runner import Aborted, Bench, BenchConfig, Progress
-from kbp.testbed import remove_stale, stale_namespaces
+from kbp.bench.testbed import remove_stale, stale_namespaces
 
 PRESETS: dict[str, dict[str, Any]] = {
     "full": {},

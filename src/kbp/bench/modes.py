@@ -599,7 +599,7 @@ class IrqSuspendMode(KnobMode):
     1, 8 events per call (kbp-echo's defaults, :data:`kbp.bench.workloads.ECHO_BUSY_POLL_USECS`
     ...).  The selftest's 100 x 50 us (tools/testing/selftests/net/busy_poll_test.sh, a bulk
     TCP transfer over netdevsim) does not fit this testbed: the RT device has
-    ``rx-udp-gro-forwarding`` on (:mod:`kbp.testbed`), so veth's GRO holds each request
+    ``rx-udp-gro-forwarding`` on (:mod:`kbp.bench.testbed`), so veth's GRO holds each request
     (udp4_gro_receive() -> udp_gro_receive_segment(); no socket lookup without a UDP tunnel
     socket), and while a deferral timeout is pending napi_complete_done() flushes only
     packets older than the current jiffy (gro_flush_normal(gro, flush_old=true)).  With 100

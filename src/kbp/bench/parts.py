@@ -28,11 +28,11 @@ from kbp import sysaccess
 from kbp.bench import placement as pl
 from kbp.bench import rfc2544 as rfc
 from kbp.bench import workloads
-from kbp.testbed import set_gro
+from kbp.bench.testbed import set_gro
 
 if TYPE_CHECKING:
     from kbp.bench.runner import Bench, BenchConfig
-    from kbp.testbed import VethLink
+    from kbp.bench.testbed import VethLink
 
 RTT, TABLE2, RFC2544 = "rtt", "table2", "rfc2544"
 IDLE, RTT_TCP = "idle", "rtt-tcp"

@@ -35,58 +35,52 @@ Besides the scenario's parts the runner offers two of its own in every scenario
 ``--nic-pair`` (:mod:`kbp.bench.nicpair`) replaces the RT veth pair by two NIC ports through
 the testbed's ``builders``: checked before anything changes, journaled before they move, put
 back by the testbed's undo (or by the next benchmark's ``recover`` after a SIGKILL).
+
+Where the pieces are: this module plans (``BenchConfig``, ``Bench.plan``/``check``) and runs
+(``Bench.run``: every restore on one exit stack); the run context Bench extends, with the
+testbed, the RT application, the modes' lifecycle and the signals, is
+:class:`kbp.bench.context.RunContext`; the measurements are :mod:`kbp.bench.measure`
+(``latency``, ``throughput``, ``idle``), which ``latency_run``, ``rfc2544`` and ``idle_run``
+call (docs/design.md section 10).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import errno
 import json
 import os
 import random
-import signal
 import socket
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyroute2.netlink.exceptions import NetlinkError
-
-from kbp import names, sysinfo
+from kbp import sysinfo
 from kbp.bench import (
     machine,
-    netstats,
     nicpair,
     parts,
     rfc2544,
     scenarios,
-    steer,
-    sysstat,
     tester,
     trace,
     workloads,
 )
 from kbp.bench import modes as modes_
 from kbp.bench import placement as placement_
+from kbp.bench.context import Aborted, RunContext, open_testbed
+from kbp.bench.measure import idle, latency, throughput
 from kbp.bench.modes import (
     SPIN_APP_CHOICES,
-    AppEnv,
-    AppPlace,
-    KnobError,
-    Mode,
-    Target,
     all_modes,
     availability,
     periodic_problem,
-    search_state,
 )
 from kbp.bench.placement import Placement, PlacementError
-from kbp.bench.stats import summarize, tail_summary
-from kbp.testbed import Testbed, VethLink
+from kbp.bench.stats import tail_summary
 
 LABEL_HOST = "netns+veth on the host kernel (real timings)"
 LABEL_EMULATED = "netns+veth in the VM rig guest: timings emulated (QEMU TCG), not real"
@@ -182,39 +176,7 @@ class BenchConfig:
         return d
 
 
-class Aborted(Exception):
-    pass
-
-
 APP_POLICIES = ("fifo", "other")
-RunProbe = Callable[[], Callable[[dict[str, Any]], None]]
-
-
-_MAIN_PID = [0]
-_INTERRUPTED = [False]
-_HOLD = [0]                 # > 0: a mode is putting back what it changed (_signals_held)
-
-
-def _interrupt(sig: int, _frm: Any) -> None:
-    """SIGINT or SIGTERM in the benchmark process: unwind like Ctrl-C, so everything is
-    restored.  Python drops an exception raised while it runs an at-fork callback (pyroute2
-    forks to enter namespaces; logging registers one: "Exception ignored in _releaseLock"),
-    and the benchmark then ran to its end: the flag makes the next checkpoint raise it again.
-    A forked helper inherits this handler: it must just die, never run the cleanup."""
-    if os.getpid() != _MAIN_PID[0]:
-        signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)
-        return
-    _INTERRUPTED[0] = True
-    if _HOLD[0]:
-        return                  # raised when the mode is off again (_signals_held)
-    raise KeyboardInterrupt
-
-
-def _checkpoint() -> None:
-    """Raise the interrupt again if its first KeyboardInterrupt was swallowed."""
-    if _INTERRUPTED[0]:
-        raise KeyboardInterrupt
 
 
 @dataclass
@@ -228,29 +190,13 @@ class Progress:
 
 
 @dataclass
-class Bench:
-    cfg: BenchConfig
-    progress: Progress | None = None
-    results: dict[str, Any] = field(default_factory=dict)
-    samples: dict[str, list[int]] = field(default_factory=dict)
-    modes: dict[str, Mode] = field(default_factory=dict)
+class Bench(RunContext):
+    """A benchmark: its plan (below), the run context it runs in (:class:`kbp.bench.context.
+    RunContext`: testbed, RT application, modes on and off, signals) and the measurements it
+    offers the scenarios (:mod:`kbp.bench.measure`)."""
+
     runnable: list[str] = field(default_factory=list)
-    binary: Path | None = None
-    tb: Testbed | None = None
-    server: workloads.RtApp | None = None
-    trace_reason: str | None = None
-    tfs: trace.TraceFs = field(default_factory=trace.TraceFs)
     cpus_available: Callable[[], list[int]] = placement_.available_cpus
-    scenario: scenarios.Scenario | None = None
-    placement: Placement | None = None
-    pair: tuple[str, str] | None = None      # --nic-pair (tester's port, server's), by plan()
-    # a scenario's own measurements of each latency run: called right before the tester
-    # starts (inside the mode), each returns the function that adds what it saw to the record
-    probes: list[RunProbe] = field(default_factory=list)
-    # called after the runner recreated the RT veth pair (a scenario re-applies its settings)
-    rt_link_hooks: list[Callable[[], None]] = field(default_factory=list)
-    _tcp: workloads.Flood | None = None
-    _client_ends: steer.ClientEnds = field(default_factory=lambda: steer.ClientEnds(""))
 
     # -- planning ------------------------------------------------------------------------
     def plan(self) -> Placement:
@@ -415,19 +361,6 @@ class Bench:
         self.results.setdefault("mode_order", {})[str(rep)] = order
         return order
 
-    def app_policy(self) -> str:
-        """The RT application's scheduling class in this run (--app-policy, else the
-        scenario's)."""
-        assert self.scenario is not None
-        return self.cfg.app_policy or self.scenario.app_policy
-
-    def app_words(self) -> str:
-        return f"SCHED_FIFO {self.app_fifo()}" if self.app_fifo() else "default policy"
-
-    def app_fifo(self) -> int:
-        """The app's SCHED_FIFO priority at home (0: the default policy)."""
-        return self.cfg.rt_prio + 1 if self.app_policy() == "fifo" else 0
-
     def _placement_json(self) -> dict[str, Any]:
         assert self.placement is not None
         p, cfg = self.placement, self.cfg
@@ -449,88 +382,84 @@ class Bench:
         self.check()
         assert self.scenario is not None and self.placement is not None
         pl = self.placement
-        _MAIN_PID[0] = os.getpid()
-        _INTERRUPTED[0] = False
-        old_term = signal.signal(signal.SIGTERM, _interrupt)
-        old_int = signal.getsignal(signal.SIGINT)
-        if old_int is signal.default_int_handler:       # not when SIGINT is ignored
-            signal.signal(signal.SIGINT, _interrupt)
-        old_aff = os.sched_getaffinity(0)
-        emulated = machine.is_qemu_guest() if cfg.emulated is None else cfg.emulated
-        self.results = {
-            "schema": SCHEMA,
-            "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "command": cfg.command,
-            "config": cfg.to_json(),
-            "scenario": {"name": self.scenario.name, "title": self.scenario.title,
-                         "parts": list(cfg.parts or [])},
-            "testbed": self._label(emulated),
-            "emulated": emulated,
-            "machine": machine.describe(),
-            "tools": machine.tool_versions(),
-            "quiet_before": machine.quiet_report(),
-            "placement": self._placement_json(),
-            "modes": {}, "runs": [], "rfc2544": [], "idle": [], "idle_skipped": {},
-            "interrupted": False,
-            "mode_order_rule": f"seeded random permutation per repetition (--seed {cfg.seed})",
-            "mode_order": {}, "settle_after_move_s": cfg.settle_s,
-        }
-        # fresh adapters: every scenario's modes and the scenario's own (bound by its run)
-        self.modes = {**all_modes(), **self.scenario.make_modes()}
-        for m, why in availability(cfg.modes, self.modes).items():
-            self.results["modes"][m] = {"status": "skipped", "reason": why} if why else \
-                {"status": "ok"}
-            if not why:
-                self.runnable.append(m)
-        if cfg.trace:
-            self.trace_reason = trace.unavailable()
-        else:
-            self.trace_reason = "disabled (--no-trace)"
-        self.results["kernel_trace"] = self.trace_reason or "bpftrace on tracepoints"
-        self._fit_budget()
-        if self.progress:
-            self.progress.set_total(self.plan_seconds())
-        self.binary = tester.build()
-        tfs = self.tfs = trace.TraceFs()
-        stamps = timestamps_held()
-        try:
+        with contextlib.ExitStack() as stack:
+            # every restore of the run on this one stack, undone in reverse order: the
+            # testbed (and what its defer()s registered), then the run's results closed,
+            # the timestamp socket, the harness's affinity, tracefs, the signal handlers
+            stack.callback(setattr, self, "tb", None)
+            stack.enter_context(self.signals.installed())
+            old_aff = os.sched_getaffinity(0)
+            emulated = machine.is_qemu_guest() if cfg.emulated is None else cfg.emulated
+            self.results = {
+                "schema": SCHEMA,
+                "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "command": cfg.command,
+                "config": cfg.to_json(),
+                "scenario": {"name": self.scenario.name, "title": self.scenario.title,
+                             "parts": list(cfg.parts or [])},
+                "testbed": self._label(emulated),
+                "emulated": emulated,
+                "machine": machine.describe(),
+                "tools": machine.tool_versions(),
+                "quiet_before": machine.quiet_report(),
+                "placement": self._placement_json(),
+                "modes": {}, "runs": [], "rfc2544": [], "idle": [], "idle_skipped": {},
+                "interrupted": False,
+                "mode_order_rule": f"seeded random permutation per repetition (--seed {cfg.seed})",
+                "mode_order": {}, "settle_after_move_s": cfg.settle_s,
+            }
+            # fresh adapters: every scenario's modes and the scenario's own (bound by its run)
+            self.modes = {**all_modes(), **self.scenario.make_modes()}
+            for m, why in availability(cfg.modes, self.modes).items():
+                self.results["modes"][m] = {"status": "skipped", "reason": why} if why else \
+                    {"status": "ok"}
+                if not why:
+                    self.runnable.append(m)
+            if cfg.trace:
+                self.trace_reason = trace.unavailable()
+            else:
+                self.trace_reason = "disabled (--no-trace)"
+            self.results["kernel_trace"] = self.trace_reason or "bpftrace on tracepoints"
+            self._fit_budget()
+            if self.progress:
+                self.progress.set_total(self.plan_seconds())
+            self.binary = tester.build()
+            tfs = self.tfs = trace.TraceFs()
+            stack.callback(self._close_tracefs, tfs)
+            stack.callback(_set_affinity, old_aff)
+            stack.callback(timestamps_held().close)
+            stack.callback(self._finish)
+            stack.push(self._mark_interrupted)
             if not self.trace_reason:
                 tfs.ensure()
             os.sched_setaffinity(0, {pl.cpu(placement_.HARNESS)})
             for line in nicpair.recover():
                 self.note(line)
                 self.results.setdefault("recovered", []).append(line)
-            with _testbed(self.links(), self._builders()) as tb:
-                self.tb = tb
-                self._start(tb)
-                if parts.IDLE in (cfg.parts or []):
-                    parts.idle(self)
-                self.scenario.run(self)
-                if parts.RTT_TCP in (cfg.parts or []):
-                    for rep in range(cfg.reps):
-                        parts.tcp_block(self, rep)
-                _checkpoint()
-        except KeyboardInterrupt:
-            self.results["interrupted"] = True
-            raise
-        finally:
-            self.results["tails"] = pooled_tails(self.results["runs"], self.samples,
-                                                 cfg.seed)
-            self.results["finished"] = dt.datetime.now(dt.UTC).isoformat(
-                timespec="seconds")
-            self.results["quiet_after"] = machine.quiet_report()
-            stamps.close()
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(0, old_aff)
-            try:
-                tfs.close()       # waits for bpftrace to exit, then unmounts what we mounted
-            except trace.TraceFsError as e:
-                self.results.setdefault("restore_problems", []).append(str(e))
-            signal.signal(signal.SIGTERM, old_term)
-            if old_int is signal.default_int_handler:
-                signal.signal(signal.SIGINT, old_int)
-            self.tb = None
+            self.tb = tb = stack.enter_context(open_testbed(self.links(), self._builders()))
+            self._start(tb)
+            if parts.IDLE in (cfg.parts or []):
+                parts.idle(self)
+            self.scenario.run(self)
+            if parts.RTT_TCP in (cfg.parts or []):
+                for rep in range(cfg.reps):
+                    parts.tcp_block(self, rep)
+            self.signals.checkpoint()
         return self.results
+
+    def _finish(self) -> None:
+        """The results' tail: pooled tails, the finishing time, how quiet the machine was."""
+        self.results["tails"] = pooled_tails(self.results["runs"], self.samples, self.cfg.seed)
+        self.results["finished"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        self.results["quiet_after"] = machine.quiet_report()
+
+    def _close_tracefs(self, tfs: trace.TraceFs) -> None:
+        """Wait for bpftrace to exit, then unmount what we mounted (a failure is a restore
+        problem in the results)."""
+        try:
+            tfs.close()
+        except trace.TraceFsError as e:
+            self.results.setdefault("restore_problems", []).append(str(e))
 
     def _label(self, emulated: bool) -> str:
         if self.pair:
@@ -538,406 +467,35 @@ class Bench:
                 pair=",".join(self.pair))
         return LABEL_EMULATED if emulated else LABEL_HOST
 
-    def _builders(self) -> dict[str, Callable[[Testbed, int], VethLink]]:
-        """--nic-pair: the RT link is the two ports, not a veth pair."""
-        pair = self.pair
-        return {"rt": lambda tb, i: self._nic_link(tb, i, pair)} if pair else {}
-
-    def _nic_link(self, tb: Testbed, i: int, pair: tuple[str, str]) -> VethLink:
-        """Move the ports into the namespaces (journaled first, undone by the testbed), their
-        interrupts onto the server's RT CPU and the tester's CPU, and check they talk."""
-        assert self.placement is not None
-        nics = nicpair.NicPair.record(pair)
-        nics.write_journal()
-
-        def undo() -> None:
-            for p in nics.restore():
-                self.results.setdefault("restore_problems", []).append(f"--nic-pair: {p}")
-        tb.defer(undo)
-        link = VethLink(ns_a=tb.client, dev_a=pair[0], ip_a=f"198.18.{i}.1",
-                        ns_b=tb.server, dev_b=pair[1], ip_b=f"198.18.{i}.2", kind="nic")
-        nics.tester.move(tb.client, link.ip_a, link.prefixlen)
-        nics.server.move(tb.server, link.ip_b, link.prefixlen)
-        nics.write_journal()
-        nics.server.pin_irqs(self.placement.cpu(placement_.RT))
-        nics.tester.pin_irqs(self.placement.cpu(placement_.TESTER))
-        try:
-            nicpair.wait_reachable(tb.client, link.ip_b)
-        except nicpair.NicPairError as e:
-            raise Aborted(str(e)) from e
-        self.results["nic_pair"] = {
-            **nics.to_json(), "server_irqs_cpu": self.placement.cpu(placement_.RT),
-            "tester_irqs_cpu": self.placement.cpu(placement_.TESTER)}
-        return link
-
-    def _start(self, tb: Testbed) -> None:
-        """The RT application on the RT pair; every scenario has it."""
-        assert self.placement is not None
-        rt = tb.link("rt")
-        self.results["testbed_devices"] = {name: asdict(tb.link(name)) for name in tb.link_names}
-        self._client_ends = steer.ClientEnds(tb.client)
-        tb.defer(self._client_ends.undo)
-        for name in tb.link_names:
-            self._client_end(name)
-        self.server = workloads.SockperfServer(tb.server, rt.ip_b,
-                                               self.placement.cpu(placement_.APP))
-        self.server.start()
-        self.server.place(AppPlace(self.placement.cpu(placement_.APP), self.app_fifo()))
-        tb.defer(lambda: self.server.stop() if self.server else None)   # whichever runs then
-
-    def client_end_cpu(self, link: str) -> int:
-        """Where a pair's client end processes what it receives: the tester's CPU for the
-        RT pair, else the flood sender's (the tester's if there is none); never the RT CPU."""
-        assert self.placement is not None
-        pl = self.placement
-        cpu = pl.cpu(placement_.TESTER)
-        if link != "rt" and placement_.FLOOD in pl.cpus:
-            cpu = pl.cpu(placement_.FLOOD)
-        if cpu == pl.cpu(placement_.RT):
-            raise Aborted(f"the {link} pair's client end would be steered to the RT CPU {cpu}")
-        return cpu
-
-    def _client_end(self, name: str) -> None:
-        """GRO off and RPS to client_end_cpu() on pair ``name``'s client end (also the
-        tester's NIC port with --nic-pair, whose interrupts are on the tester's CPU already;
-        put back before the port leaves the namespace: the testbed undoes in reverse)."""
-        assert self.tb is not None
-        link = self.tb.link(name)
-        self._client_ends.apply(link.dev_a, self.client_end_cpu(name))
-        self.results["client_ends"] = {
-            "what": "GRO off (no veth NAPI: replies and ACKs go through __netif_rx(), stamped "
-                    "when the server sends them) and RPS to the tester's / flood sender's CPU",
-            "devices": self._client_ends.now()}
-
-    def _use_app(self, name: str) -> None:
-        """Run the RT application ``name`` (names.RT_APPS) in place of the one running now:
-        same namespace, address, port and home CPU; the caller places it."""
-        old = self.server
-        assert old is not None
-        if old.name == name:
-            return
-        if self.progress:         # not _note: this also runs while a Ctrl-C unwinds
-            self.progress.note(f"RT application: {name} in place of {old.name}")
-        old.stop()
-        self.server = workloads.rt_app(name, old.ns, old.ip, old.cpu, old.port)
-        self.server.start()
-
-    def target(self) -> Target:
-        """The device every mode serves: the server end of the RT pair, on the RT CPU."""
-        assert self.tb is not None and self.placement is not None
-        return Target(self.tb.server, self.tb.link("rt").dev_b,
-                      self.placement.cpu(placement_.RT), self.cfg.rt_prio,
-                      periodic=self.periodic_knobs())
-
-    def periodic_knobs(self) -> dict[str, Any]:
-        """kbpctl's periodic knobs for the periodic modes: a fixed interval
-        (--interval-us), else the search's round (--round-ms)."""
-        cfg = self.cfg
-        if cfg.periodic_interval_us is not None:
-            return {"interval_us": cfg.periodic_interval_us}
-        return {"round_ms": cfg.periodic_round_ms}
-
-    @contextlib.contextmanager
-    def mode_on(self, mode_name: str) -> Iterator[Mode]:
-        """``mode_name`` on (with its quirks, as for every run of the runner's own), for a
-        scenario's own measurements; off again afterwards, also on an exception."""
-        mode = self.modes[mode_name]
-        with self._mode(mode):
-            yield mode
-
-    # -- one latency run -------------------------------------------------------------------
+    # -- the measurements (kbp.bench.measure: one module each) -----------------------------
     def latency_run(self, mode_name: str, rep: int, *, part: str, condition: str, size: int,
                     rate: float, poisson: bool, duration: float,
                     uniform_us: list[float] | None = None) -> dict[str, Any]:
-        """One RT latency run of ``mode_name``: the record, also appended to results.
-        ``uniform_us`` (MIN_US, MAX_US): inter-arrival times uniform in that range instead
-        of ``rate`` / ``poisson`` (the record's rate is then the range's mean rate)."""
-        cfg = self.cfg
-        assert self.tb is not None and self.binary is not None and self.server is not None
-        assert self.placement is not None and self.scenario is not None
-        pl = self.placement
-        mode = self.modes[mode_name]
-        desc = f"rep {rep + 1}/{cfg.reps} · {part} {condition} · {mode_name}"
-        self._note(desc)
-        if uniform_us is not None:
-            rate, poisson = tester.uniform_rate(uniform_us), False
-        rec: dict[str, Any] = {"rep": rep, "mode": mode_name, "scenario": self.scenario.name,
-                               "part": part, "condition": condition, "rate": rate,
-                               "poisson": poisson, "payload": size, "duration": duration}
-        if uniform_us is not None:
-            rec["uniform_us"] = list(uniform_us)
-        rec["waited_for_quiet_s"] = self._wait_quiet(desc)
-        rec["quiet"] = machine.quiet_report()
-        t_start = time.monotonic()
-        kt: trace.KernelTrace | None = None
-        with self._mode(mode):
-            threads = mode.threads()
-            app = self.server.pids()
-            rec["mode_setup"] = mode.describe()
-            rec["app"] = self.server.name
-            rec["app_cpu"] = self.server.cpu_now
-            rec["app_fifo"] = self.server.fifo_now
-            if not self.trace_reason:
-                kt = self.tfs.track(trace.KernelTrace(poller_pids=list(threads), app_pids=app,
-                                                      cpu=pl.cpu(placement_.HARNESS)))
-                try:
-                    kt.start()
-                except RuntimeError as e:
-                    rec["kernel_delay_error"] = str(e)
-                    kt = None
-            try:
-                ends = [probe() for probe in self.probes]
-                c0 = mode.counters()
-                s0 = sysstat.Snapshot.take(list(threads) + app)
-                res = tester.run_rtt(self.binary, self.tb.client, target_ip(self.tb), port=
-                                     workloads.SOCKPERF_PORT, size=size, rate=rate,
-                                     poisson=poisson, duration=duration, warmup=cfg.warmup,
-                                     cpu=pl.cpu(placement_.TESTER), fifo=cfg.tester_prio,
-                                     seed=cfg.seed * 1000 + rep, uniform_us=uniform_us)
-                s1 = sysstat.Snapshot.take(list(threads) + app)
-                c1 = mode.counters()
-                state = search_state(mode)
-                if state is not None:
-                    rec["search"] = state
-                for end in ends:
-                    end(rec)
-            finally:
-                kd = kt.stop() if kt is not None else {}
-        names_ = {**threads, **dict.fromkeys(app, rec["app"])}
-        rec["tester"] = res.summary
-        rec["rtt_ns"] = summarize(res.kernel_ns)
-        rec["rtt_user_ns"] = summarize(res.user_ns)
-        rec["lost"] = res.lost
-        rec["rtt_tail"] = tail_summary(res.kernel_ns, lost=res.lost, seed=cfg.seed * 1000 + rep)
-        rec["lateness_ns"] = summarize(res.late_ns)
-        rec["lateness_user_ns"] = summarize(res.late_user_ns)
-        if part == parts.RTT and rec.get("rt_cpu_rx"):
-            tsum = res.summary
-            chk = rec["rt_cpu_check"] = steer.rt_cpu_check(
-                int(rec["rt_cpu_rx"].get("packets_processed") or 0),
-                int((rec.get("heavy") or {}).get("rx_packets") or 0),
-                int(tsum.get("sent") or 0) + int(tsum.get("warmup_sent") or 0))
-        rec["sys"] = sysstat.delta(s0, s1, names_)
-        rec["poller"] = {k: (c1[k] - (c0.get(k) or 0)) for k in c1 if c1[k] is not None}
-        if kt is not None:
-            napi_id, xs, other = trace.rt_napi(kd)
-            rec["kernel_delay"] = {
-                "xmit_to_poll": xs, "xmit_to_poll_napi_id": napi_id,
-                "xmit_to_poll_other": other,
-                "netrx_raise_to_entry": {k: _nobuckets(v) for k, v in
-                                         (kd.get("netrx_raise_to_entry") or {}).items()},
-                "poller_wake_to_run": trace.merged(kd, "poller_wake_to_run"),
-                "app_wake_to_run": trace.merged(kd, "app_wake_to_run"),
-            }
-        else:
-            rec["kernel_delay"] = None
-            rec["kernel_delay_skipped"] = self.trace_reason or rec.get("kernel_delay_error")
-        key = f"{part}|{condition}|{mode_name}"
-        self.samples.setdefault(key, []).extend(res.kernel_ns)
-        self.results["runs"].append(rec)
-        rec["took_s"] = time.monotonic() - t_start
-        chk = rec.get("rt_cpu_check")
-        if chk is not None and not chk["passed"]:
-            self.results.setdefault("rt_cpu_check_failed", []).append(desc)
-            raise Aborted(
-                f"{desc}: the RT CPU processed {chk['processed']:,} packets, more than the "
-                f"heavy device's {chk['heavy_packets']:,} + {chk['requests']:,} RT requests "
-                f"allow (limit {chk['limit']:,.0f}: +{chk['margin']:.0%} + {chk['slack']}): "
-                "replies, ACKs or other receive work ran on the RT CPU, so the run would "
-                "measure the testbed, not the mode")
-        self._advance(self.latency_plan(duration), desc)
-        return rec
+        """One RT latency run of ``mode_name`` (:func:`kbp.bench.measure.latency.
+        latency_run`): the record, also appended to results."""
+        return latency.latency_run(self, mode_name, rep, part=part, condition=condition,
+                                   size=size, rate=rate, poisson=poisson, duration=duration,
+                                   uniform_us=uniform_us)
 
-    # -- one RFC 2544 search -----------------------------------------------------------------
     def rfc2544(self, mode_name: str, rep: int, frame: int) -> dict[str, Any]:
-        """One RFC 2544 zero-loss search of ``mode_name``: the record, also in results."""
-        cfg = self.cfg
-        assert self.tb is not None and self.binary is not None and self.placement is not None
-        mode = self.modes[mode_name]
-        tester_cpu = self.placement.cpu(placement_.TESTER)
-        size = rfc2544.udp_payload(frame)
-        desc = f"rep {rep + 1}/{cfg.reps} · rfc2544 {frame}B · {mode_name}"
-        self._note(desc)
-        waited = self._wait_quiet(desc)
-        quiet = machine.quiet_report()
-        t_start = time.monotonic()
-        ip = target_ip(self.tb)
+        """One RFC 2544 zero-loss search of ``mode_name`` (:func:`kbp.bench.measure.
+        throughput.search`): the record, also in results."""
+        return throughput.search(self, mode_name, rep, frame)
 
-        def trial(rate: float) -> rfc2544.Trial:
-            self._note(f"{desc} · trial {rate:,.0f} pps")
-            d0 = _drops(self.tb)
-            r = tester.run_rate(self.binary, self.tb.client if self.tb else None, ip,
-                                port=workloads.SOCKPERF_PORT, size=size, rate=rate,
-                                duration=cfg.rfc_trial, cpu=tester_cpu, fifo=cfg.tester_prio)
-            d1 = _drops(self.tb)
-            return rfc2544.Trial(rate=rate, sent=int(r["sent"]), received=int(r["received"]),
-                                 achieved_rate=float(r["achieved_pps"]),
-                                 duration_s=float(r["elapsed_s"]),
-                                 extra={"drops": {k: d1[k] - d0.get(k, 0) for k in d1}})
-
-        with self._mode(mode):
-            s0 = sysstat.Snapshot.take()
-            hi = cfg.rfc_max_pps
-            probe = None
-            if hi is None:
-                probe = trial(5_000_000.0)
-                hi = max(1000.0, round(probe.achieved_rate * 0.98, -2))
-            res = rfc2544.search(trial, hi=hi, resolution=cfg.rfc_resolution,
-                                 loss_tolerance=cfg.rfc_loss_tolerance)
-            s1 = sysstat.Snapshot.take()
-        out = {"rep": rep, "mode": mode_name, "part": "rfc2544", "frame": frame, "payload": size,
-               "throughput_pps": res.throughput,
-               "throughput_mbps": rfc2544.frame_mbps(res.throughput, frame),
-               "bound": res.bound, "hi": hi, "resolution": cfg.rfc_resolution,
-               "trial_s": cfg.rfc_trial,
-               "ceiling_probe": None if probe is None else
-               {"asked": probe.rate, "achieved_pps": probe.achieved_rate, "sent": probe.sent,
-                "received": probe.received},
-               "trials": res.trials, "sys": sysstat.delta(s0, s1),
-               "waited_for_quiet_s": waited, "quiet": quiet}
-        self.results["rfc2544"].append(out)
-        out["took_s"] = time.monotonic() - t_start
-        self._advance(self.rfc_plan(), desc)
-        return out
-
-    # -- idle cost ---------------------------------------------------------------------------
     def idle_run(self, mode_name: str) -> dict[str, Any]:
-        """``mode_name`` on, no traffic for cfg.idle_duration: CPU time of its poller threads
-        and the RT app, the CPUs' time and interrupts, the poller counters."""
-        cfg = self.cfg
-        assert self.server is not None
-        mode = self.modes[mode_name]
-        desc = f"idle cost · {mode_name} ({cfg.idle_duration:g} s, no traffic)"
-        self._note(desc)
-        rec: dict[str, Any] = {"mode": mode_name, "part": parts.IDLE,
-                               "duration": cfg.idle_duration,
-                               "waited_for_quiet_s": self._wait_quiet(desc),
-                               "quiet": machine.quiet_report()}
-        with self._mode(mode):
-            threads = mode.threads()
-            app = self.server.pids()
-            rec["app"] = self.server.name
-            rec["mode_setup"] = mode.describe()
-            time.sleep(parts.IDLE_SETTLE_S)       # setup's own work out of the window
-            c0 = mode.counters()
-            s0 = sysstat.Snapshot.take(list(threads) + app)
-            time.sleep(cfg.idle_duration)
-            s1 = sysstat.Snapshot.take(list(threads) + app)
-            c1 = mode.counters()
-            state = search_state(mode)
-            if state is not None:
-                rec["search"] = state
-        rec["poller_threads"] = {str(p): n for p, n in threads.items()}
-        rec["app_threads"] = [str(p) for p in app]
-        rec["sys"] = sysstat.delta(s0, s1, {**threads, **dict.fromkeys(app, rec["app"])})
-        rec["poller"] = {k: (c1[k] - (c0.get(k) or 0)) for k in c1 if c1[k] is not None}
-        self.results["idle"].append(rec)
-        self._advance(parts.idle_seconds(cfg), desc)
-        return rec
-
-    # -- the TCP heavy sender ------------------------------------------------------------------
-    def tcp_load(self) -> workloads.Flood:
-        """The TCP heavy sender (started once, its server stopped with the testbed)."""
-        if self._tcp is None:
-            assert self.tb is not None and self.placement is not None
-            link = self.tb.link(parts.TCP_LINK)
-            self._tcp = workloads.Flood(
-                self.tb.client, self.tb.server, link.ip_b, link.dev_b,
-                sender_cpu=self.placement.cpu(placement_.FLOOD),
-                receiver_cpu=self.placement.cpu(placement_.HEAVY),
-                length=self.cfg.tcp_len, proto="tcp", port=workloads.IPERF_TCP_PORT)
-            self._tcp.start_server()
-            self.tb.defer(self._tcp.stop_server)
-            self.tb.defer(self._tcp.stop)
-        return self._tcp
-
-    # -- helpers -------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _mode(self, mode: Mode) -> Iterator[None]:
-        """The mode on, with its quirks: a fresh RT device if it needs one, the application
-        where the mode wants it; afterwards the mode off and the application home again."""
-        assert self.server is not None and self.placement is not None
-        if mode.needs_fresh_device(self.target()):
-            self._fresh_rt_link()
-        home = AppPlace(self.placement.cpu(placement_.APP), self.app_fifo())
-        env = AppEnv(spin_app=self.cfg.spin_app,
-                     elsewhere_cpu=self.placement.cpu(placement_.TESTER),
-                     rt_prio=self.cfg.rt_prio)
-        try:
-            self._use_app(mode.app())
-            self.server.place(mode.app_place(home, env))
-            mode.setup(self.target())
-            yield
-        finally:
-            with _signals_held():
-                try:
-                    mode.teardown()
-                except KnobError as e:
-                    self.results.setdefault("restore_problems", []).append(
-                        f"{mode.name}: {e}")
-                    raise Aborted(f"mode {mode.name} could not put back what it changed: "
-                                  f"{e}") from e
-                finally:
-                    self._use_app(names.APP_SOCKPERF)
-                    self.server.place(home)
-            if mode.moves_load and self.cfg.settle_s > 0:
-                time.sleep(self.cfg.settle_s)      # the moved load settles back first
-
-    def _fresh_rt_link(self) -> None:
-        """Kernels before ~6.15 keep a NAPI's kthread after threaded=0, and the module refuses
-        a NAPI that has one (EBUSY): give the module modes a fresh RT device."""
-        assert self.tb is not None and self.server is not None
-        if self.tb.link("rt").kind != "veth":
-            raise Aborted("the RT device's NAPI kept its kthread after threaded NAPI (kernels "
-                          "before 6.15) and a NIC pair cannot be recreated: run the modes "
-                          "that thread it ("
-                          + ", ".join(modes_.named(lambda i: i.kthread))
-                          + ") and the module modes in two invocations")
-        self._note("recreating the RT veth pair (a NAPI kthread outlived threaded=0)")
-        self.server.stop()
-        self.tb.recreate_link(list(self.tb.link_names).index("rt"))
-        self.server.start()
-        self.server.place(AppPlace(self.server.cpu, self.app_fifo()))
-        self._client_end("rt")
-        for hook in self.rt_link_hooks:
-            hook()
-        self.results.setdefault("rt_link_recreated", 0)
-        self.results["rt_link_recreated"] += 1
-
-    def _wait_quiet(self, desc: str) -> float:
-        """Wait (up to the budget left of --wait-quiet) while a QEMU process runs."""
-        if self.cfg.wait_quiet_s <= 0:
-            return 0.0
-        waited = 0.0
-        spent = self.results.get("waited_for_quiet_s", 0.0)
-        while machine.qemu_running() and spent + waited < self.cfg.wait_quiet_s:
-            self._note(f"{desc} · waiting for QEMU to finish ({waited:.0f} s)")
-            time.sleep(2.0)
-            waited += 2.0
-        self.results["waited_for_quiet_s"] = spent + waited
-        return waited
-
-    def note(self, msg: str) -> None:
-        """Say what starts now (and honour a pending Ctrl-C)."""
-        _checkpoint()                   # called as each run, trial and load starts
-        if self.progress:
-            self.progress.note(msg)
-
-    _note = note
-
-    def advance(self, planned_s: float, desc: str) -> None:
-        """One unit of ``planned_s`` planned seconds is done (and honour a pending Ctrl-C)."""
-        _checkpoint()
-        if self.progress:
-            self.progress.advance(planned_s, desc)
-
-    _advance = advance
+        """``mode_name`` on, no traffic (:func:`kbp.bench.measure.idle.idle_run`)."""
+        return idle.idle_run(self, mode_name)
 
     def latency_plan(self, duration: float) -> float:
         return parts.latency_seconds(self.cfg, duration)
 
     def rfc_plan(self) -> float:
         return parts.rfc_seconds(self.cfg)
+
+
+def _set_affinity(cpus: set[int]) -> None:
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(0, cpus)
 
 
 def timestamps_held() -> socket.socket:
@@ -950,75 +508,6 @@ def timestamps_held() -> socket.socket:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     return s
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Ctrl-C and SIGTERM wait while a mode puts back what it changed: one arriving inside
-    ``kbpctl disable`` stopped it half way, leaving its journal (and the settings of a
-    namespace about to be deleted) behind.  The handler only notes the signal meanwhile; it
-    unwinds as usual right after.  (Blocking the signals would not do: the kernel hands a
-    process-directed signal to another thread, and Python runs the handler in this one.)"""
-    _HOLD[0] += 1
-    try:
-        yield
-    finally:
-        _HOLD[0] -= 1
-        if not _HOLD[0] and _INTERRUPTED[0]:
-            raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def _testbed(links: tuple[str, ...],
-             builders: dict[str, Callable[[Testbed, int], VethLink]] | None = None,
-             ) -> Iterator[Testbed]:
-    """The benchmark's testbed: namespaces kbpb-<tag>-c/s, one veth pair per name in
-    ``links`` (devices <name>-c-<tag> / <name>-s-<tag>; the first is the RT pair), except the
-    links ``builders`` make (--nic-pair)."""
-    tb = Testbed(link_names=links, prefix="kbpb", builders=builders or {})
-    try:
-        tb.__enter__()
-    except NetlinkError as e:
-        if e.code == errno.EOPNOTSUPP:
-            raise Aborted("cannot create veth pairs (Operation not supported): the veth "
-                          "driver is not loaded; load it with 'modprobe veth'") from e
-        raise
-    try:
-        yield tb
-    finally:
-        tb.__exit__(None, None, None)
-
-
-def target_ip(tb: Testbed) -> str:
-    return tb.link("rt").ip_b
-
-
-def _drops(tb: Testbed | None) -> dict[str, int]:
-    """Where packets were dropped: UDP socket buffers in both namespaces, veth counters."""
-    if tb is None:
-        return {}
-    out: dict[str, int] = {}
-    for ns, tag in ((tb.server, "server"), (tb.client, "client")):
-        snmp = tb.run(ns, ["cat", "/proc/net/snmp"], check=False).stdout.splitlines()
-        udp = [line.split()[1:] for line in snmp if line.startswith("Udp:")]
-        if len(udp) == 2:
-            row = dict(zip(udp[0], (int(x) for x in udp[1]), strict=False))
-            out[f"{tag}_udp_rcvbuf_errors"] = row.get("RcvbufErrors", 0)
-            out[f"{tag}_udp_sndbuf_errors"] = row.get("SndbufErrors", 0)
-            out[f"{tag}_udp_in_errors"] = row.get("InErrors", 0)
-    link = tb.link("rt")
-    for ns, dev, tag in ((link.ns_a, link.dev_a, "client_dev"),
-                         (link.ns_b, link.dev_b, "server_dev")):
-        st = netstats.link_stats(ns, dev)
-        for way in ("rx", "tx"):
-            v = (st.get(way) or {}).get("dropped")
-            if v is not None:
-                out[f"{tag}_{way}_dropped"] = int(v)
-    return out
-
-
-def _nobuckets(s: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in s.items() if k != "buckets"}
 
 
 def seeded_order(xs: list[str], seed: int, rep: int) -> list[str]:

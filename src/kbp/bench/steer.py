@@ -195,7 +195,7 @@ class ClientEnds:
     journal: sysaccess.Journal = field(default_factory=sysaccess.Journal)
 
     def apply(self, dev: str, cpu: int) -> None:
-        from kbp.testbed import set_gro
+        from kbp.bench.testbed import set_gro
         if dev not in self.before:
             self.before[dev] = gro, masks = gro_on(self.netns, dev), read_rps(self.netns, dev)
             self.journal.defer(self._put_back, dev, gro, masks)
@@ -208,7 +208,7 @@ class ClientEnds:
                                f"reads {got})")
 
     def _put_back(self, dev: str, gro: bool, masks: dict[str, str]) -> None:
-        from kbp.testbed import set_gro
+        from kbp.bench.testbed import set_gro
         write_rps(self.netns, dev, masks)
         set_gro(self.netns, dev, gro)
 

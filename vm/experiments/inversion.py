@@ -7,9 +7,9 @@ prefixed ``INVERSION-RESULT ``).  From the repository root on the host:
         --env PYTHONPATH=$PWD/src \\
         --qemu-arg=-netdev --qemu-arg=hubport,id=n2,hubid=0 \\
         --qemu-arg=-device --qemu-arg=virtio-net-pci,netdev=n2,mac=52:54:00:4b:50:02 \\
-        -- .venv/bin/python vm/guest_tests/inversion.py run --no-parse --seconds 12 \\
+        -- .venv/bin/python vm/experiments/inversion.py run --no-parse --seconds 12 \\
         --configs busy:51:shared,busy:50:shared,hybrid:50:shared,hybrid:51:shared
-    .venv/bin/python vm/guest_tests/inversion.py parse /tmp/inv --table   # on the host
+    .venv/bin/python vm/experiments/inversion.py parse /tmp/inv --table   # on the host
 
 The ``--qemu-arg`` pair adds a third NIC on the rig's hub (MAC :02), which the script puts in
 netns kbpflood to send the flood; without it the flood leaves through NIC0, whose TX
@@ -437,7 +437,7 @@ def irq_counts(prefix: str, cpu: int) -> dict[str, int]:
 
 class Driver:
     def __init__(self, args: argparse.Namespace) -> None:
-        sys.path.insert(0, str(HERE))
+        sys.path.insert(0, str(HERE.parent / "guest_tests"))
         import conftest as c  # the suite's topology helpers (guest only)
         self.c = c
         self.args = args

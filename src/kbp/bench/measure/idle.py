@@ -1,0 +1,48 @@
+"""One mode's idle cost: the mode on with no traffic, the CPU time of its poller threads and
+the RT application, the CPUs' time and interrupts, the poller counters."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from kbp.bench import machine, parts, sysstat
+from kbp.bench.modes import search_state
+
+if TYPE_CHECKING:
+    from kbp.bench.runner import Bench
+
+
+def idle_run(bench: Bench, mode_name: str) -> dict[str, Any]:
+    """``mode_name`` on, no traffic for cfg.idle_duration: CPU time of its poller threads
+    and the RT app, the CPUs' time and interrupts, the poller counters."""
+    cfg = bench.cfg
+    assert bench.server is not None
+    mode = bench.modes[mode_name]
+    desc = f"idle cost · {mode_name} ({cfg.idle_duration:g} s, no traffic)"
+    bench.note(desc)
+    rec: dict[str, Any] = {"mode": mode_name, "part": parts.IDLE,
+                           "duration": cfg.idle_duration,
+                           "waited_for_quiet_s": bench._wait_quiet(desc),
+                           "quiet": machine.quiet_report()}
+    with bench._mode(mode):
+        threads = mode.threads()
+        app = bench.server.pids()
+        rec["app"] = bench.server.name
+        rec["mode_setup"] = mode.describe()
+        time.sleep(parts.IDLE_SETTLE_S)       # setup's own work out of the window
+        c0 = mode.counters()
+        s0 = sysstat.Snapshot.take(list(threads) + app)
+        time.sleep(cfg.idle_duration)
+        s1 = sysstat.Snapshot.take(list(threads) + app)
+        c1 = mode.counters()
+        state = search_state(mode)
+        if state is not None:
+            rec["search"] = state
+    rec["poller_threads"] = {str(p): n for p, n in threads.items()}
+    rec["app_threads"] = [str(p) for p in app]
+    rec["sys"] = sysstat.delta(s0, s1, {**threads, **dict.fromkeys(app, rec["app"])})
+    rec["poller"] = {k: (c1[k] - (c0.get(k) or 0)) for k in c1 if c1[k] is not None}
+    bench.results["idle"].append(rec)
+    bench.advance(parts.idle_seconds(cfg), desc)
+    return rec

@@ -3,9 +3,9 @@
 A checkout in a directory other users cannot enter (a clone under /root, mode 0700, or any
 ``mktemp -d``) broke every test that runs kbpctl as an unprivileged user: they ran the
 checkout's own .venv.  CI's clone is not in such a directory, so this test makes one: it
-copies this checkout's src, tests and vm into a fresh 0700 directory, gives the copy a
-.venv of its own (its kbp is the copy's src/, editable-style; the dependencies are this
-environment's), and runs the tests marked ``unprivileged`` there, collected from the paths
+copies this checkout's src, tests, vm, tools and module into a fresh 0700 directory, gives
+the copy a .venv of its own (its kbp is the copy's src/, editable-style; the dependencies are
+this environment's), and runs the tests marked ``unprivileged`` there, collected from the paths
 ``make test-host`` collects.  About 20 s.
 """
 
@@ -32,9 +32,11 @@ def _private_checkout(top: Path) -> Path:
     co = top / "kbp"
     co.mkdir()
     shutil.copy2(REPO / "pyproject.toml", co)
-    for d in ("src", "tests", "vm"):
+    # tools/ and module/: the spec test reads the netlink spec and what it generates
+    for d in ("src", "tests", "vm", "tools", "module"):
         shutil.copytree(REPO / d, co / d,
-                        ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+                        ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache", "*.o",
+                                                      "*.ko", ".*.cmd", "*.mod*"))
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", "--without-pip", str(co / ".venv")], check=True,
                    capture_output=True)

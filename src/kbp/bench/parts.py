@@ -205,12 +205,18 @@ def flood_words(results: dict[str, Any]) -> str:
     return f"a UDP flood ({f.get('payload_bytes', 64)} B iperf3 datagrams)"
 
 
+# What iperf3's client says when its server is still finishing the previous test: "the
+# server is busy", or, when the server drops the new control connection meanwhile (seen on
+# 2026-11-27 with the heavy receiver on a loaded RT CPU), a reset of that connection.
+SERVER_NOT_DONE = ("busy", "unable to receive control message: Connection reset by peer")
+
+
 class Patient:
     """The flood, started again when iperf3's server still reports the previous test (with
     the heavy receiver on the busy RT CPU it can take a moment to finish one)."""
 
-    def __init__(self, flood: workloads.Flood, tries: int = 6) -> None:
-        self.flood, self.tries = flood, tries
+    def __init__(self, flood: workloads.Flood, tries: int = 6, pause: float = 1.0) -> None:
+        self.flood, self.tries, self.pause = flood, tries, pause
 
     def start(self) -> None:
         for i in range(self.tries):
@@ -218,9 +224,9 @@ class Patient:
                 self.flood.start()
                 return
             except RuntimeError as e:
-                if "busy" not in str(e) or i == self.tries - 1:
+                if not any(s in str(e) for s in SERVER_NOT_DONE) or i == self.tries - 1:
                     raise
-                time.sleep(1.0)
+                time.sleep(self.pause)
 
     def stop(self) -> dict[str, Any]:
         return self.flood.stop()

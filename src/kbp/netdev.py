@@ -29,18 +29,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pyroute2.netlink import (
-    CTRL_CMD_GETPOLICY,
     GENL_ID_CTRL,
     NLM_F_ACK,
     NLM_F_DUMP,
     NLM_F_REQUEST,
-    ctrlmsg,
     genlmsg,
 )
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic import GenericNetlinkSocket
 
 from kbp.errors import InvalidInput, OperationFailed
+from kbp.genlctrl import CTRL_CMD_GETPOLICY, ctrlmsg
 
 if TYPE_CHECKING:
     from pyroute2.iproute import IPRoute
@@ -201,6 +200,7 @@ class NetdevClient:
             if netns:
                 kw.update(netns=netns, flags=0)
             sock = GenericNetlinkSocket(**kw)
+            sock.module_err_level = "debug"  # no netdev family: handled below, not logged
             try:
                 sock.bind("netdev", napi_get_msg)
             except BaseException:

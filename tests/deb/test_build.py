@@ -91,6 +91,7 @@ def test_kbpctl_has_the_command_units_config_profile_and_man_page(
     depends = field(path, "Depends")
     for dep in ("python3-pyroute2", "python3-rich", "python3-prometheus-client", "python3"):
         assert dep in depends, depends
+    assert "matplotlib" not in depends and "matplotlib" in field(path, "Suggests")
     assert "kbp-dkms" in field(path, "Recommends")
 
 

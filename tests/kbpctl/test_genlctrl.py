@@ -1,5 +1,5 @@
-"""kbp.genlctrl: the controller's policy attributes decode on Debian 12's pyroute2 (0.7.2),
-which the kbpctl Debian package runs on, as on the venv's.
+"""kbpctl on Debian 12's pyroute2 (0.7.2), which the kbpctl Debian package runs on: the
+controller's policy attributes (kbp.genlctrl) and sockets in a named netns (netdev.in_netns).
 
 Run against this machine's kernel (a read-only generic netlink dump, no root, no netns):
 kbp's own message class (the one used with pyroute2 0.7.2) must read the ``netdev``
@@ -9,6 +9,9 @@ policies itself.
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -37,3 +40,36 @@ def test_kbp_ctrlmsg_reads_the_napi_set_policy(client: netdev.NetdevClient,
     if genlctrl._decodes_policies():
         monkeypatch.setattr(netdev, "ctrlmsg", genlctrl._nl.ctrlmsg)
         assert client._op_policy(netdev.NETDEV_CMD_NAPI_SET) == ours
+
+
+class _OldIPRoute:
+    """IPRoute as Debian 12's pyroute2 0.7.2 has it: no ``netns=`` keyword."""
+
+    def __new__(cls, **kw: object) -> object:
+        if "netns" in kw:
+            raise TypeError("NetlinkSocketBase.__init__() got an unexpected keyword "
+                            "argument 'netns'")
+        from pyroute2.iproute import IPRoute
+        return IPRoute(**kw)
+
+
+@pytest.mark.root
+@pytest.mark.netns
+def test_in_netns_without_the_netns_keyword() -> None:
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and ip(8)")
+    ns = f"kbp-compat-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "add", "kbpc0", "type", "veth", "peer", "name",
+                        "kbpc1"], check=True)
+        home = os.stat("/proc/thread-self/ns/net").st_ino
+        with netdev.in_netns(_OldIPRoute, ns) as ipr:
+            names = {link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
+        assert names == {"lo", "kbpc0", "kbpc1"}
+        assert os.stat("/proc/thread-self/ns/net").st_ino == home
+        with pytest.raises(FileNotFoundError):
+            netdev.in_netns(_OldIPRoute, f"{ns}-missing")
+        assert not os.path.exists(f"/run/netns/{ns}-missing")
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)

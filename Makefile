@@ -12,6 +12,8 @@
 #                    13's 6.12 and 6.12-rt (why: vm/README.md, "Which flavours run what")
 #   make test-vm-all the whole in-guest suite on every flavour (before a release; ~2.5 h)
 #   make module      build kbp.ko against the headers of KDIR (default: running kernel)
+#   make deb         the Debian packages kbp-dkms and kbpctl in out/deb/ (packaging/deb.sh:
+#                    installs its build dependencies, runs lintian; docs/packaging.md)
 
 PY      := .venv/bin/python
 # The VM suite: the whole of it on one flavour with SLUB debugging (poisoned frees, red
@@ -30,7 +32,7 @@ BUILD_FLAVOURS ?= 7.2-amd64 deb13-6.12-amd64 deb13-6.12-rt-amd64
 ALL_FLAVOURS ?= 6.12-amd64 6.12-rt-amd64 6.1-amd64 7.2-amd64 7.2-rt-amd64 \
 		deb13-6.12-amd64 deb13-6.12-rt-amd64
 
-.PHONY: all setup lint test test-host test-vm test-vm-all demo module clean
+.PHONY: all setup lint test test-host test-vm test-vm-all demo module deb clean
 
 all: test
 
@@ -45,7 +47,8 @@ lint: setup
 test-host: setup
 	$(PY) -m pytest -q -ra tests vm/tests
 
-test-vm: setup
+# deb: the in-guest package test installs out/deb's packages (skips without them)
+test-vm: setup deb
 	@rc=0; \
 	$(PY) -m vm test $(DEBUG_FLAVOUR) --append "$(DEBUG_APPEND)" --timeout $(VM_TIMEOUT) \
 		-- -m "not long" || rc=1; \
@@ -64,6 +67,9 @@ demo: setup
 
 module:
 	$(MAKE) -C module
+
+deb:
+	packaging/deb.sh
 
 clean:
 	$(MAKE) -C module clean KDIR=$${KDIR:-/usr/src/linux-headers-6.12.117+deb12-amd64} || true

@@ -9,8 +9,13 @@ cd "$(dirname "$0")/.."
 
 # The VM rig's packages (QEMU, module build, guest tools: see vm/setup.sh) plus
 #   linux-source-6.12  for checkpatch.pl;  util-linux  for setpriv and taskset;
-#   dkms  to test the DKMS build (tests/module)
-APT_PACKAGES="linux-source-6.12 util-linux dkms"
+#   dkms  to test the DKMS build (tests/module) and the kbp-dkms package (VM);
+#   dpkg-dev lintian  make deb and its tests (tests/deb), with the build dependencies of
+#     packaging/debian/control (apt-get build-dep, below);
+#   python3-prometheus-client  with python3-pyroute2 and python3-rich (build dependencies):
+#     the kbpctl package's Depends, which the VM package test installs it against (the
+#     guest runs this machine's userland and has no apt mirror)
+APT_PACKAGES="linux-source-6.12 util-linux dkms dpkg-dev lintian python3-prometheus-client"
 
 missing() {
 	for p in $APT_PACKAGES; do
@@ -29,6 +34,25 @@ if [ "${KBP_SETUP_SKIP_APT:-0}" != 1 ]; then
 		# shellcheck disable=SC2086
 		apt-get install -y -qq --no-install-recommends $need >/dev/null
 	fi
+	if ! dpkg-checkbuilddeps packaging/debian/control >/dev/null 2>&1; then
+		[ "$(id -u)" = 0 ] || { echo "setup: need root to install make deb's build" \
+			"dependencies (apt-get build-dep ./packaging)" >&2; exit 1; }
+		echo "setup: installing the build dependencies of packaging/debian/control"
+		export DEBIAN_FRONTEND=noninteractive
+		apt-get build-dep -y -qq ./packaging >/dev/null
+	fi
+fi
+
+# tuned's profile loader and profiles for tests/deb/test_tuned.py: Debian's tuned package
+# unpacked, not installed (it would pull in dbus and polkitd; its daemon cannot run here)
+TUNED=.cache/tuned
+if [ ! -f "$TUNED/root/usr/lib/python3/dist-packages/tuned/profiles/loader.py" ] &&
+   [ "${KBP_SETUP_SKIP_APT:-0}" != 1 ]; then
+	echo "setup: unpacking Debian's tuned into $TUNED"
+	rm -rf "$TUNED" && mkdir -p "$TUNED"
+	(cd "$TUNED" && apt-get download -q tuned >/dev/null 2>&1 &&
+		dpkg-deb -x tuned_*.deb root && rm -f tuned_*.deb) ||
+		echo "setup: could not fetch tuned: tests/deb/test_tuned.py will skip" >&2
 fi
 
 # checkpatch.pl and its data files, from Debian's kernel source tarball

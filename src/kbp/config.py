@@ -254,8 +254,9 @@ def load(path: Path = DEFAULT_PATH) -> Config:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise InvalidInput(f"no config file {path}: write one (see kbp.toml.example in the "
-                           "kbp package data, or docs/kbpctl.md) or pass --config") from None
+        raise InvalidInput(f"no config file {path}: write one (from /etc/kbp/kbp.toml.example "
+                           "of the kbpctl package, kbp/data/kbp.toml.example of the Python "
+                           "package, or docs/kbpctl.md) or pass --config") from None
     return parse(text, path)
 
 

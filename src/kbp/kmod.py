@@ -461,6 +461,9 @@ class Client:
 
     def __init__(self) -> None:
         sock = GenericNetlinkSocket(ext_ack=True)
+        # a missing family is ModuleNotLoaded below, not an error for pyroute2 to log
+        # (pyroute2 0.7, Debian 12's, logs it on the root logger)
+        sock.module_err_level = "debug"
         try:
             sock.bind(KBP_GENL_NAME, kbpmsg)
         except NetlinkError as e:

@@ -22,17 +22,16 @@ import contextlib
 import errno
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyroute2.netlink import (
-    CTRL_CMD_GETPOLICY,
     GENL_ID_CTRL,
     NLM_F_ACK,
     NLM_F_DUMP,
     NLM_F_REQUEST,
-    ctrlmsg,
     genlmsg,
 )
 from pyroute2.netlink.exceptions import NetlinkError
@@ -40,11 +39,13 @@ from pyroute2.netlink.generic import GenericNetlinkSocket
 
 from kbp import sysaccess
 from kbp.errors import InvalidInput, OperationFailed
+from kbp.genlctrl import CTRL_CMD_GETPOLICY, ctrlmsg
 
 if TYPE_CHECKING:
     from pyroute2.iproute import IPRoute
 
 NETNS_DIR = Path("/run/netns")
+T = TypeVar("T")
 
 NETDEV_CMD_NAPI_GET = 11
 NETDEV_CMD_NAPI_SET = 14
@@ -196,10 +197,8 @@ class NetdevClient:
         self.sock: GenericNetlinkSocket | None = None
         self._features: NetdevFeatures | None = None
         try:
-            kw: dict[str, Any] = {"ext_ack": True}
-            if netns:
-                kw.update(netns=netns, flags=0)
-            sock = GenericNetlinkSocket(**kw)
+            sock = in_netns(GenericNetlinkSocket, netns, ext_ack=True)
+            sock.module_err_level = "debug"  # no netdev family: handled below, not logged
             try:
                 sock.bind("netdev", napi_get_msg)
             except BaseException:
@@ -353,7 +352,47 @@ class Link:
 
 def _iproute(netns: str | None) -> IPRoute:
     from pyroute2.iproute import IPRoute  # only when a link is looked up (~40 ms import)
-    return IPRoute(netns=netns, flags=0) if netns else IPRoute()
+    return in_netns(IPRoute, netns)
+
+
+_CLONE_NEWNET = 0x40000000
+
+
+def in_netns(factory: Callable[..., T], netns: str | None, **kw: Any) -> T:
+    """``factory(**kw)``, a pyroute2 socket, opened in the named netns (None: ours).
+
+    pyroute2 0.9 takes ``netns=NAME, flags=0`` (0: never create it). Debian 12's 0.7.2,
+    which the kbpctl package runs on, has no such keyword: there the calling thread enters
+    the netns with setns(2) while the socket is made (a socket stays in the netns it was
+    made in) and goes back at once."""
+    if not netns:
+        return factory(**kw)
+    try:
+        return factory(netns=netns, flags=0, **kw)
+    except TypeError as e:
+        if "netns" not in str(e):
+            raise
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    target = os.open(NETNS_DIR / netns, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    except BaseException:
+        os.close(target)
+        raise
+    try:
+        if libc.setns(target, _CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns to netns {netns}: {os.strerror(err)}")
+        try:
+            return factory(**kw)
+        finally:
+            if libc.setns(home, _CLONE_NEWNET) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"setns back from netns {netns}: {os.strerror(err)}")
+    finally:
+        os.close(target)
+        os.close(home)
 
 
 def get_link(dev: str | int, netns: str | None = None) -> Link | None:

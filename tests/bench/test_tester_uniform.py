@@ -21,7 +21,7 @@ from kbp.bench import tester
 @pytest.fixture(scope="module")
 def binary() -> Path:
     if shutil.which("gcc") is None and shutil.which("cc") is None:
-        pytest.skip("no C compiler")
+        pytest.skip(reason="no C compiler (gcc or cc): the tester is built from C")
     return tester.build()
 
 

@@ -33,7 +33,7 @@ def unmet_build_deps() -> str:
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     unmet = unmet_build_deps()
     if unmet:
-        pytest.skip(f"build dependencies missing ({unmet}): scripts/setup.sh installs them, "
+        pytest.skip(reason=f"build dependencies missing ({unmet}): scripts/setup.sh installs them, "
                     "as make deb does")
     out = tmp_path_factory.mktemp("deb")
     p = subprocess.run([str(REPO / "packaging" / "deb.sh")], capture_output=True, text=True,
@@ -128,7 +128,7 @@ def test_units_and_maintainer_scripts(built: tuple[Path, str], tmp_path: Path) -
 def test_lintian_is_clean(built: tuple[Path, str]) -> None:
     _, log = built
     if "lintian is not installed" in log:
-        pytest.skip("lintian is not installed (scripts/setup.sh installs it)")
+        pytest.skip(reason="lintian is not installed (scripts/setup.sh installs it)")
     assert "deb: lintian: no errors" in log, log[-3000:]
     tags = [ln for ln in log.splitlines() if ln[:3] in ("E: ", "W: ", "I: ", "P: ", "X: ")]
     assert tags == [], "lintian tags without an override (docs/packaging.md):\n" + \

@@ -51,8 +51,8 @@ def tuned_root() -> Path | None:
 def load(profile_dir: Path, name: str) -> dict:
     root = tuned_root()
     if root is None:
-        pytest.skip(f"tuned's profile loader is neither unpacked in {UNPACKED} nor installed "
-                    "(scripts/setup.sh unpacks Debian's tuned package there)")
+        pytest.skip(reason=f"tuned's profile loader is neither unpacked in {UNPACKED} nor "
+                    "installed (scripts/setup.sh unpacks Debian's tuned package there)")
     p = subprocess.run(
         [sys.executable, "-c", LOAD, f"{root}/usr/lib/tuned:{profile_dir}",
          str(root / "etc/tuned/tuned-main.conf"), name],

@@ -23,7 +23,7 @@ from kbp import genlctrl, netdev
 def client() -> Iterator[netdev.NetdevClient]:
     c = netdev.NetdevClient()
     if c.sock is None or not c.features().napi_set:
-        pytest.skip("this kernel has no netdev napi-set (Linux 6.13+)")
+        pytest.skip(reason="this kernel has no netdev napi-set (Linux 6.13+)")
     yield c
 
 

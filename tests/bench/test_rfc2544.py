@@ -98,3 +98,46 @@ def test_frame_sizes() -> None:
     with pytest.raises(ValueError):
         rfc2544.udp_payload(59)
     assert rfc2544.frame_mbps(1_000_000 / 8 / 64 * 80, 64) == pytest.approx(80.0)
+
+
+# -- a tester that has to be killed (measure/throughput.py) -----------------------------------
+
+def _fake_trial(finishes_at: float, calls: list[float], achieved: float = 0.9):
+    from kbp.bench.measure import throughput
+
+    def trial(rate: float) -> rfc2544.Trial:
+        calls.append(rate)
+        if rate > finishes_at:
+            return throughput.timed_out(rate, 32.5, f"killed at {rate:g}")
+        return rfc2544.Trial(rate=rate, sent=int(rate), received=int(rate),
+                             achieved_rate=rate * achieved)
+    return trial
+
+
+def test_a_killed_trial_fails_and_says_why():
+    from kbp.bench.measure import throughput
+
+    t = throughput.timed_out(5e6, 32.5, "tester still running")
+    ok, limited = rfc2544._passes(t, 0.0, 0.97)
+    assert not ok and limited
+    res = rfc2544.search(_fake_trial(1e5, [], achieved=1.0), hi=4e5, resolution=0.05)
+    assert res.trials[0]["tester_timeout"] == "killed at 400000"
+    assert not res.trials[0]["passed"]
+    assert 0 < res.throughput <= 1e5
+
+
+def test_the_ceiling_probe_steps_down_past_a_killed_tester():
+    from kbp.bench.measure import throughput
+
+    calls: list[float] = []
+    probe = throughput.ceiling_probe(_fake_trial(1e6, calls))
+    assert calls == [5e6, 1e6]
+    assert probe.rate == 1e6 and probe.achieved_rate == 0.9e6
+    assert probe.extra["timed_out_at"] == [5e6]
+    calls.clear()
+    probe = throughput.ceiling_probe(_fake_trial(1e7, calls))
+    assert calls == [5e6] and "timed_out_at" not in probe.extra
+    calls.clear()
+    probe = throughput.ceiling_probe(_fake_trial(10.0, calls))     # nothing finishes
+    assert calls == list(throughput.PROBE_RATES)
+    assert "tester_timeout" in probe.extra and probe.achieved_rate == 0.0

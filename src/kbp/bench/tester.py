@@ -33,6 +33,11 @@ class TesterError(RuntimeError):
     pass
 
 
+class TesterTimeout(TesterError):
+    """The tester did not finish within its run's time plus a margin (it was killed): a trial
+    the machine could not carry out, not a result."""
+
+
 def _cache_dirs() -> list[Path]:
     dirs = []
     if os.environ.get("KBP_CACHE"):
@@ -195,7 +200,12 @@ def run_rate(binary: Path, ns: str | None, ip: str, *, port: int, size: int, rat
         argv += ["--cpu", str(cpu)]
     if fifo:
         argv += ["--fifo", str(fifo)]
-    proc = sysaccess.cmd(argv, ns=ns, check=False, timeout=duration + grace + 30, session=True)
+    limit = duration + grace + 30
+    try:
+        proc = sysaccess.cmd(argv, ns=ns, check=False, timeout=limit, session=True)
+    except subprocess.TimeoutExpired as e:
+        raise TesterTimeout(f"tester still running {limit:g} s after a {duration:g} s trial "
+                            f"at {rate:,.0f} pps; killed") from e
     if proc.returncode != 0:
         raise TesterError(f"tester failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
     summary = _parse_summary(proc.stdout, argv, proc.stderr)

@@ -4,6 +4,7 @@ rates; kbp-rtt sends them), each trial with where packets were dropped."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kbp.bench import machine, netstats, rfc2544, sysstat, tester, workloads
@@ -32,9 +33,14 @@ def search(bench: Bench, mode_name: str, rep: int, frame: int) -> dict[str, Any]
     def trial(rate: float) -> rfc2544.Trial:
         bench.note(f"{desc} · trial {rate:,.0f} pps")
         d0 = _drops(bench.tb)
-        r = tester.run_rate(bench.binary, bench.tb.client if bench.tb else None, ip,
-                            port=workloads.SOCKPERF_PORT, size=size, rate=rate,
-                            duration=cfg.rfc_trial, cpu=tester_cpu, fifo=cfg.tester_prio)
+        t0 = time.monotonic()
+        try:
+            r = tester.run_rate(bench.binary, bench.tb.client if bench.tb else None, ip,
+                                port=workloads.SOCKPERF_PORT, size=size, rate=rate,
+                                duration=cfg.rfc_trial, cpu=tester_cpu, fifo=cfg.tester_prio)
+        except tester.TesterTimeout as e:
+            bench.note(f"{desc} · {e}: counted as a failed trial")
+            return timed_out(rate, time.monotonic() - t0, str(e))
         d1 = _drops(bench.tb)
         return rfc2544.Trial(rate=rate, sent=int(r["sent"]), received=int(r["received"]),
                              achieved_rate=float(r["achieved_pps"]),
@@ -46,7 +52,7 @@ def search(bench: Bench, mode_name: str, rep: int, frame: int) -> dict[str, Any]
         hi = cfg.rfc_max_pps
         probe = None
         if hi is None:
-            probe = trial(5_000_000.0)
+            probe = ceiling_probe(trial)
             hi = max(1000.0, round(probe.achieved_rate * 0.98, -2))
         res = rfc2544.search(trial, hi=hi, resolution=cfg.rfc_resolution,
                              loss_tolerance=cfg.rfc_loss_tolerance)
@@ -58,13 +64,43 @@ def search(bench: Bench, mode_name: str, rep: int, frame: int) -> dict[str, Any]
            "trial_s": cfg.rfc_trial,
            "ceiling_probe": None if probe is None else
            {"asked": probe.rate, "achieved_pps": probe.achieved_rate, "sent": probe.sent,
-            "received": probe.received},
+            "received": probe.received,
+            **{k: probe.extra[k] for k in ("tester_timeout", "timed_out_at") if k in probe.extra}},
            "trials": res.trials, "sys": sysstat.delta(s0, s1),
            "waited_for_quiet_s": waited, "quiet": quiet}
     bench.results["rfc2544"].append(out)
     out["took_s"] = time.monotonic() - t_start
     bench.advance(bench.rfc_plan(), desc)
     return out
+
+
+#: the ceiling probe's rates, highest first: a probe the tester cannot finish (killed after
+#: its trial time plus a margin) is retried at the next one
+PROBE_RATES = (5_000_000.0, 1_000_000.0, 200_000.0)
+
+
+def timed_out(rate: float, took_s: float, why: str) -> rfc2544.Trial:
+    """A trial whose tester had to be killed: nothing counted as received, nothing achieved,
+    so the search records it as failed (sender-limited) and says why in the trial."""
+    return rfc2544.Trial(rate=rate, sent=0, received=0, achieved_rate=0.0, duration_s=took_s,
+                         extra={"tester_timeout": why})
+
+
+def ceiling_probe(trial: Callable[[float], rfc2544.Trial],
+                  rates: tuple[float, ...] = PROBE_RATES) -> rfc2544.Trial:
+    """The first of ``rates`` the tester finishes: what the sender achieves sets the
+    search's ceiling.  Every probe timing out leaves the last one (achieved 0, so the search
+    is bounded by its 1000 pps minimum and the trials say why)."""
+    probe = trial(rates[0])
+    killed: list[float] = []
+    for rate in rates[1:]:
+        if "tester_timeout" not in probe.extra:
+            break
+        killed.append(probe.rate)
+        probe = trial(rate)
+    if killed:
+        probe.extra["timed_out_at"] = killed
+    return probe
 
 
 def _drops(tb: Testbed | None) -> dict[str, int]:

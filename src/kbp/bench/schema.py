@@ -394,6 +394,22 @@ class Results(TypedDict, total=False):
 Samples = dict[str, list[int]]    # "part|condition|mode": kernel round trips (ns)
 
 
+# -- typed accessors (a part may be missing: an interrupted run, an older writer) -------------
+def config_of(doc: Results) -> RunConfig:
+    """The run's configuration ({} when the document has none)."""
+    return doc.get("config") or RunConfig()
+
+
+def summary_of(doc: Results) -> Summary:
+    """The report's summary ({} before :func:`kbp.bench.report.add_summary`)."""
+    return doc.get("summary") or Summary()
+
+
+def sample_key(part: str, condition: str, mode: str) -> str:
+    """The key of a part, condition and mode in the samples and the pooled tails."""
+    return f"{part}|{condition}|{mode}"
+
+
 # -- versions --------------------------------------------------------------------------------
 def version_of(doc: Mapping[str, Any]) -> int:
     """The version of a results document (1 for ``kbp-bench/1``); SchemaError for a
@@ -462,7 +478,7 @@ def _rename_in(x: Any, old: Mapping[str, str]) -> None:
                 _rename_in(v, old)
 
 
-def rename_old_modes(doc: dict[str, Any]) -> dict[str, Any]:
+def rename_old_modes(doc: Results | dict[str, Any]) -> Results:
     """A document written before a mode was renamed (kbp.bench.modes' aliases: the stock
     backend's hybrid modes before 2026-11-27) with today's names, in place; the command
     stays as it was run."""
@@ -471,16 +487,16 @@ def rename_old_modes(doc: dict[str, Any]) -> dict[str, Any]:
     _rename_in(doc, modes.aliases())
     if command is not None:
         doc["command"] = command
-    return doc
+    return cast(Results, doc)
 
 
-def upgrade(doc: dict[str, Any]) -> Results:
+def upgrade(doc: Results | dict[str, Any]) -> Results:
     """``doc`` in today's shape, in place (and returned): older mode names renamed, then
     each version's step up to :data:`VERSION`.  SchemaError for a newer or unknown one."""
     v = version_of(doc)
     rename_old_modes(doc)
     while v < VERSION:
-        UPGRADES[v](doc)
+        UPGRADES[v](cast(dict[str, Any], doc))
         v += 1
         doc["schema"] = f"{PREFIX}{v}"
     return cast(Results, doc)
@@ -578,7 +594,7 @@ def check(doc: Any, where: str = "results") -> Results:
 
 
 # -- reading and writing ---------------------------------------------------------------------
-def read(doc: dict[str, Any], where: str = "results") -> Results:
+def read(doc: Results | dict[str, Any], where: str = "results") -> Results:
     """A results document (a dict, changed in place) in today's shape, checked."""
     return check(upgrade(doc), where)
 
@@ -639,6 +655,7 @@ def dump_samples(samples: Samples, path: Path) -> Path:
 
 __all__ = ["SCHEMA", "VERSION", "Aggregate", "IdleRun", "LatencyRun", "ModeStatus",
            "ModeSummary", "PlacementDoc", "Results", "RunConfig", "Samples", "SchemaError",
-           "StreamRun", "Summary", "ThroughputRun", "check", "dump", "dump_samples",
-           "dumps", "load", "load_samples", "problems", "read", "rename_old_modes",
-           "upgrade", "upgrade_samples", "version_of"]
+           "StreamRun", "Summary", "ThroughputRun", "check", "config_of", "dump",
+           "dump_samples", "dumps", "load", "load_samples", "problems", "read",
+           "rename_old_modes", "sample_key", "summary_of", "upgrade", "upgrade_samples",
+           "version_of"]

@@ -483,7 +483,7 @@ def markdown(results: Results | dict[str, Any]) -> str:
     cfg = config_of(results)
     reps = cfg.get("reps")
     pl = placement_of(results)
-    scen = results.get("scenario") or schema.ScenarioDoc(name="")
+    scen = results.get("scenario") or {}
     scenario = scenario_of(results)
     what = scenario.measures
     out = [f"Scenario `{scen.get('name')}`: {scen.get('title', '')}.", "",

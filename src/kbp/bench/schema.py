@@ -10,8 +10,11 @@ idle-cost run (:class:`IdleRun`) and stream (:class:`StreamRun`), each mode's st
 JSON: a TypedDict is a dict, so the writers and readers keep indexing it, and a reader's key
 is one a type checker can check.
 
-A key marked ``Required`` is one the readers cannot do without (the report indexes it); the
-others may be missing (an interrupted run, a document from before the key existed).
+A key marked ``Required`` is one every writer has written (kbp-bench/1 once upgraded) and
+a reader relies on: the report indexes a run's ``rep``, ``mode``, ``part`` and ``condition``
+and a search's frame, rates and bound; a placement is its ``cpus``, a mode's status its
+``status``, a scenario its ``name``.  The others may be missing (an interrupted run, a
+document from before the key existed).
 :func:`load` reads a results.json of any version this code knows (or takes a dict), brings
 it to today's shape in place (:func:`upgrade`: kbp-bench/1's one-scenario, two-CPU form;
 modes under older names, :func:`kbp.bench.modes.aliases`), refuses a newer version or a
@@ -59,7 +62,7 @@ class SchemaError(ValueError):
 Stats = TypedDict("Stats", {
     "n": int, "mean": float | None, "sd": float | None, "min": float | None,
     "max": float | None, "p50": float | None, "p90": float | None, "p99": float | None,
-    "p99.9": float | None, "p99.99": float | None}, total=False)
+    "p99.9": float | None}, total=False)
 
 
 class Aggregate(TypedDict, total=False):

@@ -5,6 +5,7 @@ version refused by name, a missing required key reported by its path."""
 
 from __future__ import annotations
 
+import ast
 import copy
 import dataclasses
 import json
@@ -219,3 +220,50 @@ def test_a_missing_required_key_is_reported_with_its_path() -> None:
                            "placement": {"pinned": []}}
     assert sorted(schema.problems(bad)) == ["placement.cpus: required key missing",
                                             "runs: a list expected, found dict"]
+
+
+# -- the types follow the code ------------------------------------------------------------
+def _record_keys(path: Path, types: tuple[str, ...]) -> dict[str, set[str]]:
+    """{type: keys} of the records a module's functions build or read: a variable or an
+    argument annotated with the type (``rec: LatencyRun = {...}``, ``rec: IdleRun``), its
+    literal's keys and its ``[...]`` and ``.get(...)`` keys."""
+    out: dict[str, set[str]] = {t: set() for t in types}
+    for fn in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        var = {a.arg: a.annotation.id for a in fn.args.args
+               if isinstance(a.annotation, ast.Name) and a.annotation.id in types}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.annotation, ast.Name) and \
+                    node.annotation.id in types and isinstance(node.target, ast.Name):
+                var[node.target.id] = node.annotation.id
+                if isinstance(node.value, ast.Dict):
+                    out[node.annotation.id] |= {k.value for k in node.value.keys
+                                                if isinstance(k, ast.Constant)}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and \
+                    node.value.id in var and isinstance(node.slice, ast.Constant):
+                out[var[node.value.id]].add(node.slice.value)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr == "get" and isinstance(node.func.value, ast.Name) and \
+                    node.func.value.id in var and node.args and \
+                    isinstance(node.args[0], ast.Constant):
+                out[var[node.func.value.id]].add(node.args[0].value)
+    return out
+
+
+def test_every_key_the_bench_uses_is_in_the_types() -> None:
+    """The top-level keys the bench reads and writes (``results[...]``, ``.get``,
+    ``.setdefault``) and the keys the measurements put in their records are keys of
+    Results, LatencyRun, IdleRun and ThroughputRun: a new key is declared where it lives."""
+    top = {m.group(1) for f in BENCH.rglob("*.py") for m in re.finditer(
+        r'\bresults(?:\[|\.get\(|\.setdefault\()"([a-z_0-9]+)"', f.read_text())}
+    assert {"runs", "config", "placement", "tails", "summary"} <= top
+    assert top <= set(schema.Results.__annotations__)
+    for f, tp in (("latency.py", schema.LatencyRun), ("idle.py", schema.IdleRun),
+                  ("throughput.py", schema.ThroughputRun)):
+        keys = _record_keys(BENCH / "measure" / f, (tp.__name__,))[tp.__name__]
+        assert {"mode", "sys"} <= keys <= set(tp.__annotations__), (f, keys)
+    used = _record_keys(BENCH / "report.py", ("LatencyRun", "IdleRun"))
+    for name, keys in used.items():
+        assert {"sys", "poller"} <= keys <= set(getattr(schema, name).__annotations__)

@@ -168,10 +168,12 @@ class LatencyRun(TypedDict, total=False):
     rtt_tail: TailSummary
     lateness_ns: Stats
     lateness_user_ns: Stats
-    rt_cpu_rx: dict[str, Any]
+    rt_cpu_rx: dict[str, Any]          # NET_RX on the RT CPU (shared-cpu, rt-split)
+    nonrt_cpu_rx: dict[str, Any]       # and on the non-RT CPU (rt-split)
     rt_cpu_check: dict[str, Any]       # kbp.bench.steer.rt_cpu_check
     heavy: dict[str, Any]              # the heavy device over the run (shared-cpu, rt-split)
-    flood_block: dict[str, Any]
+    flood_block: dict[str, Any]        # the load's report over the block of runs
+    table2: dict[str, Any]             # the Table 2 condition (part table2)
     steering: dict[str, Any]
     sys: SysDelta
     poller: dict[str, float]           # the poller's counters over the run
@@ -192,6 +194,8 @@ class ThroughputRun(TypedDict, total=False):
     throughput_mbps: Required[float]
     bound: Required[str]
     part: str
+    condition: str                     # shared-cpu: "flood" (the search under the flood)
+    flood_block: dict[str, Any]
     payload: int
     hi: float
     resolution: float

@@ -520,12 +520,17 @@ def upgrade_samples(samples: dict[str, list[int]]) -> Samples:
 
 
 # -- required keys ---------------------------------------------------------------------------
+@cache
+def _hints(tp: Any) -> dict[str, Any]:
+    return get_type_hints(tp)
+
+
 def _inner(tp: Any) -> list[Any]:
     """The types ``tp`` is made of: X and None of ``X | None``, the items of a list or
     dict, the values of a TypedDict."""
     if get_origin(tp) in (Union, types.UnionType, list, dict):
         return list(get_args(tp))
-    return list(get_type_hints(tp).values()) if is_typeddict(tp) else []
+    return list(_hints(tp).values()) if is_typeddict(tp) else []
 
 
 @cache
@@ -561,7 +566,7 @@ def _problems(value: Any, tp: Any, path: str) -> Iterator[str]:
         for key in sorted(tp.__required_keys__):
             if key not in value:
                 yield f"{_join(path, key)}: required key missing"
-        hints = get_type_hints(tp)
+        hints = _hints(tp)
         for key, v in value.items():
             if key in hints:
                 yield from _problems(v, hints[key], _join(path, key))
@@ -586,8 +591,10 @@ def _join(path: str, key: str) -> str:
 
 
 def problems(doc: Any) -> list[str]:
-    """Every required key missing in a document of today's shape, by path
-    (``runs[3].condition: required key missing``); [] when it is whole."""
+    """What a document of today's shape lacks, by path: every required key missing
+    (``runs[3].condition: required key missing``) and anything but an object or a list where
+    one holding required keys belongs (``runs: a list expected, found dict``); [] when it is
+    whole."""
     return list(_problems(doc, Results, ""))
 
 
@@ -655,6 +662,7 @@ def load_samples(src: Path | str) -> Samples:
 
 
 def dump_samples(samples: Samples, path: Path) -> Path:
+    """Write the raw samples (``part|condition|mode``: kernel round trips, ns) gzipped."""
     with gzip.open(path, "wt") as f:
         json.dump(samples, f)
     return path

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kbp.bench import report, trace, workloads
+from kbp.bench import report, schema, trace, workloads
 from kbp.bench.runner import Bench, BenchConfig, seeded_order
 
 pytestmark = [pytest.mark.netns, pytest.mark.root]
@@ -97,6 +97,7 @@ def test_short_bench_napi_and_stock_hybrid(tmp_path: Path) -> None:
     report.add_summary(res)
     text = json.dumps(res)          # serialisable
     res = json.loads(text)
+    assert schema.load(json.loads(schema.dumps(res))) == res   # a real run's, through the schema
 
     assert took < 60
     assert res["schema"] == "kbp-bench/2" and not res["interrupted"]
@@ -197,6 +198,7 @@ def test_ctrl_c_cleans_up(tmp_path: Path) -> None:
     assert _procs() == []
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["interrupted"] is True
+    assert schema.load(tmp_path) == res          # an interrupted run's document reads whole
     assert "restore_problems" not in res and "not restored" not in err, err[-2000:]
 
 

@@ -58,7 +58,6 @@ IRQ affinity), from a journal if the benchmark was killed.  In the VM rig:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import shutil
@@ -68,7 +67,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kbp.bench import modes, parts, placement, plots, report, runner, scenarios, tester, workloads
+from kbp.bench import (
+    modes,
+    parts,
+    placement,
+    plots,
+    report,
+    runner,
+    scenarios,
+    schema,
+    tester,
+    workloads,
+)
 from kbp.bench.runner import Aborted, Bench, BenchConfig, Progress
 from kbp.bench.testbed import remove_stale, stale_namespaces
 
@@ -420,14 +430,14 @@ def _finish(bench: Bench, cfg: BenchConfig, a: argparse.Namespace, con: Any,
         f"Machine: {describe_machine(res)}\n\n{md}")
     made = [] if a.no_plots or partial else plots.all_plots(res, bench.samples, cfg.out)
     if a.json:
-        print(json.dumps(res, indent=1, default=str))
+        sys.stdout.write(schema.dumps(res))
     else:
         print(md)
     con.print(f"results: {paths['json']}  table: {cfg.out / 'results.md'}  "
               f"plots: {', '.join(str(p) for p in made) or 'none'}")
 
 
-def describe_machine(res: dict[str, Any]) -> str:
+def describe_machine(res: schema.Results) -> str:
     m = res.get("machine") or {}
     qb, qa = res.get("quiet_before") or {}, res.get("quiet_after") or {}
     virt = "virtual machine" if m.get("virtualized") else "bare metal"
@@ -473,14 +483,15 @@ def run_setup(a: argparse.Namespace) -> int:
 
 
 def run_report(a: argparse.Namespace) -> int:
-    """Re-render the table and plots of a finished run from its directory."""
-    import gzip
+    """Re-render the table and plots of a finished run from its directory (results.json of
+    any version kbp.bench.schema reads)."""
     d: Path = a.dir
-    res = json.loads((d / "results.json").read_text())
-    samples: dict[str, list[int]] = {}
-    if (d / "samples.json.gz").exists():
-        with gzip.open(d / "samples.json.gz", "rt") as f:
-            samples = json.load(f)
+    try:
+        res = schema.load(d / schema.RESULTS_FILE)
+    except (OSError, schema.SchemaError) as e:
+        print(f"kbp bench report: {e}", file=sys.stderr)
+        return 2
+    samples = schema.load_samples(d / schema.SAMPLES_FILE)
     report.add_summary(res)
     print(report.markdown(res))
     made = plots.all_plots(res, samples, d)

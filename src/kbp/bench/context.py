@@ -26,6 +26,7 @@ from kbp.bench import modes as modes_
 from kbp.bench import placement as placement_
 from kbp.bench.modes import AppEnv, AppPlace, KnobError, Mode, Target
 from kbp.bench.placement import Placement
+from kbp.bench.schema import Results, Samples
 from kbp.bench.testbed import Testbed, VethLink
 
 if TYPE_CHECKING:
@@ -112,8 +113,8 @@ class RunContext:
 
     cfg: BenchConfig
     progress: Progress | None = None
-    results: dict[str, Any] = field(default_factory=dict)
-    samples: dict[str, list[int]] = field(default_factory=dict)
+    results: Results = field(default_factory=Results)   # kbp.bench.schema's document
+    samples: Samples = field(default_factory=dict)
     modes: dict[str, Mode] = field(default_factory=dict)
     binary: Path | None = None
     tb: Testbed | None = None

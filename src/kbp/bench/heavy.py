@@ -40,6 +40,7 @@ from kbp.bench.modes import (
     require_softirq_napi,
     thread_placement,
 )
+from kbp.bench.schema import Results
 
 if TYPE_CHECKING:
     from kbp.bench.runner import Bench
@@ -436,7 +437,7 @@ def steer_to_rt_cpu(bench: Bench, heavy_link: str) -> steer.Steering:
     return steering
 
 
-def app_words(results: dict[str, Any]) -> str:
+def app_words(results: Results) -> str:
     """The RT app's scheduling class in a run, in words (its report's first line)."""
     p = results.get("placement") or {}
     fifo = p.get("app_fifo")

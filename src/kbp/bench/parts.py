@@ -28,6 +28,7 @@ from kbp import sysaccess
 from kbp.bench import placement as pl
 from kbp.bench import rfc2544 as rfc
 from kbp.bench import workloads
+from kbp.bench.schema import Results
 from kbp.bench.testbed import set_gro
 
 if TYPE_CHECKING:
@@ -197,7 +198,7 @@ def start_flood(bench: Bench) -> workloads.Flood:
     return flood
 
 
-def flood_words(results: dict[str, Any]) -> str:
+def flood_words(results: Results) -> str:
     """The flood of a run, in words (report lines and titles)."""
     f = results.get("flood") or {}
     if f.get("proto") == "tcp":

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kbp.bench import modes
+from kbp.bench import modes, schema
 from kbp.bench.placement import Placement
 from kbp.bench.report import _modes_in, placement_of
+from kbp.bench.schema import Results, Samples, Summary, sample_key, summary_of
 
 CPU_PARTS = ("user", "system", "softirq", "irq", "steal")
 FALLBACK = "#888888"   # a name the modes' table does not know (no mode has it)
@@ -40,7 +41,7 @@ def _plt() -> Any:
     return plt
 
 
-def latency_cdf(samples: dict[str, list[int]], out: Path, title: str, part: str = "rtt",
+def latency_cdf(samples: Samples, out: Path, title: str, part: str = "rtt",
                 titles: dict[str, str] | None = None) -> Path | None:
     """CDF (log x) and CCDF (log-log, the tail) of kernel RTTs per mode, one column per
     condition of ``part`` (in the order of ``titles`` when given)."""
@@ -54,7 +55,7 @@ def latency_cdf(samples: dict[str, list[int]], out: Path, title: str, part: str 
         modes = _modes_in({k.split("|")[2]: 1 for k in samples
                            if k.startswith(f"{part}|{cond}|")})
         for mode in modes:
-            xs = sorted(samples[f"{part}|{cond}|{mode}"])
+            xs = sorted(samples[sample_key(part, cond, mode)])
             if not xs:
                 continue
             n = len(xs)
@@ -85,7 +86,7 @@ def latency_cdf(samples: dict[str, list[int]], out: Path, title: str, part: str 
     return path
 
 
-def throughput_bars(summary: dict[str, Any], out: Path, title: str) -> Path | None:
+def throughput_bars(summary: Summary, out: Path, title: str) -> Path | None:
     rfc = summary.get("rfc2544")
     if not rfc:
         return None
@@ -114,7 +115,7 @@ def throughput_bars(summary: dict[str, Any], out: Path, title: str) -> Path | No
     return path
 
 
-def cpu_bars(summary: dict[str, Any], pl: Placement, out: Path, title: str) -> Path | None:
+def cpu_bars(summary: Summary, pl: Placement, out: Path, title: str) -> Path | None:
     """CPU time by kind on each CPU a role claims, per mode, labelled by role."""
     rtt = summary.get("rtt")
     if not rtt:
@@ -163,7 +164,7 @@ def cpu_bars(summary: dict[str, Any], pl: Placement, out: Path, title: str) -> P
     return path
 
 
-def kernel_delay_bars(summary: dict[str, Any], out: Path, title: str) -> Path | None:
+def kernel_delay_bars(summary: Summary, out: Path, title: str) -> Path | None:
     rtt = summary.get("rtt")
     if not rtt:
         return None
@@ -193,12 +194,12 @@ def kernel_delay_bars(summary: dict[str, Any], out: Path, title: str) -> Path | 
     return path
 
 
-def standard(results: dict[str, Any], samples: dict[str, list[int]], out: Path,
+def standard(results: Results, samples: Samples, out: Path,
              titles: dict[str, str]) -> list[Path]:
     """The plots of a scenario with the rtt part (conditions ``titles``) and RFC 2544."""
     scen = (results.get("scenario") or {}).get("name")
     title = f"kbp bench {scen} · {results.get('testbed')} · {results.get('started')}"
-    summ = results.get("summary") or {}
+    summ = summary_of(results)
     made = [latency_cdf(samples, out, title, "rtt", titles),
             throughput_bars(summ, out, title),
             cpu_bars(summ, placement_of(results), out, title),
@@ -206,9 +207,10 @@ def standard(results: dict[str, Any], samples: dict[str, list[int]], out: Path,
     return [p for p in made if p is not None]
 
 
-def all_plots(results: dict[str, Any], samples: dict[str, list[int]], out: Path) -> list[Path]:
-    """The plots of the results' scenario."""
-    from kbp.bench.report import scenario_of, upgrade, upgrade_samples
-    upgrade(results)
-    upgrade_samples(samples)
-    return scenario_of(results).plots(results, samples, out)
+def all_plots(results: Results | dict[str, Any], samples: Samples, out: Path) -> list[Path]:
+    """The plots of the results' scenario (a document and samples of any version
+    :mod:`kbp.bench.schema` reads, brought to today's shape in place)."""
+    from kbp.bench.report import scenario_of
+    doc = schema.read(results)
+    schema.upgrade_samples(samples)
+    return scenario_of(doc).plots(doc, samples, out)

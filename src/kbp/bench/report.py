@@ -19,10 +19,22 @@ from collections.abc import Iterable
 from typing import Any
 
 from kbp import names
-from kbp.bench import modes
+from kbp.bench import modes, schema
 from kbp.bench import parts as parts_
 from kbp.bench.modes import BASELINE
 from kbp.bench.placement import Placement
+from kbp.bench.schema import (
+    Aggregate,
+    IdleRun,
+    LatencyRun,
+    ModeSummary,
+    Results,
+    RunConfig,
+    TailSummary,
+    ThroughputRun,
+    config_of,
+    summary_of,
+)
 from kbp.bench.stats import FEW_ABOVE, aggregate, kth_largest, pct_key, ratios_to_baseline
 
 Column = tuple[str, str, str]      # (metric key, heading, unit)
@@ -40,7 +52,7 @@ LATENCY_COLUMNS: tuple[Column, ...] = (
 )
 
 
-def placement_of(results: dict[str, Any]) -> Placement:
+def placement_of(results: Results) -> Placement:
     """The placement a results.json recorded (also the two-CPU form before roles)."""
     return Placement.from_json(results.get("placement") or {})
 
@@ -77,7 +89,7 @@ def _us(v: Any) -> float | None:
     return None if v is None else float(v) / 1000.0
 
 
-def run_metrics(rec: dict[str, Any], pl: Placement) -> dict[str, float | None]:
+def run_metrics(rec: LatencyRun, pl: Placement) -> dict[str, float | None]:
     """The scalar metrics of one latency run (latencies in microseconds; per-CPU metrics by
     the role of the CPU)."""
     m: dict[str, float | None] = {}
@@ -129,7 +141,8 @@ def run_metrics(rec: dict[str, Any], pl: Placement) -> dict[str, float | None]:
     return m
 
 
-def summarize_runs(runs: Iterable[dict[str, Any]], pl: Placement) -> dict[str, Any]:
+def summarize_runs(runs: Iterable[LatencyRun], pl: Placement,
+                   ) -> dict[str, dict[str, dict[str, ModeSummary]]]:
     """{part: {condition: {mode: {metric: aggregate + ratio_to_napi}}}}."""
     per: dict[tuple[str, str, str], dict[str, dict[int, float | None]]] = defaultdict(
         lambda: defaultdict(dict))
@@ -137,7 +150,7 @@ def summarize_runs(runs: Iterable[dict[str, Any]], pl: Placement) -> dict[str, A
         key = (rec["part"], rec["condition"], rec["mode"])
         for metric, v in run_metrics(rec, pl).items():
             per[key][metric][rec["rep"]] = v
-    out: dict[str, Any] = {}
+    out: dict[str, dict[str, dict[str, ModeSummary]]] = {}
     for (scen, cond, mode), metrics in per.items():
         base = per.get((scen, cond, BASELINE), {})
         dst = out.setdefault(scen, {}).setdefault(cond, {}).setdefault(mode, {})
@@ -149,9 +162,9 @@ def summarize_runs(runs: Iterable[dict[str, Any]], pl: Placement) -> dict[str, A
     return out
 
 
-def summarize_rfc(searches: Iterable[dict[str, Any]], pl: Placement) -> dict[str, Any]:
+def summarize_rfc(searches: Iterable[ThroughputRun], pl: Placement) -> dict[str, Any]:
     """{frame: {mode: {throughput_pps, throughput_mbps: aggregate + ratio, bounds}}}."""
-    per: dict[tuple[int, str], dict[int, dict[str, Any]]] = defaultdict(dict)
+    per: dict[tuple[int, str], dict[int, ThroughputRun]] = defaultdict(dict)
     for s in searches:
         per[(s["frame"], s["mode"])][s["rep"]] = s
     out: dict[str, Any] = {}
@@ -188,7 +201,7 @@ IDLE_COLUMNS: tuple[Column, ...] = (
 )
 
 
-def idle_metrics(rec: dict[str, Any], pl: Placement) -> dict[str, float | None]:
+def idle_metrics(rec: IdleRun, pl: Placement) -> dict[str, float | None]:
     """The scalar metrics of one idle-cost run: CPU time of the poller threads (each and
     in all, % of one CPU over the window), of the RT app, the RT CPU's share, counters/s."""
     sysd = rec.get("sys") or {}
@@ -216,7 +229,7 @@ def idle_metrics(rec: dict[str, Any], pl: Placement) -> dict[str, float | None]:
     return m
 
 
-def summarize_idle(recs: Iterable[dict[str, Any]], pl: Placement) -> dict[str, Any]:
+def summarize_idle(recs: Iterable[IdleRun], pl: Placement) -> dict[str, ModeSummary]:
     """{mode: {metric: aggregate}} over the idle-cost runs."""
     per: dict[str, dict[str, list[float | None]]] = defaultdict(lambda: defaultdict(list))
     for rec in recs:
@@ -225,11 +238,11 @@ def summarize_idle(recs: Iterable[dict[str, Any]], pl: Placement) -> dict[str, A
     return {mode: {k: aggregate(v) for k, v in ms.items()} for mode, ms in per.items()}
 
 
-def idle_section(results: dict[str, Any]) -> list[str]:
-    idle = (results.get("summary") or {}).get("idle")
+def idle_section(results: Results) -> list[str]:
+    idle = summary_of(results).get("idle")
     if not idle:
         return []
-    cfg = results.get("config") or {}
+    cfg = config_of(results)
     skipped = [f"- {m}: {why}" for m, why in (results.get("idle_skipped") or {}).items()]
     return [f"**Idle cost** — single run per mode (not a median of repetitions): each "
             f"mode on, no traffic, {cfg.get('idle_duration', 10):g} s: "
@@ -254,7 +267,7 @@ def fmt(v: float | None) -> str:
     return f"{v:.2f}"
 
 
-def cell(agg: dict[str, Any] | None, spread: bool = True) -> str:
+def cell(agg: Aggregate | None, spread: bool = True) -> str:
     if not agg or agg.get("median") is None:
         return "-"
     s = fmt(agg["median"])
@@ -297,7 +310,7 @@ def tail_note(n: float | None, p: float) -> str:
     return f" (k={k} of n={int(n):,}){FEW_MARK if k - 1 < FEW_ABOVE else ''}"
 
 
-def latency_table(cond: dict[str, Any], columns: Iterable[Column]) -> str:
+def latency_table(cond: dict[str, ModeSummary], columns: Iterable[Column]) -> str:
     cols = list(columns)
     head = "| mode | " + " | ".join(_heading(c) for c in cols) + " |"
     sep = "|---|" + "---|" * len(cols)
@@ -327,7 +340,7 @@ def rfc_table(rfc: dict[str, Any], pl: Placement) -> str:
     return "\n".join(rows)
 
 
-def table2_table(t2: dict[str, Any], pl: Placement) -> str:
+def table2_table(t2: dict[str, dict[str, ModeSummary]], pl: Placement) -> str:
     cols = table2_columns(pl)
     head = "| condition | mode | " + " | ".join(_heading(c) for c in cols) + " |"
     rows = [head, "|---|---|" + "---|" * len(cols)]
@@ -346,19 +359,19 @@ PER_MODE_COLUMNS: tuple[Column, ...] = (
     ("rtt_max_us", "RT max", "µs"), ("heavy_gbit_s", "heavy", "Gbit/s"))
 
 
-def per_mode(summary: dict[str, Any], tails: dict[str, Any], cond: str,
+def per_mode(summary: schema.Summary, tails: dict[str, TailSummary], cond: str,
              idle: str | None = None, part: str = parts_.RTT) -> dict[str, Any]:
     """Per mode under condition ``cond`` of ``part``: the RT flow's mean, p99, p99.9, SD and
     max and the heavy flow's Gbit/s (each the aggregate over repetitions with its ratio to
     napi), the repetitions, the median n, the p99.9 of the samples pooled over repetitions
     with its bootstrap CI (``tails``: results["tails"]), and with ``idle`` the p99.9 in
     that condition.  ``summary``: :func:`summarize`'s.  {} when ``cond`` did not run."""
-    rtt = summary.get(part) or {}
+    rtt: dict[str, dict[str, ModeSummary]] = summary.get(part) or {}
     got = rtt.get(cond) or {}
     out: dict[str, Any] = {}
     for mode in _modes_in(got):
         d = got[mode]
-        tail = tails.get(f"{part}|{cond}|{mode}") or {}
+        tail = tails.get(schema.sample_key(part, cond, mode)) or TailSummary()
         row: dict[str, Any] = {k: d.get(k) for k, _, _ in PER_MODE_COLUMNS}
         row["reps"] = (d.get("rtt_n") or {}).get("n") or tail.get("runs")
         row["n"] = (d.get("rtt_n") or {}).get("median")
@@ -403,10 +416,10 @@ def per_mode_section(pm: dict[str, Any], cond: str, title: str, idle: str | None
 
 
 # -- sections a scenario composes ---------------------------------------------------------
-def rtt_sections(results: dict[str, Any], titles: dict[str, str]) -> list[str]:
+def rtt_sections(results: Results, titles: dict[str, str]) -> list[str]:
     """The RT latency table and its cost table for each condition in ``titles`` that ran."""
-    cfg = results.get("config") or {}
-    rtt = (results.get("summary") or {}).get("rtt") or {}
+    cfg = config_of(results)
+    rtt = summary_of(results).get("rtt") or {}
     pl = placement_of(results)
     out: list[str] = []
     for cond, title in titles.items():
@@ -421,7 +434,7 @@ def rtt_sections(results: dict[str, Any], titles: dict[str, str]) -> list[str]:
     return out
 
 
-def arrival_words(cfg: dict[str, Any]) -> str:
+def arrival_words(cfg: RunConfig) -> str:
     """The RT flow's requests in words: "2000 req/s random (exponential) inter-arrival", or
     with --uniform "random inter-arrival uniform in 1000-10000 µs (182 req/s mean)"."""
     uni = cfg.get("uniform_us")
@@ -433,9 +446,9 @@ def arrival_words(cfg: dict[str, Any]) -> str:
     return f"{cfg.get('rate'):g} req/s {how} inter-arrival"
 
 
-def table2_section(results: dict[str, Any]) -> list[str]:
-    cfg = results.get("config") or {}
-    t2 = (results.get("summary") or {}).get("table2")
+def table2_section(results: Results) -> list[str]:
+    cfg = config_of(results)
+    t2 = summary_of(results).get("table2")
     if not t2:
         return []
     return [f"**EE-KBP Table 2 conditions, scaled x{cfg.get('table2_scale'):g}** "
@@ -443,9 +456,9 @@ def table2_section(results: dict[str, Any]) -> list[str]:
             table2_table(t2, placement_of(results)), ""]
 
 
-def rfc_section(results: dict[str, Any]) -> list[str]:
-    cfg = results.get("config") or {}
-    rfc = (results.get("summary") or {}).get("rfc2544")
+def rfc_section(results: Results) -> list[str]:
+    cfg = config_of(results)
+    rfc = summary_of(results).get("rfc2544")
     if not rfc:
         return []
     n = min(int(cfg.get("rfc_reps") or 1), int(cfg.get("reps") or 1))
@@ -457,15 +470,17 @@ def rfc_section(results: dict[str, Any]) -> list[str]:
 
 
 # -- the whole report ---------------------------------------------------------------------
-def scenario_of(results: dict[str, Any]) -> Any:
+def scenario_of(results: Results) -> Any:
     from kbp.bench import scenarios
     name = (results.get("scenario") or {}).get("name") or scenarios.DEFAULT
     return scenarios.get(name)
 
 
-def markdown(results: dict[str, Any]) -> str:
-    upgrade(results)
-    cfg = results.get("config") or {}
+def markdown(results: Results | dict[str, Any]) -> str:
+    """The report of a results document (of any version :mod:`kbp.bench.schema` reads;
+    brought to today's shape in place)."""
+    results = schema.read(results)
+    cfg = config_of(results)
     reps = cfg.get("reps")
     pl = placement_of(results)
     scen = results.get("scenario") or {}
@@ -490,13 +505,13 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def common_sections(results: dict[str, Any]) -> list[str]:
+def common_sections(results: Results) -> list[str]:
     """The runner's parts: RT latency under the TCP heavy sender, idle cost."""
     return [*rtt_sections(results, {parts_.TCP_CONDITION: parts_.TCP_TITLE}),
             *idle_section(results)]
 
 
-def method_sections(results: dict[str, Any]) -> list[str]:
+def method_sections(results: Results) -> list[str]:
     """What the numbers rest on: the pooled tails with bootstrap CIs, the tester's lateness,
     the RT CPU check, the modes' order (each only when the results have it)."""
     return [*tails_section(results), *lateness_section(results), *rt_cpu_section(results),
@@ -520,7 +535,7 @@ def _lost_cell(d: dict[str, Any] | None) -> str:
     return f"{v} (k={w['k']} of n={w['n']:,}){FEW_MARK if w.get('few') else ''}"
 
 
-def tails_section(results: dict[str, Any]) -> list[str]:
+def tails_section(results: Results) -> list[str]:
     tails = results.get("tails") or {}
     if not tails:
         return []
@@ -544,8 +559,8 @@ LATENESS_COLUMNS: tuple[Column, ...] = (
     ("late_p50_us", "p50", "us"), ("late_p99_us", "p99", "us"), ("late_max_us", "max", "us"))
 
 
-def lateness_section(results: dict[str, Any]) -> list[str]:
-    rtt = (results.get("summary") or {}).get("rtt") or {}
+def lateness_section(results: Results) -> list[str]:
+    rtt = summary_of(results).get("rtt") or {}
     conds = {c: d for c, d in rtt.items()
              if any((m.get("late_p50_us") or {}).get("median") is not None
                     for m in d.values())}
@@ -561,7 +576,7 @@ def lateness_section(results: dict[str, Any]) -> list[str]:
     return out
 
 
-def rt_cpu_section(results: dict[str, Any]) -> list[str]:
+def rt_cpu_section(results: Results) -> list[str]:
     runs = [r for r in results.get("runs") or [] if r.get("rt_cpu_check")]
     if not runs:
         return []
@@ -585,7 +600,7 @@ def rt_cpu_section(results: dict[str, Any]) -> list[str]:
     return [*rows, ""]
 
 
-def order_section(results: dict[str, Any]) -> list[str]:
+def order_section(results: Results) -> list[str]:
     order = results.get("mode_order") or {}
     if not order:
         return []
@@ -599,87 +614,19 @@ def order_section(results: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def _today(name: str, old: dict[str, str]) -> str:
-    """``name`` with an older mode name in it replaced by today's: the whole string, or a
-    part of a ``part|condition|mode`` key (tails, samples)."""
-    if name in old:
-        return old[name]
-    if "|" in name:
-        return "|".join(old.get(p, p) for p in name.split("|"))
-    return name
-
-
-def _rename_in(x: Any, old: dict[str, str]) -> None:
-    """Every older mode name in the dicts and lists of ``x`` (keys and string values)
-    replaced by today's, in place."""
-    if isinstance(x, dict):
-        items = [(_today(k, old) if isinstance(k, str) else k, v) for k, v in x.items()]
-        x.clear()
-        for k, v in items:
-            x[k] = _today(v, old) if isinstance(v, str) else v
-            _rename_in(v, old)
-    elif isinstance(x, list):
-        for i, v in enumerate(x):
-            if isinstance(v, str):
-                x[i] = _today(v, old)
-            else:
-                _rename_in(v, old)
-
-
-def rename_old_modes(results: dict[str, Any]) -> dict[str, Any]:
-    """Results written before a mode was renamed (kbp.bench.modes' aliases: the stock
-    backend's hybrid modes before 2026-11-27) with today's names, in place; the command stays
-    as it was run."""
-    command = results.get("command")
-    _rename_in(results, modes.aliases())
-    if command is not None:
-        results["command"] = command
-    return results
-
-
-def upgrade_samples(samples: dict[str, list[int]]) -> dict[str, list[int]]:
-    """A samples.json.gz's ``part|condition|mode`` keys with today's mode names, in place."""
-    old = modes.aliases()
-    items = [(_today(k, old), v) for k, v in samples.items()]
-    samples.clear()
-    samples.update(items)
-    return samples
-
-
-def upgrade(results: dict[str, Any]) -> dict[str, Any]:
-    """A results.json of an older shape in today's, in place: schema kbp-bench/1 (one
-    scenario, CPUs 0/1, ``scenario`` meaning the part) and modes under older names."""
-    rename_old_modes(results)
-    if results.get("schema") != "kbp-bench/1":
-        return results
-    from kbp.bench import scenarios
-    cfg = results.setdefault("config", {})
-    if "scenarios" in cfg:
-        cfg["parts"] = cfg.pop("scenarios")
-    results["scenario"] = {"name": scenarios.DEFAULT,
-                           "title": scenarios.get(scenarios.DEFAULT).title,
-                           "parts": cfg.get("parts")}
-    for r in results.get("runs") or []:
-        if "part" not in r:
-            r["part"], r["scenario"] = r.get("scenario"), scenarios.DEFAULT
-    for s in results.get("rfc2544") or []:
-        s.setdefault("part", "rfc2544")
-    results["placement"] = Placement.from_json(results.get("placement") or {}).to_json()
-    results["schema"] = "kbp-bench/2"
-    return results
-
-
-def summarize(results: dict[str, Any]) -> dict[str, Any]:
+def summarize(results: Results) -> schema.Summary:
     """The summary every part shares: latency runs by part, RFC 2544 searches."""
     pl = placement_of(results)
-    summ = summarize_runs(results.get("runs") or [], pl)
+    summ: schema.Summary = summarize_runs(results.get("runs") or [], pl)
     if results.get("rfc2544"):
         summ["rfc2544"] = summarize_rfc(results["rfc2544"], pl)
     return summ
 
 
-def add_summary(results: dict[str, Any]) -> dict[str, Any]:
-    upgrade(results)
+def add_summary(results: Results | dict[str, Any]) -> Results:
+    """``results`` (of any version :mod:`kbp.bench.schema` reads; brought to today's shape
+    in place) with its summary and the percentile definition."""
+    results = schema.read(results)
     summ = results["summary"] = scenario_of(results).summarize(results)
     pl = placement_of(results)
     tcp = [r for r in results.get("runs") or [] if r.get("condition") == parts_.TCP_CONDITION]
@@ -696,6 +643,5 @@ def add_summary(results: dict[str, Any]) -> dict[str, Any]:
     return results
 
 
-__all__ = ["add_summary", "latency_table", "markdown", "pct_key", "rename_old_modes",
-           "run_metrics", "summarize", "summarize_rfc", "summarize_runs", "upgrade",
-           "upgrade_samples"]
+__all__ = ["add_summary", "latency_table", "markdown", "pct_key", "run_metrics", "summarize",
+           "summarize_rfc", "summarize_runs"]

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import os
 import random
 import socket
@@ -56,7 +55,6 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from kbp import sysinfo
 from kbp.bench import (
@@ -65,6 +63,7 @@ from kbp.bench import (
     parts,
     rfc2544,
     scenarios,
+    schema,
     tester,
     trace,
     workloads,
@@ -80,6 +79,16 @@ from kbp.bench.modes import (
     periodic_problem,
 )
 from kbp.bench.placement import Placement, PlacementError
+from kbp.bench.schema import (
+    IdleRun,
+    LatencyRun,
+    PlacementDoc,
+    Results,
+    RunConfig,
+    Samples,
+    TailSummary,
+    ThroughputRun,
+)
 from kbp.bench.stats import tail_summary
 
 LABEL_HOST = "netns+veth on the host kernel (real timings)"
@@ -89,7 +98,7 @@ LABEL_NIC_EMULATED = ("netns with the RT flow over a NIC pair ({pair}) in the VM
                       "real virtio interrupts, timings emulated (QEMU TCG), not real")
 
 
-SCHEMA = "kbp-bench/2"
+SCHEMA = schema.SCHEMA             # kbp.bench.schema owns the version
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)     # asm-generic value
 # the modes that leave the RT device's NAPI a kthread (ModeInfo.kthread) and the module's
 # (ModeInfo.module), which refuse such a NAPI on kernels before KTHREAD_KEPT_BEFORE (the runner
@@ -170,10 +179,10 @@ class BenchConfig:
     command: str = ""
     deprecated: list[str] = field(default_factory=list)   # deprecated options used
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> RunConfig:
         d = asdict(self)
         d["out"] = str(self.out)
-        return d
+        return RunConfig(**d)
 
 
 APP_POLICIES = ("fifo", "other")
@@ -361,10 +370,10 @@ class Bench(RunContext):
         self.results.setdefault("mode_order", {})[str(rep)] = order
         return order
 
-    def _placement_json(self) -> dict[str, Any]:
+    def _placement_json(self) -> PlacementDoc:
         assert self.placement is not None
         p, cfg = self.placement, self.cfg
-        d = p.to_json()
+        d = PlacementDoc(**p.to_json())
         d["app_policy"] = self.app_policy()
         d["app_fifo"] = self.app_fifo()
         d["runs"] = {
@@ -376,8 +385,32 @@ class Bench(RunContext):
             d["runs"][role] = f"{d['runs'][role]}; {what}" if role in d["runs"] else what
         return d
 
+    def head(self, emulated: bool) -> Results:
+        """The results document as it stands before the first run (kbp.bench.schema's
+        Results): what was asked, the machine, the placement, no records yet."""
+        assert self.scenario is not None
+        cfg = self.cfg
+        return Results(
+            schema=SCHEMA,
+            started=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            command=cfg.command,
+            config=cfg.to_json(),
+            scenario={"name": self.scenario.name, "title": self.scenario.title,
+                      "parts": list(cfg.parts or [])},
+            testbed=self._label(emulated),
+            emulated=emulated,
+            machine=machine.describe(),
+            tools=machine.tool_versions(),
+            quiet_before=machine.quiet_report(),
+            placement=self._placement_json(),
+            modes={}, runs=[], rfc2544=[], idle=[], idle_skipped={},
+            interrupted=False,
+            mode_order_rule=f"seeded random permutation per repetition (--seed {cfg.seed})",
+            mode_order={}, settle_after_move_s=cfg.settle_s,
+        )
+
     # -- the whole run -----------------------------------------------------------------------
-    def run(self) -> dict[str, Any]:
+    def run(self) -> Results:
         cfg = self.cfg
         self.check()
         assert self.scenario is not None and self.placement is not None
@@ -390,24 +423,7 @@ class Bench(RunContext):
             stack.enter_context(self.signals.installed())
             old_aff = os.sched_getaffinity(0)
             emulated = machine.is_qemu_guest() if cfg.emulated is None else cfg.emulated
-            self.results = {
-                "schema": SCHEMA,
-                "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                "command": cfg.command,
-                "config": cfg.to_json(),
-                "scenario": {"name": self.scenario.name, "title": self.scenario.title,
-                             "parts": list(cfg.parts or [])},
-                "testbed": self._label(emulated),
-                "emulated": emulated,
-                "machine": machine.describe(),
-                "tools": machine.tool_versions(),
-                "quiet_before": machine.quiet_report(),
-                "placement": self._placement_json(),
-                "modes": {}, "runs": [], "rfc2544": [], "idle": [], "idle_skipped": {},
-                "interrupted": False,
-                "mode_order_rule": f"seeded random permutation per repetition (--seed {cfg.seed})",
-                "mode_order": {}, "settle_after_move_s": cfg.settle_s,
-            }
+            self.results = self.head(emulated)
             # fresh adapters: every scenario's modes and the scenario's own (bound by its run)
             self.modes = {**all_modes(), **self.scenario.make_modes()}
             for m, why in availability(cfg.modes, self.modes).items():
@@ -470,19 +486,19 @@ class Bench(RunContext):
     # -- the measurements (kbp.bench.measure: one module each) -----------------------------
     def latency_run(self, mode_name: str, rep: int, *, part: str, condition: str, size: int,
                     rate: float, poisson: bool, duration: float,
-                    uniform_us: list[float] | None = None) -> dict[str, Any]:
+                    uniform_us: list[float] | None = None) -> LatencyRun:
         """One RT latency run of ``mode_name`` (:func:`kbp.bench.measure.latency.
         latency_run`): the record, also appended to results."""
         return latency.latency_run(self, mode_name, rep, part=part, condition=condition,
                                    size=size, rate=rate, poisson=poisson, duration=duration,
                                    uniform_us=uniform_us)
 
-    def rfc2544(self, mode_name: str, rep: int, frame: int) -> dict[str, Any]:
+    def rfc2544(self, mode_name: str, rep: int, frame: int) -> ThroughputRun:
         """One RFC 2544 zero-loss search of ``mode_name`` (:func:`kbp.bench.measure.
         throughput.search`): the record, also in results."""
         return throughput.search(self, mode_name, rep, frame)
 
-    def idle_run(self, mode_name: str) -> dict[str, Any]:
+    def idle_run(self, mode_name: str) -> IdleRun:
         """``mode_name`` on, no traffic (:func:`kbp.bench.measure.idle.idle_run`)."""
         return idle.idle_run(self, mode_name)
 
@@ -517,30 +533,25 @@ def seeded_order(xs: list[str], seed: int, rep: int) -> list[str]:
     return out
 
 
-def pooled_tails(runs: list[dict[str, Any]], samples: dict[str, list[int]], seed: int,
-                 ) -> dict[str, Any]:
+def pooled_tails(runs: list[LatencyRun], samples: Samples, seed: int,
+                 ) -> dict[str, TailSummary]:
     """Tail statistics (n, k-th largest, bootstrap CIs, losses as infinite) of every
     part|condition|mode's kernel round trips pooled over its repetitions."""
     lost: dict[str, int] = {}
     reps: dict[str, int] = {}
     for r in runs:
-        key = f"{r.get('part')}|{r.get('condition')}|{r.get('mode')}"
+        key = schema.sample_key(str(r.get("part")), str(r.get("condition")), str(r.get("mode")))
         lost[key] = lost.get(key, 0) + int(r.get("lost") or 0)
         reps[key] = reps.get(key, 0) + 1
     return {key: {**tail_summary(xs, lost=lost.get(key, 0), seed=seed), "runs": reps.get(key)}
             for key, xs in samples.items()}
 
 
-def write_outputs(results: dict[str, Any], samples: dict[str, list[int]], out: Path,
-                  ) -> dict[str, Path]:
+def write_outputs(results: Results, samples: Samples, out: Path) -> dict[str, Path]:
     """results.json (everything but raw samples) and samples.json.gz (kernel RTTs, ns)."""
-    import gzip
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "results.json", "samples": out / "samples.json.gz"}
-    paths["json"].write_text(json.dumps(results, indent=1, default=str) + "\n")
-    with gzip.open(paths["samples"], "wt") as f:
-        json.dump(samples, f)
-    return paths
+    return {"json": schema.dump(results, out / schema.RESULTS_FILE),
+            "samples": schema.dump_samples(samples, out / schema.SAMPLES_FILE)}
 
 
 def default_out_dir() -> Path:

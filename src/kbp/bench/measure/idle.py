@@ -4,16 +4,17 @@ the RT application, the CPUs' time and interrupts, the poller counters."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kbp.bench import machine, parts, sysstat
 from kbp.bench.modes import search_state
+from kbp.bench.schema import IdleRun
 
 if TYPE_CHECKING:
     from kbp.bench.runner import Bench
 
 
-def idle_run(bench: Bench, mode_name: str) -> dict[str, Any]:
+def idle_run(bench: Bench, mode_name: str) -> IdleRun:
     """``mode_name`` on, no traffic for cfg.idle_duration: CPU time of its poller threads
     and the RT app, the CPUs' time and interrupts, the poller counters."""
     cfg = bench.cfg
@@ -21,10 +22,9 @@ def idle_run(bench: Bench, mode_name: str) -> dict[str, Any]:
     mode = bench.modes[mode_name]
     desc = f"idle cost · {mode_name} ({cfg.idle_duration:g} s, no traffic)"
     bench.note(desc)
-    rec: dict[str, Any] = {"mode": mode_name, "part": parts.IDLE,
-                           "duration": cfg.idle_duration,
-                           "waited_for_quiet_s": bench._wait_quiet(desc),
-                           "quiet": machine.quiet_report()}
+    rec: IdleRun = {"mode": mode_name, "part": parts.IDLE, "duration": cfg.idle_duration,
+                    "waited_for_quiet_s": bench._wait_quiet(desc),
+                    "quiet": machine.quiet_report()}
     with bench._mode(mode):
         threads = mode.threads()
         app = bench.server.pids()

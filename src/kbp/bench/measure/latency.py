@@ -8,9 +8,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from kbp.bench import machine, parts, steer, sysstat, tester, trace, workloads
+from kbp.bench import machine, parts, schema, steer, sysstat, tester, trace, workloads
 from kbp.bench import placement as placement_
 from kbp.bench.modes import search_state
+from kbp.bench.schema import LatencyRun
 from kbp.bench.stats import summarize, tail_summary
 from kbp.bench.testbed import Testbed
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 def latency_run(bench: Bench, mode_name: str, rep: int, *, part: str, condition: str, size: int,
                 rate: float, poisson: bool, duration: float,
-                uniform_us: list[float] | None = None) -> dict[str, Any]:
+                uniform_us: list[float] | None = None) -> LatencyRun:
     """One RT latency run of ``mode_name``: the record, also appended to results.
     ``uniform_us`` (MIN_US, MAX_US): inter-arrival times uniform in that range instead
     of ``rate`` / ``poisson`` (the record's rate is then the range's mean rate)."""
@@ -33,9 +34,9 @@ def latency_run(bench: Bench, mode_name: str, rep: int, *, part: str, condition:
     bench.note(desc)
     if uniform_us is not None:
         rate, poisson = tester.uniform_rate(uniform_us), False
-    rec: dict[str, Any] = {"rep": rep, "mode": mode_name, "scenario": bench.scenario.name,
-                           "part": part, "condition": condition, "rate": rate,
-                           "poisson": poisson, "payload": size, "duration": duration}
+    rec: LatencyRun = {"rep": rep, "mode": mode_name, "scenario": bench.scenario.name,
+                       "part": part, "condition": condition, "rate": rate,
+                       "poisson": poisson, "payload": size, "duration": duration}
     if uniform_us is not None:
         rec["uniform_us"] = list(uniform_us)
     rec["waited_for_quiet_s"] = bench._wait_quiet(desc)
@@ -104,7 +105,7 @@ def latency_run(bench: Bench, mode_name: str, rep: int, *, part: str, condition:
     else:
         rec["kernel_delay"] = None
         rec["kernel_delay_skipped"] = bench.trace_reason or rec.get("kernel_delay_error")
-    key = f"{part}|{condition}|{mode_name}"
+    key = schema.sample_key(part, condition, mode_name)
     bench.samples.setdefault(key, []).extend(res.kernel_ns)
     bench.results["runs"].append(rec)
     rec["took_s"] = time.monotonic() - t_start

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kbp.bench import machine, netstats, rfc2544, sysstat, tester, workloads
 from kbp.bench import placement as placement_
 from kbp.bench.measure.latency import target_ip
+from kbp.bench.schema import ThroughputRun
 from kbp.bench.testbed import Testbed
 
 if TYPE_CHECKING:
     from kbp.bench.runner import Bench
 
 
-def search(bench: Bench, mode_name: str, rep: int, frame: int) -> dict[str, Any]:
+def search(bench: Bench, mode_name: str, rep: int, frame: int) -> ThroughputRun:
     """One RFC 2544 zero-loss search of ``mode_name``: the record, also in results."""
     cfg = bench.cfg
     assert bench.tb is not None and bench.binary is not None and bench.placement is not None
@@ -57,17 +58,19 @@ def search(bench: Bench, mode_name: str, rep: int, frame: int) -> dict[str, Any]
         res = rfc2544.search(trial, hi=hi, resolution=cfg.rfc_resolution,
                              loss_tolerance=cfg.rfc_loss_tolerance)
         s1 = sysstat.Snapshot.take()
-    out = {"rep": rep, "mode": mode_name, "part": "rfc2544", "frame": frame, "payload": size,
-           "throughput_pps": res.throughput,
-           "throughput_mbps": rfc2544.frame_mbps(res.throughput, frame),
-           "bound": res.bound, "hi": hi, "resolution": cfg.rfc_resolution,
-           "trial_s": cfg.rfc_trial,
-           "ceiling_probe": None if probe is None else
-           {"asked": probe.rate, "achieved_pps": probe.achieved_rate, "sent": probe.sent,
-            "received": probe.received,
-            **{k: probe.extra[k] for k in ("tester_timeout", "timed_out_at") if k in probe.extra}},
-           "trials": res.trials, "sys": sysstat.delta(s0, s1),
-           "waited_for_quiet_s": waited, "quiet": quiet}
+    out: ThroughputRun = {
+        "rep": rep, "mode": mode_name, "part": "rfc2544", "frame": frame, "payload": size,
+        "throughput_pps": res.throughput,
+        "throughput_mbps": rfc2544.frame_mbps(res.throughput, frame),
+        "bound": res.bound, "hi": hi, "resolution": cfg.rfc_resolution,
+        "trial_s": cfg.rfc_trial,
+        "ceiling_probe": None if probe is None else
+        {"asked": probe.rate, "achieved_pps": probe.achieved_rate, "sent": probe.sent,
+         "received": probe.received,
+         **{k: probe.extra[k] for k in ("tester_timeout", "timed_out_at")
+            if k in probe.extra}},
+        "trials": res.trials, "sys": sysstat.delta(s0, s1),
+        "waited_for_quiet_s": waited, "quiet": quiet}
     bench.results["rfc2544"].append(out)
     out["took_s"] = time.monotonic() - t_start
     bench.advance(bench.rfc_plan(), desc)

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kbp.bench import modes
+from kbp.bench.schema import Results, Samples, Summary
 
 if TYPE_CHECKING:
     from kbp.bench.runner import Bench, BenchConfig
@@ -136,15 +137,15 @@ class Scenario:
         """Every repetition of every part; records land in bench.results / bench.samples."""
         raise NotImplementedError
 
-    def summarize(self, results: dict[str, Any]) -> dict[str, Any]:
+    def summarize(self, results: Results) -> Summary:
         """results["summary"] from results["runs"] and the other raw records."""
         raise NotImplementedError
 
-    def render(self, results: dict[str, Any]) -> str:
+    def render(self, results: Results) -> str:
         """The scenario's markdown tables (the runner adds the header and footer)."""
         raise NotImplementedError
 
-    def plots(self, results: dict[str, Any], samples: dict[str, list[int]], out: Path,
+    def plots(self, results: Results, samples: Samples, out: Path,
               ) -> list[Path]:
         """PNG plots written to ``out``."""
         raise NotImplementedError

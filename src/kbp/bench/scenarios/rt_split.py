@@ -96,6 +96,7 @@ from kbp.bench import modes, plots, report, steer, workloads
 from kbp.bench import parts as pt
 from kbp.bench import placement as pl
 from kbp.bench.scenarios import Scenario
+from kbp.bench.schema import Results, Samples, Summary, config_of, summary_of
 from kbp.bench.stats import aggregate, ratios_to_baseline
 
 if TYPE_CHECKING:
@@ -235,7 +236,7 @@ class RtSplit(Scenario):
                                  load_name="TCP heavy sender")
 
     # -- summary and report -------------------------------------------------------------
-    def summarize(self, results: dict[str, Any]) -> dict[str, Any]:
+    def summarize(self, results: Results) -> Summary:
         summ = report.summarize(results)
         runs = [r for r in results.get("runs") or [] if r.get("part") == pt.RTT]
         summ["split"] = split_summary(runs, report.placement_of(results))
@@ -245,12 +246,12 @@ class RtSplit(Scenario):
                                                      LOADS["on"], idle=LOADS["off"])}
         return summ
 
-    def render(self, results: dict[str, Any]) -> str:
-        summ = results.get("summary") or {}
+    def render(self, results: Results) -> str:
+        summ = summary_of(results)
         split = summ.get("split") or {}
         rs = results.get("rt_split") or {}
         place = report.placement_of(results)
-        cfg = results.get("config") or {}
+        cfg = config_of(results)
         out = [f"RT app: {hs.app_words(results)}. RT flow: {report.arrival_words(cfg)}, "
                f"{cfg.get('frame')} B frames, {cfg.get('duration'):g} s per run. Non-RT CPU "
                f"of mode exclusive: {rs.get('nonrt_cpu', '?')}"
@@ -266,7 +267,7 @@ class RtSplit(Scenario):
         out += report.rtt_sections(results, {c: t for c, t in CONDITIONS.items()})
         return "\n".join(out)
 
-    def plots(self, results: dict[str, Any], samples: dict[str, list[int]], out: Path,
+    def plots(self, results: Results, samples: Samples, out: Path,
               ) -> list[Path]:
         return plots.standard(results, samples, out, CONDITIONS)
 

@@ -56,6 +56,7 @@ from kbp.bench import modes, plots, report, steer
 from kbp.bench import parts as pt
 from kbp.bench import placement as pl
 from kbp.bench.scenarios import Scenario
+from kbp.bench.schema import Results, Samples, Summary, summary_of
 from kbp.bench.stats import aggregate
 
 if TYPE_CHECKING:
@@ -167,7 +168,7 @@ class SharedCpu(Scenario):
                 _rfc_under_flood(bench, rep, load)
 
     # -- summary and report -------------------------------------------------------------
-    def summarize(self, results: dict[str, Any]) -> dict[str, Any]:
+    def summarize(self, results: Results) -> Summary:
         summ = report.summarize(results)
         runs = [r for r in results.get("runs") or [] if r.get("part") == pt.RTT]
         summ["rt_cpu_rx"] = rx_summary(runs)
@@ -178,8 +179,8 @@ class SharedCpu(Scenario):
                                                      idle="idle")}
         return summ
 
-    def render(self, results: dict[str, Any]) -> str:
-        summ = results.get("summary") or {}
+    def render(self, results: Results) -> str:
+        summ = summary_of(results)
         out = [acceptance_line(summ.get("acceptance") or {}), "",
                f"RT app: {hs.app_words(results)}. Flood: {pt.flood_words(results)}.", ""]
         out += report.per_mode_section((summ.get("per_mode") or {}).get("modes") or {},
@@ -196,12 +197,12 @@ class SharedCpu(Scenario):
                                     "the flood**")
         return "\n".join([*out, *rfc])
 
-    def plots(self, results: dict[str, Any], samples: dict[str, list[int]], out: Path,
+    def plots(self, results: Results, samples: Samples, out: Path,
               ) -> list[Path]:
         return plots.standard(results, samples, out, conditions(results))
 
 
-def conditions(results: dict[str, Any]) -> dict[str, str]:
+def conditions(results: Results) -> dict[str, str]:
     """The conditions' titles: the RT device is a NIC port with --nic-pair, else RPS-steered."""
     return NIC_CONDITIONS if results.get("nic_pair") else CONDITIONS
 

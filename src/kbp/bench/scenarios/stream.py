@@ -54,6 +54,7 @@ from kbp.bench import parts as pt
 from kbp.bench import placement as pl
 from kbp.bench.modes import search_state
 from kbp.bench.scenarios import Scenario
+from kbp.bench.schema import Results, Samples, Summary, config_of, summary_of
 from kbp.bench.stats import aggregate, ratios_to_baseline
 
 if TYPE_CHECKING:
@@ -185,16 +186,16 @@ class Stream(Scenario):
                                tuple(nic or ()))
 
     # -- summary and report ---------------------------------------------------------------
-    def summarize(self, results: dict[str, Any]) -> dict[str, Any]:
+    def summarize(self, results: Results) -> Summary:
         summ = report.summarize(results)
         summ["stream"] = summarize_streams(results.get("stream") or [],
                                            report.placement_of(results))
         return summ
 
-    def render(self, results: dict[str, Any]) -> str:
+    def render(self, results: Results) -> str:
         return "\n".join(stream_sections(results))
 
-    def plots(self, results: dict[str, Any], samples: dict[str, list[int]], out: Path,
+    def plots(self, results: Results, samples: Samples, out: Path,
               ) -> list[Path]:
         p = stream_bars(results, out)
         return [p] if p is not None else []
@@ -418,9 +419,9 @@ def stream_table(part: dict[str, Any], irqs: bool) -> str:
     return "\n".join(rows)
 
 
-def stream_sections(results: dict[str, Any]) -> list[str]:
-    cfg = results.get("config") or {}
-    summ = (results.get("summary") or {}).get("stream") or {}
+def stream_sections(results: Results) -> list[str]:
+    cfg = config_of(results)
+    summ = summary_of(results).get("stream") or {}
     setup = results.get("stream_setup") or {}
     place = report.placement_of(results)
     irq = (setup.get("interrupts") or {})
@@ -451,10 +452,10 @@ def stream_sections(results: dict[str, Any]) -> list[str]:
     return out
 
 
-def stream_bars(results: dict[str, Any], out: Path) -> Path | None:
+def stream_bars(results: Results, out: Path) -> Path | None:
     """Goodput and polling CPU per mode, one column per stream."""
     from kbp.bench.plots import _plt, color
-    summ = (results.get("summary") or {}).get("stream") or {}
+    summ = summary_of(results).get("stream") or {}
     parts = [p for p in (TCP, UDP) if p in summ]
     if not parts:
         return None

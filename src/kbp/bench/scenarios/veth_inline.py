@@ -18,12 +18,13 @@ Parts: ``rtt`` (conditions ``load-off`` / ``load-on``, alternating which comes f
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from kbp.bench import parts as pt
 from kbp.bench import placement as pl
 from kbp.bench import plots, report
 from kbp.bench.scenarios import Scenario
+from kbp.bench.schema import Results, Samples, Summary
 
 if TYPE_CHECKING:
     from kbp.bench.runner import Bench, BenchConfig
@@ -90,14 +91,14 @@ class VethInline(Scenario):
             if pt.RFC2544 in (cfg.parts or []):
                 pt.rfc2544(bench, rep)
 
-    def summarize(self, results: dict[str, Any]) -> dict[str, Any]:
+    def summarize(self, results: Results) -> Summary:
         return report.summarize(results)
 
-    def render(self, results: dict[str, Any]) -> str:
+    def render(self, results: Results) -> str:
         return "\n".join([*report.rtt_sections(results, CONDITIONS),
                           *report.table2_section(results), *report.rfc_section(results)])
 
-    def plots(self, results: dict[str, Any], samples: dict[str, list[int]], out: Path,
+    def plots(self, results: Results, samples: Samples, out: Path,
               ) -> list[Path]:
         return plots.standard(results, samples, out, CONDITIONS)
 

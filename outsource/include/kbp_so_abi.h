@@ -35,18 +35,13 @@
 #define KBP_SO_ABI_H
 
 #ifdef __KERNEL__
-#include <linux/types.h>
 #include <linux/build_bug.h>
-#define KBP_SO_STATIC_ASSERT(c, m) static_assert(c, m)
 #else
-#include <stdint.h>
-typedef uint8_t __u8;
-typedef uint16_t __u16;
-typedef uint32_t __u32;
-typedef uint64_t __u64;
-typedef int32_t __s32;
-#define KBP_SO_STATIC_ASSERT(c, m) _Static_assert(c, m)
+#include <assert.h>		/* static_assert (C11) */
 #endif
+#include <linux/const.h>	/* _BITUL, _BITULL: uapi, kernel and user space */
+#include <linux/types.h>	/* __u8 .. __u64, __s32: the uapi types */
+#define KBP_SO_STATIC_ASSERT(c, m) static_assert(c, m)
 
 /* "KBPSOABI" read as a little-endian u64 */
 #define KBP_SO_MAGIC		0x4942414f5350424bULL
@@ -115,9 +110,9 @@ struct kbp_so_header {
 #define KBP_SO_HEARTBEAT_MS	100
 
 /* host_features / guest_features */
-#define KBP_SO_FEAT_POLL_ARM	(1ULL << 0)	/* POLL with KBP_SO_F_ARM */
-#define KBP_SO_FEAT_NEED_IRQ	(1ULL << 1)	/* host honours need_irq */
-#define KBP_SO_FEAT_HOST_POLL	(1ULL << 2)	/* host_polling may be set */
+#define KBP_SO_FEAT_POLL_ARM	_BITULL(0)	/* POLL with KBP_SO_F_ARM */
+#define KBP_SO_FEAT_NEED_IRQ	_BITULL(1)	/* host honours need_irq */
+#define KBP_SO_FEAT_HOST_POLL	_BITULL(2)	/* host_polling may be set */
 
 /* queue_ctl.host_error (H): why the host stopped serving a queue */
 enum kbp_so_queue_error {
@@ -205,25 +200,25 @@ enum kbp_so_op {
 };
 
 /* sqe.flags */
-#define KBP_SO_F_WAIT		(1U << 0)	/* park until done (blocking) */
-#define KBP_SO_F_ARM		(1U << 1)	/* POLL: park until an event */
+#define KBP_SO_F_WAIT		_BITUL(0)	/* park until done (blocking) */
+#define KBP_SO_F_ARM		_BITUL(1)	/* POLL: park until an event */
 #define KBP_SO_F_ALL		(KBP_SO_F_WAIT | KBP_SO_F_ARM)
 
 /* sqe.msg_flags (the guest maps MSG_* to these) */
-#define KBP_SO_MSG_PEEK		(1U << 0)
-#define KBP_SO_MSG_TRUNC	(1U << 1)	/* res = datagram length */
-#define KBP_SO_MSG_DONTWAIT	(1U << 2)	/* never park, even with WAIT */
+#define KBP_SO_MSG_PEEK		_BITUL(0)
+#define KBP_SO_MSG_TRUNC	_BITUL(1)	/* res = datagram length */
+#define KBP_SO_MSG_DONTWAIT	_BITUL(2)	/* never park, even with WAIT */
 #define KBP_SO_MSG_ALL		(KBP_SO_MSG_PEEK | KBP_SO_MSG_TRUNC | \
 				 KBP_SO_MSG_DONTWAIT)
 
 /* cqe.out_flags for SENDMSG/RECVMSG */
-#define KBP_SO_OUT_TRUNC	(1U << 0)	/* datagram longer than buffer */
+#define KBP_SO_OUT_TRUNC	_BITUL(0)	/* datagram longer than buffer */
 
 /* POLL events (arg1) and revents (cqe.out_flags) */
-#define KBP_SO_POLL_IN		(1U << 0)
-#define KBP_SO_POLL_OUT		(1U << 1)
-#define KBP_SO_POLL_ERR		(1U << 2)
-#define KBP_SO_POLL_HUP		(1U << 3)
+#define KBP_SO_POLL_IN		_BITUL(0)
+#define KBP_SO_POLL_OUT		_BITUL(1)
+#define KBP_SO_POLL_ERR		_BITUL(2)
+#define KBP_SO_POLL_HUP		_BITUL(3)
 #define KBP_SO_POLL_ALL		0xfU
 
 /* setsockopt/getsockopt options: an allowlist, each an int value */

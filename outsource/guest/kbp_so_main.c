@@ -30,6 +30,13 @@
 
 #include "kbp_so_abi.h"
 
+/* proto_ops.bind/connect take struct sockaddr_unsized from 7.x (Kbuild probe) */
+#ifdef KBP_SO_HAVE_SOCKADDR_UNSIZED
+#define kbp_so_uaddr sockaddr_unsized
+#else
+#define kbp_so_uaddr sockaddr
+#endif
+
 #define KBP_SO_PROTO		253	/* RFC 3692 experimental */
 #define IVSHMEM_REG_IVPOSITION	8
 #define IVSHMEM_REG_DOORBELL	12
@@ -245,11 +252,11 @@ static int kbp_so_addr_from(const struct sockaddr *uaddr, int len,
 	return 0;
 }
 
-static int kbp_so_bind(struct socket *sock, struct sockaddr *uaddr, int len)
+static int kbp_so_bind(struct socket *sock, struct kbp_so_uaddr *uaddr, int len)
 {
 	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_BIND };
 	struct kbp_so_cqe cqe;
-	int err = kbp_so_addr_from(uaddr, len, &sqe.addr);
+	int err = kbp_so_addr_from((struct sockaddr *)uaddr, len, &sqe.addr);
 
 	if (err)
 		return err;
@@ -258,12 +265,12 @@ static int kbp_so_bind(struct socket *sock, struct sockaddr *uaddr, int len)
 	return kbp_so_sock_call(sock->sk, &sqe, &cqe);
 }
 
-static int kbp_so_connect(struct socket *sock, struct sockaddr *uaddr, int len,
+static int kbp_so_connect(struct socket *sock, struct kbp_so_uaddr *uaddr, int len,
 			  int flags)
 {
 	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_CONNECT };
 	struct kbp_so_cqe cqe;
-	int err = kbp_so_addr_from(uaddr, len, &sqe.addr);
+	int err = kbp_so_addr_from((struct sockaddr *)uaddr, len, &sqe.addr);
 
 	if (err)
 		return err;

@@ -54,6 +54,7 @@ class Sod:
     queues: int = 2
     entries: int = 16
     extra: list[str] = field(default_factory=list)
+    netns: str = ""
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     starts: int = 0
@@ -72,7 +73,8 @@ class Sod:
 
     def spec(self) -> str:
         return (f"name=t,region={self.region},socket={self.sock},ram={self.ram},"
-                f"queues={self.queues},entries={self.entries}")
+                f"queues={self.queues},entries={self.entries}"
+                + (f",netns={self.netns}" if self.netns else ""))
 
     def start(self, wait: bool = True, env: dict[str, str] | None = None) -> None:
         self.starts += 1

@@ -43,6 +43,7 @@ lint: setup
 	$(PY) -m ruff check src tests vm tools
 	$(PY) tools/kbp_spec.py check
 	$(MAKE) -C module checkpatch KSRC=$(CURDIR)/.cache/checkpatch
+	$(MAKE) -C outsource/guest checkpatch KSRC=$(CURDIR)/.cache/checkpatch
 
 test-host: setup
 	$(PY) -m pytest -q -ra tests vm/tests

@@ -1,0 +1,1 @@
+../include/kbp_so_abi.h

@@ -1,0 +1,669 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * kbp_so: the guest side of kbp socket outsourcing (docs/design.md, section 11).
+ *
+ * This is the foundation of part 1: it binds the ivshmem-doorbell device
+ * that kbp-sod serves, checks the region's header and layout, attaches with
+ * the reset handshake, and carries synchronous requests over the per-vCPU
+ * rings (doorbell to the host, one MSI-X vector per queue back).  It
+ * registers the private protocol (AF_INET, SOCK_DGRAM, KBP_SO_PROTO) whose
+ * socket, bind, connect, getsockname/getpeername and close are requests to
+ * the host.  Not yet here (next session): sendmsg/recvmsg with pinned user
+ * pages, poll, the setsockopt subset, shutdown, AF_INET6, and re-attaching
+ * after a daemon restart; those operations fail with EOPNOTSUPP until then.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/completion.h>
+#include <linux/delay.h>
+#include <linux/interrupt.h>
+#include <linux/io.h>
+#include <linux/module.h>
+#include <linux/net.h>
+#include <linux/pci.h>
+#include <linux/rwsem.h>
+#include <linux/slab.h>
+#include <linux/spinlock.h>
+#include <net/inet_common.h>
+#include <net/protocol.h>
+#include <net/sock.h>
+
+#include "kbp_so_abi.h"
+
+/* proto_ops.bind/connect take struct sockaddr_unsized from 7.x (Kbuild probe) */
+#ifdef KBP_SO_HAVE_SOCKADDR_UNSIZED
+#define kbp_so_uaddr sockaddr_unsized
+#else
+#define kbp_so_uaddr sockaddr
+#endif
+
+#define KBP_SO_PROTO		253	/* RFC 3692 experimental */
+#define IVSHMEM_REG_IVPOSITION	8
+#define IVSHMEM_REG_DOORBELL	12
+#define KBP_SO_HOST_PEER	0	/* kbp-sod's ivshmem peer ID */
+#define KBP_SO_CALL_TIMEOUT	(2 * HZ)
+#define KBP_SO_ATTACH_MS	2000
+
+struct kbp_so_req {
+	struct completion done;
+	struct kbp_so_cqe cqe;
+};
+
+struct kbp_so_dev;
+
+struct kbp_so_queue {
+	struct kbp_so_dev *dev;
+	/*
+	 * lock: the guest's private ring state below and the slot table.  Taken
+	 * by submitters (process context, irqsave) and by the queue's interrupt
+	 * handler; a threaded handler on PREEMPT_RT, where it sleeps, which is
+	 * fine: nothing here is taken from a context that cannot.
+	 */
+	spinlock_t lock;
+	struct kbp_so_queue_ctl *ctl;	/* shared */
+	struct kbp_so_sqe *sq;		/* shared */
+	struct kbp_so_cqe *cq;		/* shared */
+	u32 sq_tail;
+	u32 cq_head;
+	struct kbp_so_req **slots;	/* ring_entries; a tag's low half */
+	u32 *slot_gen;			/* a tag's high half */
+	bool broken;			/* host posted an impossible cq_tail */
+};
+
+struct kbp_so_dev {
+	struct pci_dev *pdev;
+	void __iomem *regs;		/* BAR0 */
+	struct kbp_so_header *hdr;	/* BAR2, write-back mapped */
+	size_t size;
+	u32 nr_queues;			/* laid out by the host */
+	u32 nr_used;			/* queues that have an interrupt vector */
+	u32 entries;
+	u32 epoch;
+	u32 attach_id;
+	bool dead;			/* under every queue's lock to set */
+	struct kbp_so_queue *q;
+};
+
+/*
+ * kbp_so_rwsem: the current device.  Requests hold it for reading for their
+ * whole round trip; removal marks the device dead (failing every waiter),
+ * then takes it for writing, so the device outlives every caller using it.
+ */
+static DECLARE_RWSEM(kbp_so_rwsem);
+static struct kbp_so_dev *kbp_so_cur;
+static u32 kbp_so_attach_ids;	/* under kbp_so_rwsem (write) */
+
+struct kbp_so_sock {
+	struct inet_sock inet;		/* first: inet_create uses inet_sk() */
+	u32 handle;			/* the host's; 0: none */
+	u32 attach_id;			/* the attach that made it */
+};
+
+static struct kbp_so_sock *kbp_so_sk(const struct sock *sk)
+{
+	return (struct kbp_so_sock *)sk;
+}
+
+/* Consumes the queue's new completions and wakes their callers. */
+static void kbp_so_reap(struct kbp_so_dev *dev, struct kbp_so_queue *q)
+{
+	unsigned long flags;
+	u32 tail;
+
+	spin_lock_irqsave(&q->lock, flags);
+	/* acquire: the CQEs before cq_tail are written (host's release) */
+	tail = smp_load_acquire(&q->ctl->cq_tail);
+	if (tail - q->cq_head > dev->entries) {
+		if (!q->broken)
+			pci_err(dev->pdev, "host posted cq_tail %u, head %u: queue stopped\n",
+				tail, q->cq_head);
+		q->broken = true;
+	}
+	while (!q->broken && q->cq_head != tail) {
+		struct kbp_so_cqe cqe;
+		struct kbp_so_req *req;
+		u32 slot;
+
+		memcpy(&cqe, &q->cq[q->cq_head & (dev->entries - 1)], sizeof(cqe));
+		q->cq_head++;
+		slot = lower_32_bits(cqe.tag);
+		if (slot >= dev->entries || !q->slots[slot] ||
+		    q->slot_gen[slot] != upper_32_bits(cqe.tag))
+			continue;	/* a caller that timed out */
+		req = q->slots[slot];
+		q->slots[slot] = NULL;
+		req->cqe = cqe;
+		complete(&req->done);
+	}
+	/* release: our reads of the slots are done before the host reuses them */
+	smp_store_release(&q->ctl->cq_head, q->cq_head);
+	spin_unlock_irqrestore(&q->lock, flags);
+}
+
+static irqreturn_t kbp_so_irq(int irq, void *data)
+{
+	struct kbp_so_queue *q = data;
+
+	kbp_so_reap(q->dev, q);
+	return IRQ_HANDLED;
+}
+
+/*
+ * One synchronous request on the current vCPU's queue.  The caller holds
+ * kbp_so_rwsem for reading.  Returns 0 with *cqe filled, or -errno.
+ */
+static int kbp_so_call(struct kbp_so_dev *dev, struct kbp_so_sqe *sqe,
+		       struct kbp_so_cqe *cqe)
+{
+	struct kbp_so_req req;
+	struct kbp_so_queue *q;
+	unsigned long flags;
+	u32 qi, slot, host_head;
+	bool polling;
+
+	qi = raw_smp_processor_id() % dev->nr_used;
+	q = &dev->q[qi];
+	init_completion(&req.done);
+
+	spin_lock_irqsave(&q->lock, flags);
+	if (dev->dead || q->broken) {
+		spin_unlock_irqrestore(&q->lock, flags);
+		return -ENETDOWN;
+	}
+	host_head = READ_ONCE(q->ctl->sq_head);
+	for (slot = 0; slot < dev->entries && q->slots[slot]; slot++)
+		;
+	if (slot == dev->entries || q->sq_tail - host_head >= dev->entries) {
+		spin_unlock_irqrestore(&q->lock, flags);
+		return -EAGAIN;
+	}
+	q->slots[slot] = &req;
+	q->slot_gen[slot]++;
+	sqe->tag = (u64)q->slot_gen[slot] << 32 | slot;
+	memcpy(&q->sq[q->sq_tail & (dev->entries - 1)], sqe, sizeof(*sqe));
+	q->sq_tail++;
+	/* release: the SQE is written before the host can see the new tail */
+	smp_store_release(&q->ctl->sq_tail, q->sq_tail);
+	/* sq_tail before host_polling: pairs with the host's clear-then-rescan */
+	smp_mb();
+	polling = READ_ONCE(q->ctl->host_polling);
+	spin_unlock_irqrestore(&q->lock, flags);
+	if (!polling)
+		writel(KBP_SO_HOST_PEER << 16 | qi, dev->regs + IVSHMEM_REG_DOORBELL);
+
+	if (!wait_for_completion_timeout(&req.done, KBP_SO_CALL_TIMEOUT)) {
+		spin_lock_irqsave(&q->lock, flags);
+		if (q->slots[slot] == &req) {
+			/*
+			 * The host has not answered.  No request of this module
+			 * lends the host guest memory yet, so forgetting the slot
+			 * is safe; data requests will cancel and keep their pins.
+			 */
+			q->slots[slot] = NULL;
+			spin_unlock_irqrestore(&q->lock, flags);
+			return -ETIMEDOUT;
+		}
+		spin_unlock_irqrestore(&q->lock, flags);
+		/* completed while we gave up: the completion is on its way */
+		wait_for_completion(&req.done);
+	}
+	*cqe = req.cqe;
+	return 0;
+}
+
+/* A request by a socket: the device it was made on, still attached. */
+static int kbp_so_sock_call(struct sock *sk, struct kbp_so_sqe *sqe,
+			    struct kbp_so_cqe *cqe)
+{
+	struct kbp_so_sock *ks = kbp_so_sk(sk);
+	int err;
+
+	sqe->sock = ks->handle;
+	down_read(&kbp_so_rwsem);
+	if (!kbp_so_cur || kbp_so_cur->attach_id != ks->attach_id || !ks->handle)
+		err = -ECONNRESET;	/* its host socket is gone */
+	else if (READ_ONCE(kbp_so_cur->hdr->epoch) != kbp_so_cur->epoch)
+		err = -ECONNRESET;	/* the daemon restarted */
+	else
+		err = kbp_so_call(kbp_so_cur, sqe, cqe);
+	up_read(&kbp_so_rwsem);
+	if (!err && cqe->res < 0)
+		err = cqe->res;
+	return err;
+}
+
+static int kbp_so_addr_from(const struct sockaddr *uaddr, int len,
+			    struct kbp_so_addr *a)
+{
+	const struct sockaddr_in *sin = (const struct sockaddr_in *)uaddr;
+
+	memset(a, 0, sizeof(*a));
+	if (len < (int)sizeof(sa_family_t))
+		return -EINVAL;
+	if (uaddr->sa_family == AF_UNSPEC)
+		return 0;
+	if (uaddr->sa_family != AF_INET)
+		return -EAFNOSUPPORT;
+	if (len < (int)sizeof(*sin))
+		return -EINVAL;
+	a->family = KBP_SO_AF_INET;
+	a->port = (__force u16)sin->sin_port;
+	memcpy(a->addr, &sin->sin_addr, 4);
+	return 0;
+}
+
+static int kbp_so_bind(struct socket *sock, struct kbp_so_uaddr *uaddr, int len)
+{
+	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_BIND };
+	struct kbp_so_cqe cqe;
+	int err = kbp_so_addr_from((struct sockaddr *)uaddr, len, &sqe.addr);
+
+	if (err)
+		return err;
+	if (sqe.addr.family != KBP_SO_AF_INET)
+		return -EAFNOSUPPORT;
+	return kbp_so_sock_call(sock->sk, &sqe, &cqe);
+}
+
+static int kbp_so_connect(struct socket *sock, struct kbp_so_uaddr *uaddr, int len,
+			  int flags)
+{
+	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_CONNECT };
+	struct kbp_so_cqe cqe;
+	int err = kbp_so_addr_from((struct sockaddr *)uaddr, len, &sqe.addr);
+
+	if (err)
+		return err;
+	return kbp_so_sock_call(sock->sk, &sqe, &cqe);
+}
+
+static int kbp_so_getname(struct socket *sock, struct sockaddr *uaddr, int peer)
+{
+	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_GETNAME, .arg0 = !!peer };
+	struct sockaddr_in *sin = (struct sockaddr_in *)uaddr;
+	struct kbp_so_cqe cqe;
+	int err = kbp_so_sock_call(sock->sk, &sqe, &cqe);
+
+	if (err)
+		return err;
+	memset(sin, 0, sizeof(*sin));
+	sin->sin_family = AF_INET;
+	sin->sin_port = (__force __be16)cqe.addr.port;
+	memcpy(&sin->sin_addr, cqe.addr.addr, 4);
+	return sizeof(*sin);
+}
+
+/* proto.init: the host socket is made with the guest's. */
+static int kbp_so_init_sock(struct sock *sk)
+{
+	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_SOCKET, .arg0 = KBP_SO_AF_INET };
+	struct kbp_so_sock *ks = kbp_so_sk(sk);
+	struct kbp_so_cqe cqe;
+	int err;
+
+	ks->handle = 0;
+	down_read(&kbp_so_rwsem);
+	if (!kbp_so_cur) {
+		err = -ENETDOWN;	/* no daemon: the policy's "error" fallback */
+	} else {
+		ks->attach_id = kbp_so_cur->attach_id;
+		err = kbp_so_call(kbp_so_cur, &sqe, &cqe);
+	}
+	up_read(&kbp_so_rwsem);
+	if (!err && cqe.res < 0)
+		err = cqe.res;
+	if (err)
+		return err;
+	ks->handle = cqe.sock;
+	/* SO_PROTOCOL and security labels see UDP (docs/design.md, 11.1) */
+	sk->sk_protocol = IPPROTO_UDP;
+	return 0;
+}
+
+static void kbp_so_close(struct sock *sk, long timeout)
+{
+	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_CLOSE };
+	struct kbp_so_cqe cqe;
+
+	if (kbp_so_sk(sk)->handle)
+		kbp_so_sock_call(sk, &sqe, &cqe);	/* gone either way */
+	kbp_so_sk(sk)->handle = 0;
+	sk_common_release(sk);
+}
+
+static void kbp_so_unhash(struct sock *sk)
+{
+	/* nothing hashed in this kernel: the host owns the port */
+}
+
+static struct proto kbp_so_prot = {
+	.name		= "KBP_SO",
+	.owner		= THIS_MODULE,
+	.obj_size	= sizeof(struct kbp_so_sock),
+	.init		= kbp_so_init_sock,
+	.close		= kbp_so_close,
+	.unhash		= kbp_so_unhash,
+};
+
+static const struct proto_ops kbp_so_ops = {
+	.family		= PF_INET,
+	.owner		= THIS_MODULE,
+	.release	= inet_release,
+	.bind		= kbp_so_bind,
+	.connect	= kbp_so_connect,
+	.socketpair	= sock_no_socketpair,
+	.accept		= sock_no_accept,
+	.getname	= kbp_so_getname,
+	.ioctl		= sock_no_ioctl,
+	.listen		= sock_no_listen,
+	.shutdown	= sock_no_shutdown,
+	.sendmsg	= sock_no_sendmsg,
+	.recvmsg	= sock_no_recvmsg,
+	.mmap		= sock_no_mmap,
+};
+
+static struct inet_protosw kbp_so_protosw = {
+	.type		= SOCK_DGRAM,
+	.protocol	= KBP_SO_PROTO,
+	.prot		= &kbp_so_prot,
+	.ops		= &kbp_so_ops,
+};
+
+/* The region is the host's: check everything the guest will index with. */
+static int kbp_so_check_header(struct kbp_so_dev *dev)
+{
+	struct kbp_so_header *h = dev->hdr;
+	u64 end;
+
+	if (READ_ONCE(h->magic) != KBP_SO_MAGIC) {
+		pci_info(dev->pdev, "not a kbp-sod region (magic %#llx)\n",
+			 READ_ONCE(h->magic));
+		return -ENODEV;
+	}
+	if (READ_ONCE(h->version_major) != KBP_SO_VERSION_MAJOR ||
+	    READ_ONCE(h->header_size) != KBP_SO_HEADER_SIZE) {
+		pci_err(dev->pdev, "ABI %u.%u, this module speaks %u.x\n",
+			READ_ONCE(h->version_major), READ_ONCE(h->version_minor),
+			KBP_SO_VERSION_MAJOR);
+		return -EPROTONOSUPPORT;
+	}
+	/* acquire: the host fills the header before it says UP */
+	if (smp_load_acquire(&h->host_state) != KBP_SO_HOST_UP) {
+		pci_err(dev->pdev, "kbp-sod is not serving this region\n");
+		return -ENODEV;
+	}
+	dev->nr_queues = READ_ONCE(h->nr_queues);
+	dev->entries = READ_ONCE(h->ring_entries);
+	end = READ_ONCE(h->queue_offset) +
+	      (u64)dev->nr_queues * READ_ONCE(h->queue_stride);
+	if (!dev->nr_queues || dev->nr_queues > KBP_SO_MAX_QUEUES ||
+	    !kbp_so_entries_valid(dev->entries) ||
+	    READ_ONCE(h->queue_offset) < KBP_SO_HEADER_SIZE ||
+	    READ_ONCE(h->queue_stride) < kbp_so_queue_bytes(dev->entries) ||
+	    end > dev->size) {
+		pci_err(dev->pdev, "bad layout: %u queues of %u, offset %u stride %u, %zu bytes\n",
+			dev->nr_queues, dev->entries, READ_ONCE(h->queue_offset),
+			READ_ONCE(h->queue_stride), dev->size);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int kbp_so_alloc_queues(struct kbp_so_dev *dev)
+{
+	struct device *d = &dev->pdev->dev;
+	u32 i;
+
+	dev->q = devm_kcalloc(d, dev->nr_queues, sizeof(*dev->q), GFP_KERNEL);
+	if (!dev->q)
+		return -ENOMEM;
+	for (i = 0; i < dev->nr_queues; i++) {
+		struct kbp_so_queue *q = &dev->q[i];
+		u8 *base = (u8 *)dev->hdr + dev->hdr->queue_offset +
+			   (size_t)i * dev->hdr->queue_stride;
+
+		spin_lock_init(&q->lock);
+		q->dev = dev;
+		q->ctl = (struct kbp_so_queue_ctl *)base;
+		q->sq = (struct kbp_so_sqe *)(base + KBP_SO_QCTL_SIZE);
+		q->cq = (struct kbp_so_cqe *)(base + KBP_SO_QCTL_SIZE +
+					      (size_t)dev->entries * sizeof(*q->sq));
+		q->slots = devm_kcalloc(d, dev->entries, sizeof(*q->slots), GFP_KERNEL);
+		q->slot_gen = devm_kcalloc(d, dev->entries, sizeof(*q->slot_gen),
+					   GFP_KERNEL);
+		if (!q->slots || !q->slot_gen)
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+/* The reset handshake (docs/design.md, 11.5), then ATTACHED at this epoch. */
+static int kbp_so_attach(struct kbp_so_dev *dev)
+{
+	struct kbp_so_header *h = dev->hdr;
+	u32 gen = READ_ONCE(h->guest_gen) + 1, i;
+	unsigned long end;
+
+	WRITE_ONCE(h->guest_state, KBP_SO_GUEST_RESET);
+	smp_wmb();	/* RESET before the generation the host acts on */
+	WRITE_ONCE(h->guest_gen, gen);
+	writel(KBP_SO_HOST_PEER << 16, dev->regs + IVSHMEM_REG_DOORBELL);
+	end = jiffies + msecs_to_jiffies(KBP_SO_ATTACH_MS);
+	/* acquire: the host's reset of the queues is visible once it acks */
+	while (smp_load_acquire(&h->host_ack_gen) != gen) {
+		if (time_after(jiffies, end)) {
+			pci_err(dev->pdev, "kbp-sod did not answer the reset\n");
+			return -ETIMEDOUT;
+		}
+		usleep_range(1000, 2000);
+	}
+	for (i = 0; i < dev->nr_queues; i++) {
+		dev->q[i].sq_tail = 0;
+		dev->q[i].cq_head = 0;
+		WRITE_ONCE(dev->q[i].ctl->need_irq, 1);	/* part 1: always */
+	}
+	dev->epoch = READ_ONCE(h->epoch);
+	WRITE_ONCE(h->guest_epoch, dev->epoch);
+	WRITE_ONCE(h->guest_features, 0);
+	/* release: need_irq and guest_epoch before the host starts serving */
+	smp_store_release(&h->guest_state, KBP_SO_GUEST_ATTACHED);
+	return 0;
+}
+
+static void kbp_so_fail_all(struct kbp_so_dev *dev)
+{
+	unsigned long flags;
+	u32 i, s;
+
+	for (i = 0; i < dev->nr_queues; i++) {
+		struct kbp_so_queue *q = &dev->q[i];
+
+		spin_lock_irqsave(&q->lock, flags);
+		dev->dead = true;
+		for (s = 0; s < dev->entries; s++) {
+			if (!q->slots[s])
+				continue;
+			q->slots[s]->cqe.res = -ENETDOWN;
+			complete(&q->slots[s]->done);
+			q->slots[s] = NULL;
+		}
+		spin_unlock_irqrestore(&q->lock, flags);
+	}
+}
+
+static void kbp_so_free_irqs(struct kbp_so_dev *dev, u32 n)
+{
+	while (n--)
+		free_irq(pci_irq_vector(dev->pdev, n), &dev->q[n]);
+	pci_free_irq_vectors(dev->pdev);
+}
+
+static int kbp_so_probe(struct pci_dev *pdev, const struct pci_device_id *id)
+{
+	struct kbp_so_sqe nop = { .op = KBP_SO_OP_NOP };
+	struct kbp_so_cqe cqe;
+	struct kbp_so_dev *dev;
+	int err, nvec;
+	u32 i;
+
+	dev = devm_kzalloc(&pdev->dev, sizeof(*dev), GFP_KERNEL);
+	if (!dev)
+		return -ENOMEM;
+	dev->pdev = pdev;
+	err = pci_enable_device(pdev);
+	if (err)
+		return err;
+	err = pci_request_regions(pdev, KBUILD_MODNAME);
+	if (err)
+		goto err_disable;
+	dev->regs = pci_iomap(pdev, 0, 0);
+	if (!dev->regs) {
+		err = -ENOMEM;
+		goto err_regions;
+	}
+	dev->size = pci_resource_len(pdev, 2);
+	if (dev->size < KBP_SO_HEADER_SIZE) {
+		err = -ENODEV;
+		goto err_unmap_regs;
+	}
+	/* RAM on the host side: cacheable, like any memory shared with a peer */
+	dev->hdr = memremap(pci_resource_start(pdev, 2), dev->size, MEMREMAP_WB);
+	if (!dev->hdr) {
+		err = -ENOMEM;
+		goto err_unmap_regs;
+	}
+	err = kbp_so_check_header(dev);
+	if (err)
+		goto err_unmap_region;
+	err = kbp_so_alloc_queues(dev);
+	if (err)
+		goto err_unmap_region;
+	pci_set_master(pdev);
+	nvec = pci_alloc_irq_vectors(pdev, 1, dev->nr_queues, PCI_IRQ_MSIX);
+	if (nvec < 0) {
+		err = nvec;
+		pci_err(pdev, "no MSI-X vectors: %d\n", err);
+		goto err_clear_master;
+	}
+	dev->nr_used = nvec;	/* queues past the vectors stay unused */
+	for (i = 0; i < dev->nr_used; i++) {
+		err = request_irq(pci_irq_vector(pdev, i), kbp_so_irq, 0, KBUILD_MODNAME,
+				  &dev->q[i]);
+		if (err) {
+			kbp_so_free_irqs(dev, i);
+			goto err_clear_master;
+		}
+	}
+	err = kbp_so_attach(dev);
+	if (err)
+		goto err_irqs;
+
+	down_write(&kbp_so_rwsem);
+	if (kbp_so_cur) {
+		up_write(&kbp_so_rwsem);
+		pci_err(pdev, "another kbp-sod device is attached already\n");
+		err = -EBUSY;
+		goto err_detach;
+	}
+	dev->attach_id = ++kbp_so_attach_ids;
+	WRITE_ONCE(kbp_so_cur, dev);
+	downgrade_write(&kbp_so_rwsem);
+	/* one round trip: the doorbell, the host, the interrupt */
+	err = kbp_so_call(dev, &nop, &cqe);
+	up_read(&kbp_so_rwsem);
+	if (err || cqe.res) {
+		pci_err(pdev, "NOP round trip failed: %d/%d\n", err, err ? 0 : cqe.res);
+		err = err ? err : -EIO;
+		goto err_unpublish;
+	}
+	pci_set_drvdata(pdev, dev);
+	pci_info(pdev, "attached: ivshmem ID %u, epoch %u, %u of %u queue(s) of %u, NOP round trip ok\n",
+		 readl(dev->regs + IVSHMEM_REG_IVPOSITION), dev->epoch, dev->nr_used,
+		 dev->nr_queues, dev->entries);
+	return 0;
+
+err_unpublish:
+	kbp_so_fail_all(dev);
+	down_write(&kbp_so_rwsem);
+	WRITE_ONCE(kbp_so_cur, NULL);
+	up_write(&kbp_so_rwsem);
+err_detach:
+	/* release: nothing more of ours follows; the host stops serving */
+	smp_store_release(&dev->hdr->guest_state, KBP_SO_GUEST_ABSENT);
+err_irqs:
+	kbp_so_free_irqs(dev, dev->nr_used);
+err_clear_master:
+	pci_clear_master(pdev);
+err_unmap_region:
+	memunmap(dev->hdr);
+err_unmap_regs:
+	pci_iounmap(pdev, dev->regs);
+err_regions:
+	pci_release_regions(pdev);
+err_disable:
+	pci_disable_device(pdev);
+	return err;
+}
+
+static void kbp_so_remove(struct pci_dev *pdev)
+{
+	struct kbp_so_dev *dev = pci_get_drvdata(pdev);
+
+	/* every waiter wakes with ENETDOWN, then no caller is left inside */
+	kbp_so_fail_all(dev);
+	down_write(&kbp_so_rwsem);
+	WRITE_ONCE(kbp_so_cur, NULL);
+	up_write(&kbp_so_rwsem);
+	/* release: no request of ours is left; the host stops serving */
+	smp_store_release(&dev->hdr->guest_state, KBP_SO_GUEST_ABSENT);
+	kbp_so_free_irqs(dev, dev->nr_used);
+	pci_clear_master(pdev);
+	memunmap(dev->hdr);
+	pci_iounmap(pdev, dev->regs);
+	pci_release_regions(pdev);
+	pci_disable_device(pdev);
+}
+
+static const struct pci_device_id kbp_so_ids[] = {
+	{ PCI_DEVICE(0x1af4, 0x1110) },	/* ivshmem (doorbell) */
+	{ }
+};
+MODULE_DEVICE_TABLE(pci, kbp_so_ids);
+
+static struct pci_driver kbp_so_driver = {
+	.name		= KBUILD_MODNAME,
+	.id_table	= kbp_so_ids,
+	.probe		= kbp_so_probe,
+	.remove		= kbp_so_remove,
+};
+
+static int __init kbp_so_init(void)
+{
+	int err = proto_register(&kbp_so_prot, 1);
+
+	if (err)
+		return err;
+	inet_register_protosw(&kbp_so_protosw);
+	err = pci_register_driver(&kbp_so_driver);
+	if (err)
+		goto err_protosw;
+	return 0;
+
+err_protosw:
+	inet_unregister_protosw(&kbp_so_protosw);
+	proto_unregister(&kbp_so_prot);
+	return err;
+}
+
+static void __exit kbp_so_exit(void)
+{
+	/* no socket is left: each holds a reference on this module */
+	pci_unregister_driver(&kbp_so_driver);
+	inet_unregister_protosw(&kbp_so_protosw);
+	proto_unregister(&kbp_so_prot);
+}
+
+module_init(kbp_so_init);
+module_exit(kbp_so_exit);
+MODULE_DESCRIPTION("kbp socket outsourcing: guest UDP sockets served by the host");
+MODULE_LICENSE("GPL");

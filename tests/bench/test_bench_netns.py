@@ -131,6 +131,7 @@ def test_short_bench_napi_and_stock_hybrid(tmp_path: Path) -> None:
         assert len(r["sys"]["net_rx"]) == len(cpu) and sum(r["sys"]["net_rx"]) > 0
         assert r["sys"]["energy"]
         if traced:
+            assert r["kernel_delay"] is not None, r.get("kernel_delay_error")
             xs = r["kernel_delay"]["xmit_to_poll"]
             assert xs["n"] > 0.5 * t["sent"] and xs["p99"] <= xs["max"]
         if r["mode"] == "stock-hybrid":

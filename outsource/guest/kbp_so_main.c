@@ -10,9 +10,10 @@
  * socket, bind, connect, getsockname/getpeername, sendmsg, recvmsg and close
  * are requests to the host.  sendmsg/recvmsg pin the user buffer and hand
  * the host its guest-physical ranges: the host copies the datagram once,
- * between its socket and the process's pages.  Not yet here: poll, the
- * setsockopt subset, shutdown, AF_INET6, buffers that need a bounce page,
- * and re-attaching after a daemon restart (EOPNOTSUPP or ECONNRESET).
+ * between its socket and the process's pages; poll asks the host with an
+ * armed POLL.  Not yet here: the setsockopt subset, shutdown, AF_INET6,
+ * buffers that need a bounce page, and re-attaching after a daemon restart
+ * (EOPNOTSUPP or ECONNRESET).
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -76,6 +77,8 @@ MODULE_PARM_DESC(pinned_pages, "user pages lent to the host now (read only)");
 struct kbp_so_req {
 	struct completion done;
 	struct kbp_so_cqe cqe;
+	/* called before done completes, in the interrupt handler: no sleeping */
+	void (*done_fn)(struct kbp_so_req *req);
 };
 
 struct kbp_so_dev;
@@ -127,11 +130,32 @@ struct kbp_so_sock {
 	struct inet_sock inet;		/* first: inet_create uses inet_sk() */
 	u32 handle;			/* the host's; 0: none */
 	u32 attach_id;			/* the attach that made it */
+	/*
+	 * poll: the host's last answer (KBP_SO_POLL_*), a hint that a receive
+	 * or a send that would block clears; the armed POLL request (at most
+	 * one, KBP_SO_ARMED set from its submission until its completion's
+	 * callback), and where it went.  Lock-free: atomics and one bit owner.
+	 */
+	atomic_t revents;
+	unsigned long pflags;
+	struct kbp_so_req poll_req;
+	struct kbp_so_queue *poll_q;
+	u32 poll_slot;
 };
+
+#define KBP_SO_ARMED	0	/* pflags bit */
 
 static struct kbp_so_sock *kbp_so_sk(const struct sock *sk)
 {
 	return (struct kbp_so_sock *)sk;
+}
+
+/* A request's final completion: its callback, then its waiter. */
+static void kbp_so_finish(struct kbp_so_req *req)
+{
+	if (req->done_fn)
+		req->done_fn(req);
+	complete(&req->done);
 }
 
 /* Consumes the queue's new completions and wakes their callers. */
@@ -164,7 +188,7 @@ static void kbp_so_reap(struct kbp_so_dev *dev, struct kbp_so_queue *q)
 		req = q->slots[slot];
 		q->slots[slot] = NULL;
 		req->cqe = cqe;
-		complete(&req->done);
+		kbp_so_finish(req);
 	}
 	/* release: our reads of the slots are done before the host reuses them */
 	smp_store_release(&q->ctl->cq_head, q->cq_head);
@@ -253,7 +277,7 @@ static struct kbp_so_queue *kbp_so_this_queue(struct kbp_so_dev *dev)
 static int kbp_so_call_on(struct kbp_so_dev *dev, struct kbp_so_queue *q,
 			  struct kbp_so_sqe *sqe, struct kbp_so_cqe *cqe)
 {
-	struct kbp_so_req req;
+	struct kbp_so_req req = { };
 	int slot = kbp_so_submit(dev, q, sqe, &req);
 
 	if (slot < 0)
@@ -505,7 +529,7 @@ static int kbp_so_data_call(struct sock *sk, struct kbp_so_sqe *sqe,
 {
 	struct kbp_so_sock *ks = kbp_so_sk(sk);
 	struct kbp_so_queue *q;
-	struct kbp_so_req req;
+	struct kbp_so_req req = { };
 	long left;
 	int err, slot;
 
@@ -563,6 +587,8 @@ static int kbp_so_sendmsg(struct socket *sock, struct msghdr *msg, size_t len)
 	err = kbp_so_data_call(sock->sk, &sqe, &cqe,
 			       noblock ? KBP_SO_CALL_TIMEOUT :
 					 sock_sndtimeo(sock->sk, false));
+	if (err == -EAGAIN)	/* not writable: the next poll asks the host */
+		atomic_andnot(KBP_SO_POLL_OUT, &kbp_so_sk(sock->sk)->revents);
 	if (!err)
 		err = cqe.res;
 out:
@@ -597,6 +623,10 @@ static int kbp_so_recvmsg(struct socket *sock, struct msghdr *msg, size_t len,
 	err = kbp_so_data_call(sock->sk, &sqe, &cqe,
 			       noblock ? KBP_SO_CALL_TIMEOUT :
 					 sock_rcvtimeo(sock->sk, false));
+	/* consumed, or nothing there: the next poll asks the host again */
+	if (!(flags & MSG_PEEK) || err)
+		atomic_andnot(KBP_SO_POLL_IN | KBP_SO_POLL_ERR,
+			      &kbp_so_sk(sock->sk)->revents);
 	if (err)
 		goto out;
 	if (msg->msg_name && cqe.addr.family == KBP_SO_AF_INET) {
@@ -616,6 +646,100 @@ out:
 	return err;
 }
 
+/*
+ * The armed POLL's completion, in the interrupt handler: the host's
+ * revents become the socket's, then the waiters of sk_sleep() wake (as
+ * sock_def_readable() does) and poll again.  Clearing KBP_SO_ARMED after
+ * the store lets the next ->poll() arm again.
+ */
+static void kbp_so_poll_done(struct kbp_so_req *req)
+{
+	struct kbp_so_sock *ks = container_of(req, struct kbp_so_sock, poll_req);
+	struct sock *sk = &ks->inet.sk;
+	struct socket_wq *wq;
+
+	atomic_set(&ks->revents, req->cqe.res < 0 ? KBP_SO_POLL_ERR :
+		   req->cqe.out_flags & KBP_SO_POLL_ALL);
+	clear_bit_unlock(KBP_SO_ARMED, &ks->pflags);
+	rcu_read_lock();
+	wq = rcu_dereference(sk->sk_wq);
+	if (skwq_has_sleeper(wq))
+		wake_up_interruptible_all(&wq->wait);
+	rcu_read_unlock();
+}
+
+/* Arms one POLL for @want unless one is armed; never sleeps for long. */
+static void kbp_so_poll_arm(struct kbp_so_sock *ks, u32 want)
+{
+	struct kbp_so_sqe sqe = {
+		.op = KBP_SO_OP_POLL, .flags = KBP_SO_F_ARM, .arg1 = want,
+		.sock = ks->handle,
+	};
+	struct kbp_so_queue *q;
+	int slot;
+
+	if (test_and_set_bit_lock(KBP_SO_ARMED, &ks->pflags))
+		return;
+	/* removal holds it for writing: no arming then, the next poll retries */
+	if (!down_read_trylock(&kbp_so_rwsem)) {
+		clear_bit_unlock(KBP_SO_ARMED, &ks->pflags);
+		return;
+	}
+	if (kbp_so_sock_check(ks)) {
+		atomic_set(&ks->revents, KBP_SO_POLL_ERR);
+		clear_bit_unlock(KBP_SO_ARMED, &ks->pflags);
+		goto out;
+	}
+	q = kbp_so_this_queue(kbp_so_cur);
+	ks->poll_req.done_fn = kbp_so_poll_done;
+	ks->poll_q = q;
+	slot = kbp_so_submit(kbp_so_cur, q, &sqe, &ks->poll_req);
+	if (slot < 0) {
+		/* a full ring: say ready, the caller's next operation finds out */
+		atomic_or(want, &ks->revents);
+		clear_bit_unlock(KBP_SO_ARMED, &ks->pflags);
+		goto out;
+	}
+	ks->poll_slot = slot;
+out:
+	up_read(&kbp_so_rwsem);
+}
+
+/* The CLOSE completed the armed POLL on the host: wait for it here too. */
+static void kbp_so_poll_disarm(struct kbp_so_sock *ks)
+{
+	down_read(&kbp_so_rwsem);
+	if (test_bit(KBP_SO_ARMED, &ks->pflags) &&
+	    !wait_for_completion_timeout(&ks->poll_req.done, KBP_SO_CALL_TIMEOUT) &&
+	    !kbp_so_forget(ks->poll_q, ks->poll_slot, &ks->poll_req))
+		wait_for_completion(&ks->poll_req.done);	/* lends no pages */
+	up_read(&kbp_so_rwsem);
+}
+
+static __poll_t kbp_so_poll(struct file *file, struct socket *sock,
+			    poll_table *wait)
+{
+	struct kbp_so_sock *ks = kbp_so_sk(sock->sk);
+	__poll_t mask = 0;
+	u32 rev, want;
+
+	sock_poll_wait(file, sock, wait);
+	rev = atomic_read(&ks->revents);
+	want = (KBP_SO_POLL_IN | KBP_SO_POLL_OUT) & ~rev;
+	if (want && !(rev & KBP_SO_POLL_ERR))
+		kbp_so_poll_arm(ks, want);
+	rev = atomic_read(&ks->revents);	/* the host may have answered */
+	if (rev & KBP_SO_POLL_IN)
+		mask |= EPOLLIN | EPOLLRDNORM;
+	if (rev & KBP_SO_POLL_OUT)
+		mask |= EPOLLOUT | EPOLLWRNORM | EPOLLWRBAND;
+	if (rev & KBP_SO_POLL_ERR)
+		mask |= EPOLLERR;
+	if (rev & KBP_SO_POLL_HUP)
+		mask |= EPOLLHUP;
+	return mask;
+}
+
 /* proto.init: the host socket is made with the guest's. */
 static int kbp_so_init_sock(struct sock *sk)
 {
@@ -625,6 +749,9 @@ static int kbp_so_init_sock(struct sock *sk)
 	int err;
 
 	ks->handle = 0;
+	atomic_set(&ks->revents, 0);
+	ks->pflags = 0;
+	init_completion(&ks->poll_req.done);
 	down_read(&kbp_so_rwsem);
 	if (!kbp_so_cur) {
 		err = -ENETDOWN;	/* no daemon: the policy's "error" fallback */
@@ -650,6 +777,7 @@ static void kbp_so_close(struct sock *sk, long timeout)
 
 	if (kbp_so_sk(sk)->handle)
 		kbp_so_sock_call(sk, &sqe, &cqe);	/* gone either way */
+	kbp_so_poll_disarm(kbp_so_sk(sk));
 	kbp_so_sk(sk)->handle = 0;
 	sk_common_release(sk);
 }
@@ -677,6 +805,7 @@ static const struct proto_ops kbp_so_ops = {
 	.socketpair	= sock_no_socketpair,
 	.accept		= sock_no_accept,
 	.getname	= kbp_so_getname,
+	.poll		= kbp_so_poll,
 	.ioctl		= sock_no_ioctl,
 	.listen		= sock_no_listen,
 	.shutdown	= sock_no_shutdown,
@@ -824,7 +953,7 @@ static void kbp_so_fail_all(struct kbp_so_dev *dev)
 			if (!q->slots[s])
 				continue;
 			q->slots[s]->cqe.res = -ENETDOWN;
-			complete(&q->slots[s]->done);
+			kbp_so_finish(q->slots[s]);
 			q->slots[s] = NULL;
 		}
 		spin_unlock_irqrestore(&q->lock, flags);

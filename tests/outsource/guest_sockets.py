@@ -3,11 +3,13 @@ socket's control operations, then its data path against a UDP echo server in the
 host netns (KBP_SO_ECHO_PORT on 127.0.0.1 there): every datagram is copied once by
 kbp-sod between its host socket and this process's pinned pages, and the guest's own
 network stack (virtio-net, NET_RX) sees none of it.  Prints KBP-SO-DATA with what it
-sent and received, for the host side to check the daemon's counters against."""
+sent and received, for the host side to check the daemon's counters against; poll,
+epoll and Python's timeout mode see the host's readiness."""
 
 import errno
 import json
 import os
+import select
 import signal
 import socket
 import struct
@@ -111,6 +113,43 @@ sent, bytes_out = sent + 1, bytes_out + 2
 time.sleep(0.3)  # the echo is back in the host socket: a non-blocking receive finds it
 assert s.recv(100, socket.MSG_DONTWAIT) == b"nb"
 recvd, bytes_in = recvd + 1, bytes_in + 2
+
+# poll readiness: an armed POLL on the host answers, its completion wakes the poller
+fd = s.fileno()
+p = select.poll()
+p.register(fd, select.POLLIN | select.POLLOUT)
+ev = dict(p.poll(2000))
+assert ev.get(fd, 0) & select.POLLOUT and not ev[fd] & select.POLLIN, ev
+p.modify(fd, select.POLLIN)
+assert p.poll(300) == [], "readable with nothing sent"
+s.sendto(b"poll", echo)
+sent, bytes_out = sent + 1, bytes_out + 4
+assert dict(p.poll(2000)).get(fd, 0) & select.POLLIN, "not readable after the echo"
+assert s.recv(100) == b"poll"
+recvd, bytes_in = recvd + 1, bytes_in + 4
+ep = select.epoll()
+ep.register(fd, select.EPOLLIN)
+assert ep.poll(0.3) == [], "epoll: readable with nothing sent"
+s.sendto(b"epoll", echo)
+sent, bytes_out = sent + 1, bytes_out + 5
+assert ep.poll(2) == [(fd, select.EPOLLIN)]
+assert s.recv(100) == b"epoll"
+recvd, bytes_in = recvd + 1, bytes_in + 5
+ep.close()
+# Python's timeout mode polls, then receives without blocking
+s.settimeout(2.0)
+s.sendto(b"timeout-mode", echo)
+sent, bytes_out = sent + 1, bytes_out + 12
+assert s.recv(100) == b"timeout-mode"
+recvd, bytes_in = recvd + 1, bytes_in + 12
+s.settimeout(0.3)
+try:
+    s.recv(100)
+except TimeoutError:
+    pass
+else:
+    raise AssertionError("timeout mode: a receive with nothing pending returned data")
+s.settimeout(None)
 
 # SO_RCVTIMEO (the socket blocking, no Python timeout): EAGAIN after the timeout
 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 300_000))

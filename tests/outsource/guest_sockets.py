@@ -108,7 +108,7 @@ for attempt in ("MSG_DONTWAIT", "O_NONBLOCK"):
         raise AssertionError(f"{attempt}: a receive with nothing pending returned data")
     assert time.monotonic() - t0 < 1.5, attempt
     s.setblocking(True)
-s.sendto(b"nb", echo, socket.MSG_DONTWAIT)
+s.sendto(b"nb", socket.MSG_DONTWAIT, echo)
 sent, bytes_out = sent + 1, bytes_out + 2
 time.sleep(0.3)  # the echo is back in the host socket: a non-blocking receive finds it
 assert s.recv(100, socket.MSG_DONTWAIT) == b"nb"

@@ -736,9 +736,25 @@ void sod_queue_run(struct sod_vm *vm, uint32_t qi)
 /* Zeroes every queue: the guest asked for it and is not writing meanwhile. */
 void sod_vm_reset_queues(struct sod_vm *vm)
 {
+	uint64_t req = 0, cpl = 0, copies = 0, in = 0, out = 0, rej = 0;
 	uint32_t qi;
 
 	sod_vm_drop_sockets(vm, 0);
+	/* the counters are zeroed below: the log keeps them (tests read it) */
+	for (qi = 0; qi < vm->nr_queues; qi++) {
+		const struct kbp_so_queue_ctl *c = vm->q[qi].ctl;
+
+		req += c->requests;
+		cpl += c->completions;
+		copies += c->copies;
+		in += c->bytes_in;
+		out += c->bytes_out;
+		rej += c->rejects;
+	}
+	SOD_LOG("%s: reset: counters requests=%llu completions=%llu copies=%llu bytes_in=%llu bytes_out=%llu rejects=%llu",
+		vm->name, (unsigned long long)req, (unsigned long long)cpl,
+		(unsigned long long)copies, (unsigned long long)in,
+		(unsigned long long)out, (unsigned long long)rej);
 	for (qi = 0; qi < vm->nr_queues; qi++) {
 		struct sod_queue *q = &vm->q[qi];
 

@@ -1,13 +1,20 @@
 """kbp_so.ko in a real guest against kbp-sod on the host: QEMU's stock ivshmem-doorbell
-connected to the daemon's ivshmem server socket, the module probes the device, checks the
-region, attaches, and its private UDP protocol's socket/bind/getsockname/close are requests
-served by a host socket (docs/design.md 11).  Boots the rig's Debian 6.12 guest under TCG
-(about a minute): opt in with KBP_SO_VM=1 (KBP_SO_VM_FLAVOUR=7.2-rt-amd64 for another
-kernel); needs the rig's cached kernel (KBP_VM_CACHE)."""
+connected to the daemon's ivshmem server socket, the guest's RAM a shared file the daemon
+maps (memory-backend-file, share=on), the module probes the device, checks the region,
+attaches, and its private UDP protocol's operations are requests served by a host socket
+in the VM's netns (docs/design.md 11): socket/bind/getsockname/close, and send/receive
+with a UDP echo server there, one copy per datagram between the host socket and the
+guest process's pinned pages, none through the guest's network stack; a signal or
+SO_RCVTIMEO cancels a blocked receive and leaves nothing pinned.  Boots the rig's Debian
+6.12 guest under TCG (about a minute): opt in with KBP_SO_VM=1
+(KBP_SO_VM_FLAVOUR=7.2-rt-amd64 for another kernel); needs root (the netns) and the
+rig's cached kernel (KBP_VM_CACHE)."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -26,6 +33,36 @@ KERNEL_GLOB = {"6.12-amd64": "6.12.*+deb12-amd64", "6.12-rt-amd64": "6.12.*+deb1
                "7.2-rt-amd64": "7.2.*+deb14-rt-amd64"}
 
 GUEST_SCRIPT = Path(__file__).with_name("guest_sockets.py")
+GUEST_MB = 1024  # pc machine: all of it below the PCI hole, file offset = guest-physical
+
+#: run in the VM's netns: echoes every datagram, counts them in a file
+ECHO = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 0))
+open(sys.argv[1], "w").write(str(s.getsockname()[1]))
+n = 0
+while True:
+    data, addr = s.recvfrom(65535)
+    s.sendto(data, addr)
+    n += 1
+    open(sys.argv[2], "w").write(str(n))
+"""
+
+
+def _counters(region_path: str, queues: int) -> dict[str, int]:
+    """The daemon's per-queue counters, summed."""
+    with open(region_path, "rb") as f:
+        region = f.read()
+    qoff = struct.unpack_from("<I", region, sc.H["queue_offset"][0])[0]
+    qstride = struct.unpack_from("<I", region, sc.H["queue_stride"][0])[0]
+    total = {k: 0 for k in ("requests", "completions", "doorbells", "irqs", "copies",
+                            "bytes_in", "bytes_out", "rejects")}
+    for q in range(queues):
+        for k in total:
+            off, fmt = sc.Q[k]
+            total[k] += struct.unpack_from(fmt, region, qoff + q * qstride + off)[0]
+    return total
 
 
 def test_guest_module_attaches_and_its_sockets_are_served(sod_bin: Path,
@@ -37,12 +74,43 @@ def test_guest_module_attaches_and_its_sockets_are_served(sod_bin: Path,
         pytest.skip(reason=f"KBP_SO_VM_FLAVOUR={FLAVOUR}: one of {', '.join(KERNEL_GLOB)}")
     if not any(cache.glob(f"kernels/{KERNEL_GLOB[FLAVOUR]}")):
         pytest.skip(reason=f"the rig has no cached {FLAVOUR} kernel in {cache}")
-    s = make_sod(sod_bin, tmp_path)
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip(reason="needs root and iproute2 for the VM's netns")
+    ns = f"kbpso-vm-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    echo = None
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+        port_file, count_file = tmp_path / "echo.port", tmp_path / "echo.count"
+        echo = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", ECHO,
+                                 str(port_file), str(count_file)])
+        end = time.monotonic() + 10
+        while not port_file.exists() or not port_file.read_text():
+            assert echo.poll() is None and time.monotonic() < end, "echo server"
+            time.sleep(0.02)
+        _run_guest(sod_bin, tmp_path, cache, ns, int(port_file.read_text()), count_file)
+    finally:
+        if echo is not None:
+            echo.kill()
+            echo.wait()
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def _run_guest(sod_bin: Path, tmp_path: Path, cache: Path, ns: str, echo_port: int,
+               count_file: Path) -> None:
+    s = make_sod(sod_bin, tmp_path, netns=ns)
+    with open(s.ram, "r+b") as f:  # the guest's RAM (sparse): the daemon maps all of it
+        f.truncate(GUEST_MB << 20)
     s.start()
     try:
         script = GUEST_SCRIPT.relative_to(REPO)  # the guest runs in the repository
         cmd = [sys.executable, "-m", "vm", "run", FLAVOUR, "--build",
-               "--module-dir", "outsource/guest", "--timeout", "400", "--memory", "1024",
+               "--module-dir", "outsource/guest", "--timeout", "400",
+               "--memory", str(GUEST_MB), "--env", f"KBP_SO_ECHO_PORT={echo_port}",
+               "--qemu-arg=-object",
+               f"--qemu-arg=memory-backend-file,id=kbpram,mem-path={s.ram},share=on,"
+               f"size={GUEST_MB}M",
+               "--qemu-arg=-machine", "--qemu-arg=memory-backend=kbpram",
                "--qemu-arg=-chardev", f"--qemu-arg=socket,path={s.sock},id=kso",
                "--qemu-arg=-device",
                f"--qemu-arg=ivshmem-doorbell,chardev=kso,vectors={s.queues}",
@@ -52,6 +120,7 @@ def test_guest_module_attaches_and_its_sockets_are_served(sod_bin: Path,
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
                               env={**os.environ, "KBP_VM_CACHE": str(cache)}, check=False)
         out = proc.stdout + proc.stderr
+        print(out)  # the guest's console, with pytest -s
         assert proc.returncode == 0, out[-6000:]
         assert "attached: ivshmem ID 1, epoch 1" in out, out[-6000:]
         assert "NOP round trip ok" in out
@@ -61,19 +130,24 @@ def test_guest_module_attaches_and_its_sockets_are_served(sod_bin: Path,
         while "client gone" not in s.log():
             assert time.monotonic() < end, s.log()
             time.sleep(0.02)
-        # the host's counters: the NOP, SOCKET, BIND, GETNAME, the refused BIND, CLOSE
-        with open(s.region, "rb") as f:
-            region = f.read()
-        hdr_off, stride = sc.H["queue_offset"][0], sc.H["queue_stride"][0]
-        qoff = struct.unpack_from("<I", region, hdr_off)[0]
-        qstride = struct.unpack_from("<I", region, stride)[0]
-        total = {k: 0 for k in ("requests", "completions", "doorbells", "irqs")}
-        for q in range(s.queues):
-            for k in total:
-                off, fmt = sc.Q[k]
-                total[k] += struct.unpack_from(fmt, region, qoff + q * qstride + off)[0]
+        data = json.loads(out.split("KBP-SO-DATA ", 1)[1].splitlines()[0])
+        # the module's reset at rmmod zeroes them; the daemon logs them first
+        line = [ln for ln in s.log().splitlines() if "reset: counters" in ln][-1]
+        total = {k: int(v) for k, v in (kv.split("=") for kv in line.split()[-6:])}
+        assert _counters(s.region, s.queues)["requests"] == 0  # the reset did that
+        print("guest:", data, "host:", total)
+        # the echo server saw every datagram the guest sent (through the host's netns)
+        assert int(count_file.read_text()) == data["sent"], (count_file.read_text(), data)
+        # one copy per datagram each way, bytes as the guest counted them
+        assert total["copies"] == data["sent"] + data["recvd"], (total, data)
+        assert total["bytes_out"] == data["bytes_out"], (total, data)
+        assert total["bytes_in"] == data["bytes_in"], (total, data)
+        assert total["rejects"] == 0, total
+        # the guest's stack carried none of it (also asserted in the guest)
+        assert all(v == 0 for v in data["rx_packets_delta"].values()), data
+        assert data["net_rx_delta"] < 4, data
         assert total["requests"] >= 5 and total["completions"] == total["requests"], total
-        assert total["doorbells"] >= 1 and total["irqs"] >= 1, total
+        region = Path(s.region).read_bytes()
         assert struct.unpack_from("<I", region, sc.H["guest_state"][0])[0] == \
             sc.GUEST_ABSENT  # the module detached at rmmod
     finally:

@@ -23,8 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from kbp import sysaccess
+
 from . import sodclient as sc
 from .conftest import REPO, make_sod
+from .netns import netns
 
 FLAVOUR = os.environ.get("KBP_SO_VM_FLAVOUR", "6.12-amd64")
 #: the rig's cache directory of each flavour's kernel (to skip rather than download)
@@ -76,24 +79,19 @@ def test_guest_module_attaches_and_its_sockets_are_served(sod_bin: Path,
         pytest.skip(reason=f"the rig has no cached {FLAVOUR} kernel in {cache}")
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip(reason="needs root and iproute2 for the VM's netns")
-    ns = f"kbpso-vm-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    echo = None
-    try:
-        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+    with netns("kbpso-vm") as ns:
         port_file, count_file = tmp_path / "echo.port", tmp_path / "echo.count"
-        echo = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", ECHO,
-                                 str(port_file), str(count_file)])
-        end = time.monotonic() + 10
-        while not port_file.exists() or not port_file.read_text():
-            assert echo.poll() is None and time.monotonic() < end, "echo server"
-            time.sleep(0.02)
-        _run_guest(sod_bin, tmp_path, cache, ns, int(port_file.read_text()), count_file)
-    finally:
-        if echo is not None:
+        echo = sysaccess.popen([sys.executable, "-c", ECHO, str(port_file), str(count_file)],
+                               ns=ns, stdout=None, stderr=None)
+        try:
+            end = time.monotonic() + 10
+            while not port_file.exists() or not port_file.read_text():
+                assert echo.poll() is None and time.monotonic() < end, "echo server"
+                time.sleep(0.02)
+            _run_guest(sod_bin, tmp_path, cache, ns, int(port_file.read_text()), count_file)
+        finally:
             echo.kill()
             echo.wait()
-        subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
 def _run_guest(sod_bin: Path, tmp_path: Path, cache: Path, ns: str, echo_port: int,

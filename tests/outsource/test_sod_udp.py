@@ -9,15 +9,17 @@ import os
 import shutil
 import socket
 import struct
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from kbp import sysaccess
+
 from . import sodclient as sc
 from .conftest import make_sod
+from .netns import netns
 from .sodclient import OP, Sqe
 
 
@@ -225,10 +227,7 @@ def test_sockets_live_in_the_vms_netns(sod_bin: Path, tmp_path: Path) -> None:
     socket()), the daemon itself stays in its own."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip(reason="needs root and iproute2 to make a network namespace")
-    ns = f"kbpso-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+    with netns("kbpso") as ns:
         s = make_sod(sod_bin, tmp_path, netns=ns)
         s.start()
         g = s.guest()
@@ -237,20 +236,16 @@ def test_sockets_live_in_the_vms_netns(sod_bin: Path, tmp_path: Path) -> None:
             cqe = g.bind(h)
             assert cqe.res == 0, cqe
             port = cqe.addr[2]
-            inside = subprocess.run(["ip", "netns", "exec", ns, "ss", "-Huln"],
-                                    capture_output=True, text=True, check=True).stdout
-            outside = subprocess.run(["ss", "-Huln"], capture_output=True, text=True,
-                                     check=True).stdout
+            inside = sysaccess.cmd(["ss", "-Huln"], ns=ns).stdout
+            outside = sysaccess.cmd(["ss", "-Huln"]).stdout
             assert f"127.0.0.1:{port} " in inside, inside
             assert f"127.0.0.1:{port} " not in outside, outside
             # a datagram from inside the namespace reaches it, one from outside cannot
-            subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c",
-                            "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
-                            f".sendto(b'in-ns', ('127.0.0.1', {port}))"], check=True)
+            sysaccess.cmd([sys.executable, "-c",
+                           "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+                           f".sendto(b'in-ns', ('127.0.0.1', {port}))"], ns=ns)
             cqe = g.call(Sqe(OP["RECVMSG"], sock=h, flags=sc.F_WAIT, segs=[(0x1000, 16)]))
             assert cqe.res == 5 and g.peek(0x1000, 5) == b"in-ns"
         finally:
             g.close()
             assert s.stop() == 0
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], check=False)

@@ -57,7 +57,7 @@ class _OldIPRoute:
 @pytest.mark.netns
 def test_in_netns_without_the_netns_keyword() -> None:
     if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("needs root and ip(8)")
+        pytest.skip(reason="needs root and ip(8)")
     ns = f"kbp-compat-{os.getpid()}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:

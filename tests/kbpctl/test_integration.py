@@ -747,7 +747,7 @@ def test_isolate_moves_other_devices_rps_off_the_polling_cpu(bed: Bed) -> None:
     from kbp.rps import mask_cpus
     cpus = sysinfo.online_cpus()
     if len(cpus) < 2:
-        pytest.skip("--isolate needs a CPU without a poller: this machine has one CPU")
+        pytest.skip(reason="--isolate needs a CPU without a poller: this machine has one CPU")
     poll = cpus[-1]
     other_ns, other = bed.tb.client, bed.link.dev_a
     set_rps_attr(other_ns, other, "rps_cpus", cpu_mask(cpus))

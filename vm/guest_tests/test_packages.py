@@ -69,7 +69,7 @@ def debs() -> list[Path]:
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     found = [sorted(OUT.glob(f"{name}_{version}-*_all.deb")) for name in ("kbp-dkms", "kbpctl")]
     if not all(found):
-        pytest.skip(f"no kbp-dkms/kbpctl {version} packages in {OUT}: run make deb "
+        pytest.skip(reason=f"no kbp-dkms/kbpctl {version} packages in {OUT}: run make deb "
                     "(make test-vm does)")
     return [f[-1] for f in found]
 
@@ -83,7 +83,7 @@ def headers() -> tuple[Path, Path]:
     """The rig's extracted headers of the running kernel and its -common directory."""
     ko = os.environ.get("KBP_KO")
     if not ko:
-        pytest.skip("the rig built no kbp.ko, so its kernel tree is unknown")
+        pytest.skip(reason="the rig built no kbp.ko, so its kernel tree is unknown")
     root = Path(ko).parents[2] / "root"
     flavour = root / "usr" / "src" / f"linux-headers-{KVER}"
     common = root / "usr" / "src" / Path(os.readlink(f"/lib/modules/{KVER}/source")).name
@@ -183,10 +183,10 @@ def story(topo: Topo, dkms_build: bool) -> None:
     packages = debs()
     missing = [p for p in DEPENDS if not installed(p)]
     if missing:
-        pytest.skip(f"not installed on the host (the guest's userland): {' '.join(missing)}"
+        pytest.skip(reason=f"not installed on the host (the guest's userland): {' '.join(missing)}"
                     " (scripts/setup.sh installs them)")
     if any(installed(p) for p in PACKAGES):
-        pytest.skip("kbp's packages are installed on the host already")
+        pytest.skip(reason="kbp's packages are installed on the host already")
     flavour, common = headers()
     if dkms_build and (why := same_compiler(flavour)):
         pytest.skip(why)

@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from vm import build, fetch, flavours, paths, run, testcmd
+from vm import build, fetch, flavours, outsource, paths, run, testcmd
 from vm.util import EXIT_RIG, PROG, RigError, note
 
 DESCRIPTION = f"""\
@@ -42,7 +42,8 @@ the guest (contract for the command):
         first one built; unset if none)  KBP_KO_DIR  KBP_TEST_MODULES (dir with the .ko of
         every vm/testdata module)  KBP_NIC0 KBP_NIC1 (the two virtio-net
         NICs, joined by a QEMU hub: what one sends the other receives)  KBP_PYTHON
-        KBP_OUT (with --out)  PATH (venv bin first)  HOME=/root  TERM=dumb
+        KBP_OUT (with --out)  KBP_SO_KO (kbp_so.ko, with --sod)  KBP_SO_TAP_MAC (the
+        tap NIC's MAC, with --sod-tap)  PATH (venv bin first)  HOME=/root  TERM=dumb
   root  host / read-only + tmpfs overlay; fresh /proc /sys /dev /run, tracefs, debugfs,
         cgroup2, bpffs; /lib/modules/$KBP_KVER is the flavour's modules (modprobe works)
   nics  down, no addresses; bring BOTH up when using one, or its TX queue stalls on
@@ -107,6 +108,9 @@ def _add_guest_options(p: argparse.ArgumentParser) -> None:
     a.add_argument("--msize", type=int, default=run.DEFAULT_MSIZE,
                    help="9p message size (default %(default)s)")
     a.add_argument("--cpu", default="max", help="QEMU -cpu model (default %(default)s)")
+    a.add_argument("--accel", choices=("tcg", "kvm"), default="tcg",
+                   help="QEMU accelerator (default %(default)s: /dev/kvm here cannot run "
+                        "guests; kvm on a KVM host, where timings are real)")
     a.add_argument("--qemu-arg", action="append", default=[], metavar="ARG",
                    help="extra QEMU argument (repeatable; use --qemu-arg=-foo)")
 
@@ -117,7 +121,7 @@ def _spec(args: argparse.Namespace, flavour: str, argv: list[str]) -> run.RunSpe
         env=dict(args.env), timeout=args.timeout, memory_mb=args.memory, smp=args.smp,
         cpu=args.cpu, qemu_args=tuple(args.qemu_arg), append=args.append,
         msize=args.msize, cache_9p=args.cache_9p, splat_check=args.splat_check,
-        allow_splat=tuple(args.allow_splat), quiet=args.quiet)
+        allow_splat=tuple(args.allow_splat), quiet=args.quiet, accel=args.accel)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -188,6 +192,25 @@ def parser() -> argparse.ArgumentParser:
                    help="also write the console to FILE")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="share host DIR read-write at the same path; exported as KBP_OUT")
+    o = p.add_argument_group(
+        "socket outsourcing (docs/design.md 11)",
+        "Start kbp-sod on the host serving this guest: the guest's RAM is a shared file "
+        "the daemon maps, QEMU's ivshmem-doorbell talks to the daemon, kbp_so.ko is built "
+        "for the flavour (with --build) and exported as KBP_SO_KO. Example: ip netns add "
+        "so; python3 -m vm run 6.12-amd64 --build --sod so -- sh -c 'insmod $KBP_SO_KO'")
+    o.add_argument("--sod", metavar="NETNS", default=None,
+                   help="serve the guest's outsourced sockets from this existing network "
+                        "namespace")
+    o.add_argument("--sod-tap", metavar="IFNAME", default="",
+                   help="also a virtio-net NIC on a tap IFNAME that QEMU makes in NETNS "
+                        f"(guest MAC {outsource.TAP_MAC}, KBP_SO_TAP_MAC): the guest's own "
+                        "stack, reachable from NETNS")
+    o.add_argument("--sod-dir", type=Path, default=None, metavar="DIR",
+                   help="keep the daemon's files here: sod.log, sod.pid, region (default: "
+                        "a temporary directory)")
+    o.add_argument("--sod-poll", action="store_true", help="kbp-sod --poll (busy-polls)")
+    o.add_argument("--sod-rt-prio", type=int, default=0, metavar="N",
+                   help="kbp-sod --rt-prio N (SCHED_FIFO)")
     _add_guest_options(p)
     p.set_defaults(func=cmd_run)
 
@@ -260,6 +283,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     argv = args.command
     if not argv:
         raise RigError("no command given: python3 -m vm run FLAVOUR -- CMD ...")
+    if args.sod is None and (args.sod_tap or args.sod_dir or args.sod_poll or args.sod_rt_prio):
+        raise RigError("--sod-tap, --sod-dir, --sod-poll and --sod-rt-prio need --sod NETNS")
     spec = _spec(args, args.flavour, argv)
     spec.log, spec.out_dir = args.log, args.out
     if args.ko is not None:
@@ -281,6 +306,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             spec.ko, spec.ko_dir = built.main, built.build_dir
     spec.test_modules = (build.build_test_modules(args.flavour) if args.build
                          else build.existing_test_modules(args.flavour))
+    if args.sod is not None:
+        spec.sod = outsource.SodSpec(args.sod, tap=args.sod_tap, dir=args.sod_dir,
+                                     poll=args.sod_poll, rt_prio=args.sod_rt_prio)
+        outsource.check(spec.sod, spec.memory_mb)
+        so = (build.build(args.flavour, outsource.GUEST_MODULE_DIR) if args.build
+              else build.existing(fetch.ensure(args.flavour), outsource.GUEST_MODULE_DIR))
+        if so is None:
+            raise RigError(f"--sod: no build of kbp_so.ko for {args.flavour} (add --build)")
+        spec.so_ko = so.main
+
     result = run.run(spec)
     run.report(result)
     return result.rc

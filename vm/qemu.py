@@ -46,11 +46,14 @@ class Machine:
     shares: tuple[Share, ...] = ()
     macs: tuple[str, str] = MACS
     extra: tuple[str, ...] = field(default_factory=tuple)
+    #: tcg (default: /dev/kvm here cannot run guests) or kvm (a KVM host: real timings)
+    accel: str = "tcg"
 
     def argv(self, qemu: str = QEMU) -> list[str]:
         argv = [
             qemu, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
-            "-accel", "tcg,thread=multi", "-cpu", self.cpu,
+            "-accel", "tcg,thread=multi" if self.accel == "tcg" else self.accel,
+            "-cpu", self.cpu,
             "-smp", str(self.smp), "-m", str(self.memory_mb),
             "-kernel", str(self.kernel), "-initrd", str(self.initrd), "-append", self.append,
             # The console: ttyS0 <-> QEMU's stdout (a pipe read by the rig).

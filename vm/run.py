@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from vm import console, fetch, initramfs, paths, qemu
+from vm import console, fetch, initramfs, outsource, paths, qemu
 from vm.util import EXIT_RIG, RigError, Stopwatch, file_lock, note, warn
 
 #: Exit statuses of ``run`` beyond the command's own.
@@ -76,6 +76,11 @@ class RunSpec:
     allow_splat: tuple[str, ...] = ()
     log: Path | None = None
     quiet: bool = False
+    accel: str = "tcg"
+    #: kbp-sod beside QEMU, the guest's RAM shared with it (vm/outsource.py)
+    sod: outsource.SodSpec | None = None
+    #: kbp_so.ko for the flavour, exported as KBP_SO_KO
+    so_ko: Path | None = None
 
 
 @dataclass
@@ -139,6 +144,10 @@ def guest_env(spec: RunSpec, kver: str) -> dict[str, str]:
         env["KBP_TEST_MODULES"] = str(spec.test_modules)
     if spec.out_dir is not None:
         env["KBP_OUT"] = str(spec.out_dir)
+    if spec.so_ko is not None:
+        env["KBP_SO_KO"] = str(spec.so_ko)
+    if spec.sod is not None and spec.sod.tap:
+        env["KBP_SO_TAP_MAC"] = outsource.TAP_MAC
     env.update(spec.env)
     return env
 
@@ -206,17 +215,28 @@ def run(spec: RunSpec) -> RunResult:
     with tempfile.TemporaryDirectory(prefix="kbp-vm-") as tmp, _open_log(spec.log) as log:
         initrd = initramfs.with_run_config(base, run_script(spec, tree.kver, modules, nonce),
                                            Path(tmp) / "initrd.cpio")
-        machine = qemu.Machine(tree.vmlinuz, initrd, kernel_cmdline(spec.append),
-                               spec.memory_mb, spec.smp, spec.cpu, tuple(shares),
-                               extra=spec.qemu_args)
-        note(f"{spec.flavour}: booting {tree.kver} (TCG, {spec.smp} vCPUs, "
+        sod_bin = None
+        if spec.sod is not None:
+            outsource.check(spec.sod, spec.memory_mb)
+            sod_bin = outsource.build_daemon()
+        note(f"{spec.flavour}: booting {tree.kver} ({spec.accel.upper()}, {spec.smp} vCPUs, "
              f"{spec.memory_mb} MiB) to run: {shlex.join(spec.argv)}")
         sink = None if spec.quiet else sys.stdout.buffer
         # One VM at a time on this machine (2 cores, shared): wait for other rig users.
-        with file_lock(qemu_lock(), "one QEMU at a time"):
+        with file_lock(qemu_lock(), "one QEMU at a time"), contextlib.ExitStack() as stack:
+            extra, prefix = list(spec.qemu_args), []
+            if spec.sod is not None and sod_bin is not None:
+                workdir = stack.enter_context(outsource.serve(
+                    spec.sod, sod_bin, spec.memory_mb, spec.smp, Path(tmp)))
+                extra = outsource.qemu_args(spec.sod, workdir, spec.memory_mb,
+                                            spec.smp) + extra
+                prefix = outsource.qemu_prefix(spec.sod)
+            machine = qemu.Machine(tree.vmlinuz, initrd, kernel_cmdline(spec.append),
+                                   spec.memory_mb, spec.smp, spec.cpu, tuple(shares),
+                                   extra=tuple(extra), accel=spec.accel)
             clock.restart()
-            outcome = qemu.supervise(machine.argv(), on_line=on_line, sink=sink, log=log,
-                                     timeout=spec.timeout)
+            outcome = qemu.supervise(prefix + machine.argv(), on_line=on_line, sink=sink,
+                                     log=log, timeout=spec.timeout)
     result = _result(spec, tree.kver, watcher, outcome, clock())
     if result.command_rc is None and test_timeouts and not result.interrupted:
         result.reason = f"a guest test stayed stuck past its timeout: {test_timeouts[-1]}"

@@ -17,6 +17,7 @@ import struct
 BPF_PROG_LOAD = 5
 BPF_OBJ_PIN = 6
 BPF_OBJ_GET = 7
+BPF_PROG_GET_FD_BY_ID = 13
 BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_LINK_CREATE = 28
 BPF_LINK_GET_FD_BY_ID = 30
@@ -29,17 +30,20 @@ _SYS_BPF = {"x86_64": 321, "aarch64": 280, "arm64": 280, "riscv64": 280, "ppc64l
 _ATTR_SIZE = 144               # > every member we use; the tail stays zero
 _LOG_SIZE = 1 << 16
 
-_libc: ctypes.CDLL | None = None
+_libc: list[ctypes.CDLL] = []
+
+
+def _lib() -> ctypes.CDLL:
+    if not _libc:
+        _libc.append(ctypes.CDLL(None, use_errno=True))
+    return _libc[0]
 
 
 def _sys_bpf(cmd: int, attr: ctypes.Array[ctypes.c_char]) -> int:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
     nr = _SYS_BPF.get(platform.machine())
     if nr is None:
         raise OSError(0, f"bpf(2): unknown syscall number on {platform.machine()}")
-    ret = int(_libc.syscall(ctypes.c_long(nr), ctypes.c_int(cmd), attr,
+    ret = int(_lib().syscall(ctypes.c_long(nr), ctypes.c_int(cmd), attr,
                             ctypes.c_uint(len(attr))))
     if ret < 0:
         err = ctypes.get_errno()
@@ -105,6 +109,10 @@ def link_get_fd_by_id(link_id: int) -> int:
     return _sys_bpf(BPF_LINK_GET_FD_BY_ID, _attr((0, "I", link_id)))
 
 
+def prog_get_fd_by_id(prog_id: int) -> int:
+    return _sys_bpf(BPF_PROG_GET_FD_BY_ID, _attr((0, "I", prog_id)))
+
+
 def _info(fd: int, size: int) -> bytes:
     info = ctypes.create_string_buffer(size)
     _sys_bpf(BPF_OBJ_GET_INFO_BY_FD, _attr((0, "I", fd), (4, "I", size), (8, "Q", _addr(info))))
@@ -120,3 +128,30 @@ def link_ids(fd: int) -> tuple[int, int]:
     """(link id, program id) of the link behind ``fd`` (bpf_link_info)."""
     link_id, pid = struct.unpack_from("<II", _info(fd, 64), 4)
     return int(link_id), int(pid)
+
+
+# -- the file systems the policy lives in ------------------------------------------------
+BPF_FS_MAGIC = 0xCAFE4711
+CGROUP2_SUPER_MAGIC = 0x63677270
+
+
+def fs_type(path: str) -> int:
+    """statfs(2)'s f_type of ``path`` (OSError with errno)."""
+    buf = ctypes.create_string_buffer(256)      # struct statfs; f_type is its first long
+    if _lib().statfs(path.encode(), buf) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    return int(ctypes.c_long.from_buffer(buf).value) & 0xFFFFFFFF
+
+
+def mount_bpffs(target: str) -> None:
+    """mount -t bpf bpf TARGET (mode 0700)."""
+    if _lib().mount(b"bpf", target.encode(), b"bpf", ctypes.c_ulong(0), b"mode=0700") != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), target)
+
+
+def umount(target: str) -> None:
+    if _lib().umount2(target.encode(), 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), target)

@@ -131,7 +131,7 @@ def link_ids(fd: int) -> tuple[int, int]:
 
 
 # -- the file systems the policy lives in ------------------------------------------------
-BPF_FS_MAGIC = 0xCAFE4711
+BPF_FS_MAGIC = 0xCAFE4A11
 CGROUP2_SUPER_MAGIC = 0x63677270
 
 

@@ -41,6 +41,7 @@ FAMILY_NAMES = {prog.AF_INET: "inet", prog.AF_INET6: "inet6"}
 CAP_SYS_ADMIN = 21
 CAP_BPF = 39
 GONE_WAIT_S = 5.0
+PRELOADED = {"progs.debug", "maps.debug"}   # bpf_preload's iterators, in every new bpffs
 
 
 def state_path() -> Path:
@@ -144,6 +145,8 @@ def load_state() -> dict[str, Any] | None:
         data = json.loads(state_path().read_text())
     except FileNotFoundError:
         return None
+    except PermissionError:
+        raise NotRoot(f"cannot read {state_path()}: permission denied (run as root)") from None
     except (OSError, ValueError) as e:
         raise OperationFailed(f"{state_path()} is unreadable ({e}): remove it, then run "
                               "'kbpctl outsource clear'") from None
@@ -273,12 +276,14 @@ def clear_policy() -> list[str]:
             except OSError as e:
                 out.append(f"left {PIN_DIR}: {e.strerror}")
         if st.get("mounted_bpffs") and _is_bpffs(BPFFS):
-            if os.listdir(BPFFS):
+            if set(os.listdir(BPFFS)) - PRELOADED:
                 out.append(f"left bpffs mounted on {BPFFS}: others pinned objects there since")
             else:
-                with contextlib.suppress(OSError):
+                try:
                     bpfsys.umount(BPFFS)
                     out.append(f"unmounted the bpffs kbpctl had mounted on {BPFFS}")
+                except OSError as e:
+                    out.append(f"left the bpffs kbpctl had mounted on {BPFFS}: {e.strerror}")
         with contextlib.suppress(FileNotFoundError):
             state_path().unlink()
         cg = st.get("cgroup", "?")

@@ -400,3 +400,50 @@ def test_policy_in_vm(flavour: str) -> None:
     else:
         assert p.returncode == 0 and "kbpctl-rc=69" in p.stdout, p.stdout[-3000:]
         assert "has no policy hook" in p.stdout + p.stderr
+
+
+# -- status and the module check, on a /proc/kbp_so written by the test ----------------------
+def test_status_shows_the_module_and_each_socket_with_its_owner(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from kbp.outsource import command
+    monkeypatch.setenv("KBP_RUN_DIR", str(tmp_path / "run"))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ino = os.fstat(s.fileno()).st_ino
+        fake = tmp_path / "kbp_so"
+        fake.write_text(PROC_TEXT.replace("ino=12345", f"ino={ino}"))
+        monkeypatch.setattr(procfile, "PROC_PATH", fake)
+        st = policy.status()
+    assert st["schema"] == "kbpctl-outsource/1" and st["policy"] is None
+    assert st["module"] == {"state": "attached", "epoch": 1, "queues": 2, "sockets": 2,
+                            "pinned_pages": 0, "orphan_pages": 0, "fallbacks": 0,
+                            "host_timeout_ms": 3000}
+    mine, other = st["sockets"]
+    assert mine["ino"] == ino and mine["copies"] == 20 and mine["bytes_out"] == 100
+    assert {"pid": os.getpid(), "comm": Path("/proc/self/comm").read_text().strip()} \
+        in mine["owners"]
+    assert other["owners"] == [] and other["remote"] == "[::1]:7"
+    text = "\n".join(command.status_lines(st))
+    assert "kbp_so: state=attached epoch=1 queues=2" in text
+    assert f"ino {ino} inet 127.0.0.1:5000 -> - uid 0 [{os.getpid()}/" in text
+    assert "requests=10 completions=10 bytes_out=100 bytes_in=100 copies=20" in text
+    assert "no process]: requests=3" in text
+
+
+@pytest.mark.parametrize("state,refused", [("attached", None), ("detached", "ENETDOWN"),
+                                           ("host-dead", "ENETDOWN"), (None, "EPROTONOSUPPORT")])
+def test_module_check(state: str | None, refused: str | None, tmp_path: Path,
+                      monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "kbp_so"
+    if state is not None:
+        fake.write_text(f"kbp_so state={state} epoch=1 queues=1 sockets=0\n")
+    monkeypatch.setattr(procfile, "PROC_PATH", fake)
+    if refused is None:
+        mod = policy.check_module(False)
+        assert mod is not None and mod.state == "attached"
+    else:
+        with pytest.raises(Unavailable, match=f"{refused}.*--force"):
+            policy.check_module(False)
+    forced = policy.check_module(True)
+    assert (forced.state if forced else None) == state

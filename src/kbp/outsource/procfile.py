@@ -104,10 +104,10 @@ def parse(text: str) -> Module:
     return mod
 
 
-def read(path: Path = PROC_PATH) -> Module | None:
+def read(path: Path | None = None) -> Module | None:
     """The module's state, None when it is not loaded (no /proc/kbp_so)."""
     try:
-        text = path.read_text()
+        text = (path or PROC_PATH).read_text()
     except FileNotFoundError:
         return None
     return parse(text)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from kbp import sysaccess
-from kbp.errors import Unavailable
+from kbp.errors import OperationFailed, Unavailable
 from kbp.outsource import bpfsys, btf, policy, procfile, prog
 
 from . import policy_scenario
@@ -447,3 +447,38 @@ def test_module_check(state: str | None, refused: str | None, tmp_path: Path,
             policy.check_module(False)
     forced = policy.check_module(True)
     assert (forced.state if forced else None) == state
+
+
+@pytest.mark.parametrize("fail", [OSError(errno.EIO, "Input/output error"), KeyboardInterrupt()])
+def test_a_failure_half_way_undoes_what_set_made(fail: BaseException, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every step of set made (here: in a scratch directory, with the mount and the bpf
+    calls stood in for), then the last one fails: all of it is undone, last first."""
+    calls: list[str] = []
+    bpffs = tmp_path / "bpf"
+    bpffs.mkdir()
+    monkeypatch.setenv("KBP_RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.setattr(policy, "BPFFS", str(bpffs))
+    monkeypatch.setattr(policy, "PIN_DIR", str(bpffs / "kbp"))
+    monkeypatch.setattr(policy, "PIN", str(bpffs / "kbp" / "outsource"))
+    monkeypatch.setattr(policy, "_is_bpffs", lambda p: False)
+    monkeypatch.setattr(bpfsys, "mount_bpffs", lambda p: calls.append(f"mount {p}"))
+    monkeypatch.setattr(bpfsys, "umount", lambda p: calls.append(f"umount {p}"))
+    monkeypatch.setattr(bpfsys, "link_create", lambda fd: os.open("/dev/null", os.O_RDONLY))
+    monkeypatch.setattr(bpfsys, "obj_pin", lambda fd, p: Path(p).write_text(""))
+    monkeypatch.setattr(bpfsys, "link_ids", lambda fd: (7, 8))
+
+    def save(path: Path, data: dict[str, object]) -> None:
+        assert data["mounted_bpffs"] is True and data["made_pin_dir"] is True
+        raise fail
+
+    monkeypatch.setattr(sysaccess, "save_journal", save)
+    cg = policy.Cgroup("/sys/fs/cgroup/x", 42, 1)
+    want = OperationFailed if isinstance(fail, OSError) else KeyboardInterrupt
+    with pytest.raises(want) as exc:
+        policy._install(cg, (prog.AF_INET,), 1, -1, True, None)
+    if want is OperationFailed:
+        assert "nothing left changed: Input/output error [EIO]" in str(exc.value)
+    assert calls == [f"mount {bpffs}", f"umount {bpffs}"]
+    assert list(bpffs.iterdir()) == []
+    assert not (tmp_path / "run" / "outsource.json").exists()

@@ -226,12 +226,14 @@ def _install(cg: Cgroup, families: tuple[int, ...], btf_id: int, prog_fd: int, f
                  "forced": force, "module_state": mod.state if mod else None,
                  "kernel": platform.release(), "time": time.time()}
         sysaccess.save_journal(state_path(), state)
-    except OSError as e:
+    except BaseException as e:          # also Ctrl-C: nothing stays half made
         try:
             undo.restore()
         except sysaccess.RestoreError as r:
-            raise OperationFailed(f"setting the policy failed ({e}) and so did putting things "
-                                  f"back: {r}") from None
+            raise OperationFailed(f"setting the policy failed ({e!r}) and so did putting "
+                                  f"things back: {r}") from None
+        if not isinstance(e, OSError):
+            raise
         raise OperationFailed(f"setting the policy failed, nothing left changed: "
                               f"{e.strerror or e} [{_errname(e.errno)}]"
                               f"{' at ' + str(e.filename) if e.filename else ''}") from None

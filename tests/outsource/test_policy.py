@@ -4,7 +4,8 @@ and -- where the kernel takes the program -- the redirect itself (policy_scenari
 The host kernel of the development machine refuses every BPF tracing program with EPERM
 before the verifier runs (its own restriction: socket filters load), so there the end to
 end test skips saying so, and the refusal test checks kbpctl's message for it; the VM test
-(KBP_SO_VM=1) runs the scenario in the 6.12 and 7.2 guests and the refusal in 6.1's.
+(KBP_SO_VM=1) runs the scenario in the 6.12 and 7.2 guests and the refusal in 6.1's
+(KBP_SO_VM_FLAVOUR=6.12-rt-amd64,7.2-rt-amd64 for the -rt kernels).
 """
 
 from __future__ import annotations
@@ -379,13 +380,21 @@ def test_policy_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         policy_scenario.run(log=lambda s: None)
 
 
-VM_FLAVOURS = {"6.12-amd64": True, "7.2-amd64": True, "6.1-amd64": False}
+# flavour: whether its kernel has the hook
+VM_FLAVOURS = {"6.12-amd64": True, "6.12-rt-amd64": True, "7.2-amd64": True,
+               "7.2-rt-amd64": True, "6.1-amd64": False}
+VM_DEFAULT = ("6.12-amd64", "7.2-amd64", "6.1-amd64")
 
 
 @pytest.mark.parametrize("flavour", sorted(VM_FLAVOURS))
 def test_policy_in_vm(flavour: str) -> None:
+    """KBP_SO_VM=1: the scenario in 6.12 and 7.2, the refusal in 6.1 (~1 min each);
+    KBP_SO_VM_FLAVOUR=F[,F...] picks others (the -rt ones too)."""
     if os.environ.get("KBP_SO_VM") != "1":
         pytest.skip(reason="boots QEMU (~1 min each): set KBP_SO_VM=1")
+    picked = os.environ.get("KBP_SO_VM_FLAVOUR", "")
+    if flavour not in (picked.split(",") if picked else VM_DEFAULT):
+        pytest.skip(reason=f"{flavour}: not picked (KBP_SO_VM_FLAVOUR={picked or 'unset'})")
     if Path("/work/main/.quiet").exists():
         pytest.skip(reason="/work/main/.quiet: no VM runs now")
     if VM_FLAVOURS[flavour]:

@@ -10,12 +10,15 @@ import textwrap
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from kbp import backends, modespec, names
-from kbp.backends import DEFAULT_RT_PRIO, EnableRequest
+from kbp import modespec, names
 from kbp.errors import EXIT_OK, EXIT_USAGE, InvalidInput, KbpctlError
 from kbp.sysinfo import format_cpulist, online_cpus, parse_cpulist
+
+if TYPE_CHECKING:
+    from kbp import backends
+    from kbp.backends import EnableRequest
 
 PROG = "kbpctl"
 
@@ -217,6 +220,12 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     fmt = argparse.RawDescriptionHelpFormatter
+    from kbp.outsource import command as outsource_command
+    first = next((a for a in (argv or ()) if not a.startswith("-")), None)
+    if first == "outsource":    # its own, light parser: no pyroute2 (TCG guests)
+        outsource_command.add_parser(sub, fmt)
+        return p
+    from kbp.backends import DEFAULT_RT_PRIO
 
     s = sub.add_parser("status", help="show devices, NAPIs, polling threads, counters",
                        epilog=STATUS_EPILOG, formatter_class=fmt)
@@ -338,7 +347,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
                    help="one scrape and exit: to DIR/kbp.prom with --textfile, else stdout")
     x.set_defaults(func=cmd_exporter)
 
-    first = next((a for a in (argv or ()) if not a.startswith("-")), None)
+    outsource_command.add_parser(sub, fmt)
+
     if argv is None or first not in sub.choices:
         _register_plugins(sub)
     return p
@@ -441,6 +451,7 @@ def rps_notice(d: backends.DeviceResult, keep_rps: bool) -> None:
 
 # -- commands -------------------------------------------------------------------------
 def cmd_status(args: argparse.Namespace) -> int:
+    from kbp import backends
     from kbp.netdev import check_netns
     check_netns(args.netns)
     devs = args.devices or None
@@ -480,10 +491,13 @@ def _periodic_args(args: argparse.Namespace) -> backends.Periodic | None:
         flags = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None]
         raise InvalidInput(f"{flags[0]} applies to --mode periodic only, not {args.mode}: "
                            "drop it or use --mode periodic")
+    from kbp import backends
     return backends.Periodic.from_args(**given)
 
 
 def cmd_enable(args: argparse.Namespace) -> int:
+    from kbp import backends
+    from kbp.backends import EnableRequest
     req = EnableRequest(devices=list(args.devices), netns=args.netns, mode=args.mode,
                         cpus=args.cpus, rt_prio=args.rt_prio, linger_us=args.linger_us,
                         quota=args.quota, freq_ctl=args.freq_ctl, keep_rps=args.keep_rps,
@@ -527,6 +541,7 @@ def cmd_disable(args: argparse.Namespace) -> int:
         raise InvalidInput("--all covers every netns: drop --netns")
     if not args.all and not args.devices:
         raise InvalidInput("name the devices to disable, or give --all")
+    from kbp import backends
     res = backends.disable(None if args.all else list(args.devices), args.netns)
     if args.all:  # kbp is off: status no longer classifies by apply's [rt_class] rule
         from kbp import rtclass

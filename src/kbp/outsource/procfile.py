@@ -1,0 +1,145 @@
+"""/proc/kbp_so, the guest module's state, parsed.
+
+One ``kbp_so key=value ...`` line (the module), then one ``sock key=value ...`` line per
+outsourced socket.  Keys kbpctl does not know are kept (``extra``), the names of the
+counters are used unchanged in kbpctl's output and JSON::
+
+  kbp_so state=attached epoch=1 queues=2 sockets=2 pinned_pages=0 orphan_pages=0 ...
+  sock ino=12345 uid=0 family=inet local=127.0.0.1:5000 remote=- requests=10 ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROC_PATH = Path("/proc/kbp_so")
+STATES = ("attached", "detached", "host-dead")
+MODULE_COUNTERS = ("epoch", "queues", "sockets", "pinned_pages", "orphan_pages", "fallbacks",
+                   "host_timeout_ms")
+SOCK_COUNTERS = ("requests", "completions", "bytes_out", "bytes_in", "copies", "fallbacks",
+                 "errors")
+SOCK_TEXT = ("family", "local", "remote")
+
+
+class ProcFormatError(ValueError):
+    """A line that is not ``WORD key=value ...`` (the message quotes it)."""
+
+
+@dataclass
+class Sock:
+    ino: int
+    uid: int
+    family: str
+    local: str
+    remote: str
+    counters: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {"ino": self.ino, "uid": self.uid, "family": self.family, "local": self.local,
+                "remote": self.remote, **self.counters, **self.extra}
+
+
+@dataclass
+class Module:
+    state: str
+    counters: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, str] = field(default_factory=dict)
+    socks: list[Sock] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        return {"state": self.state, **self.counters, **self.extra,
+                "socks": [s.to_json() for s in self.socks]}
+
+
+def _pairs(line: str, lineno: int) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for word in line.split()[1:]:
+        key, eq, value = word.partition("=")
+        if not eq or not key:
+            raise ProcFormatError(f"/proc/kbp_so line {lineno}: {word!r} is not key=value: "
+                                  f"{line!r}")
+        out[key] = value
+    return out
+
+
+def _int(pairs: dict[str, str], key: str, lineno: int) -> int:
+    try:
+        return int(pairs.pop(key))
+    except KeyError:
+        raise ProcFormatError(f"/proc/kbp_so line {lineno}: no {key}=") from None
+    except ValueError:
+        raise ProcFormatError(f"/proc/kbp_so line {lineno}: {key} is not a number") from None
+
+
+def _counters(pairs: dict[str, str], names: tuple[str, ...], lineno: int) -> dict[str, int]:
+    return {k: _int(pairs, k, lineno) for k in names if k in pairs}
+
+
+def parse(text: str) -> Module:
+    """The module and its sockets; ProcFormatError for a line that does not parse."""
+    mod: Module | None = None
+    socks: list[Sock] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        kind = line.split(None, 1)[0]
+        pairs = _pairs(line, lineno)
+        if kind == "kbp_so":
+            state = pairs.pop("state", "")
+            if not state:
+                raise ProcFormatError(f"/proc/kbp_so line {lineno}: no state=")
+            mod = Module(state, _counters(pairs, MODULE_COUNTERS, lineno), pairs)
+        elif kind == "sock":
+            ino, uid = _int(pairs, "ino", lineno), _int(pairs, "uid", lineno)
+            text_f = {k: pairs.pop(k, "-") for k in SOCK_TEXT}
+            counters = _counters(pairs, SOCK_COUNTERS, lineno)
+            socks.append(Sock(ino, uid, text_f["family"], text_f["local"], text_f["remote"],
+                              counters, pairs))
+        # other line kinds: a newer module's, ignored
+    if mod is None:
+        raise ProcFormatError("/proc/kbp_so has no 'kbp_so state=...' line")
+    mod.socks = socks
+    return mod
+
+
+def read(path: Path | None = None) -> Module | None:
+    """The module's state, None when it is not loaded (no /proc/kbp_so)."""
+    try:
+        text = (path or PROC_PATH).read_text()
+    except FileNotFoundError:
+        return None
+    return parse(text)
+
+
+def socket_owners(inos: set[int], proc: Path = Path("/proc")) -> dict[int, list[tuple[int, str]]]:
+    """For each socket inode in ``inos``: the (pid, comm) of the processes holding it (their
+    /proc/PID/fd links read ``socket:[INO]``)."""
+    out: dict[int, list[tuple[int, str]]] = {}
+    if not inos:
+        return out
+    want = {f"socket:[{i}]": i for i in inos}
+    for pid_dir in proc.iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            fds = list((pid_dir / "fd").iterdir())
+        except OSError:
+            continue
+        found: set[int] = set()
+        for fd in fds:
+            try:
+                ino = want.get(str(fd.readlink()))
+            except OSError:
+                continue
+            if ino is not None:
+                found.add(ino)
+        if found:
+            try:
+                comm = (pid_dir / "comm").read_text().strip()
+            except OSError:
+                comm = "?"
+            for ino in found:
+                out.setdefault(ino, []).append((int(pid_dir.name), comm))
+    return out

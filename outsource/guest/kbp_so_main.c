@@ -38,7 +38,9 @@
 #include <linux/workqueue.h>
 #include <linux/in.h>
 #include <linux/in6.h>
+#include <linux/ipv6.h>
 #include <net/inet_common.h>
+#include <net/ipv6.h>
 #include <net/protocol.h>
 #include <net/sock.h>
 
@@ -461,9 +463,15 @@ static int kbp_so_sock_call(struct sock *sk, struct kbp_so_sqe *sqe,
 	return err;
 }
 
-static int kbp_so_addr_from(const struct sockaddr *uaddr, int len,
-			    struct kbp_so_addr *a)
+/*
+ * A user's address for the host.  An AF_INET socket takes sockaddr_in; an
+ * AF_INET6 one sockaddr_in6 and, as udpv6 does, sockaddr_in too (the host's
+ * AF_INET6 socket decides, v4-mapped).
+ */
+static int kbp_so_addr_from(const struct sock *sk, const struct sockaddr *uaddr,
+			    int len, struct kbp_so_addr *a)
 {
+	const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)uaddr;
 	const struct sockaddr_in *sin = (const struct sockaddr_in *)uaddr;
 
 	memset(a, 0, sizeof(*a));
@@ -471,6 +479,17 @@ static int kbp_so_addr_from(const struct sockaddr *uaddr, int len,
 		return -EINVAL;
 	if (uaddr->sa_family == AF_UNSPEC)
 		return 0;
+	if (uaddr->sa_family == AF_INET6 && sk->sk_family == AF_INET6) {
+		if (len < SIN6_LEN_RFC2133)
+			return -EINVAL;
+		a->family = KBP_SO_AF_INET6;
+		a->port = (__force u16)sin6->sin6_port;
+		a->flowinfo = (__force u32)sin6->sin6_flowinfo;
+		memcpy(a->addr, &sin6->sin6_addr, 16);
+		if (len >= (int)sizeof(*sin6))
+			a->scope_id = sin6->sin6_scope_id;
+		return 0;
+	}
 	if (uaddr->sa_family != AF_INET)
 		return -EAFNOSUPPORT;
 	if (len < (int)sizeof(*sin))
@@ -478,6 +497,31 @@ static int kbp_so_addr_from(const struct sockaddr *uaddr, int len,
 	a->family = KBP_SO_AF_INET;
 	a->port = (__force u16)sin->sin_port;
 	memcpy(a->addr, &sin->sin_addr, 4);
+	return 0;
+}
+
+/* The host's address for the user: the length written, 0 for none. */
+static int kbp_so_addr_to(const struct kbp_so_addr *a, struct sockaddr *uaddr)
+{
+	struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)uaddr;
+	struct sockaddr_in *sin = (struct sockaddr_in *)uaddr;
+
+	if (a->family == KBP_SO_AF_INET6) {
+		memset(sin6, 0, sizeof(*sin6));
+		sin6->sin6_family = AF_INET6;
+		sin6->sin6_port = (__force __be16)a->port;
+		sin6->sin6_flowinfo = (__force __be32)a->flowinfo;
+		memcpy(&sin6->sin6_addr, a->addr, 16);
+		sin6->sin6_scope_id = a->scope_id;
+		return sizeof(*sin6);
+	}
+	if (a->family == KBP_SO_AF_INET) {
+		memset(sin, 0, sizeof(*sin));
+		sin->sin_family = AF_INET;
+		sin->sin_port = (__force __be16)a->port;
+		memcpy(&sin->sin_addr, a->addr, 4);
+		return sizeof(*sin);
+	}
 	return 0;
 }
 
@@ -494,11 +538,13 @@ static int kbp_so_bind(struct socket *sock, struct kbp_so_uaddr *uaddr, int len)
 {
 	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_BIND };
 	struct kbp_so_cqe cqe;
-	int err = kbp_so_addr_from((struct sockaddr *)uaddr, len, &sqe.addr);
+	int err = kbp_so_addr_from(sock->sk, (struct sockaddr *)uaddr, len, &sqe.addr);
 
 	if (err)
 		return err;
-	if (sqe.addr.family != KBP_SO_AF_INET)
+	/* as inet_bind()/inet6_bind(): the socket's own family only */
+	if (sqe.addr.family != (sock->sk->sk_family == AF_INET6 ? KBP_SO_AF_INET6 :
+				KBP_SO_AF_INET))
 		return -EAFNOSUPPORT;
 	err = kbp_so_sock_call(sock->sk, &sqe, &cqe);
 	if (!err)
@@ -511,7 +557,7 @@ static int kbp_so_connect(struct socket *sock, struct kbp_so_uaddr *uaddr, int l
 {
 	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_CONNECT };
 	struct kbp_so_cqe cqe;
-	int err = kbp_so_addr_from((struct sockaddr *)uaddr, len, &sqe.addr);
+	int err = kbp_so_addr_from(sock->sk, (struct sockaddr *)uaddr, len, &sqe.addr);
 
 	if (err)
 		return err;
@@ -524,7 +570,6 @@ static int kbp_so_connect(struct socket *sock, struct kbp_so_uaddr *uaddr, int l
 static int kbp_so_getname(struct socket *sock, struct sockaddr *uaddr, int peer)
 {
 	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_GETNAME, .arg0 = !!peer };
-	struct sockaddr_in *sin = (struct sockaddr_in *)uaddr;
 	struct kbp_so_cqe cqe;
 	int err = kbp_so_sock_call(sock->sk, &sqe, &cqe);
 
@@ -532,11 +577,12 @@ static int kbp_so_getname(struct socket *sock, struct sockaddr *uaddr, int peer)
 		return err;
 	kbp_so_set_name(kbp_so_sk(sock->sk), peer ? &kbp_so_sk(sock->sk)->remote :
 			&kbp_so_sk(sock->sk)->local, &cqe.addr);
-	memset(sin, 0, sizeof(*sin));
-	sin->sin_family = AF_INET;
-	sin->sin_port = (__force __be16)cqe.addr.port;
-	memcpy(&sin->sin_addr, cqe.addr.addr, 4);
-	return sizeof(*sin);
+	if (!cqe.addr.family) {
+		/* unbound: the family's wildcard, as the host would say */
+		cqe.addr.family = sock->sk->sk_family == AF_INET6 ? KBP_SO_AF_INET6 :
+				  KBP_SO_AF_INET;
+	}
+	return kbp_so_addr_to(&cqe.addr, uaddr);
 }
 
 /*
@@ -781,7 +827,8 @@ static int kbp_so_sendmsg(struct socket *sock, struct msghdr *msg, size_t len)
 		return -EMSGSIZE;
 	if (msg->msg_name) {
 		/* AF_UNSPEC stays family 0: the connected peer, as for UDP */
-		err = kbp_so_addr_from(msg->msg_name, msg->msg_namelen, &sqe.addr);
+		err = kbp_so_addr_from(sock->sk, msg->msg_name, msg->msg_namelen,
+				       &sqe.addr);
 		if (err)
 			return err;
 	}
@@ -848,14 +895,10 @@ static int kbp_so_recvmsg(struct socket *sock, struct msghdr *msg, size_t len,
 	atomic64_add(min_t(size_t, cqe.msg_len, want), &ks->st.bytes_in);
 	if (cqe.msg_len || !READ_ONCE(ks->rd_shut))
 		atomic64_inc(&ks->st.copies);
-	if (msg->msg_name && cqe.addr.family == KBP_SO_AF_INET) {
-		DECLARE_SOCKADDR(struct sockaddr_in *, sin, msg->msg_name);
+	if (msg->msg_name && cqe.addr.family) {
+		DECLARE_SOCKADDR(struct sockaddr *, sa, msg->msg_name);
 
-		memset(sin, 0, sizeof(*sin));
-		sin->sin_family = AF_INET;
-		sin->sin_port = (__force __be16)cqe.addr.port;
-		memcpy(&sin->sin_addr, cqe.addr.addr, 4);
-		msg->msg_namelen = sizeof(*sin);
+		msg->msg_namelen = kbp_so_addr_to(&cqe.addr, sa);
 	}
 	if (cqe.out_flags & KBP_SO_OUT_TRUNC)
 		msg->msg_flags |= MSG_TRUNC;
@@ -964,7 +1007,10 @@ static __poll_t kbp_so_poll(struct file *file, struct socket *sock,
 /* proto.init: the host socket is made with the guest's. */
 static int kbp_so_init_sock(struct sock *sk)
 {
-	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_SOCKET, .arg0 = KBP_SO_AF_INET };
+	struct kbp_so_sqe sqe = {
+		.op = KBP_SO_OP_SOCKET,
+		.arg0 = sk->sk_family == AF_INET6 ? KBP_SO_AF_INET6 : KBP_SO_AF_INET,
+	};
 	struct kbp_so_sock *ks = kbp_so_sk(sk);
 	struct kbp_so_cqe cqe;
 	int err;
@@ -1199,6 +1245,56 @@ static struct inet_protosw kbp_so_protosw = {
 	.protocol	= KBP_SO_PROTO,
 	.prot		= &kbp_so_prot,
 	.ops		= &kbp_so_ops,
+};
+
+/*
+ * AF_INET6: the same socket with a struct ipv6_pinfo for inet6_create(),
+ * last (6.1 finds it at obj_size - sizeof(struct ipv6_pinfo); 6.5+ at
+ * proto.ipv6_pinfo_offset, a Kbuild probe).  Nothing of it is used: the
+ * IPv6 options are the host's.
+ */
+struct kbp_so_sock6 {
+	struct kbp_so_sock ks;
+	struct ipv6_pinfo inet6;
+};
+
+static struct proto kbp_so_prot6 = {
+	.name		= "KBP_SO6",
+	.owner		= THIS_MODULE,
+	.obj_size	= sizeof(struct kbp_so_sock6),
+#ifdef KBP_SO_HAVE_IPV6_PINFO_OFFSET
+	.ipv6_pinfo_offset = offsetof(struct kbp_so_sock6, inet6),
+#endif
+	.init		= kbp_so_init_sock,
+	.close		= kbp_so_close,
+	.unhash		= kbp_so_unhash,
+};
+
+static const struct proto_ops kbp_so_ops6 = {
+	.family		= PF_INET6,
+	.owner		= THIS_MODULE,
+	.release	= inet6_release,
+	.bind		= kbp_so_bind,
+	.connect	= kbp_so_connect,
+	.socketpair	= sock_no_socketpair,
+	.accept		= sock_no_accept,
+	.getname	= kbp_so_getname,
+	.poll		= kbp_so_poll,
+	.ioctl		= sock_no_ioctl,
+	.listen		= sock_no_listen,
+	.shutdown	= kbp_so_shutdown,
+	.setsockopt	= kbp_so_setsockopt,
+	.getsockopt	= kbp_so_getsockopt,
+	.sendmsg	= kbp_so_sendmsg,
+	.recvmsg	= kbp_so_recvmsg,
+	.mmap		= sock_no_mmap,
+};
+
+static struct inet_protosw kbp_so_protosw6 = {
+	.type		= SOCK_DGRAM,
+	.protocol	= KBP_SO_PROTO,
+	.prot		= &kbp_so_prot6,
+	.ops		= &kbp_so_ops6,
 };
 
 /* The region is the host's: check everything the guest will index with. */
@@ -1654,10 +1750,16 @@ static int __init kbp_so_init(void)
 
 	if (err)
 		return err;
+	err = proto_register(&kbp_so_prot6, 1);
+	if (err)
+		goto err_prot;
 	inet_register_protosw(&kbp_so_protosw);
+	err = inet6_register_protosw(&kbp_so_protosw6);
+	if (err)
+		goto err_protosw;
 	if (!proc_create_seq("kbp_so", 0444, NULL, &kbp_so_seq_ops)) {
 		err = -ENOMEM;
-		goto err_protosw;
+		goto err_protosw6;
 	}
 	err = pci_register_driver(&kbp_so_driver);
 	if (err)
@@ -1666,8 +1768,12 @@ static int __init kbp_so_init(void)
 
 err_proc:
 	remove_proc_entry("kbp_so", NULL);
+err_protosw6:
+	inet6_unregister_protosw(&kbp_so_protosw6);
 err_protosw:
 	inet_unregister_protosw(&kbp_so_protosw);
+	proto_unregister(&kbp_so_prot6);
+err_prot:
 	proto_unregister(&kbp_so_prot);
 	return err;
 }
@@ -1677,7 +1783,9 @@ static void __exit kbp_so_exit(void)
 	/* no socket is left: each holds a reference on this module */
 	pci_unregister_driver(&kbp_so_driver);
 	remove_proc_entry("kbp_so", NULL);
+	inet6_unregister_protosw(&kbp_so_protosw6);
 	inet_unregister_protosw(&kbp_so_protosw);
+	proto_unregister(&kbp_so_prot6);
 	proto_unregister(&kbp_so_prot);
 }
 

@@ -385,6 +385,39 @@ def scenario_shutdown(s: socket.socket, st: Stats) -> None:
     d.close()
 
 
+def scenario_ipv6(s: socket.socket, st: Stats) -> None:
+    """AF_INET6 sockets of the protocol: v4-mapped through the host's AF_INET6 socket to
+    the IPv4 echo server, and from one outsourced socket to another on the netns's ::1."""
+    a = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM, PROTO)
+    assert a.getsockopt(socket.SOL_SOCKET, socket.SO_PROTOCOL) == socket.IPPROTO_UDP
+    assert a.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 0  # the host's
+    mapped = ("::ffff:127.0.0.1", ECHO[1])
+    a.sendto(b"v4-mapped", mapped)
+    st.out(9)
+    data, addr = a.recvfrom(100)
+    st.inn(9)
+    assert data == b"v4-mapped" and addr[:2] == mapped, (data, addr)
+    b, c = (socket.socket(socket.AF_INET6, socket.SOCK_DGRAM, PROTO) for _ in range(2))
+    b.bind(("::1", 0))
+    c.bind(("::1", 0))
+    bport, cport = b.getsockname()[1], c.getsockname()[1]
+    assert b.getsockname()[0] == "::1" and bport > 0, b.getsockname()
+    c.sendto(b"six", ("::1", bport))
+    st.out(3, echo=False)
+    data, addr = b.recvfrom(100)
+    st.inn(3)
+    assert data == b"six" and addr[:2] == ("::1", cport), (data, addr)
+    b.connect(("::1", cport))
+    assert b.getpeername()[:2] == ("::1", cport)
+    line = proc()[1][os.fstat(b.fileno()).st_ino]
+    assert line["family"] == "inet6" and line["local"] == f"[::1]:{bport}", line
+    assert line["remote"] == f"[::1]:{cport}", line
+    c.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_UNICAST_HOPS, 9)
+    assert c.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_UNICAST_HOPS) == 9
+    for sock in (a, b, c):
+        sock.close()
+
+
 def scenario_killed_child(s: socket.socket, st: Stats) -> None:
     """A process killed while its receive is parked: cancelled, its pages given back."""
     before = int(proc()[0]["sockets"])
@@ -483,7 +516,7 @@ def main() -> None:
     s = udp()
     for scenario in (scenario_control, scenario_data, scenario_poll, scenario_cancel,
                      scenario_proc_counters, scenario_sockopts, scenario_shutdown,
-                     scenario_killed_child):
+                     scenario_ipv6, scenario_killed_child):
         scenario(s, st)
         print("KBP-SO-SCENARIO-OK", scenario.__name__, flush=True)
     rx1, net1 = rx_packets(), net_rx()

@@ -2,18 +2,20 @@
 /*
  * kbp_so: the guest side of kbp socket outsourcing (docs/design.md, section 11).
  *
- * This is the foundation of part 1: it binds the ivshmem-doorbell device
- * that kbp-sod serves, checks the region's header and layout, attaches with
- * the reset handshake, and carries synchronous requests over the per-vCPU
- * rings (doorbell to the host, one MSI-X vector per queue back).  It
- * registers the private protocol (AF_INET, SOCK_DGRAM, KBP_SO_PROTO) whose
- * socket, bind, connect, getsockname/getpeername, sendmsg, recvmsg and close
- * are requests to the host.  sendmsg/recvmsg pin the user buffer and hand
- * the host its guest-physical ranges: the host copies the datagram once,
- * between its socket and the process's pages; poll asks the host with an
- * armed POLL.  Not yet here: the setsockopt subset, shutdown, AF_INET6,
- * buffers that need a bounce page, and re-attaching after a daemon restart
- * (EOPNOTSUPP or ECONNRESET).
+ * This is part 1: it binds the ivshmem-doorbell device that kbp-sod
+ * serves, checks the region's header and layout, attaches with the reset
+ * handshake, and carries requests over the per-vCPU rings (doorbell to the
+ * host, one MSI-X vector per queue back).  It registers the private
+ * protocol (AF_INET and AF_INET6, SOCK_DGRAM, KBP_SO_PROTO) whose socket,
+ * bind, connect, getsockname/getpeername, sendmsg, recvmsg, shutdown, the
+ * setsockopt/getsockopt allowlist and close are requests to the host.
+ * sendmsg/recvmsg pin the user buffer and hand the host its guest-physical
+ * ranges: the host copies the datagram once, between its socket and the
+ * process's pages; poll asks the host with an armed POLL.  A watchdog on
+ * the host's heartbeat declares a dead host (ECONNRESET, ENETDOWN) and keeps
+ * the pages it may still write as orphans.  /proc/kbp_so shows the state
+ * and each socket's counters.  Not yet here: buffers that need a bounce
+ * page (EOPNOTSUPP) and re-attaching after a daemon restart.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 

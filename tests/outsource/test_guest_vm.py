@@ -5,7 +5,9 @@ attaches, and its private UDP protocol's operations are requests served by a hos
 in the VM's netns (docs/design.md 11): socket/bind/getsockname/close, and send/receive
 with a UDP echo server there, one copy per datagram between the host socket and the
 guest process's pinned pages, none through the guest's network stack; a signal or
-SO_RCVTIMEO cancels a blocked receive and leaves nothing pinned.  Boots the rig's Debian
+SO_RCVTIMEO cancels a blocked receive and leaves nothing pinned; /proc/kbp_so, sockopts,
+shutdown, IPv6; last, this side SIGKILLs kbp-sod when the guest prints KBP-SO-KILL-SOD
+and the guest checks the module's dead-host handling (guest_sockets.py).  Boots the rig's Debian
 6.12 guest under TCG (about a minute): opt in with KBP_SO_VM=1
 (KBP_SO_VM_FLAVOUR=7.2-rt-amd64 for another kernel); needs root (the netns) and the
 rig's cached kernel (KBP_VM_CACHE)."""

@@ -1456,13 +1456,21 @@ static void kbp_so_fail_all(struct kbp_so_dev *dev)
 }
 
 /*
- * The watchdog (docs/design.md, 11.5), every heartbeat period: a heartbeat
+ * The watchdog (docs/design.md, 11.5), every heartbeat period on an
+ * unbound worker (kbp_so_watch_again()): a heartbeat
  * that stood still for host_timeout_ms, or a new epoch (the daemon
  * restarted: its predecessor's sockets and parked requests are gone, and
  * QEMU cannot give us the new one's doorbells), declares the host dead:
  * every waiter returns ECONNRESET, new sockets ENETDOWN.  Pages lent then
  * are orphans until a new epoch proves the old daemon gone (its flock).
  */
+static void kbp_so_watch_again(struct kbp_so_dev *dev)
+{
+	/* unbound: a CPU that an RT task keeps busy does not stall the watchdog */
+	queue_delayed_work(system_unbound_wq, &dev->watch,
+			   msecs_to_jiffies(KBP_SO_HEARTBEAT_MS));
+}
+
 static void kbp_so_watch(struct work_struct *work)
 {
 	struct kbp_so_dev *dev = container_of(to_delayed_work(work), struct kbp_so_dev,
@@ -1487,7 +1495,7 @@ static void kbp_so_watch(struct work_struct *work)
 
 		pci_info(dev->pdev, "new epoch: released %u orphaned page(s)\n", n);
 	}
-	schedule_delayed_work(&dev->watch, msecs_to_jiffies(KBP_SO_HEARTBEAT_MS));
+	kbp_so_watch_again(dev);
 }
 
 static void kbp_so_free_irqs(struct kbp_so_dev *dev, u32 n)
@@ -1579,7 +1587,7 @@ static int kbp_so_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	dev->hb = READ_ONCE(dev->hdr->heartbeat);
 	dev->hb_at = jiffies;
 	INIT_DELAYED_WORK(&dev->watch, kbp_so_watch);
-	schedule_delayed_work(&dev->watch, msecs_to_jiffies(KBP_SO_HEARTBEAT_MS));
+	kbp_so_watch_again(dev);
 	pci_info(pdev, "attached: ivshmem ID %u, epoch %u, %u of %u queue(s) of %u, NOP round trip ok\n",
 		 readl(dev->regs + IVSHMEM_REG_IVPOSITION), dev->epoch, dev->nr_used,
 		 dev->nr_queues, dev->entries);

@@ -511,6 +511,14 @@ def scenario_dead_host(s: socket.socket, st: Stats) -> None:
     for sock in (r, w, s):
         sock.close()
     assert proc()[0]["sockets"] == "0"
+    if os.environ.get("KBP_SO_RESTART") == "1":
+        # a new daemon on the same region: its epoch (the region's flock) proves the old
+        # one gone, so the orphans are released now, not at rmmod; no re-attach yet
+        print("KBP-SO-START-SOD", flush=True)
+        wait_for(lambda: proc()[0]["orphan_pages"] == "0", 20,
+                 "a new epoch did not release the orphaned pages")
+        assert proc()[0]["state"] == "host-dead"
+        expect_errno(errno.ENETDOWN, udp)
 
 
 #: in order, one boot; each gets the long-lived socket and the shared Stats.  New

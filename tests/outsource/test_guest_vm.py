@@ -33,6 +33,8 @@ from .conftest import REPO, make_sod
 from .netns import netns
 
 FLAVOUR = os.environ.get("KBP_SO_VM_FLAVOUR", "6.12-amd64")
+#: "1": after the kill, a new kbp-sod on the same region (the epoch releases the orphans)
+RESTART = os.environ.get("KBP_SO_VM_RESTART", "0")
 #: the rig's cache directory of each flavour's kernel (to skip rather than download)
 KERNEL_GLOB = {"6.12-amd64": "6.12.*+deb12-amd64", "6.12-rt-amd64": "6.12.*+deb12-rt-amd64",
                "6.1-amd64": "6.1.*-amd64", "7.2-amd64": "7.2.*+deb14-amd64",
@@ -125,12 +127,19 @@ def _run_guest(sod_bin: Path, tmp_path: Path, cache: Path, ns: str, echo_port: i
         f.truncate(GUEST_MB << 20)
     s.start()
     killed: list[float] = []
+    # the daemon's counters after its death: a restarted one lays the queues out anew
+    dead_counters: list[dict[str, int]] = []
 
     def on_line(line: str) -> None:
         # the guest's last scenario: the daemon dies mid-traffic (SIGKILL, no cleanup)
         if "KBP-SO-KILL-SOD" in line and not killed and s.proc is not None:
             s.proc.kill()
+            s.proc.wait()
             killed.append(time.monotonic())
+        # KBP_SO_VM_RESTART=1: then a new daemon (epoch 2) on the same region
+        if "KBP-SO-START-SOD" in line and killed and not dead_counters:
+            dead_counters.append(_counters(s.region, s.queues))
+            s.start()
 
     try:
         script = GUEST_SCRIPT.relative_to(REPO)  # the guest runs in the repository
@@ -139,6 +148,7 @@ def _run_guest(sod_bin: Path, tmp_path: Path, cache: Path, ns: str, echo_port: i
                "--module-dir", "outsource/guest", "--timeout", "400",
                "--memory", str(GUEST_MB), "--env", f"KBP_SO_ECHO_PORT={echo_port}",
                "--env", f"KBP_SO_HOST_RMEM_MAX={rmem_max}",
+               "--env", f"KBP_SO_RESTART={RESTART}",
                "--qemu-arg=-object",
                f"--qemu-arg=memory-backend-file,id=kbpram,mem-path={s.ram},share=on,"
                f"size={GUEST_MB}M",
@@ -155,14 +165,18 @@ def _run_guest(sod_bin: Path, tmp_path: Path, cache: Path, ns: str, echo_port: i
         assert "attached: ivshmem ID 1, epoch 1" in out, out[-6000:]
         assert "NOP round trip ok" in out
         assert "KBP-SO-GUEST-OK" in out and "KBP-SO-UNLOADED" in out, out[-6000:]
-        assert "client connected" in s.log(), s.log()
+        assert "client connected" in (tmp_path / "sod" / "sod.1.log").read_text()
         assert killed, "the guest never asked for the daemon's death"
         # the watchdog said so, and rmmod gave the orphaned pages back (and said how many)
         assert "kbp-sod is dead (no heartbeat)" in out, out[-6000:]
-        assert "orphaned page(s) of a dead kbp-sod" in out, out[-6000:]
+        if RESTART == "1":  # the new epoch released them, rmmod had none left
+            assert "new epoch: released" in out and "dead kbp-sod" not in out, out[-6000:]
+            assert dead_counters, "the guest never asked for a new daemon"
+        else:
+            assert "orphaned page(s) of a dead kbp-sod" in out, out[-6000:]
         data = json.loads(out.split("KBP-SO-DATA ", 1)[1].splitlines()[0])
         # the daemon died without a reset: its counters since the insmod's reset are there
-        total = _counters(s.region, s.queues)
+        total = dead_counters[0] if dead_counters else _counters(s.region, s.queues)
         print("guest:", data, "host:", total)
         # the echo server saw every datagram the guest sent it (through the host's netns)
         assert int(count_file.read_text()) == data["echo_sent"], (count_file.read_text(), data)

@@ -66,8 +66,9 @@
 #define KBP_SO_TIMEOUT_MAX	600000
 
 /*
- * Pages of user buffers lent to the host right now (pinned, or referenced
- * on 6.1).  /sys/module/kbp_so/parameters/pinned_pages; 0 when idle.
+ * Pages of user buffers lent to a live host right now (pinned, or
+ * referenced on 6.1).  /sys/module/kbp_so/parameters/pinned_pages; 0 when
+ * idle.  Pages kept for a dead host are orphan_pages (/proc/kbp_so).
  */
 static atomic_t kbp_so_pinned = ATOMIC_INIT(0);
 

@@ -521,8 +521,24 @@ def scenario_dead_host(s: socket.socket, st: Stats) -> None:
         expect_errno(errno.ENETDOWN, udp)
 
 
+def scenario_detach(s: socket.socket, st: Stats) -> None:
+    """After the daemon's death: the device unbound (the driver's remove, as at rmmod)
+    gives the orphans back; /proc/kbp_so says detached and socket() is ENETDOWN."""
+    drv = "/sys/bus/pci/drivers/kbp_so"
+    devs = [d for d in os.listdir(drv) if d.count(":") == 2]
+    assert len(devs) == 1, devs
+    with open(f"{drv}/unbind", "w") as f:
+        f.write(devs[0])
+    head = proc()[0]
+    assert (head["state"], head["epoch"], head["queues"]) == ("detached", "0", "0"), head
+    assert head["pinned_pages"] == "0" and head["orphan_pages"] == "0", head
+    fallbacks = int(head["fallbacks"])
+    expect_errno(errno.ENETDOWN, udp)
+    assert int(proc()[0]["fallbacks"]) == fallbacks + 1
+
+
 #: in order, one boot; each gets the long-lived socket and the shared Stats.  New
-#: scenarios go here; scenario_dead_host stays last (the daemon is gone after it).
+#: scenarios go here; scenario_dead_host and scenario_detach stay last (no host after).
 SCENARIOS = [scenario_control, scenario_data, scenario_poll, scenario_cancel,
              scenario_proc_counters, scenario_sockopts, scenario_shutdown, scenario_ipv6,
              scenario_killed_child]
@@ -540,8 +556,9 @@ def main() -> None:
     # no virtual NIC and no loopback carried any of it
     assert all(v == 0 for v in rx_delta.values()), rx_delta
     assert net1 - net0 < 4, (net0, net1)
-    scenario_dead_host(s, st)  # last: the host is gone after it
-    print("KBP-SO-SCENARIO-OK scenario_dead_host", flush=True)
+    for scenario in (scenario_dead_host, scenario_detach):  # last: the host is gone
+        scenario(s, st)
+        print("KBP-SO-SCENARIO-OK", scenario.__name__, flush=True)
     print("KBP-SO-DATA " + json.dumps({**asdict(st), "net_rx_delta": net1 - net0,
                                        "rx_packets_delta": rx_delta}), flush=True)
     print("KBP-SO-GUEST-OK", flush=True)

@@ -2,18 +2,20 @@
 /*
  * kbp_so: the guest side of kbp socket outsourcing (docs/design.md, section 11).
  *
- * This is the foundation of part 1: it binds the ivshmem-doorbell device
- * that kbp-sod serves, checks the region's header and layout, attaches with
- * the reset handshake, and carries synchronous requests over the per-vCPU
- * rings (doorbell to the host, one MSI-X vector per queue back).  It
- * registers the private protocol (AF_INET, SOCK_DGRAM, KBP_SO_PROTO) whose
- * socket, bind, connect, getsockname/getpeername, sendmsg, recvmsg and close
- * are requests to the host.  sendmsg/recvmsg pin the user buffer and hand
- * the host its guest-physical ranges: the host copies the datagram once,
- * between its socket and the process's pages; poll asks the host with an
- * armed POLL.  Not yet here: the setsockopt subset, shutdown, AF_INET6,
- * buffers that need a bounce page, and re-attaching after a daemon restart
- * (EOPNOTSUPP or ECONNRESET).
+ * This is part 1: it binds the ivshmem-doorbell device that kbp-sod
+ * serves, checks the region's header and layout, attaches with the reset
+ * handshake, and carries requests over the per-vCPU rings (doorbell to the
+ * host, one MSI-X vector per queue back).  It registers the private
+ * protocol (AF_INET and AF_INET6, SOCK_DGRAM, KBP_SO_PROTO) whose socket,
+ * bind, connect, getsockname/getpeername, sendmsg, recvmsg, shutdown, the
+ * setsockopt/getsockopt allowlist and close are requests to the host.
+ * sendmsg/recvmsg pin the user buffer and hand the host its guest-physical
+ * ranges: the host copies the datagram once, between its socket and the
+ * process's pages; poll asks the host with an armed POLL.  A watchdog on
+ * the host's heartbeat declares a dead host (ECONNRESET, ENETDOWN) and keeps
+ * the pages it may still write as orphans.  /proc/kbp_so shows the state
+ * and each socket's counters.  Not yet here: buffers that need a bounce
+ * page (EOPNOTSUPP) and re-attaching after a daemon restart.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
@@ -21,16 +23,26 @@
 #include <linux/delay.h>
 #include <linux/interrupt.h>
 #include <linux/io.h>
+#include <linux/list.h>
 #include <linux/mm.h>
 #include <linux/module.h>
 #include <linux/moduleparam.h>
+#include <linux/mutex.h>
 #include <linux/net.h>
 #include <linux/pci.h>
+#include <linux/proc_fs.h>
 #include <linux/rwsem.h>
+#include <linux/seq_file.h>
 #include <linux/slab.h>
+#include <linux/sockptr.h>
 #include <linux/spinlock.h>
 #include <linux/uio.h>
+#include <linux/workqueue.h>
+#include <linux/in.h>
+#include <linux/in6.h>
+#include <linux/ipv6.h>
 #include <net/inet_common.h>
+#include <net/ipv6.h>
 #include <net/protocol.h>
 #include <net/sock.h>
 
@@ -50,10 +62,13 @@
 #define KBP_SO_CALL_TIMEOUT	(2 * HZ)
 #define KBP_SO_ATTACH_MS	2000
 #define KBP_SO_FINAL_POLL	(HZ / 10)	/* epoch check while waiting */
+#define KBP_SO_TIMEOUT_MIN	200		/* host_timeout_ms range */
+#define KBP_SO_TIMEOUT_MAX	600000
 
 /*
- * Pages of user buffers lent to the host right now (pinned, or referenced
- * on 6.1).  /sys/module/kbp_so/parameters/pinned_pages; 0 when idle.
+ * Pages of user buffers lent to a live host right now (pinned, or
+ * referenced on 6.1).  /sys/module/kbp_so/parameters/pinned_pages; 0 when
+ * idle.  Pages kept for a dead host are orphan_pages (/proc/kbp_so).
  */
 static atomic_t kbp_so_pinned = ATOMIC_INIT(0);
 
@@ -74,11 +89,54 @@ static const struct kernel_param_ops kbp_so_pinned_ops = {
 module_param_cb(pinned_pages, &kbp_so_pinned_ops, NULL, 0444);
 MODULE_PARM_DESC(pinned_pages, "user pages lent to the host now (read only)");
 
+/*
+ * How long the host's heartbeat may stand still before the host is
+ * declared dead (docs/design.md, 11.5).  Read with READ_ONCE by the
+ * watchdog: a new value applies from its next tick.
+ */
+static unsigned int kbp_so_host_timeout_ms = 3000;
+
+static int kbp_so_timeout_set(const char *val, const struct kernel_param *kp)
+{
+	unsigned int ms;
+	int err = kstrtouint(val, 0, &ms);
+
+	if (err)
+		return err;
+	if (ms < KBP_SO_TIMEOUT_MIN || ms > KBP_SO_TIMEOUT_MAX)
+		return -EINVAL;
+	WRITE_ONCE(kbp_so_host_timeout_ms, ms);
+	return 0;
+}
+
+static const struct kernel_param_ops kbp_so_timeout_ops = {
+	.set	= kbp_so_timeout_set,
+	.get	= param_get_uint,
+};
+module_param_cb(host_timeout_ms, &kbp_so_timeout_ops, &kbp_so_host_timeout_ms, 0644);
+MODULE_PARM_DESC(host_timeout_ms, "heartbeat silence that declares kbp-sod dead (200..600000)");
+
+/*
+ * Pages lent to a host that was declared dead while they were lent: a
+ * stopped (not dead) daemon could resume and write them, so they are not
+ * given back to the allocator until a new epoch proves the old daemon gone
+ * (its flock) or the device goes away.  Counted apart from pinned_pages.
+ */
+static atomic_t kbp_so_orphaned = ATOMIC_INIT(0);
+
+/* socket() refused (no host) plus every socket's fallbacks */
+static atomic64_t kbp_so_fallbacks = ATOMIC64_INIT(0);
+
 struct kbp_so_req {
 	struct completion done;
 	struct kbp_so_cqe cqe;
 	/* called before done completes, in the interrupt handler: no sleeping */
 	void (*done_fn)(struct kbp_so_req *req);
+	/* set by the submitter before submission, read under the queue's lock */
+	bool lends;			/* guest pages are in its segments */
+	/* written under the queue's lock before done completes */
+	bool from_host;			/* the host posted its final CQE */
+	bool orphan;			/* failed for a dead host: pages lent */
 };
 
 struct kbp_so_dev;
@@ -114,6 +172,17 @@ struct kbp_so_dev {
 	u32 epoch;
 	u32 attach_id;
 	bool dead;			/* under every queue's lock to set */
+	/*
+	 * host_dead: the heartbeat stood still for host_timeout_ms, or the
+	 * epoch moved.  Set under every queue's lock (as dead), read under one
+	 * or with READ_ONCE; never cleared (no re-attach yet).
+	 */
+	bool host_dead;
+	/* the watchdog's own: only kbp_so_watch() touches them */
+	u64 hb;
+	unsigned long hb_at;
+	bool orphans_freed;
+	struct delayed_work watch;
 	struct kbp_so_queue *q;
 };
 
@@ -126,10 +195,37 @@ static DECLARE_RWSEM(kbp_so_rwsem);
 static struct kbp_so_dev *kbp_so_cur;
 static u32 kbp_so_attach_ids;	/* under kbp_so_rwsem (write) */
 
+/*
+ * Per-socket counters for /proc/kbp_so.  The operations of one socket are
+ * not serialized here (no lock_sock: two threads may send and receive on it
+ * at once, and the POLL callback runs in the interrupt handler), so they
+ * are atomic64_t: uncontended in the common case, one locked add each.
+ */
+struct kbp_so_stats {
+	atomic64_t requests;		/* SQEs submitted for the socket */
+	atomic64_t completions;		/* final CQEs the host posted */
+	atomic64_t bytes_out;
+	atomic64_t bytes_in;
+	atomic64_t copies;		/* data requests the host copied for */
+	atomic64_t fallbacks;		/* EOPNOTSUPP the module said itself */
+	atomic64_t errors;		/* host completions with res < 0 */
+};
+
 struct kbp_so_sock {
 	struct inet_sock inet;		/* first: inet_create uses inet_sk() */
 	u32 handle;			/* the host's; 0: none */
 	u32 attach_id;			/* the attach that made it */
+	bool rd_shut;			/* SHUT_RD asked: an empty read is EOF */
+	struct kbp_so_stats st;
+	/* on kbp_so_socks from a successful init to close (kbp_so_socks_mutex) */
+	struct list_head node;
+	/*
+	 * name_lock: the cached names shown in /proc/kbp_so, written by bind,
+	 * connect and getname, read by the /proc reader; nothing nests in it.
+	 */
+	spinlock_t name_lock;
+	struct kbp_so_addr local;
+	struct kbp_so_addr remote;
 	/*
 	 * poll: the host's last answer (KBP_SO_POLL_*), a hint that a receive
 	 * or a send that would block clears; the armed POLL request (at most
@@ -145,9 +241,44 @@ struct kbp_so_sock {
 
 #define KBP_SO_ARMED	0	/* pflags bit */
 
+/*
+ * kbp_so_socks_mutex: the list of live outsourced sockets and its length,
+ * for /proc/kbp_so.  Taken in process context only (init, close, the
+ * /proc reader, which holds it across one read of the file); never taken
+ * with kbp_so_rwsem held by the same task except in the reader's header
+ * (mutex, then the rwsem for reading): nothing takes them the other way.
+ */
+static DEFINE_MUTEX(kbp_so_socks_mutex);
+static LIST_HEAD(kbp_so_socks);
+static unsigned int kbp_so_nsocks;
+
+/*
+ * kbp_so_orphans_lock: the orphan list only (process context: a waiter
+ * that learns its host is dead, the watchdog, removal).
+ */
+struct kbp_so_orphan;
+static DEFINE_SPINLOCK(kbp_so_orphans_lock);
+static LIST_HEAD(kbp_so_orphans);
+
 static struct kbp_so_sock *kbp_so_sk(const struct sock *sk)
 {
 	return (struct kbp_so_sock *)sk;
+}
+
+static void kbp_so_count_done(struct kbp_so_sock *ks, const struct kbp_so_req *req)
+{
+	if (!ks || !req->from_host)
+		return;
+	atomic64_inc(&ks->st.completions);
+	if (req->cqe.res < 0)
+		atomic64_inc(&ks->st.errors);
+}
+
+static int kbp_so_fallback(struct kbp_so_sock *ks)
+{
+	atomic64_inc(&ks->st.fallbacks);
+	atomic64_inc(&kbp_so_fallbacks);
+	return -EOPNOTSUPP;
 }
 
 /* A request's final completion: its callback, then its waiter. */
@@ -188,6 +319,7 @@ static void kbp_so_reap(struct kbp_so_dev *dev, struct kbp_so_queue *q)
 		req = q->slots[slot];
 		q->slots[slot] = NULL;
 		req->cqe = cqe;
+		req->from_host = true;
 		kbp_so_finish(req);
 	}
 	/* release: our reads of the slots are done before the host reuses them */
@@ -218,10 +350,12 @@ static int kbp_so_submit(struct kbp_so_dev *dev, struct kbp_so_queue *q,
 
 	init_completion(&req->done);
 	memset(&req->cqe, 0, sizeof(req->cqe));
+	req->from_host = false;
+	req->orphan = false;
 	spin_lock_irqsave(&q->lock, flags);
-	if (dev->dead || q->broken) {
+	if (dev->dead || q->broken || dev->host_dead) {
 		spin_unlock_irqrestore(&q->lock, flags);
-		return -ENETDOWN;
+		return dev->host_dead ? -ECONNRESET : -ENETDOWN;
 	}
 	host_head = READ_ONCE(q->ctl->sq_head);
 	for (slot = 0; slot < dev->entries && q->slots[slot]; slot++)
@@ -275,27 +409,31 @@ static struct kbp_so_queue *kbp_so_this_queue(struct kbp_so_dev *dev)
  * or -errno.
  */
 static int kbp_so_call_on(struct kbp_so_dev *dev, struct kbp_so_queue *q,
-			  struct kbp_so_sqe *sqe, struct kbp_so_cqe *cqe)
+			  struct kbp_so_sqe *sqe, struct kbp_so_cqe *cqe,
+			  struct kbp_so_sock *ks)
 {
 	struct kbp_so_req req = { };
 	int slot = kbp_so_submit(dev, q, sqe, &req);
 
 	if (slot < 0)
 		return slot;
+	if (ks)
+		atomic64_inc(&ks->st.requests);
 	if (!wait_for_completion_timeout(&req.done, KBP_SO_CALL_TIMEOUT)) {
 		/* no pages are lent: forgetting an unanswered slot is safe */
 		if (kbp_so_forget(q, slot, &req))
 			return -ETIMEDOUT;
 		wait_for_completion(&req.done);
 	}
+	kbp_so_count_done(ks, &req);
 	*cqe = req.cqe;
 	return 0;
 }
 
 static int kbp_so_call(struct kbp_so_dev *dev, struct kbp_so_sqe *sqe,
-		       struct kbp_so_cqe *cqe)
+		       struct kbp_so_cqe *cqe, struct kbp_so_sock *ks)
 {
-	return kbp_so_call_on(dev, kbp_so_this_queue(dev), sqe, cqe);
+	return kbp_so_call_on(dev, kbp_so_this_queue(dev), sqe, cqe, ks);
 }
 
 /* The device a socket was made on, still attached; kbp_so_rwsem held. */
@@ -303,6 +441,8 @@ static int kbp_so_sock_check(struct kbp_so_sock *ks)
 {
 	if (!kbp_so_cur || kbp_so_cur->attach_id != ks->attach_id || !ks->handle)
 		return -ECONNRESET;	/* its host socket is gone */
+	if (READ_ONCE(kbp_so_cur->host_dead))
+		return -ECONNRESET;	/* and so is its host */
 	if (READ_ONCE(kbp_so_cur->hdr->epoch) != kbp_so_cur->epoch)
 		return -ECONNRESET;	/* the daemon restarted */
 	return 0;
@@ -319,16 +459,22 @@ static int kbp_so_sock_call(struct sock *sk, struct kbp_so_sqe *sqe,
 	down_read(&kbp_so_rwsem);
 	err = kbp_so_sock_check(ks);
 	if (!err)
-		err = kbp_so_call(kbp_so_cur, sqe, cqe);
+		err = kbp_so_call(kbp_so_cur, sqe, cqe, ks);
 	up_read(&kbp_so_rwsem);
 	if (!err && cqe->res < 0)
 		err = cqe->res;
 	return err;
 }
 
-static int kbp_so_addr_from(const struct sockaddr *uaddr, int len,
-			    struct kbp_so_addr *a)
+/*
+ * A user's address for the host.  An AF_INET socket takes sockaddr_in; an
+ * AF_INET6 one sockaddr_in6 and, as udpv6 does, sockaddr_in too (the host's
+ * AF_INET6 socket decides, v4-mapped).
+ */
+static int kbp_so_addr_from(const struct sock *sk, const struct sockaddr *uaddr,
+			    int len, struct kbp_so_addr *a)
 {
+	const struct sockaddr_in6 *sin6 = (const struct sockaddr_in6 *)uaddr;
 	const struct sockaddr_in *sin = (const struct sockaddr_in *)uaddr;
 
 	memset(a, 0, sizeof(*a));
@@ -336,6 +482,17 @@ static int kbp_so_addr_from(const struct sockaddr *uaddr, int len,
 		return -EINVAL;
 	if (uaddr->sa_family == AF_UNSPEC)
 		return 0;
+	if (uaddr->sa_family == AF_INET6 && sk->sk_family == AF_INET6) {
+		if (len < SIN6_LEN_RFC2133)
+			return -EINVAL;
+		a->family = KBP_SO_AF_INET6;
+		a->port = (__force u16)sin6->sin6_port;
+		a->flowinfo = (__force u32)sin6->sin6_flowinfo;
+		memcpy(a->addr, &sin6->sin6_addr, 16);
+		if (len >= (int)sizeof(*sin6))
+			a->scope_id = sin6->sin6_scope_id;
+		return 0;
+	}
 	if (uaddr->sa_family != AF_INET)
 		return -EAFNOSUPPORT;
 	if (len < (int)sizeof(*sin))
@@ -346,17 +503,56 @@ static int kbp_so_addr_from(const struct sockaddr *uaddr, int len,
 	return 0;
 }
 
+/* The host's address for the user: the length written, 0 for none. */
+static int kbp_so_addr_to(const struct kbp_so_addr *a, struct sockaddr *uaddr)
+{
+	struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)uaddr;
+	struct sockaddr_in *sin = (struct sockaddr_in *)uaddr;
+
+	if (a->family == KBP_SO_AF_INET6) {
+		memset(sin6, 0, sizeof(*sin6));
+		sin6->sin6_family = AF_INET6;
+		sin6->sin6_port = (__force __be16)a->port;
+		sin6->sin6_flowinfo = (__force __be32)a->flowinfo;
+		memcpy(&sin6->sin6_addr, a->addr, 16);
+		sin6->sin6_scope_id = a->scope_id;
+		return sizeof(*sin6);
+	}
+	if (a->family == KBP_SO_AF_INET) {
+		memset(sin, 0, sizeof(*sin));
+		sin->sin_family = AF_INET;
+		sin->sin_port = (__force __be16)a->port;
+		memcpy(&sin->sin_addr, a->addr, 4);
+		return sizeof(*sin);
+	}
+	return 0;
+}
+
+/* The names /proc/kbp_so shows: what the host said (bind, getname), connect's peer. */
+static void kbp_so_set_name(struct kbp_so_sock *ks, struct kbp_so_addr *to,
+			    const struct kbp_so_addr *a)
+{
+	spin_lock(&ks->name_lock);
+	*to = *a;
+	spin_unlock(&ks->name_lock);
+}
+
 static int kbp_so_bind(struct socket *sock, struct kbp_so_uaddr *uaddr, int len)
 {
 	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_BIND };
 	struct kbp_so_cqe cqe;
-	int err = kbp_so_addr_from((struct sockaddr *)uaddr, len, &sqe.addr);
+	int err = kbp_so_addr_from(sock->sk, (struct sockaddr *)uaddr, len, &sqe.addr);
 
 	if (err)
 		return err;
-	if (sqe.addr.family != KBP_SO_AF_INET)
+	/* as inet_bind()/inet6_bind(): the socket's own family only */
+	if (sqe.addr.family != (sock->sk->sk_family == AF_INET6 ? KBP_SO_AF_INET6 :
+				KBP_SO_AF_INET))
 		return -EAFNOSUPPORT;
-	return kbp_so_sock_call(sock->sk, &sqe, &cqe);
+	err = kbp_so_sock_call(sock->sk, &sqe, &cqe);
+	if (!err)
+		kbp_so_set_name(kbp_so_sk(sock->sk), &kbp_so_sk(sock->sk)->local, &cqe.addr);
+	return err;
 }
 
 static int kbp_so_connect(struct socket *sock, struct kbp_so_uaddr *uaddr, int len,
@@ -364,27 +560,32 @@ static int kbp_so_connect(struct socket *sock, struct kbp_so_uaddr *uaddr, int l
 {
 	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_CONNECT };
 	struct kbp_so_cqe cqe;
-	int err = kbp_so_addr_from((struct sockaddr *)uaddr, len, &sqe.addr);
+	int err = kbp_so_addr_from(sock->sk, (struct sockaddr *)uaddr, len, &sqe.addr);
 
 	if (err)
 		return err;
-	return kbp_so_sock_call(sock->sk, &sqe, &cqe);
+	err = kbp_so_sock_call(sock->sk, &sqe, &cqe);
+	if (!err)
+		kbp_so_set_name(kbp_so_sk(sock->sk), &kbp_so_sk(sock->sk)->remote, &sqe.addr);
+	return err;
 }
 
 static int kbp_so_getname(struct socket *sock, struct sockaddr *uaddr, int peer)
 {
 	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_GETNAME, .arg0 = !!peer };
-	struct sockaddr_in *sin = (struct sockaddr_in *)uaddr;
 	struct kbp_so_cqe cqe;
 	int err = kbp_so_sock_call(sock->sk, &sqe, &cqe);
 
 	if (err)
 		return err;
-	memset(sin, 0, sizeof(*sin));
-	sin->sin_family = AF_INET;
-	sin->sin_port = (__force __be16)cqe.addr.port;
-	memcpy(&sin->sin_addr, cqe.addr.addr, 4);
-	return sizeof(*sin);
+	kbp_so_set_name(kbp_so_sk(sock->sk), peer ? &kbp_so_sk(sock->sk)->remote :
+			&kbp_so_sk(sock->sk)->local, &cqe.addr);
+	if (!cqe.addr.family) {
+		/* unbound: the family's wildcard, as the host would say */
+		cqe.addr.family = sock->sk->sk_family == AF_INET6 ? KBP_SO_AF_INET6 :
+				  KBP_SO_AF_INET;
+	}
+	return kbp_so_addr_to(&cqe.addr, uaddr);
 }
 
 /*
@@ -399,6 +600,12 @@ struct kbp_so_pin {
 	struct page *pages[KBP_SO_MAX_SEGS];
 	unsigned int nr;
 	bool dirty;			/* the host writes them (receive) */
+	bool orphan;			/* the host died with them: keep them */
+};
+
+struct kbp_so_orphan {
+	struct list_head node;		/* on kbp_so_orphans */
+	struct kbp_so_pin pin;
 };
 
 #ifdef KBP_SO_HAVE_EXTRACT_PAGES
@@ -432,11 +639,54 @@ static void kbp_so_release_pages(struct kbp_so_pin *p)
 }
 #endif
 
+/*
+ * A dead host may still write the pages (a stopped daemon resumes): they
+ * move to the orphan list, still pinned, until kbp_so_release_orphans().
+ * The record is small; __GFP_NOFAIL because failing here would leave the
+ * choice between a leak of the pins and freeing pages a host may write.
+ */
+static void kbp_so_orphan_pin(struct kbp_so_pin *p)
+{
+	struct kbp_so_orphan *o = kmalloc(sizeof(*o), GFP_KERNEL | __GFP_NOFAIL);
+
+	o->pin = *p;
+	atomic_sub(p->nr, &kbp_so_pinned);
+	atomic_add(p->nr, &kbp_so_orphaned);
+	spin_lock(&kbp_so_orphans_lock);
+	list_add_tail(&o->node, &kbp_so_orphans);
+	spin_unlock(&kbp_so_orphans_lock);
+	p->nr = 0;
+}
+
+/* Only when no host of the old epoch can write any more.  Returns pages. */
+static unsigned int kbp_so_release_orphans(void)
+{
+	struct kbp_so_orphan *o, *tmp;
+	unsigned int n = 0;
+	LIST_HEAD(list);
+
+	spin_lock(&kbp_so_orphans_lock);
+	list_splice_init(&kbp_so_orphans, &list);
+	spin_unlock(&kbp_so_orphans_lock);
+	list_for_each_entry_safe(o, tmp, &list, node) {
+		kbp_so_release_pages(&o->pin);
+		atomic_sub(o->pin.nr, &kbp_so_orphaned);
+		n += o->pin.nr;
+		list_del(&o->node);
+		kfree(o);
+	}
+	return n;
+}
+
 /* Only after the request's final completion, or when no host can write. */
 static void kbp_so_unpin(struct kbp_so_pin *p)
 {
 	if (!p->nr)
 		return;
+	if (p->orphan) {
+		kbp_so_orphan_pin(p);
+		return;
+	}
 	kbp_so_release_pages(p);
 	atomic_sub(p->nr, &kbp_so_pinned);
 	p->nr = 0;
@@ -498,7 +748,8 @@ static int kbp_so_pin_iter(struct iov_iter *it, size_t len, struct kbp_so_pin *p
  * the host acked a reset).
  */
 static void kbp_so_cancel_wait(struct kbp_so_dev *dev, struct kbp_so_queue *q,
-			       u32 slot, struct kbp_so_req *req, u32 sock, u64 tag)
+			       u32 slot, struct kbp_so_req *req, u32 sock, u64 tag,
+			       struct kbp_so_sock *ks)
 {
 	struct kbp_so_sqe c = { .op = KBP_SO_OP_CANCEL, .sock = sock, .arg1 = tag };
 	bool asked = false;
@@ -507,7 +758,7 @@ static void kbp_so_cancel_wait(struct kbp_so_dev *dev, struct kbp_so_queue *q,
 		struct kbp_so_cqe ccqe;
 
 		if (!asked && !completion_done(&req->done))
-			asked = kbp_so_call_on(dev, q, &c, &ccqe) != -EAGAIN;
+			asked = kbp_so_call_on(dev, q, &c, &ccqe, ks) != -EAGAIN;
 		if (wait_for_completion_timeout(&req->done, KBP_SO_FINAL_POLL))
 			return;
 		if (READ_ONCE(dev->hdr->epoch) != dev->epoch &&
@@ -525,7 +776,7 @@ static void kbp_so_cancel_wait(struct kbp_so_dev *dev, struct kbp_so_queue *q,
  * caller may then unpin.
  */
 static int kbp_so_data_call(struct sock *sk, struct kbp_so_sqe *sqe,
-			    struct kbp_so_cqe *cqe, long timeo)
+			    struct kbp_so_cqe *cqe, long timeo, struct kbp_so_pin *pin)
 {
 	struct kbp_so_sock *ks = kbp_so_sk(sk);
 	struct kbp_so_queue *q;
@@ -540,18 +791,23 @@ static int kbp_so_data_call(struct sock *sk, struct kbp_so_sqe *sqe,
 	if (err)
 		goto out;
 	q = kbp_so_this_queue(kbp_so_cur);
+	req.lends = pin->nr;
 	slot = kbp_so_submit(kbp_so_cur, q, sqe, &req);
 	if (slot < 0) {
 		err = slot;
 		goto out;
 	}
+	atomic64_inc(&ks->st.requests);
 	left = wait_for_completion_interruptible_timeout(&req.done, timeo);
 	if (left <= 0) {
-		kbp_so_cancel_wait(kbp_so_cur, q, slot, &req, sqe->sock, sqe->tag);
+		kbp_so_cancel_wait(kbp_so_cur, q, slot, &req, sqe->sock, sqe->tag, ks);
 		/* data that won the race is returned: it left the host socket */
 		if (req.cqe.res == -ECANCELED)
 			req.cqe.res = left ? sock_intr_errno(timeo) : -EAGAIN;
 	}
+	/* failed for a dead host with pages lent: they become orphans */
+	pin->orphan = req.orphan;
+	kbp_so_count_done(ks, &req);
 	*cqe = req.cqe;
 	err = cqe->res < 0 ? cqe->res : 0;
 out:
@@ -562,22 +818,26 @@ out:
 static int kbp_so_sendmsg(struct socket *sock, struct msghdr *msg, size_t len)
 {
 	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_SENDMSG };
+	struct kbp_so_sock *ks = kbp_so_sk(sock->sk);
 	bool noblock = msg->msg_flags & MSG_DONTWAIT;
 	struct kbp_so_pin pin = { .dirty = false };
 	struct kbp_so_cqe cqe;
 	int err;
 
 	if ((msg->msg_flags & (MSG_OOB | MSG_MORE)) || msg->msg_controllen)
-		return -EOPNOTSUPP;
+		return kbp_so_fallback(ks);
 	if (len > KBP_SO_MAX_IO)
 		return -EMSGSIZE;
 	if (msg->msg_name) {
 		/* AF_UNSPEC stays family 0: the connected peer, as for UDP */
-		err = kbp_so_addr_from(msg->msg_name, msg->msg_namelen, &sqe.addr);
+		err = kbp_so_addr_from(sock->sk, msg->msg_name, msg->msg_namelen,
+				       &sqe.addr);
 		if (err)
 			return err;
 	}
 	err = kbp_so_pin_iter(&msg->msg_iter, len, &pin, &sqe);
+	if (err == -EOPNOTSUPP)
+		kbp_so_fallback(ks);
 	if (err)
 		goto out;
 	if (noblock)
@@ -586,11 +846,14 @@ static int kbp_so_sendmsg(struct socket *sock, struct msghdr *msg, size_t len)
 		sqe.flags = KBP_SO_F_WAIT;	/* parks on a full send buffer */
 	err = kbp_so_data_call(sock->sk, &sqe, &cqe,
 			       noblock ? KBP_SO_CALL_TIMEOUT :
-					 sock_sndtimeo(sock->sk, false));
+					 sock_sndtimeo(sock->sk, false), &pin);
 	if (err == -EAGAIN)	/* not writable: the next poll asks the host */
-		atomic_andnot(KBP_SO_POLL_OUT, &kbp_so_sk(sock->sk)->revents);
-	if (!err)
+		atomic_andnot(KBP_SO_POLL_OUT, &ks->revents);
+	if (!err) {
 		err = cqe.res;
+		atomic64_add(cqe.res, &ks->st.bytes_out);
+		atomic64_inc(&ks->st.copies);
+	}
 out:
 	kbp_so_unpin(&pin);
 	return err;
@@ -600,16 +863,19 @@ static int kbp_so_recvmsg(struct socket *sock, struct msghdr *msg, size_t len,
 			  int flags)
 {
 	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_RECVMSG };
+	struct kbp_so_sock *ks = kbp_so_sk(sock->sk);
+	size_t want = min_t(size_t, len, KBP_SO_MAX_IO);
 	bool noblock = flags & MSG_DONTWAIT;
 	struct kbp_so_pin pin = { .dirty = true };
 	struct kbp_so_cqe cqe;
 	int err;
 
 	if (flags & (MSG_OOB | MSG_ERRQUEUE))
-		return -EOPNOTSUPP;
+		return kbp_so_fallback(ks);
 	/* a UDP payload is at most 65507 bytes: the rest of a buffer stays */
-	err = kbp_so_pin_iter(&msg->msg_iter, min_t(size_t, len, KBP_SO_MAX_IO),
-			      &pin, &sqe);
+	err = kbp_so_pin_iter(&msg->msg_iter, want, &pin, &sqe);
+	if (err == -EOPNOTSUPP)
+		kbp_so_fallback(ks);
 	if (err)
 		goto out;
 	if (flags & MSG_PEEK)
@@ -622,21 +888,20 @@ static int kbp_so_recvmsg(struct socket *sock, struct msghdr *msg, size_t len,
 		sqe.flags = KBP_SO_F_WAIT;	/* parked until a datagram comes */
 	err = kbp_so_data_call(sock->sk, &sqe, &cqe,
 			       noblock ? KBP_SO_CALL_TIMEOUT :
-					 sock_rcvtimeo(sock->sk, false));
+					 sock_rcvtimeo(sock->sk, false), &pin);
 	/* consumed, or nothing there: the next poll asks the host again */
 	if (!(flags & MSG_PEEK) || err)
-		atomic_andnot(KBP_SO_POLL_IN | KBP_SO_POLL_ERR,
-			      &kbp_so_sk(sock->sk)->revents);
+		atomic_andnot(KBP_SO_POLL_IN | KBP_SO_POLL_ERR, &ks->revents);
 	if (err)
 		goto out;
-	if (msg->msg_name && cqe.addr.family == KBP_SO_AF_INET) {
-		DECLARE_SOCKADDR(struct sockaddr_in *, sin, msg->msg_name);
+	/* as the host counts: bytes written into our pages; an EOF is no copy */
+	atomic64_add(min_t(size_t, cqe.msg_len, want), &ks->st.bytes_in);
+	if (cqe.msg_len || !READ_ONCE(ks->rd_shut))
+		atomic64_inc(&ks->st.copies);
+	if (msg->msg_name && cqe.addr.family) {
+		DECLARE_SOCKADDR(struct sockaddr *, sa, msg->msg_name);
 
-		memset(sin, 0, sizeof(*sin));
-		sin->sin_family = AF_INET;
-		sin->sin_port = (__force __be16)cqe.addr.port;
-		memcpy(&sin->sin_addr, cqe.addr.addr, 4);
-		msg->msg_namelen = sizeof(*sin);
+		msg->msg_namelen = kbp_so_addr_to(&cqe.addr, sa);
 	}
 	if (cqe.out_flags & KBP_SO_OUT_TRUNC)
 		msg->msg_flags |= MSG_TRUNC;
@@ -658,6 +923,7 @@ static void kbp_so_poll_done(struct kbp_so_req *req)
 	struct sock *sk = &ks->inet.sk;
 	struct socket_wq *wq;
 
+	kbp_so_count_done(ks, req);
 	atomic_set(&ks->revents, req->cqe.res < 0 ? KBP_SO_POLL_ERR :
 		   req->cqe.out_flags & KBP_SO_POLL_ALL);
 	clear_bit_unlock(KBP_SO_ARMED, &ks->pflags);
@@ -701,6 +967,7 @@ static void kbp_so_poll_arm(struct kbp_so_sock *ks, u32 want)
 		goto out;
 	}
 	ks->poll_slot = slot;
+	atomic64_inc(&ks->st.requests);
 out:
 	up_read(&kbp_so_rwsem);
 }
@@ -743,21 +1010,32 @@ static __poll_t kbp_so_poll(struct file *file, struct socket *sock,
 /* proto.init: the host socket is made with the guest's. */
 static int kbp_so_init_sock(struct sock *sk)
 {
-	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_SOCKET, .arg0 = KBP_SO_AF_INET };
+	struct kbp_so_sqe sqe = {
+		.op = KBP_SO_OP_SOCKET,
+		.arg0 = sk->sk_family == AF_INET6 ? KBP_SO_AF_INET6 : KBP_SO_AF_INET,
+	};
 	struct kbp_so_sock *ks = kbp_so_sk(sk);
 	struct kbp_so_cqe cqe;
 	int err;
 
 	ks->handle = 0;
+	ks->rd_shut = false;
 	atomic_set(&ks->revents, 0);
 	ks->pflags = 0;
 	init_completion(&ks->poll_req.done);
+	ks->poll_req.lends = false;
+	INIT_LIST_HEAD(&ks->node);
+	spin_lock_init(&ks->name_lock);
+	memset(&ks->local, 0, sizeof(ks->local));
+	memset(&ks->remote, 0, sizeof(ks->remote));
+	memset(&ks->st, 0, sizeof(ks->st));
 	down_read(&kbp_so_rwsem);
-	if (!kbp_so_cur) {
+	if (!kbp_so_cur || READ_ONCE(kbp_so_cur->host_dead)) {
 		err = -ENETDOWN;	/* no daemon: the policy's "error" fallback */
+		atomic64_inc(&kbp_so_fallbacks);
 	} else {
 		ks->attach_id = kbp_so_cur->attach_id;
-		err = kbp_so_call(kbp_so_cur, &sqe, &cqe);
+		err = kbp_so_call(kbp_so_cur, &sqe, &cqe, ks);
 	}
 	up_read(&kbp_so_rwsem);
 	if (!err && cqe.res < 0)
@@ -767,19 +1045,168 @@ static int kbp_so_init_sock(struct sock *sk)
 	ks->handle = cqe.sock;
 	/* SO_PROTOCOL and security labels see UDP (docs/design.md, 11.1) */
 	sk->sk_protocol = IPPROTO_UDP;
+#ifdef KBP_SO_HAVE_CUSTOM_SOCKOPT
+	/* SOL_SOCKET options reach kbp_so_setsockopt() (as for MPTCP) */
+	if (sk->sk_socket)
+		set_bit(SOCK_CUSTOM_SOCKOPT, &sk->sk_socket->flags);
+#endif
+	mutex_lock(&kbp_so_socks_mutex);
+	list_add_tail(&ks->node, &kbp_so_socks);
+	kbp_so_nsocks++;
+	mutex_unlock(&kbp_so_socks_mutex);
 	return 0;
 }
 
 static void kbp_so_close(struct sock *sk, long timeout)
 {
 	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_CLOSE };
+	struct kbp_so_sock *ks = kbp_so_sk(sk);
 	struct kbp_so_cqe cqe;
 
+	mutex_lock(&kbp_so_socks_mutex);
+	if (!list_empty(&ks->node)) {
+		list_del_init(&ks->node);
+		kbp_so_nsocks--;
+	}
+	mutex_unlock(&kbp_so_socks_mutex);
 	if (kbp_so_sk(sk)->handle)
 		kbp_so_sock_call(sk, &sqe, &cqe);	/* gone either way */
 	kbp_so_poll_disarm(kbp_so_sk(sk));
 	kbp_so_sk(sk)->handle = 0;
 	sk_common_release(sk);
+}
+
+/*
+ * shutdown: the host's socket is shut down; a receive it has parked
+ * completes with 0 after SHUT_RD, as a local UDP receive returns 0.  An
+ * unconnected socket says ENOTCONN and is marked all the same (Linux).
+ */
+static int kbp_so_shutdown(struct socket *sock, int how)
+{
+	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_SHUTDOWN, .arg0 = how };
+	struct kbp_so_cqe cqe;
+	int err;
+
+	if (how < SHUT_RD || how > SHUT_RDWR)
+		return -EINVAL;
+	err = kbp_so_sock_call(sock->sk, &sqe, &cqe);
+	if ((!err || err == -ENOTCONN) && how != SHUT_WR)
+		WRITE_ONCE(kbp_so_sk(sock->sk)->rd_shut, true);
+	return err;
+}
+
+/*
+ * The options the host serves (the ABI's allowlist, design.md 11.2): each
+ * an int.  SOL_SOCKET ones reach us only where SOCK_CUSTOM_SOCKOPT exists
+ * (6.7+); on 6.1 they stay with the guest's own socket.
+ */
+static int kbp_so_opt_of(int level, int optname)
+{
+	static const struct { int level, name, opt; } map[] = {
+		{ SOL_SOCKET, SO_RCVBUF, KBP_SO_OPT_RCVBUF },
+		{ SOL_SOCKET, SO_SNDBUF, KBP_SO_OPT_SNDBUF },
+		{ SOL_SOCKET, SO_REUSEADDR, KBP_SO_OPT_REUSEADDR },
+		{ SOL_SOCKET, SO_REUSEPORT, KBP_SO_OPT_REUSEPORT },
+		{ SOL_SOCKET, SO_PRIORITY, KBP_SO_OPT_PRIORITY },
+		{ SOL_IP, IP_TOS, KBP_SO_OPT_IP_TOS },
+		{ SOL_IP, IP_TTL, KBP_SO_OPT_IP_TTL },
+		{ SOL_IPV6, IPV6_V6ONLY, KBP_SO_OPT_V6ONLY },
+		{ SOL_IPV6, IPV6_TCLASS, KBP_SO_OPT_TCLASS },
+		{ SOL_IPV6, IPV6_UNICAST_HOPS, KBP_SO_OPT_HOPS },
+	};
+	unsigned int i;
+
+	for (i = 0; i < ARRAY_SIZE(map); i++)
+		if (map[i].level == level && map[i].name == optname)
+			return map[i].opt;
+	return 0;
+}
+
+/* SOL_SOCKET options that only concern the guest's side of the socket */
+static bool kbp_so_local_opt(int optname)
+{
+	switch (optname) {
+	case SO_RCVTIMEO_OLD:
+	case SO_RCVTIMEO_NEW:
+	case SO_SNDTIMEO_OLD:
+	case SO_SNDTIMEO_NEW:
+		return true;
+	}
+	return false;
+}
+
+static int kbp_so_host_getopt(struct sock *sk, int opt, int *val)
+{
+	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_GETSOCKOPT, .arg0 = opt };
+	struct kbp_so_cqe cqe;
+	int err = kbp_so_sock_call(sk, &sqe, &cqe);
+
+	if (!err)
+		*val = cqe.res;
+	return err;
+}
+
+static int kbp_so_setsockopt(struct socket *sock, int level, int optname,
+			     sockptr_t optval, unsigned int optlen)
+{
+	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_SETSOCKOPT };
+	int opt = kbp_so_opt_of(level, optname);
+	struct sock *sk = sock->sk;
+	struct kbp_so_cqe cqe;
+	int val, err;
+
+	if (!opt) {
+		if (level == SOL_SOCKET && kbp_so_local_opt(optname))
+			return sock_setsockopt(sock, level, optname, optval, optlen);
+		return -ENOPROTOOPT;
+	}
+	if (optlen < sizeof(int))
+		return -EINVAL;
+	if (copy_from_sockptr(&val, optval, sizeof(val)))
+		return -EFAULT;
+	sqe.arg0 = opt;
+	memcpy(sqe.opt, &val, sizeof(val));
+	err = kbp_so_sock_call(sk, &sqe, &cqe);
+	if (err || level != SOL_SOCKET)
+		return err;
+	/*
+	 * getsockopt(SOL_SOCKET) is always the guest's sk_getsockopt(): keep
+	 * the guest's copy equal to the host's (the buffer sizes as the host
+	 * kernel doubled and clamped them).  Best effort: the host has it.
+	 */
+	if (opt == KBP_SO_OPT_RCVBUF || opt == KBP_SO_OPT_SNDBUF) {
+		if (!kbp_so_host_getopt(sk, opt, &val)) {
+			if (opt == KBP_SO_OPT_RCVBUF)
+				WRITE_ONCE(sk->sk_rcvbuf, val);
+			else
+				WRITE_ONCE(sk->sk_sndbuf, val);
+		}
+	} else {
+		sock_setsockopt(sock, level, optname, optval, optlen);
+	}
+	return 0;
+}
+
+/* Only levels other than SOL_SOCKET come here (SOL_SOCKET is the guest's). */
+static int kbp_so_getsockopt(struct socket *sock, int level, int optname,
+			     char __user *optval, int __user *optlen)
+{
+	int opt = kbp_so_opt_of(level, optname);
+	int len, val, err;
+
+	if (!opt || level == SOL_SOCKET)
+		return -ENOPROTOOPT;
+	if (get_user(len, optlen))
+		return -EFAULT;
+	if (len < (int)sizeof(int))
+		return -EINVAL;
+	err = kbp_so_host_getopt(sock->sk, opt, &val);
+	if (err)
+		return err;
+	len = sizeof(int);
+	if (put_user(len, optlen) || copy_to_user(optval, &val, len))
+		return -EFAULT;
+	return 0;
 }
 
 static void kbp_so_unhash(struct sock *sk)
@@ -808,7 +1235,9 @@ static const struct proto_ops kbp_so_ops = {
 	.poll		= kbp_so_poll,
 	.ioctl		= sock_no_ioctl,
 	.listen		= sock_no_listen,
-	.shutdown	= sock_no_shutdown,
+	.shutdown	= kbp_so_shutdown,
+	.setsockopt	= kbp_so_setsockopt,
+	.getsockopt	= kbp_so_getsockopt,
 	.sendmsg	= kbp_so_sendmsg,
 	.recvmsg	= kbp_so_recvmsg,
 	.mmap		= sock_no_mmap,
@@ -819,6 +1248,56 @@ static struct inet_protosw kbp_so_protosw = {
 	.protocol	= KBP_SO_PROTO,
 	.prot		= &kbp_so_prot,
 	.ops		= &kbp_so_ops,
+};
+
+/*
+ * AF_INET6: the same socket with a struct ipv6_pinfo for inet6_create(),
+ * last (6.1 finds it at obj_size - sizeof(struct ipv6_pinfo); 6.5+ at
+ * proto.ipv6_pinfo_offset, a Kbuild probe).  Nothing of it is used: the
+ * IPv6 options are the host's.
+ */
+struct kbp_so_sock6 {
+	struct kbp_so_sock ks;
+	struct ipv6_pinfo inet6;
+};
+
+static struct proto kbp_so_prot6 = {
+	.name		= "KBP_SO6",
+	.owner		= THIS_MODULE,
+	.obj_size	= sizeof(struct kbp_so_sock6),
+#ifdef KBP_SO_HAVE_IPV6_PINFO_OFFSET
+	.ipv6_pinfo_offset = offsetof(struct kbp_so_sock6, inet6),
+#endif
+	.init		= kbp_so_init_sock,
+	.close		= kbp_so_close,
+	.unhash		= kbp_so_unhash,
+};
+
+static const struct proto_ops kbp_so_ops6 = {
+	.family		= PF_INET6,
+	.owner		= THIS_MODULE,
+	.release	= inet6_release,
+	.bind		= kbp_so_bind,
+	.connect	= kbp_so_connect,
+	.socketpair	= sock_no_socketpair,
+	.accept		= sock_no_accept,
+	.getname	= kbp_so_getname,
+	.poll		= kbp_so_poll,
+	.ioctl		= sock_no_ioctl,
+	.listen		= sock_no_listen,
+	.shutdown	= kbp_so_shutdown,
+	.setsockopt	= kbp_so_setsockopt,
+	.getsockopt	= kbp_so_getsockopt,
+	.sendmsg	= kbp_so_sendmsg,
+	.recvmsg	= kbp_so_recvmsg,
+	.mmap		= sock_no_mmap,
+};
+
+static struct inet_protosw kbp_so_protosw6 = {
+	.type		= SOCK_DGRAM,
+	.protocol	= KBP_SO_PROTO,
+	.prot		= &kbp_so_prot6,
+	.ops		= &kbp_so_ops6,
 };
 
 /* The region is the host's: check everything the guest will index with. */
@@ -939,7 +1418,13 @@ static int kbp_so_attach(struct kbp_so_dev *dev)
 	return 0;
 }
 
-static void kbp_so_fail_all(struct kbp_so_dev *dev)
+/*
+ * Fails every request in flight with @res and refuses new ones: at removal
+ * (@host_dead false, after the host's reset ack: nothing of it writes any
+ * more) or because the host is dead (@host_dead: the requests that lent
+ * pages make them orphans, their waiters keep them pinned).
+ */
+static void kbp_so_fail_slots(struct kbp_so_dev *dev, int res, bool host_dead)
 {
 	unsigned long flags;
 	u32 i, s;
@@ -948,16 +1433,70 @@ static void kbp_so_fail_all(struct kbp_so_dev *dev)
 		struct kbp_so_queue *q = &dev->q[i];
 
 		spin_lock_irqsave(&q->lock, flags);
-		dev->dead = true;
+		if (host_dead)
+			WRITE_ONCE(dev->host_dead, true);
+		else
+			dev->dead = true;
 		for (s = 0; s < dev->entries; s++) {
-			if (!q->slots[s])
+			struct kbp_so_req *req = q->slots[s];
+
+			if (!req)
 				continue;
-			q->slots[s]->cqe.res = -ENETDOWN;
-			kbp_so_finish(q->slots[s]);
+			req->orphan = host_dead && req->lends;
+			req->cqe.res = res;
+			kbp_so_finish(req);
 			q->slots[s] = NULL;
 		}
 		spin_unlock_irqrestore(&q->lock, flags);
 	}
+}
+
+static void kbp_so_fail_all(struct kbp_so_dev *dev)
+{
+	kbp_so_fail_slots(dev, -ENETDOWN, false);
+}
+
+/*
+ * The watchdog (docs/design.md, 11.5), every heartbeat period on an
+ * unbound worker (kbp_so_watch_again()): a heartbeat
+ * that stood still for host_timeout_ms, or a new epoch (the daemon
+ * restarted: its predecessor's sockets and parked requests are gone, and
+ * QEMU cannot give us the new one's doorbells), declares the host dead:
+ * every waiter returns ECONNRESET, new sockets ENETDOWN.  Pages lent then
+ * are orphans until a new epoch proves the old daemon gone (its flock).
+ */
+static void kbp_so_watch_again(struct kbp_so_dev *dev)
+{
+	/* unbound: a CPU that an RT task keeps busy does not stall the watchdog */
+	queue_delayed_work(system_unbound_wq, &dev->watch,
+			   msecs_to_jiffies(KBP_SO_HEARTBEAT_MS));
+}
+
+static void kbp_so_watch(struct work_struct *work)
+{
+	struct kbp_so_dev *dev = container_of(to_delayed_work(work), struct kbp_so_dev,
+					      watch);
+	unsigned long limit = msecs_to_jiffies(READ_ONCE(kbp_so_host_timeout_ms));
+	bool new_epoch = READ_ONCE(dev->hdr->epoch) != dev->epoch;
+	u64 hb = READ_ONCE(dev->hdr->heartbeat);
+
+	/* first: a late tick (a busy vCPU) must not mistake a live host */
+	if (hb != dev->hb) {
+		dev->hb = hb;
+		dev->hb_at = jiffies;
+	}
+	if (!dev->host_dead && (new_epoch || time_after(jiffies, dev->hb_at + limit))) {
+		kbp_so_fail_slots(dev, -ECONNRESET, true);
+		pci_err(dev->pdev, "kbp-sod is dead (%s): its sockets are reset\n",
+			new_epoch ? "new epoch" : "no heartbeat");
+	}
+	/* orphans made after the failure (waiters wake later) are caught too */
+	if (dev->host_dead && new_epoch && atomic_read(&kbp_so_orphaned)) {
+		unsigned int n = kbp_so_release_orphans();
+
+		pci_info(dev->pdev, "new epoch: released %u orphaned page(s)\n", n);
+	}
+	kbp_so_watch_again(dev);
 }
 
 static void kbp_so_free_irqs(struct kbp_so_dev *dev, u32 n)
@@ -1038,7 +1577,7 @@ static int kbp_so_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	WRITE_ONCE(kbp_so_cur, dev);
 	downgrade_write(&kbp_so_rwsem);
 	/* one round trip: the doorbell, the host, the interrupt */
-	err = kbp_so_call(dev, &nop, &cqe);
+	err = kbp_so_call(dev, &nop, &cqe, NULL);
 	up_read(&kbp_so_rwsem);
 	if (err || cqe.res) {
 		pci_err(pdev, "NOP round trip failed: %d/%d\n", err, err ? 0 : cqe.res);
@@ -1046,6 +1585,10 @@ static int kbp_so_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		goto err_unpublish;
 	}
 	pci_set_drvdata(pdev, dev);
+	dev->hb = READ_ONCE(dev->hdr->heartbeat);
+	dev->hb_at = jiffies;
+	INIT_DELAYED_WORK(&dev->watch, kbp_so_watch);
+	kbp_so_watch_again(dev);
 	pci_info(pdev, "attached: ivshmem ID %u, epoch %u, %u of %u queue(s) of %u, NOP round trip ok\n",
 		 readl(dev->regs + IVSHMEM_REG_IVPOSITION), dev->epoch, dev->nr_used,
 		 dev->nr_queues, dev->entries);
@@ -1077,19 +1620,26 @@ err_disable:
 static void kbp_so_remove(struct pci_dev *pdev)
 {
 	struct kbp_so_dev *dev = pci_get_drvdata(pdev);
+	unsigned int n;
 
+	cancel_delayed_work_sync(&dev->watch);	/* host_dead is stable now */
 	/*
 	 * The host drops every parked request first (it serves nothing while
 	 * we are in RESET), so the pages of the waiters woken below are no
 	 * longer written.  A host that does not ack is gone or stuck: said.
+	 * A dead host is not asked (it would not answer).
 	 */
-	if (kbp_so_reset_host(dev))
+	if (!dev->host_dead && kbp_so_reset_host(dev))
 		pci_warn(pdev, "no reset ack: pages of blocked requests are released anyway\n");
 	/* every waiter wakes with ENETDOWN, then no caller is left inside */
 	kbp_so_fail_all(dev);
 	down_write(&kbp_so_rwsem);
 	WRITE_ONCE(kbp_so_cur, NULL);
 	up_write(&kbp_so_rwsem);
+	/* the residual risk of design.md 11.5: a dead host that resumes now */
+	n = kbp_so_release_orphans();
+	if (n)
+		pci_warn(pdev, "released %u orphaned page(s) of a dead kbp-sod\n", n);
 	/* release: no request of ours is left; the host stops serving */
 	smp_store_release(&dev->hdr->guest_state, KBP_SO_GUEST_ABSENT);
 	kbp_so_free_irqs(dev, dev->nr_used);
@@ -1099,6 +1649,98 @@ static void kbp_so_remove(struct pci_dev *pdev)
 	pci_release_regions(pdev);
 	pci_disable_device(pdev);
 }
+
+/* /proc/kbp_so: the state, then one line per outsourced socket. */
+static void kbp_so_show_addr(struct seq_file *m, const char *name,
+			     const struct kbp_so_addr *a)
+{
+	u16 port = ntohs((__force __be16)a->port);
+
+	if (a->family == KBP_SO_AF_INET)
+		seq_printf(m, " %s=%pI4:%u", name, a->addr, port);
+	else if (a->family == KBP_SO_AF_INET6)
+		seq_printf(m, " %s=[%pI6c]:%u", name, a->addr, port);
+	else
+		seq_printf(m, " %s=-", name);
+}
+
+static void kbp_so_show_head(struct seq_file *m)
+{
+	const char *state = "detached";
+	u32 epoch = 0, queues = 0;
+
+	down_read(&kbp_so_rwsem);
+	if (kbp_so_cur) {
+		state = READ_ONCE(kbp_so_cur->host_dead) ? "host-dead" : "attached";
+		epoch = kbp_so_cur->epoch;
+		queues = kbp_so_cur->nr_used;
+	}
+	up_read(&kbp_so_rwsem);
+	seq_printf(m, "kbp_so state=%s epoch=%u queues=%u sockets=%u pinned_pages=%d orphan_pages=%d fallbacks=%lld host_timeout_ms=%u\n",
+		   state, epoch, queues, kbp_so_nsocks, atomic_read(&kbp_so_pinned),
+		   atomic_read(&kbp_so_orphaned), atomic64_read(&kbp_so_fallbacks),
+		   READ_ONCE(kbp_so_host_timeout_ms));
+}
+
+static int kbp_so_seq_show(struct seq_file *m, void *v)
+{
+	struct kbp_so_sock *ks;
+	struct kbp_so_addr local, remote;
+	struct sock *sk;
+	kuid_t uid;
+
+	if (v == &kbp_so_socks) {
+		kbp_so_show_head(m);
+		return 0;
+	}
+	ks = list_entry(v, struct kbp_so_sock, node);
+	sk = &ks->inet.sk;
+	spin_lock(&ks->name_lock);
+	local = ks->local;
+	remote = ks->remote;
+	spin_unlock(&ks->name_lock);
+#ifdef KBP_SO_HAVE_SK_UID
+	uid = sk_uid(sk);
+#else
+	uid = sock_i_uid(sk);
+#endif
+	/* on the list: not closed yet, so sk_socket and its inode are alive */
+	seq_printf(m, "sock ino=%lu uid=%u family=%s",
+		   sk->sk_socket ? (unsigned long)SOCK_INODE(sk->sk_socket)->i_ino : 0UL,
+		   from_kuid_munged(seq_user_ns(m), uid),
+		   sk->sk_family == AF_INET6 ? "inet6" : "inet");
+	kbp_so_show_addr(m, "local", &local);
+	kbp_so_show_addr(m, "remote", &remote);
+	seq_printf(m, " requests=%lld completions=%lld bytes_out=%lld bytes_in=%lld copies=%lld fallbacks=%lld errors=%lld\n",
+		   atomic64_read(&ks->st.requests), atomic64_read(&ks->st.completions),
+		   atomic64_read(&ks->st.bytes_out), atomic64_read(&ks->st.bytes_in),
+		   atomic64_read(&ks->st.copies), atomic64_read(&ks->st.fallbacks),
+		   atomic64_read(&ks->st.errors));
+	return 0;
+}
+
+static void *kbp_so_seq_start(struct seq_file *m, loff_t *pos)
+{
+	mutex_lock(&kbp_so_socks_mutex);
+	return seq_list_start_head(&kbp_so_socks, *pos);
+}
+
+static void *kbp_so_seq_next(struct seq_file *m, void *v, loff_t *pos)
+{
+	return seq_list_next(v, &kbp_so_socks, pos);
+}
+
+static void kbp_so_seq_stop(struct seq_file *m, void *v)
+{
+	mutex_unlock(&kbp_so_socks_mutex);
+}
+
+static const struct seq_operations kbp_so_seq_ops = {
+	.start	= kbp_so_seq_start,
+	.next	= kbp_so_seq_next,
+	.stop	= kbp_so_seq_stop,
+	.show	= kbp_so_seq_show,
+};
 
 static const struct pci_device_id kbp_so_ids[] = {
 	{ PCI_DEVICE(0x1af4, 0x1110) },	/* ivshmem (doorbell) */
@@ -1119,14 +1761,30 @@ static int __init kbp_so_init(void)
 
 	if (err)
 		return err;
+	err = proto_register(&kbp_so_prot6, 1);
+	if (err)
+		goto err_prot;
 	inet_register_protosw(&kbp_so_protosw);
-	err = pci_register_driver(&kbp_so_driver);
+	err = inet6_register_protosw(&kbp_so_protosw6);
 	if (err)
 		goto err_protosw;
+	if (!proc_create_seq("kbp_so", 0444, NULL, &kbp_so_seq_ops)) {
+		err = -ENOMEM;
+		goto err_protosw6;
+	}
+	err = pci_register_driver(&kbp_so_driver);
+	if (err)
+		goto err_proc;
 	return 0;
 
+err_proc:
+	remove_proc_entry("kbp_so", NULL);
+err_protosw6:
+	inet6_unregister_protosw(&kbp_so_protosw6);
 err_protosw:
 	inet_unregister_protosw(&kbp_so_protosw);
+	proto_unregister(&kbp_so_prot6);
+err_prot:
 	proto_unregister(&kbp_so_prot);
 	return err;
 }
@@ -1135,7 +1793,10 @@ static void __exit kbp_so_exit(void)
 {
 	/* no socket is left: each holds a reference on this module */
 	pci_unregister_driver(&kbp_so_driver);
+	remove_proc_entry("kbp_so", NULL);
+	inet6_unregister_protosw(&kbp_so_protosw6);
 	inet_unregister_protosw(&kbp_so_protosw);
+	proto_unregister(&kbp_so_prot6);
 	proto_unregister(&kbp_so_prot);
 }
 

@@ -486,6 +486,7 @@ static int send_msg(int fd, int64_t val, int passfd)
 static int client_setup(struct sod_vm *vm, int fd)
 {
 	uint32_t qi;
+	int shm_fd, err;
 
 	for (qi = 0; qi < vm->nr_queues; qi++) {
 		struct sod_queue *q = &vm->q[qi];
@@ -497,8 +498,19 @@ static int client_setup(struct sod_vm *vm, int fd)
 		if (sod_epoll_set(q->doorbell_fd, EPOLLIN, &q->ev, true))
 			return -1;
 	}
-	if (send_msg(fd, 0, -1) || send_msg(fd, SOD_GUEST_ID, -1) ||
-	    send_msg(fd, -1, vm->region_fd))
+	/*
+	 * QEMU gets its own open file of the region, not ours: the flock belongs
+	 * to an open file, and QEMU keeps the fd it is passed for as long as it
+	 * lives, so passing ours would keep the lock after we die and a
+	 * restarted daemon could not take the region (design.md 11.3, 11.5).
+	 */
+	shm_fd = open(vm->region_path, O_RDWR | O_CLOEXEC);
+	if (shm_fd < 0)
+		return -1;
+	err = send_msg(fd, 0, -1) || send_msg(fd, SOD_GUEST_ID, -1) ||
+	      send_msg(fd, -1, shm_fd);
+	close(shm_fd);
+	if (err)
 		return -1;
 	for (qi = 0; qi < vm->nr_queues; qi++)
 		if (send_msg(fd, SOD_HOST_ID, vm->q[qi].doorbell_fd))

@@ -244,6 +244,21 @@ def _random_sqe(rng: random.Random, handles: list[int]) -> bytes:
     return bytes(b)
 
 
+def test_restart_while_qemu_holds_the_region(sod: Sod) -> None:
+    """QEMU keeps the region fd it was passed for its whole life; the flock that makes a
+    new epoch mean "the old daemon is gone" must not go with it, or a daemon killed under
+    a running QEMU could never be followed by another (the guest's orphaned pages are
+    released by that new epoch)."""
+    g = sod.guest()  # holds the passed fd, as QEMU does
+    try:
+        assert g.hdr("epoch") == 1
+        assert sod.stop(signal.SIGKILL) == -signal.SIGKILL
+        sod.start()  # asserts it became ready, i.e. took the lock
+        assert g.hdr("epoch") == 2 and g.hdr("host_state") == sc.HOST_UP
+    finally:
+        g.close()
+
+
 def test_fuzz_under_asan_finds_nothing(sod_asan_bin: Path, tmp_path: Path) -> None:
     s = make_sod(sod_asan_bin, tmp_path, queues=2, entries=32)
     s.start(env={"ASAN_OPTIONS": "abort_on_error=0:detect_leaks=1:exitcode=66",

@@ -8,8 +8,10 @@
 #   make test-host   pytest on this machine's kernel (unit + netns integration)
 #   make test-vm     the in-guest suite under QEMU: whole on Debian 12's 6.12 (slub_debug)
 #                    but the tests marked long; smoke on 6.1 and 7.2-rt; the PREEMPT_RT
-#                    hazards (marker rt) on 6.12-rt; a -Werror build for 7.2 and Debian
-#                    13's 6.12 and 6.12-rt (why: vm/README.md, "Which flavours run what")
+#                    hazards (marker rt) on 6.12-rt; socket outsourcing's guest test on
+#                    6.12, 6.1 and 7.2-rt; a -Werror build for 7.2 and Debian 13's 6.12
+#                    and 6.12-rt, of kbp_so.ko also for 6.12-rt (why: vm/README.md,
+#                    "Which flavours run what")
 #   make test-vm-all the whole in-guest suite on every flavour (before a release; ~2.5 h)
 #   make module      build kbp.ko against the headers of KDIR (default: running kernel)
 #   make deb         the Debian packages kbp-dkms and kbpctl in out/deb/ (packaging/deb.sh:
@@ -29,6 +31,11 @@ VM_TIMEOUT ?= 2700
 SMOKE_FLAVOURS ?= 6.1-amd64 7.2-rt-amd64
 RT_ONLY_FLAVOURS ?= 6.12-rt-amd64
 BUILD_FLAVOURS ?= 7.2-amd64 deb13-6.12-amd64 deb13-6.12-rt-amd64
+# Socket outsourcing's guest test (tests/outsource/test_guest_vm.py): one boot per flavour
+# with kbp-sod on the host: the policy (kbpctl outsource), an unmodified sockperf server
+# served through kbp_so by it, every socket operation and fault, the daemon killed last
+# (~30-60 s each). kbp_so.ko is also built with -Werror for the other flavours.
+OUTSOURCE_FLAVOURS ?= 6.12-amd64,6.1-amd64,7.2-rt-amd64
 ALL_FLAVOURS ?= 6.12-amd64 6.12-rt-amd64 6.1-amd64 7.2-amd64 7.2-rt-amd64 \
 		deb13-6.12-amd64 deb13-6.12-rt-amd64
 
@@ -55,7 +62,11 @@ test-vm: setup deb
 		-- -m "not long" || rc=1; \
 	$(PY) -m vm test $(SMOKE_FLAVOURS) -- -m smoke || rc=1; \
 	$(PY) -m vm test $(RT_ONLY_FLAVOURS) -- -m rt || rc=1; \
+	KBP_SO_VM=1 KBP_SO_VM_FLAVOUR=$(OUTSOURCE_FLAVOURS) KBP_SO_VM_APPEND="$(DEBUG_APPEND)" \
+		$(PY) -m pytest -q -ra --durations=5 tests/outsource/test_guest_vm.py || rc=1; \
 	for f in $(BUILD_FLAVOURS); do $(PY) -m vm build $$f || rc=1; done; \
+	for f in $(BUILD_FLAVOURS) $(RT_ONLY_FLAVOURS); do \
+		$(PY) -m vm build $$f --module-dir outsource/guest || rc=1; done; \
 	exit $$rc
 
 test-vm-all: setup

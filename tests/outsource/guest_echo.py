@@ -114,6 +114,11 @@ def stack_path(nic: str, srv: subprocess.Popen[bytes]) -> None:
     assert [s["copies"] for s in proc_kbp_so()[1]] == [s["copies"] for s in socks0]
 
 
+#: what the outsourced sockets of this script moved in all: the host side checks the
+#: daemon's counters (which hold the whole boot's traffic) against it
+TOTAL = {"copies": 0, "bytes_in": 0, "bytes_out": 0}
+
+
 def main() -> None:
     nic = nic_by_mac(os.environ["KBP_SO_TAP_MAC"])
     subprocess.run(["ip", "addr", "add", f"{TAP_IP}/{PREFIX}", "dev", nic], check=True)
@@ -141,6 +146,8 @@ def main() -> None:
     finally:
         plain.terminate()
         plain.wait()
+        # the NIC back down: later scenarios count what the guest's NICs receive
+        subprocess.run(["ip", "link", "set", nic, "down"], check=True)
 
 
 def outsourced(nic: str, plain: subprocess.Popen[bytes]) -> None:
@@ -157,11 +164,13 @@ def outsourced(nic: str, plain: subprocess.Popen[bytes]) -> None:
         got = client("so", "127.0.0.1", PORT_SO)
         after, sock1 = nic_counters(nic), so_socket(PORT_SO)
         assert sock1 is not None and srv.poll() is None
+        TOTAL.update({k: int(sock1[k]) for k in TOTAL})  # the socket's whole life
         d = {k: int(sock1[k]) - int(sock0[k]) for k in ("copies", "bytes_in", "bytes_out")}
         print(f"KBP-SO-ECHO-COUNTS sent={got['sent']} received={got['received']} "
               f"sock={d} nic_before={before} nic_after={after}", flush=True)
-        # every request the server received and every answer: one copy each
-        assert got["received"] == got["sent"], got
+        # every request the server received and every answer: one copy each (sockperf
+        # stops counting at its deadline: the last answer may still be on its way)
+        assert 0 <= got["sent"] - got["received"] <= 1, got
         assert d["copies"] == 2 * got["sent"], (d, got)
         assert d["bytes_in"] == d["bytes_out"] > 0, d
         # the guest's virtio-net and NET_RX did not grow with the messages
@@ -202,4 +211,5 @@ def outsourced(nic: str, plain: subprocess.Popen[bytes]) -> None:
 
 if __name__ == "__main__":
     main()
+    print("KBP-SO-ECHO-TOTAL " + " ".join(f"{k}={v}" for k, v in TOTAL.items()), flush=True)
     print("KBP-SO-ECHO-OK", flush=True)

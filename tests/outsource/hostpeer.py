@@ -29,6 +29,10 @@ def configure_tap(ns: str, timeout: float = 120) -> None:
         if time.monotonic() > end:
             raise AssertionError(f"QEMU made no tap {TAP} in netns {ns}")
         time.sleep(0.1)
+    # no IPv6 on the host's end: its neighbour discovery and MLD would reach the guest's
+    # NIC at any time, and the guest counts what its NICs receive
+    subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw",
+                    f"net.ipv6.conf.{TAP}.disable_ipv6=1"], check=True)
     subprocess.run(["ip", "-n", ns, "addr", "add", f"{HOST_IP}/{PREFIX}", "dev", TAP],
                    check=True)
     subprocess.run(["ip", "-n", ns, "link", "set", TAP, "up"], check=True)

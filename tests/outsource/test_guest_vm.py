@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -28,11 +29,14 @@ import pytest
 
 from kbp import sysaccess
 
+from . import hostpeer
 from . import sodclient as sc
-from .conftest import REPO, make_sod
+from .conftest import REPO
 from .netns import netns
 
-FLAVOUR = os.environ.get("KBP_SO_VM_FLAVOUR", "6.12-amd64")
+#: kernel command line of the guests (make test: slub_debug, as for the 6.12 suite)
+APPEND = os.environ.get("KBP_SO_VM_APPEND", "")
+QUEUES, ENTRIES = 2, 64  # the rig's kbp-sod: one queue per vCPU, its ring size
 #: "1": after the kill, a new kbp-sod on the same region (the epoch releases the orphans)
 RESTART = os.environ.get("KBP_SO_VM_RESTART", "0")
 #: the rig's cache directory of each flavour's kernel (to skip rather than download)
@@ -41,6 +45,8 @@ KERNEL_GLOB = {"6.12-amd64": "6.12.*+deb12-amd64", "6.12-rt-amd64": "6.12.*+deb1
                "7.2-rt-amd64": "7.2.*+deb14-rt-amd64"}
 
 GUEST_SCRIPT = Path(__file__).with_name("guest_sockets.py")
+GUEST_ECHO = Path(__file__).with_name("guest_echo.py")
+GUEST_POLICY = Path(__file__).with_name("policy_scenario.py")
 GUEST_MB = 1024  # pc machine: all of it below the PCI hole, file offset = guest-physical
 
 #: run in the VM's netns: echoes every datagram, counts them in a file
@@ -73,17 +79,23 @@ def _counters(region_path: str, queues: int) -> dict[str, int]:
     return total
 
 
-def test_guest_module_attaches_and_its_sockets_are_served(sod_bin: Path,
+def _flavours() -> list[str]:
+    """KBP_SO_VM_FLAVOUR: one flavour or a comma-separated list (make test: three)."""
+    return [f for f in os.environ.get("KBP_SO_VM_FLAVOUR", "6.12-amd64").split(",") if f]
+
+
+@pytest.mark.parametrize("flavour", _flavours())
+def test_guest_module_attaches_and_its_sockets_are_served(flavour: str, sod_bin: Path,
                                                           tmp_path: Path) -> None:
     if os.environ.get("KBP_SO_VM") != "1":
         pytest.skip(reason="boots a VM (about a minute under TCG): set KBP_SO_VM=1")
     cache = Path(os.environ.get("KBP_VM_CACHE", REPO / ".cache" / "vm"))
-    if FLAVOUR not in KERNEL_GLOB:
-        pytest.skip(reason=f"KBP_SO_VM_FLAVOUR={FLAVOUR}: one of {', '.join(KERNEL_GLOB)}")
-    if not any(cache.glob(f"kernels/{KERNEL_GLOB[FLAVOUR]}")):
-        pytest.skip(reason=f"the rig has no cached {FLAVOUR} kernel in {cache}")
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip(reason="needs root and iproute2 for the VM's netns")
+    if flavour not in KERNEL_GLOB:
+        pytest.skip(reason=f"KBP_SO_VM_FLAVOUR={flavour}: one of {', '.join(KERNEL_GLOB)}")
+    if not any(cache.glob(f"kernels/{KERNEL_GLOB[flavour]}")):
+        pytest.skip(reason=f"the rig has no cached {flavour} kernel in {cache}")
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("sockperf") is None:
+        pytest.skip(reason="needs root, iproute2 (the VM's netns) and sockperf")
     with netns("kbpso-vm") as ns:
         port_file, count_file = tmp_path / "echo.port", tmp_path / "echo.count"
         echo = sysaccess.popen([sys.executable, "-c", ECHO, str(port_file), str(count_file)],
@@ -93,7 +105,8 @@ def test_guest_module_attaches_and_its_sockets_are_served(sod_bin: Path,
             while not port_file.exists() or not port_file.read_text():
                 assert echo.poll() is None and time.monotonic() < end, "echo server"
                 time.sleep(0.02)
-            _run_guest(sod_bin, tmp_path, cache, ns, int(port_file.read_text()), count_file)
+            _run_guest(flavour, sod_bin, tmp_path, cache, ns, int(port_file.read_text()),
+                       count_file)
         finally:
             echo.kill()
             echo.wait()
@@ -120,52 +133,79 @@ def _stream(cmd: list[str], env: dict[str, str], on_line, timeout: float) -> tup
     return rc, "".join(lines)
 
 
-def _run_guest(sod_bin: Path, tmp_path: Path, cache: Path, ns: str, echo_port: int,
-               count_file: Path) -> None:
-    s = make_sod(sod_bin, tmp_path, netns=ns)
-    with open(s.ram, "r+b") as f:  # the guest's RAM (sparse): the daemon maps all of it
-        f.truncate(GUEST_MB << 20)
-    s.start()
+def _restart_sod(sod_bin: Path, d: Path, ns: str, log: Path) -> subprocess.Popen[bytes]:
+    """A new kbp-sod on the rig's region (same spec as vm/outsource.py's): epoch 2."""
+    ram = (d / "ram.path").read_text()
+    spec = (f"name=vm,region={d / 'region'},socket={d / 'sod.sock2'},ram={ram},"
+            f"queues={QUEUES},entries={ENTRIES},netns={ns}")
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([str(sod_bin), "--vm", spec], stdout=f,
+                                stderr=subprocess.STDOUT)
+    end = time.monotonic() + 10
+    while "kbp-sod: ready" not in log.read_text(errors="replace"):
+        assert proc.poll() is None and time.monotonic() < end, log.read_text()
+        time.sleep(0.02)
+    return proc
+
+
+def _run_guest(flavour: str, sod_bin: Path, tmp_path: Path, cache: Path, ns: str,
+               echo_port: int, count_file: Path) -> None:
+    d, out_dir = tmp_path / "sod", tmp_path / "out"
+    out_dir.mkdir()
     killed: list[float] = []
     # the daemon's counters after its death: a restarted one lays the queues out anew
     dead_counters: list[dict[str, int]] = []
+    restarted: list[subprocess.Popen[bytes]] = []
 
     def on_line(line: str) -> None:
         # the guest's last scenario: the daemon dies mid-traffic (SIGKILL, no cleanup)
-        if "KBP-SO-KILL-SOD" in line and not killed and s.proc is not None:
-            s.proc.kill()
-            s.proc.wait()
+        if "KBP-SO-KILL-SOD" in line and not killed:
+            os.kill(int((d / "sod.pid").read_text()), signal.SIGKILL)
             killed.append(time.monotonic())
         # KBP_SO_VM_RESTART=1: then a new daemon (epoch 2) on the same region
         if "KBP-SO-START-SOD" in line and killed and not dead_counters:
-            dead_counters.append(_counters(s.region, s.queues))
-            s.start()
+            dead_counters.append(_counters(str(d / "region"), QUEUES))
+            restarted.append(_restart_sod(sod_bin, d, ns, tmp_path / "sod2.log"))
 
+    tap = threading.Thread(target=hostpeer.configure_tap, args=(ns,), daemon=True)
+    tap.start()
     try:
-        script = GUEST_SCRIPT.relative_to(REPO)  # the guest runs in the repository
         rmem_max = Path("/proc/sys/net/core/rmem_max").read_text().strip()
-        cmd = [sys.executable, "-m", "vm", "run", FLAVOUR, "--build",
-               "--module-dir", "outsource/guest", "--timeout", "400",
-               "--memory", str(GUEST_MB), "--env", f"KBP_SO_ECHO_PORT={echo_port}",
+        policy = GUEST_POLICY.relative_to(REPO)
+        echo = GUEST_ECHO.relative_to(REPO)
+        script = GUEST_SCRIPT.relative_to(REPO)  # the guest runs in the repository
+        cmd = [sys.executable, "-m", "vm", "run", flavour, "--build",
+               "--sod", ns, "--sod-tap", hostpeer.TAP, "--sod-dir", str(d),
+               "--out", str(out_dir), "--timeout", "500", "--memory", str(GUEST_MB),
+               "--smp", str(QUEUES), "--env", f"KBP_SO_ECHO_PORT={echo_port}",
                "--env", f"KBP_SO_HOST_RMEM_MAX={rmem_max}",
-               "--env", f"KBP_SO_RESTART={RESTART}",
-               "--qemu-arg=-object",
-               f"--qemu-arg=memory-backend-file,id=kbpram,mem-path={s.ram},share=on,"
-               f"size={GUEST_MB}M",
-               "--qemu-arg=-machine", "--qemu-arg=memory-backend=kbpram",
-               "--qemu-arg=-chardev", f"--qemu-arg=socket,path={s.sock},id=kso",
-               "--qemu-arg=-device",
-               f"--qemu-arg=ivshmem-doorbell,chardev=kso,vectors={s.queues}",
+               "--env", f"KBP_SO_RESTART={RESTART}", "--env", "KBP_SO_POLICY_FAMILIES=inet6",
+               *(["--append", APPEND] if APPEND else []),
                "--", "sh", "-c",
-               f'insmod "$KBP_KO" && dmesg | grep kbp_so; python3 {script} && '
-               "rmmod kbp_so && echo KBP-SO-UNLOADED; dmesg | grep kbp_so | tail -6"]
-        rc, out = _stream(cmd, {**os.environ, "KBP_VM_CACHE": str(cache)}, on_line, 600)
+               # the policy without kbp_so (a redirected socket() fails: the proof), then
+               # the module: an unmodified sockperf served through it by policy, then
+               # every socket operation and fault, the daemon killed last
+               f"if grep -qw update_socket_protocol /proc/kallsyms; then python3 {policy} "
+               "|| exit 3; fi; "
+               f'insmod "$KBP_SO_KO" && dmesg | grep kbp_so; python3 {echo} && '
+               f"python3 {script} && rmmod kbp_so && echo KBP-SO-UNLOADED; "
+               "dmesg | grep kbp_so | tail -6"]
+        with hostpeer.ClientServer(out_dir, ns) as clients:
+            rc, out = _stream(cmd, {**os.environ, "KBP_VM_CACHE": str(cache)}, on_line, 700)
         print(out)  # the guest's console, with pytest -s
         assert rc == 0, out[-6000:]
+        assert not clients.errors, clients.errors
+        if "KBP-SO-ECHO-NO-HOOK" not in out:
+            assert "policy scenario: PASS" in out, out[-6000:]
+            assert set(clients.done) == {"so", "stack"}, clients.done
+        else:  # 6.1: the refusal, and the stack path
+            assert flavour == "6.1-amd64", out[-6000:]
+            assert set(clients.done) == {"stack"}, clients.done
+        assert "KBP-SO-ECHO-OK" in out, out[-6000:]
         assert "attached: ivshmem ID 1, epoch 1" in out, out[-6000:]
         assert "NOP round trip ok" in out
         assert "KBP-SO-GUEST-OK" in out and "KBP-SO-UNLOADED" in out, out[-6000:]
-        assert "client connected" in (tmp_path / "sod" / "sod.1.log").read_text()
+        assert "client connected" in (d / "sod.log").read_text()
         assert killed, "the guest never asked for the daemon's death"
         # the watchdog said so, and rmmod gave the orphaned pages back (and said how many)
         assert "kbp-sod is dead (no heartbeat)" in out, out[-6000:]
@@ -175,17 +215,21 @@ def _run_guest(sod_bin: Path, tmp_path: Path, cache: Path, ns: str, echo_port: i
         else:
             assert "orphaned page(s) of a dead kbp-sod" in out, out[-6000:]
         data = json.loads(out.split("KBP-SO-DATA ", 1)[1].splitlines()[0])
-        # the daemon died without a reset: its counters since the insmod's reset are there
-        total = dead_counters[0] if dead_counters else _counters(s.region, s.queues)
+        # the daemon died without a reset: its counters since the last reset are there
+        # (guest_sockets.py's insmod... no: the module was loaded once; guest_echo's
+        # traffic is in them too, which the guest reports as echo_copies)
+        total = dead_counters[0] if dead_counters else _counters(str(d / "region"), QUEUES)
         print("guest:", data, "host:", total)
         # the echo server saw every datagram the guest sent it (through the host's netns)
         assert int(count_file.read_text()) == data["echo_sent"], (count_file.read_text(), data)
         # one copy per datagram each way, bytes as the guest counted them; a send in
         # flight when the daemon died may have been copied without the guest knowing
-        in_flight = total["copies"] - (data["sent"] + data["recvd"])
-        assert in_flight in (0, 1), (total, data)
-        assert total["bytes_out"] == data["bytes_out"] + 100 * in_flight, (total, data)
-        assert total["bytes_in"] == data["bytes_in"], (total, data)
+        so = {k: int(v) for k, v in (kv.split("=") for kv in _echo_line(out).split())}
+        in_flight = total["copies"] - (data["sent"] + data["recvd"]) - so["copies"]
+        assert in_flight in (0, 1), (total, data, so)
+        assert total["bytes_out"] == data["bytes_out"] + so["bytes_out"] + 100 * in_flight, (
+            total, data, so)
+        assert total["bytes_in"] == data["bytes_in"] + so["bytes_in"], (total, data, so)
         assert total["rejects"] == 0, total
         # the guest's stack carried none of it (also asserted in the guest)
         assert all(v == 0 for v in data["rx_packets_delta"].values()), data
@@ -193,8 +237,16 @@ def _run_guest(sod_bin: Path, tmp_path: Path, cache: Path, ns: str, echo_port: i
         # the receive parked at the kill (and maybe a send) never completed
         assert total["requests"] >= 5, total
         assert 0 <= total["requests"] - total["completions"] <= 3, total
-        region = Path(s.region).read_bytes()
+        region = (d / "region").read_bytes()
         assert struct.unpack_from("<I", region, sc.H["guest_state"][0])[0] == \
             sc.GUEST_ABSENT  # the module detached at rmmod
     finally:
-        s.stop()
+        for proc in restarted:
+            proc.terminate()
+            proc.wait(10)
+
+
+def _echo_line(out: str) -> str:
+    """guest_echo.py's KBP-SO-ECHO-TOTAL: what its outsourced sockets moved (copies,
+    bytes), for the daemon's counters, which hold all of the boot's traffic."""
+    return out.split("KBP-SO-ECHO-TOTAL ", 1)[1].splitlines()[0]

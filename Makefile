@@ -39,6 +39,8 @@ OUTSOURCE_FLAVOURS ?= 6.12-amd64,6.1-amd64,7.2-rt-amd64,6.12-rt-amd64
 # 6.12-rt runs the socket operations and faults only (its policy and sockperf paths are
 # 6.12's source, run on 6.12 with slub_debug)
 OUTSOURCE_SOCKETS_ONLY ?= 6.12-rt-amd64
+# where a new kbp-sod starts after the kill (its epoch frees the pages lent to the dead one)
+OUTSOURCE_RESTART ?= 6.12-rt-amd64
 ALL_FLAVOURS ?= 6.12-amd64 6.12-rt-amd64 6.1-amd64 7.2-amd64 7.2-rt-amd64 \
 		deb13-6.12-amd64 deb13-6.12-rt-amd64
 
@@ -66,7 +68,7 @@ test-vm: setup deb
 	$(PY) -m vm test $(SMOKE_FLAVOURS) -- -m smoke || rc=1; \
 	$(PY) -m vm test $(RT_ONLY_FLAVOURS) -- -m rt || rc=1; \
 	KBP_SO_VM=1 KBP_SO_VM_FLAVOUR=$(OUTSOURCE_FLAVOURS) \
-		KBP_SO_VM_SOCKETS_ONLY=$(OUTSOURCE_SOCKETS_ONLY) \
+		KBP_SO_VM_SOCKETS_ONLY=$(OUTSOURCE_SOCKETS_ONLY) KBP_SO_VM_RESTART=$(OUTSOURCE_RESTART) \
 		KBP_SO_VM_APPEND="$(DEBUG_FLAVOUR)=$(DEBUG_APPEND)" \
 		$(PY) -m pytest -q -ra --durations=5 tests/outsource/test_guest_vm.py || rc=1; \
 	for f in $(BUILD_FLAVOURS); do $(PY) -m vm build $$f || rc=1; done; \

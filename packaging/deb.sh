@@ -38,6 +38,8 @@ version() {
 	}
 	check module/dkms.conf "$(field module/dkms.conf 's/^PACKAGE_VERSION="\{0,1\}\([^"]*\)"\{0,1\}$/\1/p')"
 	check module/kbp_main.c "$(field module/kbp_main.c 's/^MODULE_VERSION("\([^"]*\)");$/\1/p')"
+	check outsource/guest/dkms.conf "$(field outsource/guest/dkms.conf 's/^PACKAGE_VERSION="\{0,1\}\([^"]*\)"\{0,1\}$/\1/p')"
+	check outsource/guest/kbp_so_main.c "$(field outsource/guest/kbp_so_main.c 's/^MODULE_VERSION("\([^"]*\)");$/\1/p')"
 	check src/kbp/__init__.py "$(field src/kbp/__init__.py 's/^__version__ = "\([^"]*\)"$/\1/p')"
 	check packaging/debian/changelog "${dch%-*}"
 	readme=$(grep -o 'dkms install kbp/[^ ]*' README.md | head -n1)
@@ -85,7 +87,7 @@ build() {
 		die "dpkg-buildpackage failed (whole log: $log)"
 	fi
 	changes="kbp_${dv}_$(dpkg --print-architecture).changes"
-	rm -f "$OUT"/kbp-dkms_*.deb "$OUT"/kbpctl_*.deb "$OUT"/kbp_*.changes "$OUT"/kbp_*.buildinfo
+	rm -f "$OUT"/kbp-dkms_*.deb "$OUT"/kbp-so-dkms_*.deb "$OUT"/kbpctl_*.deb "$OUT"/kbp_*.changes "$OUT"/kbp_*.buildinfo
 	mv "$work"/*.deb "$work"/*.buildinfo "$work/$changes" "$OUT/"
 	cd "$REPO"
 	rm -rf "$work"

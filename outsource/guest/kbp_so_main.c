@@ -1804,3 +1804,4 @@ module_init(kbp_so_init);
 module_exit(kbp_so_exit);
 MODULE_DESCRIPTION("kbp socket outsourcing: guest UDP sockets served by the host");
 MODULE_LICENSE("GPL");
+MODULE_VERSION("0.1.0");

@@ -1,4 +1,4 @@
-"""kbp.ko builds with DKMS, warning-free (-Werror), against Debian 12's kernel.
+"""kbp.ko and kbp_so.ko build with DKMS, warning-free (-Werror), against Debian 12's kernel.
 
 The headers come from the VM rig's cache (``python3 -m vm fetch``), so nothing is installed
 on the host; DKMS runs with a private tree. This is what ``dkms install`` does on every
@@ -24,8 +24,13 @@ REPO = Path(__file__).resolve().parents[2]
 FLAVOURS = [flavours.DEFAULT_FLAVOURS[0]]
 
 
-def _version() -> str:
-    for line in (REPO / "module" / "dkms.conf").read_text().splitlines():
+#: DKMS package name -> (its source directory, the module it builds): kbp.ko, and kbp_so.ko
+#: (socket outsourcing's guest module, whose ABI header is a link the copy resolves)
+PACKAGES = {"kbp": ("module", "kbp"), "kbp-so": ("outsource/guest", "kbp_so")}
+
+
+def _version(src: str = "module") -> str:
+    for line in (REPO / src / "dkms.conf").read_text().splitlines():
         if line.startswith("PACKAGE_VERSION="):
             return line.split("=", 1)[1].strip('"')
     raise AssertionError("dkms.conf has no PACKAGE_VERSION")
@@ -33,22 +38,24 @@ def _version() -> str:
 
 @pytest.mark.skipif(shutil.which("dkms") is None,
                     reason="dkms is not installed (scripts/setup.sh installs it)")
+@pytest.mark.parametrize("package", sorted(PACKAGES))
 @pytest.mark.parametrize("flavour", FLAVOURS)
-def test_dkms_builds_against(flavour: str, tmp_path: Path) -> None:
+def test_dkms_builds_against(flavour: str, package: str, tmp_path: Path) -> None:
     tree = fetch.fetch(flavour)
-    version = _version()
+    srcdir, module = PACKAGES[package]
+    version = _version(srcdir)
     (tmp_path / "dkms").mkdir()
-    src = tmp_path / "source" / f"kbp-{version}"
-    shutil.copytree(REPO / "module", src,
+    src = tmp_path / "source" / f"{package}-{version}"
+    shutil.copytree(REPO / srcdir, src,
                     ignore=shutil.ignore_patterns("*.o", "*.ko", "*.mod*", ".*.cmd"))
     p = subprocess.run(
         ["dkms", "build", "--dkmstree", str(tmp_path / "dkms"),
-         "--sourcetree", str(tmp_path / "source"), "-m", "kbp", "-v", version,
+         "--sourcetree", str(tmp_path / "source"), "-m", package, "-v", version,
          "-k", tree.kver, "--kernelsourcedir", str(tree.headers)],
         capture_output=True, text=True, timeout=600,
         env={**os.environ, "KCFLAGS": "-Werror"})
     log = p.stdout + p.stderr
-    built = list((tmp_path / "dkms").rglob("kbp.ko"))
+    built = list((tmp_path / "dkms").rglob(f"{module}.ko"))
     assert p.returncode == 0 and built, log[-3000:]
     info = subprocess.run(["modinfo", "-F", "vermagic", str(built[0])],
                           capture_output=True, text=True, check=True).stdout

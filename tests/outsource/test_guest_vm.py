@@ -42,7 +42,8 @@ APPEND = dict(kv.split("=", 1) for kv in os.environ.get("KBP_SO_VM_APPEND", "").
 #: policy and sockperf scenarios (make test: 6.12-rt, whose source is 6.12's, which runs all)
 SOCKETS_ONLY = set(os.environ.get("KBP_SO_VM_SOCKETS_ONLY", "").split(","))
 QUEUES, ENTRIES = 2, 64  # the rig's kbp-sod: one queue per vCPU, its ring size
-#: "1": after the kill, a new kbp-sod on the same region (the epoch releases the orphans)
+#: "1", or the flavours (comma-separated) where a new kbp-sod starts on the same region
+#: after the kill: its epoch releases the guest's orphaned pages (make test: 6.12-rt)
 RESTART = os.environ.get("KBP_SO_VM_RESTART", "0")
 #: the rig's cache directory of each flavour's kernel (to skip rather than download)
 KERNEL_GLOB = {"6.12-amd64": "6.12.*+deb12-amd64", "6.12-rt-amd64": "6.12.*+deb12-rt-amd64",
@@ -180,12 +181,13 @@ def _run_guest(flavour: str, sod_bin: Path, tmp_path: Path, cache: Path, ns: str
         echo = GUEST_ECHO.relative_to(REPO)
         script = GUEST_SCRIPT.relative_to(REPO)  # the guest runs in the repository
         light = flavour in SOCKETS_ONLY
+        restart = RESTART == "1" or flavour in RESTART.split(",")
         cmd = [sys.executable, "-m", "vm", "run", flavour, "--build",
                "--sod", ns, "--sod-tap", hostpeer.TAP, "--sod-dir", str(d),
                "--out", str(out_dir), "--timeout", "500", "--memory", str(GUEST_MB),
                "--smp", str(QUEUES), "--env", f"KBP_SO_ECHO_PORT={echo_port}",
                "--env", f"KBP_SO_HOST_RMEM_MAX={rmem_max}",
-               "--env", f"KBP_SO_RESTART={RESTART}", "--env", "KBP_SO_POLICY_FAMILIES=inet6",
+               "--env", f"KBP_SO_RESTART={int(restart)}", "--env", "KBP_SO_POLICY_FAMILIES=inet6",
                *(["--append", APPEND[flavour]] if flavour in APPEND else []),
                "--", "sh", "-c",
                # the policy without kbp_so (a redirected socket() fails: the proof), then
@@ -219,7 +221,7 @@ def _run_guest(flavour: str, sod_bin: Path, tmp_path: Path, cache: Path, ns: str
         assert killed, "the guest never asked for the daemon's death"
         # the watchdog said so, and rmmod gave the orphaned pages back (and said how many)
         assert "kbp-sod is dead (no heartbeat)" in out, out[-6000:]
-        if RESTART == "1":  # the new epoch released them, rmmod had none left
+        if restart:  # the new epoch released them, rmmod had none left
             assert "new epoch: released" in out and "dead kbp-sod" not in out, out[-6000:]
             assert dead_counters, "the guest never asked for a new daemon"
         else:

@@ -1,16 +1,24 @@
-"""kbp_so.ko in a real guest against kbp-sod on the host: QEMU's stock ivshmem-doorbell
-connected to the daemon's ivshmem server socket, the guest's RAM a shared file the daemon
-maps (memory-backend-file, share=on), the module probes the device, checks the region,
-attaches, and its private UDP protocol's operations are requests served by a host socket
-in the VM's netns (docs/design.md 11): socket/bind/getsockname/close, and send/receive
-with a UDP echo server there, one copy per datagram between the host socket and the
-guest process's pinned pages, none through the guest's network stack; a signal or
-SO_RCVTIMEO cancels a blocked receive and leaves nothing pinned; /proc/kbp_so, sockopts,
-shutdown, IPv6; last, this side SIGKILLs kbp-sod when the guest prints KBP-SO-KILL-SOD
-and the guest checks the module's dead-host handling (guest_sockets.py).  Boots the rig's Debian
-6.12 guest under TCG (about a minute): opt in with KBP_SO_VM=1
-(KBP_SO_VM_FLAVOUR=7.2-rt-amd64 for another kernel); needs root (the netns) and the
-rig's cached kernel (KBP_VM_CACHE)."""
+"""kbp_so.ko in a real guest against kbp-sod on the host, one boot per kernel, through the
+rig's ``--sod`` (vm/outsource.py: the guest's RAM a shared file the daemon maps, QEMU's
+stock ivshmem-doorbell on the daemon's server socket, the daemon's sockets in this test's
+netns, a tap NIC there too).  In the guest, in order:
+
+1. policy_scenario.py, before kbp_so is loaded: ``kbpctl outsource set`` redirects a
+   cgroup's UDP ``socket()`` to protocol 253 (EPROTONOSUPPORT without the module: the
+   proof), nothing else; ``clear`` restores (skipped on 6.1: no hook);
+2. guest_echo.py, kbp_so loaded: an unmodified ``sockperf server`` in the policy's cgroup is
+   outsourced; this side's ``sockperf ping-pong`` (hostpeer.py) gets every answer through
+   kbp-sod, one copy per datagram, the guest's NIC and NET_RX not growing; a second server
+   outside the cgroup answers over the tap; status and clear (6.1: the refusal);
+3. guest_sockets.py: every socket operation against a UDP echo server here (copies and
+   bytes checked against the daemon's counters), signals, timeouts, a killed process,
+   IPv6, sockopts, shutdown, /proc/kbp_so; last, this side SIGKILLs kbp-sod when the guest
+   prints KBP-SO-KILL-SOD (and, with KBP_SO_VM_RESTART, starts a new one), and the guest
+   checks the module's dead-host handling; rmmod.
+
+Opt in with KBP_SO_VM=1 (30-80 s a kernel under TCG); KBP_SO_VM_FLAVOUR=F[,F...] (default
+6.12-amd64), KBP_SO_VM_APPEND=F=ARGS, KBP_SO_VM_SOCKETS_ONLY=F,...: ``make test-vm`` sets
+them. Needs root, iproute2, sockperf and the rig's cached kernels (KBP_VM_CACHE)."""
 
 from __future__ import annotations
 

@@ -231,9 +231,9 @@ def test_assembler_resolves_labels_across_the_wide_load() -> None:
 
 # -- the CLI's refusals: each says why and changes nothing ----------------------------------
 def _kbpctl(*args: str, env: dict[str, str], pre: list[str] | None = None,
-            python: str = sys.executable) -> subprocess.CompletedProcess[str]:
+            python: str = sys.executable, src: str = SRC) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*(pre or []), python, "-m", "kbp.cli", "outsource", *args],
-                          env={**os.environ, **env, "PYTHONPATH": SRC}, capture_output=True,
+                          env={**os.environ, **env, "PYTHONPATH": src}, capture_output=True,
                           text=True, timeout=120, cwd="/")
 
 
@@ -298,17 +298,26 @@ def test_refuses_non_root(env: dict[str, str]) -> None:
     if shutil.which("setpriv") is None or not os.path.exists(python) or os.geteuid() != 0:
         pytest.skip(reason="needs root, setpriv and /usr/bin/python3 (readable by nobody)")
     as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
-    for args in (("set", "--cgroup", policy_scenario.cgroup2_mount(), "--force"), ("clear",)):
-        p = _kbpctl(*args, env=env, pre=as_nobody, python=python)
-        assert p.returncode == 77, p
-        assert "needs root (CAP_SYS_ADMIN and CAP_BPF missing)" in p.stderr, p
+    # kbp's sources where nobody can read them (a checkout under /root, mode 0700, is not)
     readable = Path(tempfile.mkdtemp(prefix="kbp-outsource-run-"))
     try:
         readable.chmod(0o755)
-        p = _kbpctl("status", "--json", env={"KBP_RUN_DIR": str(readable)}, pre=as_nobody,
-                    python=python)
+        src = readable / "src"
+        shutil.copytree(Path(SRC) / "kbp", src / "kbp",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for d in (src, *src.rglob("*")):
+            d.chmod(0o755 if d.is_dir() else 0o644)
+        run_dir = readable / "run"
+        run_dir.mkdir(mode=0o755)
+        for args in (("set", "--cgroup", policy_scenario.cgroup2_mount(), "--force"),
+                     ("clear",)):
+            p = _kbpctl(*args, env=env, pre=as_nobody, python=python, src=str(src))
+            assert p.returncode == 77, p
+            assert "needs root (CAP_SYS_ADMIN and CAP_BPF missing)" in p.stderr, p
+        p = _kbpctl("status", "--json", env={"KBP_RUN_DIR": str(run_dir)}, pre=as_nobody,
+                    python=python, src=str(src))
     finally:
-        readable.rmdir()
+        shutil.rmtree(readable)
     assert p.returncode == 0 and json.loads(p.stdout)["schema"] == "kbpctl-outsource/1", p
 
 

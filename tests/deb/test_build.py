@@ -73,6 +73,25 @@ def test_kbp_dkms_has_the_module_source_and_dkms_conf(built: tuple[Path, str]) -
     assert "dkms" in field(path, "Depends")
 
 
+def test_kbp_so_dkms_has_the_guest_module_source_and_its_abi_header(
+        built: tuple[Path, str], tmp_path: Path) -> None:
+    out, _ = built
+    path = deb(out, "kbp-so-dkms")
+    files = contents(path)
+    src = f"/usr/src/kbp-so-{VERSION}"
+    want = {f"{src}/dkms.conf", f"{src}/Kbuild", f"{src}/Makefile", f"{src}/kbp_so_main.c",
+            f"{src}/kbp_so_abi.h"}
+    assert want <= files, sorted(want - files)
+    assert not [f for f in files if f.endswith((".o", ".ko", ".cmd"))]
+    assert "dkms" in field(path, "Depends")
+    # the ABI header is the file (the tree's is a link to outsource/include/)
+    subprocess.run(["dpkg-deb", "-x", str(path), str(tmp_path)], check=True)
+    header = tmp_path / src.lstrip("/") / "kbp_so_abi.h"
+    assert not header.is_symlink()
+    assert header.read_bytes() == (REPO / "outsource/include/kbp_so_abi.h").read_bytes()
+    assert 'BUILT_MODULE_NAME[0]="kbp_so"' in (header.parent / "dkms.conf").read_text()
+
+
 def test_kbpctl_has_the_command_units_config_profile_and_man_page(
         built: tuple[Path, str]) -> None:
     out, _ = built

@@ -1,6 +1,7 @@
 """One version for everything: packaging/deb.sh refuses to build when pyproject.toml,
-module/dkms.conf, module/kbp_main.c, src/kbp/__init__.py, packaging/debian/changelog and the
-README's manual DKMS commands disagree, and names the ones that do."""
+module/dkms.conf, module/kbp_main.c, outsource/guest/dkms.conf, outsource/guest/kbp_so_main.c,
+src/kbp/__init__.py, packaging/debian/changelog and the README's manual DKMS commands
+disagree, and names the ones that do."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 FILES = ["pyproject.toml", "module/dkms.conf", "module/kbp_main.c", "src/kbp/__init__.py",
-         "packaging/debian/changelog", "packaging/deb.sh", "README.md"]
+         "packaging/debian/changelog", "packaging/deb.sh", "README.md",
+         "outsource/guest/dkms.conf", "outsource/guest/kbp_so_main.c"]
 
 pytestmark = pytest.mark.skipif(shutil.which("dpkg-parsechangelog") is None,
                                 reason="dpkg-dev is not installed (scripts/setup.sh installs it)")
@@ -40,6 +42,8 @@ def test_the_sources_agree() -> None:
 
 @pytest.mark.parametrize(("path", "old", "new"), [
     ("module/dkms.conf", 'PACKAGE_VERSION="{v}"', 'PACKAGE_VERSION="9.9.9"'),
+    ("outsource/guest/dkms.conf", 'PACKAGE_VERSION="{v}"', 'PACKAGE_VERSION="9.9.9"'),
+    ("outsource/guest/kbp_so_main.c", 'MODULE_VERSION("{v}");', 'MODULE_VERSION("9.9.9");'),
     ("packaging/debian/changelog", "kbp ({v}-", "kbp (9.9.9-"),
     ("src/kbp/__init__.py", '__version__ = "{v}"', '__version__ = "9.9.9"'),
     ("README.md", "dkms install kbp/{v}", "dkms install kbp/9.9.9"),

@@ -36,9 +36,10 @@ BUILD_FLAVOURS ?= 7.2-amd64 deb13-6.12-amd64 deb13-6.12-rt-amd64
 # served through kbp_so by it, every socket operation and fault, the daemon killed last
 # (~30-80 s each). kbp_so.ko is also built with -Werror for the build-only flavours.
 OUTSOURCE_FLAVOURS ?= 6.12-amd64,6.1-amd64,7.2-rt-amd64,6.12-rt-amd64
-# 6.12-rt runs the socket operations and faults only (its policy and sockperf paths are
-# 6.12's source, run on 6.12 with slub_debug)
-OUTSOURCE_SOCKETS_ONLY ?= 6.12-rt-amd64
+# 7.2-rt and 6.12-rt run the socket operations and faults only: the policy and sockperf
+# scenarios are user space and BPF over the same module paths, run on 6.12 with slub_debug
+# (and 6.1 for its refusal)
+OUTSOURCE_SOCKETS_ONLY ?= 7.2-rt-amd64,6.12-rt-amd64
 # where a new kbp-sod starts after the kill (its epoch frees the pages lent to the dead one)
 OUTSOURCE_RESTART ?= 6.12-rt-amd64
 ALL_FLAVOURS ?= 6.12-amd64 6.12-rt-amd64 6.1-amd64 7.2-amd64 7.2-rt-amd64 \

@@ -32,6 +32,8 @@
 #include <linux/pci.h>
 #include <linux/proc_fs.h>
 #include <linux/rwsem.h>
+#include <linux/sched/clock.h>
+#include <linux/sched/signal.h>
 #include <linux/seq_file.h>
 #include <linux/slab.h>
 #include <linux/sockptr.h>
@@ -62,6 +64,7 @@
 #define KBP_SO_CALL_TIMEOUT	(2 * HZ)
 #define KBP_SO_ATTACH_MS	2000
 #define KBP_SO_FINAL_POLL	(HZ / 10)	/* epoch check while waiting */
+#define KBP_SO_POLL_US_MAX	1000		/* poll_us range: 0..this */
 #define KBP_SO_TIMEOUT_MIN	200		/* host_timeout_ms range */
 #define KBP_SO_TIMEOUT_MAX	600000
 
@@ -117,6 +120,34 @@ module_param_cb(host_timeout_ms, &kbp_so_timeout_ops, &kbp_so_host_timeout_ms, 0
 MODULE_PARM_DESC(host_timeout_ms, "heartbeat silence that declares kbp-sod dead (200..600000)");
 
 /*
+ * poll_us: how long a caller polls the completion ring for its own request
+ * before it asks for the host's interrupt (need_irq) and sleeps (docs/
+ * design.md, 11.10).  0 (the default): it asks at once, and every
+ * completion comes with an interrupt.  Read once per request.
+ */
+static unsigned int kbp_so_poll_us;
+
+static int kbp_so_poll_set(const char *val, const struct kernel_param *kp)
+{
+	unsigned int us;
+	int err = kstrtouint(val, 0, &us);
+
+	if (err)
+		return err;
+	if (us > KBP_SO_POLL_US_MAX)
+		return -EINVAL;
+	WRITE_ONCE(kbp_so_poll_us, us);
+	return 0;
+}
+
+static const struct kernel_param_ops kbp_so_poll_ops = {
+	.set	= kbp_so_poll_set,
+	.get	= param_get_uint,
+};
+module_param_cb(poll_us, &kbp_so_poll_ops, &kbp_so_poll_us, 0644);
+MODULE_PARM_DESC(poll_us, "poll for a completion this long before asking for an interrupt (0..1000)");
+
+/*
  * Pages lent to a host that was declared dead while they were lent: a
  * stopped (not dead) daemon could resume and write them, so they are not
  * given back to the allocator until a new epoch proves the old daemon gone
@@ -137,6 +168,8 @@ struct kbp_so_req {
 	/* written under the queue's lock before done completes */
 	bool from_host;			/* the host posted its final CQE */
 	bool orphan;			/* failed for a dead host: pages lent */
+	/* under the queue's lock: counted in its irq_wanted */
+	bool wants_irq;
 };
 
 struct kbp_so_dev;
@@ -159,6 +192,14 @@ struct kbp_so_queue {
 	struct kbp_so_req **slots;	/* ring_entries; a tag's low half */
 	u32 *slot_gen;			/* a tag's high half */
 	bool broken;			/* host posted an impossible cq_tail */
+	/*
+	 * Requests in a slot whose waiter sleeps (or that nobody polls): while
+	 * any, need_irq is set.  Under lock, like the slots they count.
+	 */
+	u32 irq_wanted;
+	/* final completions found by the interrupt handler / by a polling caller */
+	u64 done_irq;
+	u64 done_polled;
 };
 
 struct kbp_so_dev {
@@ -178,6 +219,8 @@ struct kbp_so_dev {
 	 * or with READ_ONCE; never cleared (no re-attach yet).
 	 */
 	bool host_dead;
+	/* the host honours need_irq (KBP_SO_FEAT_NEED_IRQ); set at attach */
+	bool irq_on_demand;
 	/* the watchdog's own: only kbp_so_watch() touches them */
 	u64 hb;
 	unsigned long hb_at;
@@ -290,7 +333,35 @@ static void kbp_so_finish(struct kbp_so_req *req)
 }
 
 /* Consumes the queue's new completions and wakes their callers. */
-static void kbp_so_reap(struct kbp_so_dev *dev, struct kbp_so_queue *q)
+/*
+ * need_irq (docs/design.md, 11.10): set while a request in a slot of @q has
+ * no caller polling for it, clear when none.  q->lock held.  The host
+ * publishes cq_tail, a full barrier, then reads need_irq; a caller that
+ * stops polling sets it, a full barrier, then looks at cq_tail once more
+ * (kbp_so_poll_wait()), so a completion is either seen or interrupts.
+ */
+static void kbp_so_want_irq(struct kbp_so_dev *dev, struct kbp_so_queue *q,
+			    struct kbp_so_req *req)
+{
+	if (req->wants_irq)
+		return;
+	req->wants_irq = true;
+	if (q->irq_wanted++ == 0 && dev->irq_on_demand)
+		WRITE_ONCE(q->ctl->need_irq, 1);
+}
+
+/* @req left its slot (completed, forgotten or failed).  q->lock held. */
+static void kbp_so_unwant_irq(struct kbp_so_dev *dev, struct kbp_so_queue *q,
+			      struct kbp_so_req *req)
+{
+	if (!req->wants_irq)
+		return;
+	req->wants_irq = false;
+	if (--q->irq_wanted == 0 && dev->irq_on_demand)
+		WRITE_ONCE(q->ctl->need_irq, 0);
+}
+
+static void kbp_so_reap(struct kbp_so_dev *dev, struct kbp_so_queue *q, bool polled)
 {
 	unsigned long flags;
 	u32 tail;
@@ -318,6 +389,11 @@ static void kbp_so_reap(struct kbp_so_dev *dev, struct kbp_so_queue *q)
 			continue;	/* a caller that timed out */
 		req = q->slots[slot];
 		q->slots[slot] = NULL;
+		kbp_so_unwant_irq(dev, q, req);
+		if (polled)
+			q->done_polled++;
+		else
+			q->done_irq++;
 		req->cqe = cqe;
 		req->from_host = true;
 		kbp_so_finish(req);
@@ -331,7 +407,7 @@ static irqreturn_t kbp_so_irq(int irq, void *data)
 {
 	struct kbp_so_queue *q = data;
 
-	kbp_so_reap(q->dev, q);
+	kbp_so_reap(q->dev, q, false);
 	return IRQ_HANDLED;
 }
 
@@ -342,7 +418,7 @@ static irqreturn_t kbp_so_irq(int irq, void *data)
  * << 16 | slot): the queue makes it unique in the VM, for CANCEL.
  */
 static int kbp_so_submit(struct kbp_so_dev *dev, struct kbp_so_queue *q,
-			 struct kbp_so_sqe *sqe, struct kbp_so_req *req)
+			 struct kbp_so_sqe *sqe, struct kbp_so_req *req, bool poll)
 {
 	unsigned long flags;
 	u32 slot, host_head;
@@ -352,6 +428,7 @@ static int kbp_so_submit(struct kbp_so_dev *dev, struct kbp_so_queue *q,
 	memset(&req->cqe, 0, sizeof(req->cqe));
 	req->from_host = false;
 	req->orphan = false;
+	req->wants_irq = false;
 	spin_lock_irqsave(&q->lock, flags);
 	if (dev->dead || q->broken || dev->host_dead) {
 		spin_unlock_irqrestore(&q->lock, flags);
@@ -366,6 +443,9 @@ static int kbp_so_submit(struct kbp_so_dev *dev, struct kbp_so_queue *q,
 	}
 	q->slots[slot] = req;
 	q->slot_gen[slot]++;
+	/* before the host can see it (the release below): its completion interrupts */
+	if (!poll)
+		kbp_so_want_irq(dev, q, req);
 	sqe->tag = (u64)q->slot_gen[slot] << 32 | q->idx << 16 | slot;
 	memcpy(&q->sq[q->sq_tail & (dev->entries - 1)], sqe, sizeof(*sqe));
 	q->sq_tail++;
@@ -392,6 +472,7 @@ static bool kbp_so_forget(struct kbp_so_queue *q, u32 slot, struct kbp_so_req *r
 	spin_lock_irqsave(&q->lock, flags);
 	if (q->slots[slot] == req) {
 		q->slots[slot] = NULL;
+		kbp_so_unwant_irq(q->dev, q, req);
 		gone = true;
 	}
 	spin_unlock_irqrestore(&q->lock, flags);
@@ -401,6 +482,44 @@ static bool kbp_so_forget(struct kbp_so_queue *q, u32 slot, struct kbp_so_req *r
 static struct kbp_so_queue *kbp_so_this_queue(struct kbp_so_dev *dev)
 {
 	return &dev->q[raw_smp_processor_id() % dev->nr_used];
+}
+
+/* Poll for completions on this request, or ask at once (poll_us 0, no need_irq). */
+static bool kbp_so_will_poll(struct kbp_so_dev *dev)
+{
+	return dev->irq_on_demand && READ_ONCE(kbp_so_poll_us);
+}
+
+/*
+ * For a request submitted with @poll: reap @q's completions for up to
+ * poll_us (less if the CPU is wanted or a signal is pending), then, if it
+ * is still out, count it for need_irq, a full barrier, and reap once more
+ * (the host's side of the pairing: cq_tail, barrier, need_irq).  The caller
+ * then waits on req->done as usual, asleep if it must.
+ */
+static void kbp_so_poll_wait(struct kbp_so_dev *dev, struct kbp_so_queue *q,
+			     struct kbp_so_req *req)
+{
+	u64 end = local_clock() + (u64)READ_ONCE(kbp_so_poll_us) * NSEC_PER_USEC;
+	unsigned long flags;
+
+	while (!completion_done(&req->done)) {
+		/* a hint without the lock: kbp_so_reap() reads it again */
+		if (READ_ONCE(q->ctl->cq_tail) != data_race(q->cq_head)) {
+			kbp_so_reap(dev, q, true);
+			continue;
+		}
+		if (local_clock() >= end || need_resched() || signal_pending(current))
+			break;
+		cpu_relax();
+	}
+	spin_lock_irqsave(&q->lock, flags);
+	if (!completion_done(&req->done))
+		kbp_so_want_irq(dev, q, req);
+	spin_unlock_irqrestore(&q->lock, flags);
+	/* need_irq before cq_tail: pairs with the host's cq_tail, barrier, need_irq */
+	smp_mb();
+	kbp_so_reap(dev, q, true);
 }
 
 /*
@@ -413,12 +532,15 @@ static int kbp_so_call_on(struct kbp_so_dev *dev, struct kbp_so_queue *q,
 			  struct kbp_so_sock *ks)
 {
 	struct kbp_so_req req = { };
-	int slot = kbp_so_submit(dev, q, sqe, &req);
+	bool poll = kbp_so_will_poll(dev);
+	int slot = kbp_so_submit(dev, q, sqe, &req, poll);
 
 	if (slot < 0)
 		return slot;
 	if (ks)
 		atomic64_inc(&ks->st.requests);
+	if (poll)
+		kbp_so_poll_wait(dev, q, &req);
 	if (!wait_for_completion_timeout(&req.done, KBP_SO_CALL_TIMEOUT)) {
 		/* no pages are lent: forgetting an unanswered slot is safe */
 		if (kbp_so_forget(q, slot, &req))
@@ -781,6 +903,7 @@ static int kbp_so_data_call(struct sock *sk, struct kbp_so_sqe *sqe,
 	struct kbp_so_sock *ks = kbp_so_sk(sk);
 	struct kbp_so_queue *q;
 	struct kbp_so_req req = { };
+	bool poll;
 	long left;
 	int err, slot;
 
@@ -792,12 +915,15 @@ static int kbp_so_data_call(struct sock *sk, struct kbp_so_sqe *sqe,
 		goto out;
 	q = kbp_so_this_queue(kbp_so_cur);
 	req.lends = pin->nr;
-	slot = kbp_so_submit(kbp_so_cur, q, sqe, &req);
+	poll = kbp_so_will_poll(kbp_so_cur);
+	slot = kbp_so_submit(kbp_so_cur, q, sqe, &req, poll);
 	if (slot < 0) {
 		err = slot;
 		goto out;
 	}
 	atomic64_inc(&ks->st.requests);
+	if (poll)
+		kbp_so_poll_wait(kbp_so_cur, q, &req);
 	left = wait_for_completion_interruptible_timeout(&req.done, timeo);
 	if (left <= 0) {
 		kbp_so_cancel_wait(kbp_so_cur, q, slot, &req, sqe->sock, sqe->tag, ks);
@@ -959,7 +1085,7 @@ static void kbp_so_poll_arm(struct kbp_so_sock *ks, u32 want)
 	q = kbp_so_this_queue(kbp_so_cur);
 	ks->poll_req.done_fn = kbp_so_poll_done;
 	ks->poll_q = q;
-	slot = kbp_so_submit(kbp_so_cur, q, &sqe, &ks->poll_req);
+	slot = kbp_so_submit(kbp_so_cur, q, &sqe, &ks->poll_req, false);
 	if (slot < 0) {
 		/* a full ring: say ready, the caller's next operation finds out */
 		atomic_or(want, &ks->revents);
@@ -1405,14 +1531,17 @@ static int kbp_so_attach(struct kbp_so_dev *dev)
 
 	if (err)
 		return err;
+	/* need_irq on demand where the host honours it, else always set */
+	dev->irq_on_demand = READ_ONCE(h->host_features) & KBP_SO_FEAT_NEED_IRQ;
 	for (i = 0; i < dev->nr_queues; i++) {
 		dev->q[i].sq_tail = 0;
 		dev->q[i].cq_head = 0;
-		WRITE_ONCE(dev->q[i].ctl->need_irq, 1);	/* part 1: always */
+		dev->q[i].irq_wanted = 0;
+		WRITE_ONCE(dev->q[i].ctl->need_irq, !dev->irq_on_demand);
 	}
 	dev->epoch = READ_ONCE(h->epoch);
 	WRITE_ONCE(h->guest_epoch, dev->epoch);
-	WRITE_ONCE(h->guest_features, 0);
+	WRITE_ONCE(h->guest_features, dev->irq_on_demand ? KBP_SO_FEAT_NEED_IRQ : 0);
 	/* release: need_irq and guest_epoch before the host starts serving */
 	smp_store_release(&h->guest_state, KBP_SO_GUEST_ATTACHED);
 	return 0;
@@ -1444,6 +1573,7 @@ static void kbp_so_fail_slots(struct kbp_so_dev *dev, int res, bool host_dead)
 				continue;
 			req->orphan = host_dead && req->lends;
 			req->cqe.res = res;
+			kbp_so_unwant_irq(dev, q, req);
 			kbp_so_finish(req);
 			q->slots[s] = NULL;
 		}
@@ -1667,19 +1797,29 @@ static void kbp_so_show_addr(struct seq_file *m, const char *name,
 static void kbp_so_show_head(struct seq_file *m)
 {
 	const char *state = "detached";
-	u32 epoch = 0, queues = 0;
+	u32 epoch = 0, queues = 0, i;
+	u64 by_irq = 0, polled = 0;
+	unsigned long flags;
 
 	down_read(&kbp_so_rwsem);
 	if (kbp_so_cur) {
 		state = READ_ONCE(kbp_so_cur->host_dead) ? "host-dead" : "attached";
 		epoch = kbp_so_cur->epoch;
 		queues = kbp_so_cur->nr_used;
+		for (i = 0; i < kbp_so_cur->nr_queues; i++) {
+			struct kbp_so_queue *q = &kbp_so_cur->q[i];
+
+			spin_lock_irqsave(&q->lock, flags);
+			by_irq += q->done_irq;
+			polled += q->done_polled;
+			spin_unlock_irqrestore(&q->lock, flags);
+		}
 	}
 	up_read(&kbp_so_rwsem);
-	seq_printf(m, "kbp_so state=%s epoch=%u queues=%u sockets=%u pinned_pages=%d orphan_pages=%d fallbacks=%lld host_timeout_ms=%u\n",
+	seq_printf(m, "kbp_so state=%s epoch=%u queues=%u sockets=%u pinned_pages=%d orphan_pages=%d fallbacks=%lld host_timeout_ms=%u poll_us=%u completions_irq=%llu completions_polled=%llu\n",
 		   state, epoch, queues, kbp_so_nsocks, atomic_read(&kbp_so_pinned),
 		   atomic_read(&kbp_so_orphaned), atomic64_read(&kbp_so_fallbacks),
-		   READ_ONCE(kbp_so_host_timeout_ms));
+		   READ_ONCE(kbp_so_host_timeout_ms), READ_ONCE(kbp_so_poll_us), by_irq, polled);
 }
 
 static int kbp_so_seq_show(struct seq_file *m, void *v)

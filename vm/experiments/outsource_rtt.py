@@ -11,6 +11,8 @@ napi       host client -> tap -> QEMU virtio-net -> guest IRQ + NET_RX softirq -
 kbp        the same, the guest's NIC polled by kbp's hybrid poller on the other vCPU
 outsource  host client -> host loopback -> kbp-sod's host socket -> one copy into the
            server's pinned pages -> completion on kbp_so's vector (docs/design.md 11)
+outsource- the same, kbp_so's callers polling their completion for ``--poll-us`` before they
+poll      ask for an interrupt (``poll_us``, design.md 11.10)
 =========  ==================================================================================
 
 The client is ``sockperf ping-pong`` in the network namespace that holds both the tap and
@@ -52,6 +54,7 @@ HOST_IP, GUEST_IP, PREFIX = "10.77.0.1", "10.77.0.2", 24
 PORT_STACK, PORT_SO = 11111, 11112
 CGROUP = "/sys/fs/cgroup/kbp-so-rt"
 MODES = ("napi", "kbp", "outsource")
+ALL_MODES = (*MODES, "outsource-poll")
 #: the server's CPU in every mode, and kbp's poller's (its own, as in the paper)
 SERVER_CPU, POLL_CPU = "0", "1"
 PYECHO = """
@@ -176,11 +179,13 @@ def guest(args: argparse.Namespace) -> int:
         sh("insmod", os.environ["KBP_KO"])
     os.makedirs(CGROUP, exist_ok=True)
     kbpctl = [sys.executable, "-m", "kbp.cli"]
-    policy = args.server == "sockperf" and "outsource" in plan
+    policy = args.server == "sockperf" and any(m.startswith("outsource") for m in plan)
     if policy:
         sh(*kbpctl, "outsource", "set", "--cgroup", CGROUP)
     for n, mode in enumerate(plan):
-        so = mode == "outsource"
+        so = mode.startswith("outsource")
+        with open("/sys/module/kbp_so/parameters/poll_us", "w") as f:
+            f.write(str(args.poll_us if mode == "outsource-poll" else 0))
         if mode == "kbp":
             sh(*kbpctl, "enable", nic, "--mode", "hybrid", "--cpus", POLL_CPU)
         ip, port = ("0.0.0.0", PORT_SO) if so else (GUEST_IP, PORT_STACK)
@@ -262,6 +267,8 @@ def host(args: argparse.Namespace) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     modes = args.modes.split(",")
+    if not modes or set(modes) - set(ALL_MODES):
+        raise SystemExit(f"--modes: some of {','.join(ALL_MODES)}, not {args.modes}")
     rng = random.Random(args.seed)
     plan = [m for _ in range(args.reps) for m in rng.sample(modes, len(modes))]
     ns = f"kbpso-rtt-{os.getpid()}"
@@ -272,7 +279,7 @@ def host(args: argparse.Namespace) -> int:
         sh("ip", "-n", ns, "link", "set", "lo", "up")
         guest_cmd = [sys.executable, str(Path(__file__).resolve()), "guest", "--xchg",
                      str(xchg), "--plan", json.dumps(plan), "--server", args.server,
-                     "--seconds", str(args.seconds)]
+                     "--seconds", str(args.seconds), "--poll-us", str(args.poll_us)]
         argv = [sys.executable, "-m", "vm", "run", args.flavour, "--build", "--sod", ns,
                 "--sod-tap", TAP, "--sod-dir", str(out / "sod"), "--out", str(xchg),
                 "--memory", "1024", "--accel", args.accel, "--timeout",
@@ -390,9 +397,13 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--plan", required=True)
     g.add_argument("--server", default="sockperf")
     g.add_argument("--seconds", type=int, default=10)
+    g.add_argument("--poll-us", type=int, default=0)
     for q in (p,):
         q.add_argument("--flavour", default="6.12-amd64")
-        q.add_argument("--modes", default=",".join(MODES))
+        q.add_argument("--modes", default=",".join(MODES),
+                       help=f"some of {','.join(ALL_MODES)} (default %(default)s)")
+        q.add_argument("--poll-us", type=int, default=200,
+                       help="kbp_so's poll_us in outsource-poll (default %(default)s)")
         q.add_argument("--reps", type=int, default=3)
         q.add_argument("--seconds", type=int, default=10)
         q.add_argument("--mps", type=int, default=1000, help="requests per second")

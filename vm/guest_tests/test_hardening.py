@@ -394,6 +394,9 @@ def veth_flow(kmod, topo: Topo) -> Iterator[str]:
                     "reverted in 6.2) softirqs raised while ksoftirqd/N is runnable wait for "
                     "it, so a FIFO-99 hog stalls RCU on its CPU by itself and detach's "
                     "synchronize_rcu() waits for the hog; the bounded wait is exercised on 6.12")
+# long: make test runs test_real_nic's many-NAPI variant (8 NAPIs of the test NIC on one
+# starved poller, one 5 s bound for all), the same detach path, harder
+@pytest.mark.long
 def test_detach_from_a_starved_poller_is_bounded(kmod, topo: Topo, veth_flow: str,
                                                  no_rt_throttling: None) -> None:
     """A FIFO-99 hog on the poller's CPU: before, detach waited forever under rtnl."""

@@ -96,6 +96,10 @@ def nic_status(nic: str) -> dict:
     return d
 
 
+# long: kbpctl's RPS handling (off, the exact masks back, --keep-rps warns, the kmod backend
+# too) is make test's on the host (tests/kbpctl/test_integration.py, test_rps*); this adds
+# the packets' path on a virtio NIC
+@pytest.mark.long
 def test_rps_turned_off_and_restored(kmod, flow: Flow) -> None:
     """RPS on the NIC makes the poller hand every packet to a backlog softirq: enable turns
     it off (one line says so), status shows it, disable puts the exact masks back;

@@ -189,7 +189,7 @@ def story(topo: Topo, dkms_build: bool) -> None:
         pytest.skip(reason="kbp's packages are installed on the host already")
     flavour, common = headers()
     if dkms_build and (why := same_compiler(flavour)):
-        pytest.skip(why)
+        pytest.skip(reason=why)
     assert not Path(f"/lib/modules/{KVER}/build").exists(), "headers already present"
     rig_module = module_loaded()
     if rig_module:  # the suite's kbp.ko (insmod'ed by other tests): out of the way

@@ -91,6 +91,37 @@ def _ram_dir() -> Path:
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path("/tmp")
 
 
+def daemon_argv(spec: SodSpec, binary: Path, workdir: Path, ram: Path | str, queues: int,
+                socket: str = "sod.sock") -> list[str]:
+    """kbp-sod's command line for the guest whose files are in ``workdir`` (a test starts a
+    second daemon on the same region with another ``socket``: a new epoch)."""
+    vm = (f"name=vm,region={workdir / 'region'},socket={workdir / socket},ram={ram},"
+          f"queues={queues},entries={spec.entries},netns={spec.netns}")
+    argv = [str(binary), "--vm", vm]
+    if spec.poll:
+        argv.append("--poll")
+    if spec.rt_prio:
+        argv += ["--rt-prio", str(spec.rt_prio)]
+    return argv
+
+
+def configure_tap(netns: str, tap: str, address: str, timeout: float = 120) -> None:
+    """The host's end of ``--sod-tap``: QEMU makes the tap when it starts; once it is there,
+    give it ``address`` (CIDR) and bring it up. No IPv6 on it: its neighbour discovery and
+    MLD would reach the guest's NIC at any time, and the guest counts what its NICs get."""
+    end = time.monotonic() + timeout
+    while subprocess.run(["ip", "-n", netns, "link", "show", tap], capture_output=True,
+                         check=False).returncode != 0:
+        if time.monotonic() > end:
+            raise RigError(f"QEMU made no tap {tap} in netns {netns}")
+        time.sleep(0.05)
+    for argv in (["ip", "netns", "exec", netns, "sysctl", "-qw",
+                  f"net.ipv6.conf.{tap}.disable_ipv6=1"],
+                 ["ip", "-n", netns, "addr", "add", address, "dev", tap],
+                 ["ip", "-n", netns, "link", "set", tap, "up"]):
+        run(argv, what=f"configuring {tap}", quiet=True)
+
+
 @contextlib.contextmanager
 def serve(spec: SodSpec, binary: Path, memory_mb: int, queues: int,
           tmp: Path) -> Iterator[Path]:
@@ -106,13 +137,7 @@ def serve(spec: SodSpec, binary: Path, memory_mb: int, queues: int,
         f.truncate(memory_mb << 20)
     for stale in ("sod.sock", "region", "sod.pid", "ram.path"):
         (workdir / stale).unlink(missing_ok=True)
-    vm = (f"name=vm,region={workdir / 'region'},socket={workdir / 'sod.sock'},ram={ram},"
-          f"queues={queues},entries={spec.entries},netns={spec.netns}")
-    argv = [str(binary), "--vm", vm]
-    if spec.poll:
-        argv.append("--poll")
-    if spec.rt_prio:
-        argv += ["--rt-prio", str(spec.rt_prio)]
+    argv = daemon_argv(spec, binary, workdir, ram, queues)
     log_path = workdir / "sod.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,

@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+from kbp.bench.sysstat import PROC, read_percpu_table
+
 OUT = os.environ["KBP_OUT"]
 CG = "/sys/fs/cgroup/kbp-so-echo"
 TAP_IP = os.environ.get("KBP_SO_TAP_GUEST_IP", "10.78.0.2")
@@ -60,18 +62,11 @@ def nic_by_mac(mac: str) -> str:
 
 def nic_counters(nic: str) -> dict[str, int]:
     virtio = os.path.basename(os.path.realpath(f"/sys/class/net/{nic}/device"))
-    irqs = 0
-    with open("/proc/interrupts") as f:
-        ncpu = len(f.readline().split())
-        for line in f:
-            cols = line.split()
-            if cols and cols[-1].startswith(f"{virtio}-"):
-                irqs += sum(int(c) for c in cols[1:1 + ncpu])
+    irqs = sum(sum(counts) for name, counts in read_percpu_table(PROC / "interrupts").items()
+               if name.split()[-1].startswith(f"{virtio}-"))
     with open(f"/sys/class/net/{nic}/statistics/rx_packets") as f:
         rx = int(f.read())
-    with open("/proc/softirqs") as f:
-        net_rx = next(sum(int(x) for x in ln.split()[1:]) for ln in f
-                      if ln.split(":")[0].strip() == "NET_RX")
+    net_rx = sum(read_percpu_table(PROC / "softirqs")["NET_RX"])
     return {"irqs": irqs, "rx_packets": rx, "net_rx": net_rx}
 
 

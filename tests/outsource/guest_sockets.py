@@ -23,6 +23,9 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
+from kbp.bench.sysstat import PROC as PROC_DIR
+from kbp.bench.sysstat import read_percpu_table
+
 PARAMS = "/sys/module/kbp_so/parameters"
 PROC = "/proc/kbp_so"
 PROTO = 253
@@ -90,11 +93,9 @@ def proc() -> tuple[dict[str, str], dict[int, dict[str, str]]]:
 
 def net_rx() -> int:
     """NET_RX softirqs, all CPUs."""
-    with open("/proc/softirqs") as f:
-        for line in f:
-            if line.split(":")[0].strip() == "NET_RX":
-                return sum(int(x) for x in line.split()[1:])
-    raise AssertionError("no NET_RX in /proc/softirqs")
+    rows = read_percpu_table(PROC_DIR / "softirqs")
+    assert "NET_RX" in rows, "no NET_RX in /proc/softirqs"
+    return sum(rows["NET_RX"])
 
 
 def rx_packets() -> dict[str, int]:
@@ -540,11 +541,9 @@ def scenario_detach(s: socket.socket, st: Stats) -> None:
 #: in order, one boot; each gets the long-lived socket and the shared Stats.  New
 #: scenarios go here; scenario_dead_host and scenario_detach stay last (no host after).
 def kbp_so_irqs() -> int:
-    """Interrupts kbp_so's vectors took, all CPUs."""
-    with open("/proc/interrupts") as f:
-        ncpu = len(f.readline().split())
-        return sum(sum(int(c) for c in ln.split()[1:1 + ncpu]) for ln in f
-                   if ln.split() and ln.split()[-1] == "kbp_so")
+    """Interrupts kbp_so's vectors took, all CPUs (rows "<irq> kbp_so")."""
+    return sum(sum(counts) for name, counts in read_percpu_table(PROC_DIR / "interrupts").items()
+               if name.split()[0].isdigit() and name.split()[-1] == "kbp_so")
 
 
 def set_poll_us(us: int) -> None:

@@ -11,8 +11,9 @@ import json
 import re
 import subprocess
 import threading
-import time
 from pathlib import Path
+
+from vm import outsource
 
 TAP = "kbpsotap0"
 HOST_IP, PREFIX = "10.78.0.1", 24
@@ -21,21 +22,9 @@ CLIENT_SECONDS, CLIENT_MPS = 2, 200
 _TOTAL = re.compile(r"\[Total Run\].*SentMessages=(\d+); ReceivedMessages=(\d+)")
 
 
-def configure_tap(ns: str, timeout: float = 120) -> None:
-    """QEMU makes the tap when it starts: give it the host's address once it is there."""
-    end = time.monotonic() + timeout
-    while subprocess.run(["ip", "-n", ns, "link", "show", TAP], capture_output=True,
-                         check=False).returncode != 0:
-        if time.monotonic() > end:
-            raise AssertionError(f"QEMU made no tap {TAP} in netns {ns}")
-        time.sleep(0.1)
-    # no IPv6 on the host's end: its neighbour discovery and MLD would reach the guest's
-    # NIC at any time, and the guest counts what its NICs receive
-    subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw",
-                    f"net.ipv6.conf.{TAP}.disable_ipv6=1"], check=True)
-    subprocess.run(["ip", "-n", ns, "addr", "add", f"{HOST_IP}/{PREFIX}", "dev", TAP],
-                   check=True)
-    subprocess.run(["ip", "-n", ns, "link", "set", TAP, "up"], check=True)
+def configure_tap(ns: str) -> None:
+    """The host's address on the tap, once QEMU has made it (the rig's helper)."""
+    outsource.configure_tap(ns, TAP, f"{HOST_IP}/{PREFIX}")
 
 
 def run_client(ns: str, target: str, port: int) -> dict[str, object]:

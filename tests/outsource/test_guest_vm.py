@@ -36,6 +36,7 @@ from pathlib import Path
 import pytest
 
 from kbp import sysaccess
+from vm import outsource
 
 from . import hostpeer
 from . import sodclient as sc
@@ -49,7 +50,7 @@ APPEND = dict(kv.split("=", 1) for kv in os.environ.get("KBP_SO_VM_APPEND", "").
 #: flavours that run only the socket operations and faults (guest_sockets.py), not the
 #: policy and sockperf scenarios (make test: 6.12-rt, whose source is 6.12's, which runs all)
 SOCKETS_ONLY = set(os.environ.get("KBP_SO_VM_SOCKETS_ONLY", "").split(","))
-QUEUES, ENTRIES = 2, 64  # the rig's kbp-sod: one queue per vCPU, its ring size
+QUEUES = 2  # the rig's kbp-sod: one queue per vCPU
 #: "1", or the flavours (comma-separated) where a new kbp-sod starts on the same region
 #: after the kill: its epoch releases the guest's orphaned pages (make test: 6.12-rt)
 RESTART = os.environ.get("KBP_SO_VM_RESTART", "0")
@@ -148,13 +149,11 @@ def _stream(cmd: list[str], env: dict[str, str], on_line, timeout: float) -> tup
 
 
 def _restart_sod(sod_bin: Path, d: Path, ns: str, log: Path) -> subprocess.Popen[bytes]:
-    """A new kbp-sod on the rig's region (same spec as vm/outsource.py's): epoch 2."""
-    ram = (d / "ram.path").read_text()
-    spec = (f"name=vm,region={d / 'region'},socket={d / 'sod.sock2'},ram={ram},"
-            f"queues={QUEUES},entries={ENTRIES},netns={ns}")
+    """A new kbp-sod on the rig's region (the rig's command line): epoch 2."""
+    argv = outsource.daemon_argv(outsource.SodSpec(ns), sod_bin, d,
+                                 (d / "ram.path").read_text(), QUEUES, socket="sod.sock2")
     with open(log, "wb") as f:
-        proc = subprocess.Popen([str(sod_bin), "--vm", spec], stdout=f,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT)
     end = time.monotonic() + 10
     while "kbp-sod: ready" not in log.read_text(errors="replace"):
         assert proc.poll() is None and time.monotonic() < end, log.read_text()

@@ -117,46 +117,22 @@ def put(path: Path, text: str) -> None:
 
 # ---------------------------------------------------------------------------- guest side
 
-def _irq_lines() -> dict[str, int]:
-    """Every /proc/interrupts line's name (its last column, else its label) -> all CPUs."""
-    out: dict[str, int] = {}
-    with open("/proc/interrupts") as f:
-        ncpu = len(f.readline().split())
-        for line in f:
-            label, _, rest = line.partition(":")
-            cols = rest.split()
-            counts = [int(c) for c in cols[:ncpu] if c.isdigit()]
-            label = label.strip()
-            name = cols[-1] if label.isdigit() and len(cols) > ncpu else label
-            out[f"{label}:{name}"] = sum(counts)
-    return out
-
-
-def _softirq(name: str) -> int:
-    with open("/proc/softirqs") as f:
-        for line in f:
-            if line.split(":")[0].strip() == name:
-                return sum(int(x) for x in line.split()[1:])
-    return 0
-
-
 def _guest_counters(virtio: str) -> dict[str, int]:
-    irqs = _irq_lines()
-    dev = {k: v for k, v in irqs.items() if k.split(":")[0].isdigit()}
+    # the bench's own readers (rows "<irq> <action>", "LOC", "NET_RX"; kbp_so's file)
+    from kbp.bench.sysstat import PROC, read_percpu_table
+    from kbp.outsource import procfile
+
+    irqs = {k: sum(v) for k, v in read_percpu_table(PROC / "interrupts").items()}
+    dev = {k: v for k, v in irqs.items() if k.split()[0].isdigit()}
+    nic = tuple(f" {virtio}-{s}" for s in ("input.0", "output.0", "config"))
     out = {"irq_devices": sum(dev.values()),
-           "irq_nic": sum(v for k, v in dev.items() if k.endswith(tuple(
-               f"{virtio}-{s}" for s in ("input.0", "output.0", "config")))),
-           "irq_kbp_so": sum(v for k, v in dev.items() if k.endswith(":kbp_so")),
-           "irq_local_timer": irqs.get("LOC:LOC", 0),
-           "net_rx": _softirq("NET_RX")}
-    try:
-        with open("/proc/kbp_so") as f:
-            for line in f:
-                if line.startswith("sock "):
-                    kv = dict(p.split("=", 1) for p in line.split()[1:] if "=" in p)
-                    out["so_copies"] = out.get("so_copies", 0) + int(kv.get("copies", 0))
-    except OSError:
-        pass
+           "irq_nic": sum(v for k, v in dev.items() if k.endswith(nic)),
+           "irq_kbp_so": sum(v for k, v in dev.items() if k.endswith(" kbp_so")),
+           "irq_local_timer": irqs.get("LOC", 0),
+           "net_rx": sum(read_percpu_table(PROC / "softirqs").get("NET_RX", []))}
+    mod = procfile.read()
+    if mod is not None:
+        out["so_copies"] = sum(sk.counters.get("copies", 0) for sk in mod.socks)
     return out
 
 
@@ -261,8 +237,9 @@ def _rtts(log: Path) -> list[float]:
 
 
 def host(args: argparse.Namespace) -> int:
-    sys.path.insert(0, str(REPO / "src"))
+    sys.path[:0] = [str(REPO / "src"), str(REPO)]
     from kbp.bench import stats  # the guest side needs none of it
+    from vm import outsource
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -287,12 +264,7 @@ def host(args: argparse.Namespace) -> int:
                 "--quiet", "--", *guest_cmd]
         vm = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL)
         qemu = _qemu_pid(vm)
-        for _ in range(200):
-            if sh("ip", "-n", ns, "link", "show", TAP, check=False).returncode == 0:
-                break
-            time.sleep(0.05)
-        sh("ip", "-n", ns, "addr", "add", f"{HOST_IP}/{PREFIX}", "dev", TAP)
-        sh("ip", "-n", ns, "link", "set", TAP, "up")
+        outsource.configure_tap(ns, TAP, f"{HOST_IP}/{PREFIX}")
         sod_pid = int(wait_file(out / "sod" / "sod.pid", 60, vm))
         runs = []
         for n, mode in enumerate(plan):

@@ -20,7 +20,10 @@
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
 #include <linux/completion.h>
+#include <linux/context_tracking.h>
+#include <linux/cpuidle.h>
 #include <linux/delay.h>
+#include <linux/hrtimer.h>
 #include <linux/interrupt.h>
 #include <linux/io.h>
 #include <linux/list.h>
@@ -30,9 +33,12 @@
 #include <linux/mutex.h>
 #include <linux/net.h>
 #include <linux/pci.h>
+#include <linux/percpu.h>
 #include <linux/proc_fs.h>
+#include <linux/rcupdate.h>
 #include <linux/rwsem.h>
 #include <linux/sched/clock.h>
+#include <linux/sched/idle.h>
 #include <linux/sched/signal.h>
 #include <linux/seq_file.h>
 #include <linux/slab.h>
@@ -65,6 +71,10 @@
 #define KBP_SO_ATTACH_MS	2000
 #define KBP_SO_FINAL_POLL	(HZ / 10)	/* epoch check while waiting */
 #define KBP_SO_POLL_US_MAX	1000		/* poll_us range: 0..this */
+#define KBP_SO_IDLE_POLL_US_MAX	2000		/* idle_poll_us range: 0..this */
+/* need_irq's parts (kbp_so_abi.h): a sleeping waiter; each halted vCPU */
+#define KBP_SO_NEED_WAITER	1
+#define KBP_SO_NEED_HALTED	2
 #define KBP_SO_TIMEOUT_MIN	200		/* host_timeout_ms range */
 #define KBP_SO_TIMEOUT_MAX	600000
 
@@ -158,6 +168,29 @@ static atomic_t kbp_so_orphaned = ATOMIC_INIT(0);
 /* socket() refused (no host) plus every socket's fallbacks */
 static atomic64_t kbp_so_fallbacks = ATOMIC64_INIT(0);
 
+/*
+ * Who found a final completion (/proc/kbp_so's completions_<name>): the
+ * queue's interrupt handler; the caller polling for its own request
+ * (poll_us); another outsourced system call's sweep; an idle vCPU (the
+ * idle path, design.md 11.11); the tick-aligned sweep of a busy vCPU.
+ */
+enum kbp_so_found {
+	KBP_SO_BY_IRQ,
+	KBP_SO_BY_POLL,
+	KBP_SO_BY_SYSCALL,
+	KBP_SO_BY_IDLE,
+	KBP_SO_BY_TICK,
+	KBP_SO_NR_FOUND
+};
+
+static const char * const kbp_so_found_names[KBP_SO_NR_FOUND] = {
+	[KBP_SO_BY_IRQ]		= "irq",
+	[KBP_SO_BY_POLL]	= "polled",
+	[KBP_SO_BY_SYSCALL]	= "syscall",
+	[KBP_SO_BY_IDLE]	= "idle",
+	[KBP_SO_BY_TICK]	= "tick",
+};
+
 struct kbp_so_req {
 	struct completion done;
 	struct kbp_so_cqe cqe;
@@ -194,12 +227,17 @@ struct kbp_so_queue {
 	bool broken;			/* host posted an impossible cq_tail */
 	/*
 	 * Requests in a slot whose waiter sleeps (or that nobody polls): while
-	 * any, need_irq is set.  Under lock, like the slots they count.
+	 * any, need_irq's KBP_SO_NEED_WAITER is set (without the idle path).
+	 * Under lock, like the slots they count; read racily as a hint by the
+	 * tick-aligned sweep.
 	 */
 	u32 irq_wanted;
-	/* final completions found by the interrupt handler / by a polling caller */
-	u64 done_irq;
-	u64 done_polled;
+	/* final completions by who found them, and handler runs: under lock */
+	u64 done[KBP_SO_NR_FOUND];
+	u64 irqs;
+	int irq;			/* the queue's vector */
+	/* PREEMPT_RT: bit 0, the idle path woke the handler's thread */
+	unsigned long idle_kick;
 };
 
 struct kbp_so_dev {
@@ -221,6 +259,12 @@ struct kbp_so_dev {
 	bool host_dead;
 	/* the host honours need_irq (KBP_SO_FEAT_NEED_IRQ); set at attach */
 	bool irq_on_demand;
+	/*
+	 * idle: the idle path is on (design.md 11.11): sleeping waiters leave
+	 * need_irq to the vCPUs that halt.  Set under every queue's lock (by
+	 * kbp_so_idle_mode()), read under one.
+	 */
+	bool idle;
 	/* the watchdog's own: only kbp_so_watch() touches them */
 	u64 hb;
 	unsigned long hb_at;
@@ -332,7 +376,50 @@ static void kbp_so_finish(struct kbp_so_req *req)
 	complete(&req->done);
 }
 
-/* Consumes the queue's new completions and wakes their callers. */
+/*
+ * need_irq, a __u32 of the shared control block that the guest composes
+ * only with atomic operations (kbp_so_abi.h): a sleeping waiter's bit
+ * under the queue's lock, the halted vCPUs' count from the idle path,
+ * which cannot take that lock (PREEMPT_RT: it sleeps).
+ */
+static atomic_t *kbp_so_need(struct kbp_so_queue *q)
+{
+	return (atomic_t *)&q->ctl->need_irq;
+}
+
+/*
+ * The idle path's per-CPU state (design.md 11.11).  sweep: the
+ * tick-aligned sweep, pinned to the CPU that armed it.  in_idle: this CPU
+ * is inside kbp_so_idle_enter(), which kbp_so_idle_stop() waits out.  The
+ * counters are written by this CPU's idle path only, with interrupts off;
+ * /proc/kbp_so reads them racily (a u64 on a 64-bit kernel).
+ */
+struct kbp_so_cpu {
+	struct hrtimer sweep;
+	bool in_idle;
+	u64 poll_ns;			/* idle_poll_ns */
+	u64 halts;			/* idle_halts */
+	u64 races;			/* idle_races */
+};
+
+static DEFINE_PER_CPU(struct kbp_so_cpu, kbp_so_cpu);
+
+/*
+ * Arms this CPU's sweep, if it is not queued: soft expiry in one tick,
+ * hard expiry one tick later.  While the CPU runs, its tick's interrupt
+ * runs every hrtimer past its soft expiry, so the sweep rides the tick
+ * and adds no interrupt of its own.  Caller: interrupts off or migration
+ * disabled (a queue's lock).
+ */
+static void kbp_so_sweep_arm(void)
+{
+	struct hrtimer *t = this_cpu_ptr(&kbp_so_cpu.sweep);
+
+	if (!hrtimer_is_queued(t))
+		hrtimer_start_range_ns(t, ns_to_ktime(TICK_NSEC), TICK_NSEC,
+				       HRTIMER_MODE_REL_PINNED_SOFT);
+}
+
 /*
  * need_irq (docs/design.md, 11.10): set while a request in a slot of @q has
  * no caller polling for it, clear when none.  q->lock held.  The host
@@ -346,8 +433,11 @@ static void kbp_so_want_irq(struct kbp_so_dev *dev, struct kbp_so_queue *q,
 	if (req->wants_irq)
 		return;
 	req->wants_irq = true;
-	if (q->irq_wanted++ == 0 && dev->irq_on_demand)
-		WRITE_ONCE(q->ctl->need_irq, 1);
+	if (dev->idle)
+		kbp_so_sweep_arm();
+	else if (q->irq_wanted == 0 && dev->irq_on_demand)
+		atomic_or(KBP_SO_NEED_WAITER, kbp_so_need(q));
+	q->irq_wanted++;
 }
 
 /* @req left its slot (completed, forgotten or failed).  q->lock held. */
@@ -358,15 +448,19 @@ static void kbp_so_unwant_irq(struct kbp_so_dev *dev, struct kbp_so_queue *q,
 		return;
 	req->wants_irq = false;
 	if (--q->irq_wanted == 0 && dev->irq_on_demand)
-		WRITE_ONCE(q->ctl->need_irq, 0);
+		atomic_andnot(KBP_SO_NEED_WAITER, kbp_so_need(q));
 }
 
-static void kbp_so_reap(struct kbp_so_dev *dev, struct kbp_so_queue *q, bool polled)
+/* Consumes the queue's new completions and wakes their callers (@by found them). */
+static void kbp_so_reap(struct kbp_so_dev *dev, struct kbp_so_queue *q,
+			enum kbp_so_found by)
 {
 	unsigned long flags;
 	u32 tail;
 
 	spin_lock_irqsave(&q->lock, flags);
+	if (by == KBP_SO_BY_IRQ)
+		q->irqs++;
 	/* acquire: the CQEs before cq_tail are written (host's release) */
 	tail = smp_load_acquire(&q->ctl->cq_tail);
 	if (tail - q->cq_head > dev->entries) {
@@ -390,10 +484,7 @@ static void kbp_so_reap(struct kbp_so_dev *dev, struct kbp_so_queue *q, bool pol
 		req = q->slots[slot];
 		q->slots[slot] = NULL;
 		kbp_so_unwant_irq(dev, q, req);
-		if (polled)
-			q->done_polled++;
-		else
-			q->done_irq++;
+		q->done[by]++;
 		req->cqe = cqe;
 		req->from_host = true;
 		kbp_so_finish(req);
@@ -407,8 +498,27 @@ static irqreturn_t kbp_so_irq(int irq, void *data)
 {
 	struct kbp_so_queue *q = data;
 
-	kbp_so_reap(q->dev, q, false);
+	/* PREEMPT_RT: the idle path may have woken this thread (no interrupt) */
+	if (test_and_clear_bit(0, &q->idle_kick)) {
+		kbp_so_reap(q->dev, q, KBP_SO_BY_IDLE);
+		return IRQ_HANDLED;
+	}
+	kbp_so_reap(q->dev, q, KBP_SO_BY_IRQ);
 	return IRQ_HANDLED;
+}
+
+/* Reaps every queue that has new completions (a lock-free hint first). */
+static void kbp_so_sweep(struct kbp_so_dev *dev, enum kbp_so_found by)
+{
+	u32 i;
+
+	for (i = 0; i < dev->nr_used; i++) {
+		struct kbp_so_queue *q = &dev->q[i];
+
+		/* data_race: a hint without the lock; kbp_so_reap() reads it under it */
+		if (READ_ONCE(q->ctl->cq_tail) != data_race(q->cq_head))
+			kbp_so_reap(dev, q, by);
+	}
 }
 
 /*
@@ -506,7 +616,7 @@ static void kbp_so_poll_wait(struct kbp_so_dev *dev, struct kbp_so_queue *q,
 	while (!completion_done(&req->done)) {
 		/* a hint without the lock: kbp_so_reap() reads it again */
 		if (READ_ONCE(q->ctl->cq_tail) != data_race(q->cq_head)) {
-			kbp_so_reap(dev, q, true);
+			kbp_so_reap(dev, q, KBP_SO_BY_POLL);
 			continue;
 		}
 		if (local_clock() >= end || need_resched() || signal_pending(current))
@@ -519,7 +629,7 @@ static void kbp_so_poll_wait(struct kbp_so_dev *dev, struct kbp_so_queue *q,
 	spin_unlock_irqrestore(&q->lock, flags);
 	/* need_irq before cq_tail: pairs with the host's cq_tail, barrier, need_irq */
 	smp_mb();
-	kbp_so_reap(dev, q, true);
+	kbp_so_reap(dev, q, KBP_SO_BY_POLL);
 }
 
 /*
@@ -533,8 +643,11 @@ static int kbp_so_call_on(struct kbp_so_dev *dev, struct kbp_so_queue *q,
 {
 	struct kbp_so_req req = { };
 	bool poll = kbp_so_will_poll(dev);
-	int slot = kbp_so_submit(dev, q, sqe, &req, poll);
+	int slot;
 
+	if (READ_ONCE(dev->idle))
+		kbp_so_sweep(dev, KBP_SO_BY_SYSCALL);
+	slot = kbp_so_submit(dev, q, sqe, &req, poll);
 	if (slot < 0)
 		return slot;
 	if (ks)
@@ -914,6 +1027,8 @@ static int kbp_so_data_call(struct sock *sk, struct kbp_so_sqe *sqe,
 	if (err)
 		goto out;
 	q = kbp_so_this_queue(kbp_so_cur);
+	if (READ_ONCE(kbp_so_cur->idle))
+		kbp_so_sweep(kbp_so_cur, KBP_SO_BY_SYSCALL);
 	req.lends = pin->nr;
 	poll = kbp_so_will_poll(kbp_so_cur);
 	slot = kbp_so_submit(kbp_so_cur, q, sqe, &req, poll);
@@ -1537,6 +1652,7 @@ static int kbp_so_attach(struct kbp_so_dev *dev)
 		dev->q[i].sq_tail = 0;
 		dev->q[i].cq_head = 0;
 		dev->q[i].irq_wanted = 0;
+		/* before any atomic of ours on it: the guest is not attached yet */
 		WRITE_ONCE(dev->q[i].ctl->need_irq, !dev->irq_on_demand);
 	}
 	dev->epoch = READ_ONCE(h->epoch);
@@ -1629,10 +1745,391 @@ static void kbp_so_watch(struct work_struct *work)
 	kbp_so_watch_again(dev);
 }
 
+/*
+ * The idle path (docs/design.md, 11.11): a cpuidle driver of one state,
+ * registered while idle_poll_us > 0 and a device is attached.  An idle
+ * vCPU polls every queue's completions for idle_poll_us, waking their
+ * waiters; then it announces in its queue's need_irq that it halts, a full
+ * barrier, looks once more (the host: cq_tail, full barrier, need_irq),
+ * and halts.  The host interrupts only a queue whose vCPU announced.
+ * Sleeping waiters then set no need_irq of their own: a busy vCPU finds
+ * their completions at its next outsourced system call or in the
+ * tick-aligned sweep (two ticks at most).
+ */
+static unsigned int kbp_so_idle_poll_us;
+/*
+ * kbp_so_idle_mutex: the transitions of the idle path (idle_poll_us's
+ * writes, probe's end, removal's start), kbp_so_idle_attached and
+ * kbp_so_idle_state.  Taken in process context only; inside it
+ * cpuidle_register()/cpuidle_unregister() take the cpuidle core's locks.
+ */
+static DEFINE_MUTEX(kbp_so_idle_mutex);
+static struct kbp_so_dev *kbp_so_idle_attached;
+static char kbp_so_idle_state[48] = "off";
+/* the device the idle path and the sweeps serve: RCU, NULL when off */
+static struct kbp_so_dev __rcu *kbp_so_idle_dev;
+
+#ifndef KBP_SO_HAVE_CT_CPUIDLE
+/* 6.1: what 6.3's ct_cpuidle_enter()/exit() wrap */
+static __always_inline void ct_cpuidle_enter(void)
+{
+	trace_hardirqs_on_prepare();
+	lockdep_hardirqs_on_prepare();
+	ct_idle_enter();
+	lockdep_hardirqs_on(_THIS_IP_);
+}
+
+static __always_inline void ct_cpuidle_exit(void)
+{
+	lockdep_hardirqs_off(_THIS_IP_);
+	ct_idle_exit();
+}
+#endif
+
+/* Any request that nobody polls for, in any queue (a racy hint). */
+static bool kbp_so_waiting(struct kbp_so_dev *dev)
+{
+	u32 i;
+
+	for (i = 0; i < dev->nr_used; i++)
+		/* data_race: a hint; a late re-arm costs one sweep, a missed one the next call */
+		if (data_race(READ_ONCE(dev->q[i].irq_wanted)))
+			return true;
+	return false;
+}
+
+/*
+ * New completions that nobody is reaping yet: a queue whose interrupt
+ * thread the idle path already woke (PREEMPT_RT) will be reaped by it.
+ */
+static bool kbp_so_pending(struct kbp_so_dev *dev)
+{
+	u32 i;
+
+	for (i = 0; i < dev->nr_used; i++)
+		/* data_race: cq_head only grows under the lock; a stale one says "pending" */
+		if (READ_ONCE(dev->q[i].ctl->cq_tail) != data_race(dev->q[i].cq_head) &&
+		    !test_bit(0, &dev->q[i].idle_kick))
+			return true;
+	return false;
+}
+
+/*
+ * The idle path's reap.  Without PREEMPT_RT the idle task reaps itself:
+ * RCU watches here (CPUIDLE_FLAG_RCU_IDLE) and the queue's lock spins.
+ * On PREEMPT_RT that lock sleeps, which the idle task must not: it wakes
+ * the queue's interrupt thread instead, which reaps as "idle".
+ */
+static void kbp_so_idle_sweep(struct kbp_so_dev *dev)
+{
+	u32 i;
+
+	if (!IS_ENABLED(CONFIG_PREEMPT_RT)) {
+		kbp_so_sweep(dev, KBP_SO_BY_IDLE);
+		return;
+	}
+	for (i = 0; i < dev->nr_used; i++) {
+		struct kbp_so_queue *q = &dev->q[i];
+
+		/* data_race: a hint; the woken thread reaps under the lock */
+		if (READ_ONCE(q->ctl->cq_tail) != data_race(q->cq_head) &&
+		    !test_and_set_bit(0, &q->idle_kick))
+			irq_wake_thread(q->irq, q);
+	}
+}
+
+static enum hrtimer_restart kbp_so_sweep_fn(struct hrtimer *t)
+{
+	struct kbp_so_dev *dev;
+	bool again = false;
+
+	rcu_read_lock();
+	dev = rcu_dereference(kbp_so_idle_dev);
+	if (dev) {
+		kbp_so_sweep(dev, KBP_SO_BY_TICK);
+		again = kbp_so_waiting(dev);
+	}
+	rcu_read_unlock();
+	if (!again)
+		return HRTIMER_NORESTART;
+	hrtimer_forward_now(t, ns_to_ktime(TICK_NSEC));
+	return HRTIMER_RESTART;
+}
+
+/*
+ * The state's enter: called with interrupts off and, for a state flagged
+ * CPUIDLE_FLAG_RCU_IDLE, with RCU watching; it stops RCU itself around
+ * the halt only, as default_idle_call() does.  Returns with interrupts off.
+ */
+static int __cpuidle kbp_so_idle_enter(struct cpuidle_device *cdev,
+				       struct cpuidle_driver *drv, int index)
+{
+	struct kbp_so_cpu *c = this_cpu_ptr(&kbp_so_cpu);
+	struct kbp_so_queue *q;
+	struct kbp_so_dev *dev;
+	bool parked;
+	u64 start;
+
+	instrumentation_begin();
+	WRITE_ONCE(c->in_idle, true);
+	dev = rcu_dereference_sched(kbp_so_idle_dev);
+	if (!dev) {
+		/* stopping: halt as the kernel's default idle would */
+		if (current_clr_polling_and_test())
+			goto out;
+		goto halt;
+	}
+	q = &dev->q[cdev->cpu % dev->nr_used];
+	start = local_clock();
+	local_irq_enable();
+	/* polling: a wake-up of this CPU sets need_resched, no IPI */
+	if (!current_set_polling_and_test()) {
+		u64 limit = (u64)READ_ONCE(kbp_so_idle_poll_us) * NSEC_PER_USEC;
+
+		while (!need_resched()) {
+			kbp_so_idle_sweep(dev);
+			if (local_clock() - start >= limit)
+				break;
+			cpu_relax();
+		}
+	}
+	local_irq_disable();
+	c->poll_ns += local_clock() - start;
+	if (current_clr_polling_and_test())
+		goto out;
+	/* announce, full barrier, look again: pairs with cq_tail, barrier, need_irq */
+	atomic_add(KBP_SO_NEED_HALTED, kbp_so_need(q));
+	/* need_irq before cq_tail, as the host orders cq_tail before need_irq */
+	smp_mb__after_atomic();
+	if (kbp_so_pending(dev)) {
+		atomic_sub(KBP_SO_NEED_HALTED, kbp_so_need(q));
+		c->races++;
+		local_irq_enable();
+		kbp_so_idle_sweep(dev);
+		local_irq_disable();
+		goto out;
+	}
+	c->halts++;
+	/* a halted CPU needs no tick-aligned sweep: the host interrupts it */
+	parked = hrtimer_try_to_cancel(&c->sweep) == 1;
+	ct_cpuidle_enter();
+	raw_safe_halt();
+	raw_local_irq_disable();
+	ct_cpuidle_exit();
+	atomic_sub(KBP_SO_NEED_HALTED, kbp_so_need(q));
+	if (parked && kbp_so_waiting(dev))
+		kbp_so_sweep_arm();
+	goto out;
+halt:
+	ct_cpuidle_enter();
+	raw_safe_halt();
+	raw_local_irq_disable();
+	ct_cpuidle_exit();
+out:
+	/* release: kbp_so_idle_stop() may free what this used once it reads false */
+	smp_store_release(&c->in_idle, false);
+	instrumentation_end();
+	return index;
+}
+
+static struct cpuidle_driver kbp_so_idle_driver = {
+	.name = "kbp_so",
+	.owner = THIS_MODULE,
+	.states = {
+		{
+			.enter			= kbp_so_idle_enter,
+			.exit_latency		= 1,
+			.target_residency	= 1,
+			.power_usage		= -1,
+			.flags			= CPUIDLE_FLAG_RCU_IDLE,
+			.name			= "KBP_SO",
+			.desc			= "poll kbp_so rings, then halt",
+		},
+	},
+	.state_count = 1,
+	.safe_state_index = 0,
+};
+
+/*
+ * Turns sleeping waiters' own need_irq off (@on) or back on, under every
+ * queue's lock, then (off) a full barrier and one sweep: a completion
+ * posted while neither its waiter's bit nor a halted vCPU asked for an
+ * interrupt is found here, so nobody is left asleep.
+ */
+static void kbp_so_idle_mode(struct kbp_so_dev *dev, bool on)
+{
+	unsigned long flags;
+	u32 i;
+
+	for (i = 0; i < dev->nr_used; i++) {
+		struct kbp_so_queue *q = &dev->q[i];
+
+		spin_lock_irqsave(&q->lock, flags);
+		dev->idle = on;
+		if (on && q->irq_wanted)
+			kbp_so_sweep_arm();
+		if (on)
+			atomic_andnot(KBP_SO_NEED_WAITER, kbp_so_need(q));
+		else if (q->irq_wanted)
+			atomic_or(KBP_SO_NEED_WAITER, kbp_so_need(q));
+		spin_unlock_irqrestore(&q->lock, flags);
+	}
+	if (on)
+		return;
+	/* the waiters' bits before cq_tail: pairs with the host's cq_tail, barrier, need_irq */
+	smp_mb();
+	kbp_so_sweep(dev, KBP_SO_BY_SYSCALL);
+}
+
+static void kbp_so_idle_unavailable(const char *why)
+{
+	snprintf(kbp_so_idle_state, sizeof(kbp_so_idle_state), "unavailable:%s", why);
+}
+
+/* kbp_so_idle_mutex held.  Refuses with the reason in /proc/kbp_so. */
+static int kbp_so_idle_start(struct kbp_so_dev *dev)
+{
+	struct cpuidle_driver *cur;
+	int err;
+
+	if (!dev->irq_on_demand) {
+		kbp_so_idle_unavailable("host-without-need_irq");
+		return -EOPNOTSUPP;
+	}
+	/* idle=poll/halt/nomwait: the kernel's idle loop never asks cpuidle */
+	if (boot_option_idle_override != IDLE_NO_OVERRIDE) {
+		kbp_so_idle_unavailable("idle=-boot-option");
+		return -EBUSY;
+	}
+	cur = cpuidle_get_driver();
+	if (cur) {
+		kbp_so_idle_unavailable(cur->name);
+		return -EBUSY;
+	}
+	rcu_assign_pointer(kbp_so_idle_dev, dev);
+	err = cpuidle_register(&kbp_so_idle_driver, NULL);
+	if (err) {
+		RCU_INIT_POINTER(kbp_so_idle_dev, NULL);
+		synchronize_rcu();
+		/* cpuidle.off=1 (or no cpuidle): -ENODEV; another driver: -EBUSY */
+		kbp_so_idle_unavailable(err == -ENODEV ? "cpuidle.off" : "cpuidle-busy");
+		return err;
+	}
+	kbp_so_idle_mode(dev, true);
+	strscpy(kbp_so_idle_state, "on", sizeof(kbp_so_idle_state));
+	return 0;
+}
+
+static bool kbp_so_idle_busy(void)
+{
+	int cpu;
+
+	for_each_possible_cpu(cpu)
+		/* acquire: pairs with kbp_so_idle_enter()'s release of in_idle */
+		if (smp_load_acquire(&per_cpu(kbp_so_cpu, cpu).in_idle))
+			return true;
+	return false;
+}
+
+/*
+ * kbp_so_idle_mutex held.  Sleeping waiters get their own need_irq back
+ * first, then no CPU enters, none is left inside (a halted one is woken),
+ * and no sweep is left queued: the device may go after this.
+ */
+static void kbp_so_idle_stop(struct kbp_so_dev *dev)
+{
+	int cpu;
+
+	kbp_so_idle_mode(dev, false);
+	RCU_INIT_POINTER(kbp_so_idle_dev, NULL);
+	cpuidle_unregister(&kbp_so_idle_driver);
+	synchronize_rcu();
+	while (kbp_so_idle_busy()) {
+		wake_up_all_idle_cpus();
+		usleep_range(100, 200);
+	}
+	for_each_possible_cpu(cpu)
+		hrtimer_cancel(&per_cpu(kbp_so_cpu, cpu).sweep);
+	strscpy(kbp_so_idle_state, "off", sizeof(kbp_so_idle_state));
+}
+
+static bool kbp_so_idle_on(void)
+{
+	return rcu_access_pointer(kbp_so_idle_dev);
+}
+
+static int kbp_so_idle_set(const char *val, const struct kernel_param *kp)
+{
+	unsigned int us, old;
+	int err = kstrtouint(val, 0, &us);
+
+	if (err)
+		return err;
+	if (us > KBP_SO_IDLE_POLL_US_MAX)
+		return -EINVAL;
+	mutex_lock(&kbp_so_idle_mutex);
+	old = kbp_so_idle_poll_us;
+	WRITE_ONCE(kbp_so_idle_poll_us, us);
+	if (kbp_so_idle_attached && us && !kbp_so_idle_on())
+		err = kbp_so_idle_start(kbp_so_idle_attached);
+	else if (kbp_so_idle_attached && !us && kbp_so_idle_on())
+		kbp_so_idle_stop(kbp_so_idle_attached);
+	if (err)
+		WRITE_ONCE(kbp_so_idle_poll_us, old);
+	mutex_unlock(&kbp_so_idle_mutex);
+	return err;
+}
+
+static const struct kernel_param_ops kbp_so_idle_ops = {
+	.set	= kbp_so_idle_set,
+	.get	= param_get_uint,
+};
+module_param_cb(idle_poll_us, &kbp_so_idle_ops, &kbp_so_idle_poll_us, 0644);
+MODULE_PARM_DESC(idle_poll_us, "idle vCPUs poll completions this long, then announce and halt (0: off, ..2000)");
+
+/* The end of a successful probe: the idle path, if asked for, starts. */
+static void kbp_so_idle_attach(struct kbp_so_dev *dev)
+{
+	mutex_lock(&kbp_so_idle_mutex);
+	kbp_so_idle_attached = dev;
+	if (kbp_so_idle_poll_us && kbp_so_idle_start(dev))
+		pci_warn(dev->pdev, "idle path not started: %s\n", kbp_so_idle_state);
+	mutex_unlock(&kbp_so_idle_mutex);
+}
+
+/* The start of removal: the idle path stops before the device goes. */
+static void kbp_so_idle_detach(struct kbp_so_dev *dev)
+{
+	mutex_lock(&kbp_so_idle_mutex);
+	if (kbp_so_idle_on())
+		kbp_so_idle_stop(dev);
+	kbp_so_idle_attached = NULL;
+	strscpy(kbp_so_idle_state, "off", sizeof(kbp_so_idle_state));
+	mutex_unlock(&kbp_so_idle_mutex);
+}
+
+static void kbp_so_idle_init(void)
+{
+	int cpu;
+
+	for_each_possible_cpu(cpu) {
+		struct hrtimer *t = &per_cpu(kbp_so_cpu, cpu).sweep;
+
+#ifdef KBP_SO_HAVE_HRTIMER_SETUP
+		hrtimer_setup(t, kbp_so_sweep_fn, CLOCK_MONOTONIC, HRTIMER_MODE_REL_PINNED_SOFT);
+#else
+		hrtimer_init(t, CLOCK_MONOTONIC, HRTIMER_MODE_REL_PINNED_SOFT);
+		t->function = kbp_so_sweep_fn;
+#endif
+	}
+}
+
 static void kbp_so_free_irqs(struct kbp_so_dev *dev, u32 n)
 {
-	while (n--)
-		free_irq(pci_irq_vector(dev->pdev, n), &dev->q[n]);
+	while (n--) {
+		irq_update_affinity_hint(dev->q[n].irq, NULL);
+		free_irq(dev->q[n].irq, &dev->q[n]);
+	}
 	pci_free_irq_vectors(dev->pdev);
 }
 
@@ -1685,12 +2182,18 @@ static int kbp_so_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	}
 	dev->nr_used = nvec;	/* queues past the vectors stay unused */
 	for (i = 0; i < dev->nr_used; i++) {
-		err = request_irq(pci_irq_vector(pdev, i), kbp_so_irq, 0, KBUILD_MODNAME,
-				  &dev->q[i]);
+		dev->q[i].irq = pci_irq_vector(pdev, i);
+		err = request_irq(dev->q[i].irq, kbp_so_irq, 0, KBUILD_MODNAME, &dev->q[i]);
 		if (err) {
 			kbp_so_free_irqs(dev, i);
 			goto err_clear_master;
 		}
+		/*
+		 * queue i is CPU i's (kbp_so_this_queue()): its interrupt goes to
+		 * that CPU, the one that announces a halt in its need_irq
+		 */
+		irq_set_affinity_and_hint(dev->q[i].irq,
+					  cpumask_of(cpumask_local_spread(i, NUMA_NO_NODE)));
 	}
 	err = kbp_so_attach(dev);
 	if (err)
@@ -1719,6 +2222,7 @@ static int kbp_so_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	dev->hb_at = jiffies;
 	INIT_DELAYED_WORK(&dev->watch, kbp_so_watch);
 	kbp_so_watch_again(dev);
+	kbp_so_idle_attach(dev);
 	pci_info(pdev, "attached: ivshmem ID %u, epoch %u, %u of %u queue(s) of %u, NOP round trip ok\n",
 		 readl(dev->regs + IVSHMEM_REG_IVPOSITION), dev->epoch, dev->nr_used,
 		 dev->nr_queues, dev->entries);
@@ -1752,6 +2256,8 @@ static void kbp_so_remove(struct pci_dev *pdev)
 	struct kbp_so_dev *dev = pci_get_drvdata(pdev);
 	unsigned int n;
 
+	/* first: no idle vCPU or sweep touches the device after this */
+	kbp_so_idle_detach(dev);
 	cancel_delayed_work_sync(&dev->watch);	/* host_dead is stable now */
 	/*
 	 * The host drops every parked request first (it serves nothing while
@@ -1797,10 +2303,15 @@ static void kbp_so_show_addr(struct seq_file *m, const char *name,
 static void kbp_so_show_head(struct seq_file *m)
 {
 	const char *state = "detached";
-	u32 epoch = 0, queues = 0, i;
-	u64 by_irq = 0, polled = 0;
+	u64 done[KBP_SO_NR_FOUND] = { }, irqs = 0, poll_ns = 0, halts = 0, races = 0;
+	u32 epoch = 0, queues = 0, i, f;
+	char idle[sizeof(kbp_so_idle_state)];
 	unsigned long flags;
+	int cpu;
 
+	mutex_lock(&kbp_so_idle_mutex);
+	strscpy(idle, kbp_so_idle_state, sizeof(idle));
+	mutex_unlock(&kbp_so_idle_mutex);
 	down_read(&kbp_so_rwsem);
 	if (kbp_so_cur) {
 		state = READ_ONCE(kbp_so_cur->host_dead) ? "host-dead" : "attached";
@@ -1810,16 +2321,30 @@ static void kbp_so_show_head(struct seq_file *m)
 			struct kbp_so_queue *q = &kbp_so_cur->q[i];
 
 			spin_lock_irqsave(&q->lock, flags);
-			by_irq += q->done_irq;
-			polled += q->done_polled;
+			for (f = 0; f < KBP_SO_NR_FOUND; f++)
+				done[f] += q->done[f];
+			irqs += q->irqs;
 			spin_unlock_irqrestore(&q->lock, flags);
 		}
 	}
 	up_read(&kbp_so_rwsem);
-	seq_printf(m, "kbp_so state=%s epoch=%u queues=%u sockets=%u pinned_pages=%d orphan_pages=%d fallbacks=%lld host_timeout_ms=%u poll_us=%u completions_irq=%llu completions_polled=%llu\n",
+	for_each_possible_cpu(cpu) {
+		struct kbp_so_cpu *c = per_cpu_ptr(&kbp_so_cpu, cpu);
+
+		/* data_race: each CPU writes its own; a report may be one event late */
+		poll_ns += data_race(READ_ONCE(c->poll_ns));
+		halts += data_race(READ_ONCE(c->halts));	/* the same */
+		races += data_race(READ_ONCE(c->races));	/* the same */
+	}
+	seq_printf(m, "kbp_so state=%s epoch=%u queues=%u sockets=%u pinned_pages=%d orphan_pages=%d fallbacks=%lld host_timeout_ms=%u poll_us=%u idle=%s idle_poll_us=%u irqs=%llu",
 		   state, epoch, queues, kbp_so_nsocks, atomic_read(&kbp_so_pinned),
 		   atomic_read(&kbp_so_orphaned), atomic64_read(&kbp_so_fallbacks),
-		   READ_ONCE(kbp_so_host_timeout_ms), READ_ONCE(kbp_so_poll_us), by_irq, polled);
+		   READ_ONCE(kbp_so_host_timeout_ms), READ_ONCE(kbp_so_poll_us), idle,
+		   READ_ONCE(kbp_so_idle_poll_us), irqs);
+	for (f = 0; f < KBP_SO_NR_FOUND; f++)
+		seq_printf(m, " completions_%s=%llu", kbp_so_found_names[f], done[f]);
+	seq_printf(m, " idle_poll_ns=%llu idle_halts=%llu idle_races=%llu\n",
+		   poll_ns, halts, races);
 }
 
 static int kbp_so_seq_show(struct seq_file *m, void *v)
@@ -1897,8 +2422,10 @@ static struct pci_driver kbp_so_driver = {
 
 static int __init kbp_so_init(void)
 {
-	int err = proto_register(&kbp_so_prot, 1);
+	int err;
 
+	kbp_so_idle_init();
+	err = proto_register(&kbp_so_prot, 1);
 	if (err)
 		return err;
 	err = proto_register(&kbp_so_prot6, 1);

@@ -131,9 +131,11 @@ struct kbp_so_queue_ctl {
 	__u32 cq_head;		/* G: next CQE the guest will read */
 	/*
 	 * G: nonzero: raise this queue's interrupt after publishing CQEs.
-	 * Part 1 keeps it set while the vCPU has waiters; part 2 sets it only
-	 * when the vCPU is about to halt (set, full barrier, re-check cq_tail,
-	 * halt).  The host publishes cq_tail, full barrier, then reads it.
+	 * The guest composes it with atomic operations: bit 0 while a waiter
+	 * nobody polls for sleeps (without the idle path), plus 2 for every
+	 * vCPU of the queue that announced it halts (the idle path: add,
+	 * full barrier, re-check cq_tail, halt; design.md 11.11).  The host
+	 * publishes cq_tail, full barrier, then reads it.
 	 */
 	__u32 need_irq;
 	__u32 guest_pad0;

@@ -102,8 +102,10 @@ examples:
 
 Shows the devices with NAPI instances in the netns (default: this one) plus every device
 kbp serves. Column RPS: off, or the CPUs that RPS steers the device's packets to (+RFS:
-also to the receiving sockets' CPUs); "kept" when enabled with --keep-rps. --json output
-is stable (schema kbpctl-status/1, see docs/kbpctl.md).
+also to the receiving sockets' CPUs); "kept" when enabled with --keep-rps. In a guest
+with kbp_so (/proc/kbp_so), a section "socket outsourcing" gives its counters and who
+found the completions (JSON "outsource"; null without the module). --json output is stable
+(schema kbpctl-status/1, see docs/kbpctl.md).
 """
 
 APPLY_EPILOG = """\

@@ -291,6 +291,39 @@ def rt_class_lines(st: Status) -> list[Text]:
     return out
 
 
+def _share(v: object) -> str:
+    return f"{v * 100:.1f}%" if isinstance(v, (int, float)) else "-"
+
+
+def outsource_lines(st: Status) -> list[Text]:
+    """Socket outsourcing (kbp_so, /proc/kbp_so): its state, how completions are found and
+    who found them; nothing without the module. The counters under the module's names."""
+    o = st.outsource
+    if o is None:
+        return []
+    if "state" not in o:  # {"error": ...}: the file did not read or parse
+        return [Text(f"! socket outsourcing (kbp_so): {o.get('error')}", style="bold yellow")]
+    head = (f"socket outsourcing (kbp_so): state {o.get('state')}, idle "
+            f"{o.get('idle', '-')}")
+    if "idle_poll_us" in o:
+        head += f" (idle_poll_us {o['idle_poll_us']})"
+    if "poll_us" in o:
+        head += f", poll_us {o['poll_us']}"
+    derived = {"state", "idle", "idle_poll_us", "poll_us", "completions",
+               "irqs_per_completion", "share"}
+    counters = " ".join(f"{k}={v}" for k, v in o.items() if k not in derived)
+    out = [Text(head), Text(f"  {counters}")]
+    total = o.get("completions")
+    if total is not None:
+        share = o.get("share") or {}
+        who = ", ".join(f"{k} {_share(v)}" for k, v in share.items())
+        ipc = o.get("irqs_per_completion")
+        out.append(Text(f"  completions {total}: found by {who} (syscall: "
+                        f"completions_polled + completions_syscall); irqs_per_completion "
+                        f"{'-' if ipc is None else f'{ipc:.3f}'}"))
+    return out
+
+
 def status_view(st: Status) -> RenderableType:
     parts: list[RenderableType] = []
     b = st.backends
@@ -320,6 +353,7 @@ def status_view(st: Status) -> RenderableType:
     if st.polling_cpus:
         parts.append(cpu_tasks_block(st.polling_cpus))
         parts += busy_warnings(st.polling_cpus)
+    parts += outsource_lines(st)
     parts.append(freq_block(st))
     parts.append(Text("RPS: off, or the CPUs whose backlog softirq RPS hands the device's "
                       "packets to (kbpctl enable turns it off unless --keep-rps). "

@@ -515,6 +515,9 @@ class Status:
     #: the kernel's preemption model (sysinfo.PreemptModel.to_json()) and, in "notes", where
     #: it limits an RT poller of this set-up (one line each)
     preempt: dict[str, Any] | None = None
+    #: socket outsourcing, the guest module kbp_so (:func:`outsource_status`): None when
+    #: /proc/kbp_so does not exist (JSON null)
+    outsource: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -530,6 +533,7 @@ class Status:
                                                       for p in c.pollers])
                              for c in self.polling_cpus],
             "rt_class": self.rt_class,
+            "outsource": self.outsource,
         }
 
 
@@ -700,6 +704,20 @@ def preempt_notes(model: PreemptModel, cpus: Sequence[PollingCpu]) -> list[str]:
     return out
 
 
+def outsource_status(host: Host = HOST) -> dict[str, Any] | None:
+    """kbp_so's module line as ``kbpctl status`` shows it (:func:`kbp.outsource.procfile.
+    summary`); None without /proc/kbp_so (the module is not loaded: not a guest, or an older
+    set-up), ``{"error": ...}`` when the file cannot be read or parsed -- status goes on.
+    Standard library only (no pyroute2), no privilege: the file is world-readable."""
+    from kbp.outsource import procfile
+    path = host.proc / "kbp_so"
+    try:
+        mod = procfile.read(path)
+    except (OSError, procfile.ProcFormatError) as e:
+        return {"error": f"cannot read {path}: {e}"}
+    return None if mod is None else procfile.summary(mod)
+
+
 def status(netns: str | None = None, devices: Sequence[str] | None = None,
            state: StateDir | None = None, host: Host = HOST) -> Status:
     """Everything ``kbpctl status`` shows, for the devices of ``netns`` and every device kbp
@@ -743,4 +761,5 @@ def status(netns: str | None = None, devices: Sequence[str] | None = None,
     preempt = dict(model.to_json(), notes=preempt_notes(model, pcpus))
     return Status(kernel=sysinfo.kernel_release(), auto=auto, backends=infos, devices=devs,
                   pollers=pollers, cpufreq=freq, polling_cpus=pcpus,
-                  rt_class=rule.to_json() if rule else None, preempt=preempt)
+                  rt_class=rule.to_json() if rule else None, preempt=preempt,
+                  outsource=outsource_status(host))

@@ -360,6 +360,6 @@ def status() -> dict[str, Any]:
             socks.append(d)
     module = None
     if mod is not None:
-        module = {"state": mod.state, **mod.counters, **mod.extra}
+        module = {"state": mod.state, **mod.counters, **mod.text, **mod.extra}
     return {"schema": "kbpctl-outsource/1", "policy": policy, "module": module,
             "sockets": socks}

@@ -6,6 +6,11 @@ counters are used unchanged in kbpctl's output and JSON::
 
   kbp_so state=attached epoch=1 queues=2 sockets=2 pinned_pages=0 orphan_pages=0 ...
   sock ino=12345 uid=0 family=inet local=127.0.0.1:5000 remote=- requests=10 ...
+
+Newer modules add, to the module line, how completions are found (``poll_us``, ``idle``,
+``idle_poll_us``, ``irqs``, ``completions_irq|polled|syscall|idle|tick``, ``idle_poll_ns``,
+``idle_halts``, ``idle_races``); a key the module does not write is left out, not zeroed.
+:func:`summary` is what ``kbpctl status`` shows of it.
 """
 
 from __future__ import annotations
@@ -15,8 +20,21 @@ from pathlib import Path
 
 PROC_PATH = Path("/proc/kbp_so")
 STATES = ("attached", "detached", "host-dead")
+#: how completions are found: by whom (the ``completions_*`` sources, in the order
+#: :data:`SHARES` groups them), interrupts taken, and what idle vCPUs spent polling
+COMPLETION_SOURCES = ("completions_irq", "completions_polled", "completions_syscall",
+                      "completions_idle", "completions_tick")
 MODULE_COUNTERS = ("epoch", "queues", "sockets", "pinned_pages", "orphan_pages", "fallbacks",
-                   "host_timeout_ms")
+                   "host_timeout_ms", "poll_us", "idle_poll_us", "irqs", *COMPLETION_SOURCES,
+                   "idle_poll_ns", "idle_halts", "idle_races")
+#: ``idle``: ``on``, ``off`` or ``unavailable:<reason>``
+MODULE_TEXT = ("idle",)
+#: :func:`summary`'s ``share`` of the completions: who found them (syscall = the calling
+#: process polling in its own system call + another outsourced system call's sweep)
+SHARES = {"idle": ("completions_idle",),
+          "syscall": ("completions_polled", "completions_syscall"),
+          "irq": ("completions_irq",),
+          "tick": ("completions_tick",)}
 SOCK_COUNTERS = ("requests", "completions", "bytes_out", "bytes_in", "copies", "fallbacks",
                  "errors")
 SOCK_TEXT = ("family", "local", "remote")
@@ -47,9 +65,10 @@ class Module:
     counters: dict[str, int] = field(default_factory=dict)
     extra: dict[str, str] = field(default_factory=dict)
     socks: list[Sock] = field(default_factory=list)
+    text: dict[str, str] = field(default_factory=dict)  # MODULE_TEXT keys the module wrote
 
     def to_json(self) -> dict[str, object]:
-        return {"state": self.state, **self.counters, **self.extra,
+        return {"state": self.state, **self.counters, **self.text, **self.extra,
                 "socks": [s.to_json() for s in self.socks]}
 
 
@@ -90,7 +109,9 @@ def parse(text: str) -> Module:
             state = pairs.pop("state", "")
             if not state:
                 raise ProcFormatError(f"/proc/kbp_so line {lineno}: no state=")
-            mod = Module(state, _counters(pairs, MODULE_COUNTERS, lineno), pairs)
+            counters = _counters(pairs, MODULE_COUNTERS, lineno)
+            text_m = {k: pairs.pop(k) for k in MODULE_TEXT if k in pairs}
+            mod = Module(state, counters, pairs, text=text_m)
         elif kind == "sock":
             ino, uid = _int(pairs, "ino", lineno), _int(pairs, "uid", lineno)
             text_f = {k: pairs.pop(k, "-") for k in SOCK_TEXT}
@@ -111,6 +132,29 @@ def read(path: Path | None = None) -> Module | None:
     except FileNotFoundError:
         return None
     return parse(text)
+
+
+def summary(mod: Module) -> dict[str, object]:
+    """What ``kbpctl status`` shows of the module (its ``outsource`` object): ``state``, the
+    MODULE_TEXT keys and every module counter under the module's names (those it wrote), keys
+    kbpctl does not know as text, then derived:
+
+    * ``completions``: the sum of the ``completions_*`` present (None: none present, an
+      older module);
+    * ``irqs_per_completion``: irqs / completions (None: 0 completions, or either unknown);
+    * ``share``: for each of :data:`SHARES`, the fraction of ``completions`` its sources
+      found (None: 0 completions, or none of its sources present).
+    """
+    c = mod.counters
+    found = [c[k] for k in COMPLETION_SOURCES if k in c]
+    total = sum(found) if found else None
+    per_irq = c["irqs"] / total if total and "irqs" in c else None
+    share: dict[str, float | None] = {}
+    for name, keys in SHARES.items():
+        have = [c[k] for k in keys if k in c]
+        share[name] = sum(have) / total if total and have else None
+    return {"state": mod.state, **mod.text, **c, **mod.extra, "completions": total,
+            "irqs_per_completion": per_irq, "share": share}
 
 
 def socket_owners(inos: set[int], proc: Path = Path("/proc")) -> dict[int, list[tuple[int, str]]]:

@@ -481,7 +481,8 @@ def summarize_round(rnd: dict) -> list[dict]:
     """Rows per guest and mode, then "all" (every guest's runs) per mode: medians over the
     repetitions, ratios to napi of the same guest and repetition."""
     runs = rnd["runs"]
-    modes = list(dict.fromkeys(r["mode"] for r in runs))
+    modes = sorted({r["mode"] for r in runs},
+                   key=lambda m: (MODES.index(m) if m in MODES else len(MODES), m))
     base = {(r["guest"], r["rep"]): r for r in runs if r["mode"] == "napi"}
     guests = sorted({r["guest"] for r in runs})
     rows = [_row(g, m, rs, base) for g in guests for m in modes

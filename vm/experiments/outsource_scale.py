@@ -44,13 +44,20 @@ paper's RT VMs have one vCPU) the ``kbp`` mode's poller shares the one vCPU with
 server and iperf3 (with 2 it gets CPU 1, the server CPU 0). On a KVM host run it unchanged
 with ``--accel kvm``. Usage (repository root, root, a quiet machine: it is a timing run)::
 
-    /work/main/.venv/bin/python vm/experiments/outsource_scale.py --flavour 6.12-amd64 \\
+    .venv/bin/python vm/experiments/outsource_scale.py --flavour 6.12-amd64 \\
         --guests 1,2,4 --reps 3 --seconds 10 --out out/outsource-scale
-    /work/main/.venv/bin/python vm/experiments/outsource_scale.py render \\
-        out/outsource-scale/results.json
+    .venv/bin/python vm/experiments/outsource_scale.py render out/outsource-scale/results.json
 
-Each guest gets its own VM lock (``KBP_VM_LOCK``), so the rounds do not wait for each other's
-guests -- nor for other rig users: check that nothing else runs first.
+(a worktree without its own .venv and kernel cache: the main checkout's python and
+``KBP_VM_CACHE=<main>/.cache/vm``). It writes results.json, results.md (the tables) and
+per guest its sockperf logs, console log and kbp-sod's files under ``OUT/n<N>/g<i>/``.
+A guest's counters run from its server's start to the end of the step, so in the first
+step of a round they include the wait for the other guests' boots (no RT or iperf3 traffic
+then: a few timer-driven device interrupts at most).
+
+Each guest gets its own VM lock (``KBP_VM_LOCK``), so a round's guests run at once instead
+of one after the other -- and do not wait for other rig users either: check that nothing
+else runs first.
 """
 
 from __future__ import annotations
@@ -367,7 +374,10 @@ def _step(args: argparse.Namespace, booted: list[Booted], n: int, mode: str, rep
         rt_out = c[0].communicate()[0]
         if c[0].returncode:
             print(f"{mode}: sockperf failed ({c[0].returncode}): {rt_out[-300:]}", flush=True)
-        outs.append((c[0].returncode, iperf_mbps(c[1].communicate()[0]) if c[1] else None))
+        mbps = iperf_mbps(c[1].communicate()[0]) if c[1] else None
+        if c[1] and mbps is None:
+            print(f"{mode}: iperf3 failed ({c[1].returncode})", flush=True)
+        outs.append((c[0].returncode, mbps))
     cpu1 = [_cpu(b) for b in booted]
     for b in booted:
         rtt.put(b.names.xchg / f"done.{n}", "1")

@@ -127,6 +127,39 @@ def test_guest_module_attaches_and_its_sockets_are_served(flavour: str, sod_bin:
             echo.wait()
 
 
+#: kernel command lines that leave the idle path no cpuidle slot, and what kbp_so says
+IDLE_REFUSALS = {"cpuidle.off=1": "cpuidle.off", "idle=poll": "idle=-boot-option"}
+
+
+@pytest.mark.parametrize("boot_arg", sorted(IDLE_REFUSALS))
+def test_idle_path_refused_without_a_cpuidle_slot(boot_arg: str, sod_bin: Path,
+                                                  tmp_path: Path) -> None:
+    """idle=poll (the idle loop never asks cpuidle) and cpuidle.off=1 (cpuidle_register()
+    says ENODEV): writing idle_poll_us fails, /proc/kbp_so says why, and sockets are still
+    served by interrupts. One short boot each on the first KBP_SO_VM_FLAVOUR."""
+    if os.environ.get("KBP_SO_VM") != "1":
+        pytest.skip(reason="boots a VM (about 15 s under TCG): set KBP_SO_VM=1")
+    flavour = _flavours()[0]
+    cache = Path(os.environ.get("KBP_VM_CACHE", REPO / ".cache" / "vm"))
+    if flavour not in KERNEL_GLOB or not any(cache.glob(f"kernels/{KERNEL_GLOB[flavour]}")):
+        pytest.skip(reason=f"the rig has no cached {flavour} kernel in {cache}")
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip(reason="needs root and iproute2 (the VM's netns)")
+    script = GUEST_SCRIPT.relative_to(REPO)
+    with netns("kbpso-idle") as ns:
+        cmd = [sys.executable, "-m", "vm", "run", flavour, "--build", "--sod", ns,
+               "--sod-dir", str(tmp_path / "sod"), "--timeout", "300", "--memory",
+               str(GUEST_MB), "--smp", str(QUEUES), "--append", boot_arg,
+               "--env", "KBP_SO_ECHO_PORT=9", "--env", "KBP_SO_SCENARIOS=scenario_idle",
+               "--", "sh", "-c", f'insmod "$KBP_SO_KO" && python3 {script} && rmmod kbp_so '
+               "&& echo KBP-SO-UNLOADED"]
+        rc, out = _stream(cmd, {**os.environ, "KBP_VM_CACHE": str(cache)}, lambda _: None,
+                          400)
+    assert rc == 0, out[-4000:]
+    assert f"KBP-SO-IDLE-REFUSED {IDLE_REFUSALS[boot_arg]}" in out, out[-4000:]
+    assert "KBP-SO-GUEST-OK" in out and "KBP-SO-UNLOADED" in out, out[-4000:]
+
+
 def _stream(cmd: list[str], env: dict[str, str], on_line, timeout: float) -> tuple[int, str]:
     """Runs the rig, reading its console as it comes; on_line(line) for each line."""
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -110,6 +110,40 @@ def test_doorbell_interrupt_and_need_irq(guest: sc.Guest) -> None:
         assert g.irq_count(q) == 0
 
 
+def test_need_irq_is_any_nonzero_composition(guest: sc.Guest) -> None:
+    """The guest composes need_irq (kbp_so_abi.h): bit 0 for a sleeping waiter, 2 per
+    halted vCPU of the queue (the idle path). Any nonzero value interrupts, 0 never."""
+    g = guest
+    for q in range(g.nr_queues):
+        for value, irq in ((2, True), (4, True), (3, True), (0, False)):
+            before = g.counters(q)["irqs"]
+            g.set_qctl(q, "need_irq", value)
+            cqe = g.call(sc.Sqe(sc.OP["NOP"]), q)
+            assert cqe.res == 0
+            if irq:
+                g.wait_until(lambda q=q, b=before: g.counters(q)["irqs"] == b + 1,
+                             f"irq for need_irq={value}")
+                assert g.irq_count(q) == 1, value
+            else:
+                assert g.counters(q)["irqs"] == before and g.irq_count(q) == 0
+
+
+def test_a_guest_that_never_announces_does_not_stall_the_host(guest: sc.Guest) -> None:
+    """need_irq stays 0 (a guest that polls, or never halts): the host posts every
+    completion without an interrupt and goes on serving; its heartbeat keeps moving."""
+    g = guest
+    hb = g.hdr("heartbeat")
+    for q in range(g.nr_queues):
+        g.set_qctl(q, "need_irq", 0)
+        before = g.counters(q)
+        for _ in range(200):
+            assert g.call(sc.Sqe(sc.OP["NOP"]), q).res == 0
+        after = g.counters(q)
+        assert after["completions"] == before["completions"] + 200
+        assert after["irqs"] == before["irqs"] and g.irq_count(q) == 0
+    g.wait_until(lambda: g.hdr("heartbeat") >= hb + 1, "heartbeat", timeout=2)
+
+
 def test_heartbeat_moves(guest: sc.Guest) -> None:
     hb = guest.hdr("heartbeat")
     guest.wait_until(lambda: guest.hdr("heartbeat") >= hb + 2, "heartbeat", timeout=2)

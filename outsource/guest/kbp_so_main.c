@@ -1932,9 +1932,14 @@ out:
 	return index;
 }
 
+/*
+ * No .owner: cpuidle would hold a reference on this module per registered
+ * CPU, so rmmod would need idle_poll_us=0 first.  It is not needed: the
+ * driver goes, and every CPU is waited out of kbp_so_idle_enter(), in
+ * kbp_so_remove() (kbp_so_idle_detach()), before the module can.
+ */
 static struct cpuidle_driver kbp_so_idle_driver = {
 	.name = "kbp_so",
-	.owner = THIS_MODULE,
 	.states = {
 		{
 			.enter			= kbp_so_idle_enter,

@@ -127,16 +127,18 @@ def test_guest_module_attaches_and_its_sockets_are_served(flavour: str, sod_bin:
             echo.wait()
 
 
-#: kernel command lines that leave the idle path no cpuidle slot, and what kbp_so says
-IDLE_REFUSALS = {"cpuidle.off=1": "cpuidle.off", "idle=poll": "idle=-boot-option"}
+#: kernel command lines that leave the idle path no cpuidle slot, and what kbp_so says;
+#: "": a plain boot, where rmmod with the idle path on must take the driver away
+IDLE_REFUSALS = {"cpuidle.off=1": "cpuidle.off", "idle=poll": "idle=-boot-option", "": ""}
 
 
 @pytest.mark.parametrize("boot_arg", sorted(IDLE_REFUSALS))
 def test_idle_path_refused_without_a_cpuidle_slot(boot_arg: str, sod_bin: Path,
                                                   tmp_path: Path) -> None:
     """idle=poll (the idle loop never asks cpuidle) and cpuidle.off=1 (cpuidle_register()
-    says ENODEV): writing idle_poll_us fails, /proc/kbp_so says why, and sockets are still
-    served by interrupts. One short boot each on the first KBP_SO_VM_FLAVOUR."""
+    says ENODEV): writing idle_poll_us fails and /proc/kbp_so says why. On a plain boot,
+    rmmod with the idle path on unloads (cpuidle holds no reference) and the kernel's
+    default idle is back. One short boot each on the first KBP_SO_VM_FLAVOUR."""
     if os.environ.get("KBP_SO_VM") != "1":
         pytest.skip(reason="boots a VM (about 15 s under TCG): set KBP_SO_VM=1")
     flavour = _flavours()[0]
@@ -146,18 +148,25 @@ def test_idle_path_refused_without_a_cpuidle_slot(boot_arg: str, sod_bin: Path,
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip(reason="needs root and iproute2 (the VM's netns)")
     script = GUEST_SCRIPT.relative_to(REPO)
+    scenario = "scenario_idle" if boot_arg else "scenario_idle_on_for_the_end"
     with netns("kbpso-idle") as ns:
         cmd = [sys.executable, "-m", "vm", "run", flavour, "--build", "--sod", ns,
                "--sod-dir", str(tmp_path / "sod"), "--timeout", "300", "--memory",
-               str(GUEST_MB), "--smp", str(QUEUES), "--append", boot_arg,
-               "--env", "KBP_SO_ECHO_PORT=9", "--env", "KBP_SO_SCENARIOS=scenario_idle",
+               str(GUEST_MB), "--smp", str(QUEUES),
+               *(["--append", boot_arg] if boot_arg else []),
+               "--env", "KBP_SO_ECHO_PORT=9", "--env",
+               f"KBP_SO_SCENARIOS={scenario}",
                "--", "sh", "-c", f'insmod "$KBP_SO_KO" && python3 {script} && rmmod kbp_so '
-               "&& echo KBP-SO-UNLOADED"]
+               "&& echo KBP-SO-UNLOADED && echo KBP-SO-CPUIDLE-AFTER "
+               "$(cat /sys/devices/system/cpu/cpuidle/current_driver)"]
         rc, out = _stream(cmd, {**os.environ, "KBP_VM_CACHE": str(cache)}, lambda _: None,
                           400)
     assert rc == 0, out[-4000:]
-    assert f"KBP-SO-IDLE-REFUSED {IDLE_REFUSALS[boot_arg]}" in out, out[-4000:]
     assert "KBP-SO-GUEST-OK" in out and "KBP-SO-UNLOADED" in out, out[-4000:]
+    if boot_arg:
+        assert f"KBP-SO-IDLE-REFUSED {IDLE_REFUSALS[boot_arg]}" in out, out[-4000:]
+    else:
+        assert "KBP-SO-CPUIDLE-AFTER none" in out, out[-4000:]
 
 
 def _stream(cmd: list[str], env: dict[str, str], on_line, timeout: float) -> tuple[int, str]:

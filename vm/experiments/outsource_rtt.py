@@ -13,6 +13,9 @@ outsource  host client -> host loopback -> kbp-sod's host socket -> one copy int
            server's pinned pages -> completion on kbp_so's vector (docs/design.md 11)
 outsource- the same, kbp_so's callers polling their completion for ``--poll-us`` before they
 poll      ask for an interrupt (``poll_us``, design.md 11.10)
+outsource- the same, kbp_so's idle path on (``idle_poll_us`` = ``--idle-poll-us``, design.md
+idle      11.11): an idle vCPU polls every ring, then announces and halts; the host
+          interrupts only vCPUs that announced
 =========  ==================================================================================
 
 The client is ``sockperf ping-pong`` in the network namespace that holds both the tap and
@@ -54,7 +57,7 @@ HOST_IP, GUEST_IP, PREFIX = "10.77.0.1", "10.77.0.2", 24
 PORT_STACK, PORT_SO = 11111, 11112
 CGROUP = "/sys/fs/cgroup/kbp-so-rt"
 MODES = ("napi", "kbp", "outsource")
-ALL_MODES = (*MODES, "outsource-poll")
+ALL_MODES = (*MODES, "outsource-poll", "outsource-idle")
 #: the server's CPU in every mode, and kbp's poller's (its own, as in the paper)
 SERVER_CPU, POLL_CPU = "0", "1"
 PYECHO = """
@@ -133,6 +136,9 @@ def _guest_counters(virtio: str) -> dict[str, int]:
     mod = procfile.read()
     if mod is not None:
         out["so_copies"] = sum(sk.counters.get("copies", 0) for sk in mod.socks)
+        # who found the completions, the idle path's work (results.json only)
+        out.update({f"so_{k}": v for k, v in mod.counters.items()
+                    if k.startswith(("completions_", "idle_")) and k != "idle_poll_us"})
     return out
 
 
@@ -162,6 +168,8 @@ def guest(args: argparse.Namespace) -> int:
         so = mode.startswith("outsource")
         with open("/sys/module/kbp_so/parameters/poll_us", "w") as f:
             f.write(str(args.poll_us if mode == "outsource-poll" else 0))
+        with open("/sys/module/kbp_so/parameters/idle_poll_us", "w") as f:
+            f.write(str(args.idle_poll_us if mode == "outsource-idle" else 0))
         if mode == "kbp":
             sh(*kbpctl, "enable", nic, "--mode", "hybrid", "--cpus", POLL_CPU)
         ip, port = ("0.0.0.0", PORT_SO) if so else (GUEST_IP, PORT_STACK)
@@ -256,7 +264,8 @@ def host(args: argparse.Namespace) -> int:
         sh("ip", "-n", ns, "link", "set", "lo", "up")
         guest_cmd = [sys.executable, str(Path(__file__).resolve()), "guest", "--xchg",
                      str(xchg), "--plan", json.dumps(plan), "--server", args.server,
-                     "--seconds", str(args.seconds), "--poll-us", str(args.poll_us)]
+                     "--seconds", str(args.seconds), "--poll-us", str(args.poll_us),
+                     "--idle-poll-us", str(args.idle_poll_us)]
         argv = [sys.executable, "-m", "vm", "run", args.flavour, "--build", "--sod", ns,
                 "--sod-tap", TAP, "--sod-dir", str(out / "sod"), "--out", str(xchg),
                 "--memory", "1024", "--accel", args.accel, "--timeout",
@@ -370,12 +379,15 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--server", default="sockperf")
     g.add_argument("--seconds", type=int, default=10)
     g.add_argument("--poll-us", type=int, default=0)
+    g.add_argument("--idle-poll-us", type=int, default=0)
     for q in (p,):
         q.add_argument("--flavour", default="6.12-amd64")
         q.add_argument("--modes", default=",".join(MODES),
                        help=f"some of {','.join(ALL_MODES)} (default %(default)s)")
         q.add_argument("--poll-us", type=int, default=200,
                        help="kbp_so's poll_us in outsource-poll (default %(default)s)")
+        q.add_argument("--idle-poll-us", type=int, default=2000,
+                       help="kbp_so's idle_poll_us in outsource-idle (default %(default)s)")
         q.add_argument("--reps", type=int, default=3)
         q.add_argument("--seconds", type=int, default=10)
         q.add_argument("--mps", type=int, default=1000, help="requests per second")

@@ -2053,6 +2053,12 @@ static void kbp_so_idle_stop(struct kbp_so_dev *dev)
 		wake_up_all_idle_cpus();
 		usleep_range(100, 200);
 	}
+	/*
+	 * A CPU that just cleared in_idle still runs the last instructions of
+	 * kbp_so_idle_enter(), with interrupts off and RCU watching: one more
+	 * grace period and it has returned to the cpuidle core.
+	 */
+	synchronize_rcu();
 	for_each_possible_cpu(cpu)
 		hrtimer_cancel(&per_cpu(kbp_so_cpu, cpu).sweep);
 	strscpy(kbp_so_idle_state, "off", sizeof(kbp_so_idle_state));

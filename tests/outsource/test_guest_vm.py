@@ -237,6 +237,7 @@ def _run_guest(flavour: str, sod_bin: Path, tmp_path: Path, cache: Path, ns: str
                "--smp", str(QUEUES), "--env", f"KBP_SO_ECHO_PORT={echo_port}",
                "--env", f"KBP_SO_HOST_RMEM_MAX={rmem_max}",
                "--env", f"KBP_SO_RESTART={int(restart)}", "--env", "KBP_SO_POLICY_FAMILIES=inet6",
+               "--env", f"KBP_SO_LIGHT={int(light)}",
                *(["--append", APPEND[flavour]] if flavour in APPEND else []),
                "--", "sh", "-c",
                # the policy without kbp_so (a redirected socket() fails: the proof), then

@@ -2314,7 +2314,7 @@ static void kbp_so_show_addr(struct seq_file *m, const char *name,
 static void kbp_so_show_head(struct seq_file *m)
 {
 	const char *state = "detached";
-	u64 done[KBP_SO_NR_FOUND] = { }, irqs = 0, poll_ns = 0, halts = 0, races = 0;
+	u64 done[KBP_SO_NR_FOUND] = { }, irqs = 0, sent = 0, poll_ns = 0, halts = 0, races = 0;
 	u32 epoch = 0, queues = 0, i, f;
 	char idle[sizeof(kbp_so_idle_state)];
 	unsigned long flags;
@@ -2336,6 +2336,8 @@ static void kbp_so_show_head(struct seq_file *m)
 				done[f] += q->done[f];
 			irqs += q->irqs;
 			spin_unlock_irqrestore(&q->lock, flags);
+			/* the host's own count of the interrupts it raised (since its reset) */
+			sent += READ_ONCE(q->ctl->irqs);
 		}
 	}
 	up_read(&kbp_so_rwsem);
@@ -2347,11 +2349,11 @@ static void kbp_so_show_head(struct seq_file *m)
 		halts += data_race(READ_ONCE(c->halts));	/* the same */
 		races += data_race(READ_ONCE(c->races));	/* the same */
 	}
-	seq_printf(m, "kbp_so state=%s epoch=%u queues=%u sockets=%u pinned_pages=%d orphan_pages=%d fallbacks=%lld host_timeout_ms=%u poll_us=%u idle=%s idle_poll_us=%u irqs=%llu",
+	seq_printf(m, "kbp_so state=%s epoch=%u queues=%u sockets=%u pinned_pages=%d orphan_pages=%d fallbacks=%lld host_timeout_ms=%u poll_us=%u idle=%s idle_poll_us=%u irqs=%llu irqs_sent=%llu",
 		   state, epoch, queues, kbp_so_nsocks, atomic_read(&kbp_so_pinned),
 		   atomic_read(&kbp_so_orphaned), atomic64_read(&kbp_so_fallbacks),
 		   READ_ONCE(kbp_so_host_timeout_ms), READ_ONCE(kbp_so_poll_us), idle,
-		   READ_ONCE(kbp_so_idle_poll_us), irqs);
+		   READ_ONCE(kbp_so_idle_poll_us), irqs, sent);
 	for (f = 0; f < KBP_SO_NR_FOUND; f++)
 		seq_printf(m, " completions_%s=%llu", kbp_so_found_names[f], done[f]);
 	seq_printf(m, " idle_poll_ns=%llu idle_halts=%llu idle_races=%llu\n",

@@ -602,6 +602,11 @@ def scenario_poll_us(s: socket.socket, st: Stats) -> None:
 IDLE_DRIVER = "/sys/devices/system/cpu/cpuidle/current_driver"
 
 
+def kbpctl_idle(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["python3", "-m", "kbp.cli", "outsource", "idle", *args],
+                          capture_output=True, text=True, check=False)
+
+
 def set_idle_poll_us(us: int) -> None:
     with open(f"{PARAMS}/idle_poll_us", "w") as f:
         f.write(str(us))
@@ -672,12 +677,17 @@ def scenario_idle(s: socket.socket, st: Stats) -> None:
                      set_idle_poll_us, 200)
         head = proc()[0]
         assert head["idle"] == f"unavailable:{refused}" and head["idle_poll_us"] == "0", head
+        # the operator's command says why, in words, and fails
+        r = kbpctl_idle("--poll-us", "200")
+        assert r.returncode == 1 and "kbp_so refused idle_poll_us=200" in r.stderr, r
+        assert ("idle=" if refused.startswith("idle=") else "cpuidle.off=1") in r.stderr, r
         print(f"KBP-SO-IDLE-REFUSED {refused}", flush=True)
         return
     before_driver = cpuidle_driver()
     assert before_driver in ("none", ""), f"another cpuidle driver holds the slot: {before_driver}"
     s.settimeout(2.0)
-    set_idle_poll_us(2000)
+    r = kbpctl_idle("--poll-us", "2000")
+    assert r.returncode == 0 and "idle path on" in r.stdout, r
     try:
         assert cpuidle_driver() == "kbp_so", cpuidle_driver()
         assert proc()[0]["idle"] == "on", proc()[0]

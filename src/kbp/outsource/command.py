@@ -44,6 +44,26 @@ undo:
 """
 
 
+IDLE_EPILOG = """\
+what it does (docs/design.md 11.11):
+  kbp_so becomes the guest's cpuidle driver. An idle vCPU polls every completion ring for
+  --poll-us, waking the receivers it finds; then it announces in shared memory that it
+  halts, looks once more, and halts. kbp-sod interrupts only vCPUs that announced, so an
+  idle RT server takes no interrupt per message while the window covers the gap between
+  messages. A busy vCPU finds completions at its next outsourced call or in a sweep that
+  rides its tick (two ticks at most). The cost: polling is CPU time the host pays.
+
+examples:
+  kbpctl outsource idle                   show it (idle=on|off|unavailable:<why>)
+  kbpctl outsource idle --poll-us 2000    on: poll up to 2 ms (1..2000)
+  kbpctl outsource idle --off             off: every sleeping waiter asks for its interrupt
+
+refused, with the reason: kbp_so not loaded or without a device; the kernel booted with
+  idle= or cpuidle.off=1; another cpuidle driver holds the slot (kbp_so does not take it);
+  a kbp-sod that does not honour need_irq. Counters: kbpctl status (completions_idle, ...).
+"""
+
+
 def add_parser(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     o = sub.add_parser("outsource", help="which UDP sockets kbp_so serves (BPF policy)",
                        description="Choose, by cgroup, the UDP sockets kbp_so outsources "
@@ -68,6 +88,14 @@ def add_parser(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     t.add_argument("--json", action="store_true",
                    help="machine-readable (schema kbpctl-outsource/1)")
     t.set_defaults(func=cmd_status)
+    i = osub.add_parser("idle", help="kbp_so's idle path: idle vCPUs poll, the host "
+                                     "interrupts only halted ones",
+                        epilog=IDLE_EPILOG, formatter_class=fmt)
+    g = i.add_mutually_exclusive_group()
+    g.add_argument("--poll-us", type=int, metavar="US",
+                   help="turn it on: idle vCPUs poll up to US microseconds (1..2000)")
+    g.add_argument("--off", action="store_true", help="turn it off (the module's default)")
+    i.set_defaults(func=cmd_idle)
 
 
 def _out(text: str) -> None:
@@ -104,6 +132,23 @@ def cmd_status(args: argparse.Namespace) -> int:
         _out(json.dumps(st, indent=2))
         return EXIT_OK
     _out("\n".join(status_lines(st)))
+    return EXIT_OK
+
+
+def cmd_idle(args: argparse.Namespace) -> int:
+    from kbp.outsource import idle
+    if args.poll_us is not None and args.poll_us <= 0:
+        from kbp.errors import InvalidInput
+        raise InvalidInput(f"--poll-us {args.poll_us}: 1..{idle.MAX_US} (--off turns it off)")
+    if args.off or args.poll_us is not None:
+        st = idle.set_idle(0 if args.off else args.poll_us)
+    else:
+        st = idle.current()
+    if st["idle"] == "on":
+        _out(f"idle path on: idle vCPUs poll kbp_so's rings up to {st['idle_poll_us']} µs, "
+             "then announce and halt (cpuidle driver kbp_so)")
+    else:
+        _out(f"idle path {st['idle']}: every sleeping waiter asks kbp-sod for its interrupt")
     return EXIT_OK
 
 

@@ -25,7 +25,8 @@ STATES = ("attached", "detached", "host-dead")
 COMPLETION_SOURCES = ("completions_irq", "completions_polled", "completions_syscall",
                       "completions_idle", "completions_tick")
 MODULE_COUNTERS = ("epoch", "queues", "sockets", "pinned_pages", "orphan_pages", "fallbacks",
-                   "host_timeout_ms", "poll_us", "idle_poll_us", "irqs", *COMPLETION_SOURCES,
+                   "host_timeout_ms", "poll_us", "idle_poll_us", "irqs", "irqs_sent",
+                   *COMPLETION_SOURCES,
                    "idle_poll_ns", "idle_halts", "idle_races")
 #: ``idle``: ``on``, ``off`` or ``unavailable:<reason>``
 MODULE_TEXT = ("idle",)

@@ -149,9 +149,33 @@ def test_idle_path_refused_without_a_cpuidle_slot(boot_arg: str, sod_bin: Path,
         pytest.skip(reason="needs root and iproute2 (the VM's netns)")
     script = GUEST_SCRIPT.relative_to(REPO)
     scenario = "scenario_idle" if boot_arg else "scenario_idle_on_for_the_end"
+    for attempt in (1, 2):
+        rc, out = _idle_boot(flavour, boot_arg, scenario, script, cache, tmp_path / f"sod{attempt}")
+        if not _died_booting(rc, out):
+            break
+        print(f"the guest kernel died while booting, before the command started (attempt "
+              f"{attempt}; a TCG hazard, vm/README.md): {out[-1500:]}")
+    assert rc == 0, out[-4000:]
+    assert "KBP-SO-GUEST-OK" in out and "KBP-SO-UNLOADED" in out, out[-4000:]
+    if boot_arg:
+        assert f"KBP-SO-IDLE-REFUSED {IDLE_REFUSALS[boot_arg]}" in out, out[-4000:]
+    else:
+        assert "KBP-SO-CPUIDLE-AFTER none" in out, out[-4000:]
+
+
+def _died_booting(rc: int, out: str) -> bool:
+    """The rig's exit 125 for a guest kernel that panicked before the command started
+    (no KBP-VM-START; "boot -"): under TCG a stale int3 of the kernel's own boot-time text
+    patching does that now and then (vm/README.md, "The guest's clock"). No module of ours
+    was loaded, so the boot says nothing about the test: it may run once more."""
+    return rc == 125 and "KBP-VM-START" not in out and "(boot -," in out
+
+
+def _idle_boot(flavour: str, boot_arg: str, scenario: str, script: Path, cache: Path,
+               sod_dir: Path) -> tuple[int, str]:
     with netns("kbpso-idle") as ns:
         cmd = [sys.executable, "-m", "vm", "run", flavour, "--build", "--sod", ns,
-               "--sod-dir", str(tmp_path / "sod"), "--timeout", "300", "--memory",
+               "--sod-dir", str(sod_dir), "--timeout", "300", "--memory",
                str(GUEST_MB), "--smp", str(QUEUES),
                *(["--append", boot_arg] if boot_arg else []),
                "--env", "KBP_SO_ECHO_PORT=9", "--env",
@@ -159,14 +183,7 @@ def test_idle_path_refused_without_a_cpuidle_slot(boot_arg: str, sod_bin: Path,
                "--", "sh", "-c", f'insmod "$KBP_SO_KO" && python3 {script} && rmmod kbp_so '
                "&& echo KBP-SO-UNLOADED && echo KBP-SO-CPUIDLE-AFTER "
                "$(cat /sys/devices/system/cpu/cpuidle/current_driver)"]
-        rc, out = _stream(cmd, {**os.environ, "KBP_VM_CACHE": str(cache)}, lambda _: None,
-                          400)
-    assert rc == 0, out[-4000:]
-    assert "KBP-SO-GUEST-OK" in out and "KBP-SO-UNLOADED" in out, out[-4000:]
-    if boot_arg:
-        assert f"KBP-SO-IDLE-REFUSED {IDLE_REFUSALS[boot_arg]}" in out, out[-4000:]
-    else:
-        assert "KBP-SO-CPUIDLE-AFTER none" in out, out[-4000:]
+        return _stream(cmd, {**os.environ, "KBP_VM_CACHE": str(cache)}, lambda _: None, 400)
 
 
 def _stream(cmd: list[str], env: dict[str, str], on_line, timeout: float) -> tuple[int, str]:
@@ -313,3 +330,16 @@ def _echo_line(out: str) -> str:
     """guest_echo.py's KBP-SO-ECHO-TOTAL: what its outsourced sockets moved (copies,
     bytes), for the daemon's counters, which hold all of the boot's traffic."""
     return out.split("KBP-SO-ECHO-TOTAL ", 1)[1].splitlines()[0]
+
+
+def test_a_boot_that_died_before_the_command_is_told_apart() -> None:
+    """Only a guest that died before its command started is booted once more: the rig's
+    own words of the 2026-11-27 14:3x CI run (an int3 Oops at 1.2 s, no module loaded)."""
+    died = ("kbp-vm: warning: kernel splat (Oops) at 2.2 s: [    1.178786] Oops: int3: 0000\n"
+            "kbp-vm: 6.12.117+deb12-amd64: the guest kernel panicked (see the console) "
+            "(boot -, total 2.2 s, exit 125)\n")
+    assert _died_booting(125, died)
+    assert not _died_booting(1, died)
+    ran = ("KBP-VM-START 4e5f3b3f0099ea09 3.15\nkbp-vm: 6.12.117+deb12-amd64: the guest "
+           "kernel panicked (see the console) (boot 4.1 s, total 9.0 s, exit 125)\n")
+    assert not _died_booting(125, ran)

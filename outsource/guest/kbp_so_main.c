@@ -507,18 +507,25 @@ static irqreturn_t kbp_so_irq(int irq, void *data)
 	return IRQ_HANDLED;
 }
 
-/* Reaps every queue that has new completions (a lock-free hint first). */
+/*
+ * @q has completions nobody consumed yet: a hint without the lock.  cq_head
+ * only grows under it, so a stale one says "new"; kbp_so_reap() reads both
+ * again under the lock.
+ */
+static bool kbp_so_has_new(struct kbp_so_queue *q)
+{
+	/* data_race: the hint above; the lock's holder decides */
+	return READ_ONCE(q->ctl->cq_tail) != data_race(q->cq_head);
+}
+
+/* Reaps every queue that has new completions. */
 static void kbp_so_sweep(struct kbp_so_dev *dev, enum kbp_so_found by)
 {
 	u32 i;
 
-	for (i = 0; i < dev->nr_used; i++) {
-		struct kbp_so_queue *q = &dev->q[i];
-
-		/* data_race: a hint without the lock; kbp_so_reap() reads it under it */
-		if (READ_ONCE(q->ctl->cq_tail) != data_race(q->cq_head))
-			kbp_so_reap(dev, q, by);
-	}
+	for (i = 0; i < dev->nr_used; i++)
+		if (kbp_so_has_new(&dev->q[i]))
+			kbp_so_reap(dev, &dev->q[i], by);
 }
 
 /*
@@ -614,8 +621,7 @@ static void kbp_so_poll_wait(struct kbp_so_dev *dev, struct kbp_so_queue *q,
 	unsigned long flags;
 
 	while (!completion_done(&req->done)) {
-		/* a hint without the lock: kbp_so_reap() reads it again */
-		if (READ_ONCE(q->ctl->cq_tail) != data_race(q->cq_head)) {
+		if (kbp_so_has_new(q)) {
 			kbp_so_reap(dev, q, KBP_SO_BY_POLL);
 			continue;
 		}
@@ -1807,9 +1813,7 @@ static bool kbp_so_pending(struct kbp_so_dev *dev)
 	u32 i;
 
 	for (i = 0; i < dev->nr_used; i++)
-		/* data_race: cq_head only grows under the lock; a stale one says "pending" */
-		if (READ_ONCE(dev->q[i].ctl->cq_tail) != data_race(dev->q[i].cq_head) &&
-		    !test_bit(0, &dev->q[i].idle_kick))
+		if (kbp_so_has_new(&dev->q[i]) && !test_bit(0, &dev->q[i].idle_kick))
 			return true;
 	return false;
 }
@@ -1831,9 +1835,7 @@ static void kbp_so_idle_sweep(struct kbp_so_dev *dev)
 	for (i = 0; i < dev->nr_used; i++) {
 		struct kbp_so_queue *q = &dev->q[i];
 
-		/* data_race: a hint; the woken thread reaps under the lock */
-		if (READ_ONCE(q->ctl->cq_tail) != data_race(q->cq_head) &&
-		    !test_and_set_bit(0, &q->idle_kick))
+		if (kbp_so_has_new(q) && !test_and_set_bit(0, &q->idle_kick))
 			irq_wake_thread(q->irq, q);
 	}
 }
@@ -1854,6 +1856,18 @@ static enum hrtimer_restart kbp_so_sweep_fn(struct hrtimer *t)
 		return HRTIMER_NORESTART;
 	hrtimer_forward_now(t, ns_to_ktime(TICK_NSEC));
 	return HRTIMER_RESTART;
+}
+
+/*
+ * Halts until an interrupt, RCU stopped around the halt only (as
+ * default_idle_call() does).  Interrupts off before and after.
+ */
+static __always_inline void kbp_so_halt(void)
+{
+	ct_cpuidle_enter();
+	raw_safe_halt();
+	raw_local_irq_disable();
+	ct_cpuidle_exit();
 }
 
 /*
@@ -1912,19 +1926,13 @@ static int __cpuidle kbp_so_idle_enter(struct cpuidle_device *cdev,
 	c->halts++;
 	/* a halted CPU needs no tick-aligned sweep: the host interrupts it */
 	parked = hrtimer_try_to_cancel(&c->sweep) == 1;
-	ct_cpuidle_enter();
-	raw_safe_halt();
-	raw_local_irq_disable();
-	ct_cpuidle_exit();
+	kbp_so_halt();
 	atomic_sub(KBP_SO_NEED_HALTED, kbp_so_need(q));
 	if (parked && kbp_so_waiting(dev))
 		kbp_so_sweep_arm();
 	goto out;
 halt:
-	ct_cpuidle_enter();
-	raw_safe_halt();
-	raw_local_irq_disable();
-	ct_cpuidle_exit();
+	kbp_so_halt();
 out:
 	/* release: kbp_so_idle_stop() may free what this used once it reads false */
 	smp_store_release(&c->in_idle, false);

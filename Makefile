@@ -13,6 +13,11 @@
 #                    build of kbp.ko and kbp_so.ko for 7.2 and Debian 13's 6.12 and 6.12-rt
 #                    (why: vm/README.md, "Which flavours run what")
 #   make test-vm-all the whole in-guest suite on every flavour (before a release; ~2.5 h)
+#   make stress      kbp.ko's stress test (vm/guest_tests/test_stress.py: resets of every
+#                    port at once, channel changes, reclassification, attach/detach, rmmod,
+#                    under traffic) for STRESS_MINUTES on each rig kernel with SLUB debugging,
+#                    and a table of events, frames lost, splats (python3 -m vm.stress).
+#                    make test runs its short form: one minute, on 6.12
 #   make module      build kbp.ko against the headers of KDIR (default: running kernel)
 #   make deb         the Debian packages kbp-dkms and kbpctl in out/deb/ (packaging/deb.sh:
 #                    installs its build dependencies, runs lintian; docs/packaging.md)
@@ -27,6 +32,11 @@ PY      := .venv/bin/python
 # fresh clone on a 2-core machine; vm/README.md ("Which flavours run what") has the times.
 DEBUG_FLAVOUR ?= 6.12-amd64
 DEBUG_APPEND  ?= slub_debug=FZPU
+# the 6.12 run also gets a multi-queue virtio-net NIC on a tap (vm/mqnic.py: root): where
+# the module's NAPI numbering meets a real multi-queue driver
+DEBUG_RIG     ?= --mq-nic
+STRESS_MINUTES ?= 30
+STRESS_FLAVOURS ?= 6.12-amd64 6.1-amd64 6.12-rt-amd64 7.2-amd64 7.2-rt-amd64
 VM_TIMEOUT ?= 2700
 SMOKE_FLAVOURS ?= 6.1-amd64 7.2-rt-amd64
 RT_ONLY_FLAVOURS ?= 6.12-rt-amd64
@@ -45,7 +55,7 @@ OUTSOURCE_RESTART ?= 6.12-rt-amd64
 ALL_FLAVOURS ?= 6.12-amd64 6.12-rt-amd64 6.1-amd64 7.2-amd64 7.2-rt-amd64 \
 		deb13-6.12-amd64 deb13-6.12-rt-amd64
 
-.PHONY: all setup lint test test-host test-vm test-vm-all demo module deb clean
+.PHONY: all setup lint test test-host test-vm test-vm-all stress demo module deb clean
 
 all: test
 
@@ -65,7 +75,7 @@ test-host: setup
 test-vm: setup deb
 	@rc=0; \
 	$(PY) -m vm test $(DEBUG_FLAVOUR) --append "$(DEBUG_APPEND)" --timeout $(VM_TIMEOUT) \
-		-- -m "not long" || rc=1; \
+		$(DEBUG_RIG) -- -m "not long" || rc=1; \
 	$(PY) -m vm test $(SMOKE_FLAVOURS) -- -m smoke || rc=1; \
 	$(PY) -m vm test $(RT_ONLY_FLAVOURS) -- -m rt || rc=1; \
 	KBP_SO_VM=1 KBP_SO_VM_FLAVOUR=$(OUTSOURCE_FLAVOURS) \
@@ -79,6 +89,9 @@ test-vm: setup deb
 
 test-vm-all: setup
 	$(PY) -m vm test $(ALL_FLAVOURS) --timeout $(VM_TIMEOUT)
+
+stress: setup
+	$(PY) -m vm.stress --minutes $(STRESS_MINUTES) $(STRESS_FLAVOURS)
 
 test: lint test-host test-vm
 

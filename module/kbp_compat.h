@@ -349,7 +349,10 @@ static inline void kbp_cond_resched(void)
 
 /*
  * Tell a netlink caller what is wrong: the formatted text where the kernel
- * has formatted extack messages (6.2+), @summary before that.
+ * has formatted extack messages (6.2+) and it fits their NETLINK_MAX_FMTMSG_LEN
+ * (80) bytes, else @summary (a static string of any length: kbpctl says
+ * the rest, and the log line has the whole text).  Never a message cut off
+ * in the middle.
  */
 static inline void kbp_tell_msg(struct netlink_ext_ack *extack,
 				const char *summary, const char *msg)
@@ -357,12 +360,14 @@ static inline void kbp_tell_msg(struct netlink_ext_ack *extack,
 	if (!extack)
 		return;
 #ifdef NL_SET_ERR_MSG_FMT_MOD
-	/* what NL_SET_ERR_MSG_FMT_MOD() does, truncating without a warning */
-	snprintf(extack->_msg_buf, NETLINK_MAX_FMTMSG_LEN, "kbp: %s", msg);
-	extack->_msg = extack->_msg_buf;
-#else
-	extack->_msg = summary;
+	/* what NL_SET_ERR_MSG_FMT_MOD() does */
+	if (snprintf(extack->_msg_buf, NETLINK_MAX_FMTMSG_LEN, "kbp: %s",
+		     msg) < NETLINK_MAX_FMTMSG_LEN) {
+		extack->_msg = extack->_msg_buf;
+		return;
+	}
 #endif
+	extack->_msg = summary;
 }
 
 static inline __printf(4, 0)
@@ -372,8 +377,8 @@ void kbp_vtell(struct netlink_ext_ack *extack, bool log, const char *summary,
 	char msg[128];
 
 	vsnprintf(msg, sizeof(msg), fmt, args);
-	if (log)
-		pr_info("kbp: refused: %s\n", msg);
+	if (log)	/* the reconcile work may meet the same refusal every period */
+		pr_info_ratelimited("kbp: refused: %s\n", msg);
 	kbp_tell_msg(extack, summary, msg);
 }
 

@@ -1,10 +1,14 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * kbp freq_ctl: EE-KBP's CPU-frequency control (ee-kbp Sect. 4.2,
- * Algorithm 1 lines 2 and 13).  A hybrid poller with freq_ctl on sets its
- * CPU to the policy's minimum frequency just before it sleeps and to the
- * policy's maximum when it wakes, and puts back the frequency it found when
- * freq_ctl is turned off or the poller stops.
+ * Algorithm 1 lines 2 and 13), per CPU.  With freq_ctl on for a CPU's rt
+ * pollers, the CPU goes to its policy's minimum frequency when the last of
+ * kbp's poller threads on it goes to sleep, and to the maximum when the
+ * first wakes; the frequency kbp found comes back when freq_ctl is turned
+ * off or the CPU's last poller stops.  With one poller per CPU that is the
+ * paper's algorithm; with several (one per device, and the non-rt class's
+ * kbpn/<cpu> beside kbp/<cpu>) no poller lowers the CPU another one is
+ * polling on.
  *
  * Mechanism.  As in the paper, the CPU is governed by the "userspace"
  * governor, and kbp goes through that governor's own setspeed: exactly what a
@@ -12,25 +16,41 @@
  * governor->store_setspeed()), so the governor's idea of the speed stays
  * true and the limits in scaling_min_freq/scaling_max_freq are honoured.
  * Any other governor owns the frequency: freq_ctl is refused at configure
- * time, and if the governor changes later the poller leaves the frequency
- * alone (store_setspeed is NULL) and forgets what it saved.
+ * time, and if the governor changes later the pollers leave the frequency
+ * alone (store_setspeed is NULL) and forget what they saved.
  *
- * Locking.  Only the poller thread calls the three functions below, in
- * process context with no lock held and bh enabled: cpufreq may sleep
- * (policy->rwsem, the userspace governor's mutex, the driver's transition).
- * On the wake and sleep paths the rwsem is only tried: a sysfs reader of the
- * policy must not stall the data path; a failed raise is retried on the
- * next pass, a failed lowering is simply skipped.  Restoring at the end
- * blocks, so the operator's frequency always comes back.  The thread holds
- * no reference to the policy between calls (a held policy would block the
- * cpufreq driver's unregistration).  Validation (kbp_freq_check) runs under
- * rtnl and kbp_lock and takes policy->rwsem for reading: order rtnl ->
- * kbp_lock -> policy->rwsem; cpufreq never takes rtnl or kbp_lock.
+ * Locking.  struct kbp_cpufreq's @lock (a mutex per CPU) orders kbp's own
+ * changes of the CPU's frequency and guards @saved and @low; the poller
+ * threads take it in process context with nothing else held and bh enabled:
+ * cpufreq may sleep (policy->rwsem, the userspace governor's mutex, the
+ * driver's transition).  On the wake and sleep paths it and the rwsem are
+ * only tried: a sysfs reader of the policy must not stall the data path; a
+ * failed raise is retried on the next pass, a failed lowering is skipped.
+ * The restore when the CPU's last poller goes blocks (the reaper, under
+ * kbp_lock), so the operator's frequency always comes back.  No reference
+ * to the policy is held between calls (a held policy would block the cpufreq
+ * driver's unregistration).  Validation (kbp_freq_check) runs under rtnl and
+ * kbp_lock and takes policy->rwsem for reading: order rtnl -> kbp_lock ->
+ * kbp_cpufreq.lock -> policy->rwsem; cpufreq never takes the others.
+ * @ctl and @pollers are written under kbp_lock; @awake is an atomic count
+ * the threads keep.
  */
 #include <linux/cpufreq.h>
+#include <linux/slab.h>
 
 #include "kbp_priv.h"
 #include "kbp_compat.h"
+
+struct kbp_cpufreq {
+	struct mutex lock;	/* see the top */
+	unsigned int saved;	/* kHz before kbp's first change; 0: untouched */
+	bool low;		/* lowered for a sleep, not raised since */
+	bool ctl;		/* the CPU's rt pollers run freq_ctl (kbp_lock) */
+	atomic_t awake;		/* poller threads of the CPU not asleep */
+	unsigned int pollers;	/* pollers on the CPU (kbp_lock) */
+};
+
+static struct kbp_cpufreq *kbp_cpufreq;	/* [nr_cpu_ids] */
 
 enum kbp_freq_target { KBP_FREQ_MIN, KBP_FREQ_MAX, KBP_FREQ_SAVED };
 
@@ -40,14 +60,18 @@ static bool kbp_freq_settable(struct cpufreq_policy *pol)
 	return pol->governor && pol->governor->store_setspeed;
 }
 
-/* Set @cpu's frequency through the userspace governor; false if not done. */
-static bool kbp_freq_set(struct kbp_poller *p, struct kbp_freq *f,
+/*
+ * Set @cpu's frequency through the userspace governor; false if not done.
+ * @c->lock held.  The change counts in @p's freq_changes (none for NULL).
+ */
+static bool kbp_freq_set(struct kbp_poller *p, int cpu, struct kbp_cpufreq *c,
 			 enum kbp_freq_target to, bool block)
 {
-	struct cpufreq_policy *pol = cpufreq_cpu_get(p->cpu);
+	struct cpufreq_policy *pol = cpufreq_cpu_get(cpu);
 	unsigned int khz;
 	bool done = false;
 
+	lockdep_assert_held(&c->lock);
 	if (!pol)
 		return false;
 	if (block)
@@ -56,23 +80,25 @@ static bool kbp_freq_set(struct kbp_poller *p, struct kbp_freq *f,
 		goto out;
 
 	if (policy_is_inactive(pol) || !kbp_freq_settable(pol)) {
-		f->saved = 0;		/* not ours to restore any more */
-		f->low = false;
+		c->saved = 0;		/* not ours to restore any more */
+		WRITE_ONCE(c->low, false);
 		goto unlock;
 	}
-	if (!f->saved)
-		f->saved = pol->cur;
+	if (!c->saved)
+		WRITE_ONCE(c->saved, pol->cur);
 	khz = to == KBP_FREQ_MIN ? pol->min :
-	      to == KBP_FREQ_MAX ? pol->max : f->saved;
+	      to == KBP_FREQ_MAX ? pol->max : c->saved;
 	if (pol->cur == khz) {
 		done = true;
 		goto unlock;
 	}
 	if (pol->governor->store_setspeed(pol, khz) == 0) {
 		done = true;
-		u64_stats_update_begin(&p->syncp);
-		u64_stats_inc(&p->freq_changes);
-		u64_stats_update_end(&p->syncp);
+		if (p) {
+			u64_stats_update_begin(&p->syncp);
+			u64_stats_inc(&p->freq_changes);
+			u64_stats_update_end(&p->syncp);
+		}
 	}
 unlock:
 	up_write(&pol->rwsem);
@@ -81,42 +107,140 @@ out:
 	return done;
 }
 
-/* About to sleep (Algorithm 1 line 13): lower the frequency. */
-void kbp_freq_sleep(struct kbp_poller *p, struct kbp_freq *f)
+/* Put back the frequency kbp found; @c->lock held. */
+static void kbp_freq_put_back(struct kbp_poller *p, int cpu,
+			      struct kbp_cpufreq *c, bool block)
 {
-	if (!READ_ONCE(p->freq_ctl) || f->low)
-		return;
-	if (kbp_freq_set(p, f, KBP_FREQ_MIN, false))
-		f->low = true;
+	if (c->saved && kbp_freq_set(p, cpu, c, KBP_FREQ_SAVED, block)) {
+		WRITE_ONCE(c->saved, 0);
+		WRITE_ONCE(c->low, false);
+	}
+}
+
+int kbp_freq_init(void)
+{
+	unsigned int cpu;
+
+	kbp_cpufreq = kcalloc(nr_cpu_ids, sizeof(*kbp_cpufreq), GFP_KERNEL);
+	if (!kbp_cpufreq)
+		return -ENOMEM;
+	for (cpu = 0; cpu < nr_cpu_ids; cpu++) {
+		mutex_init(&kbp_cpufreq[cpu].lock);
+		atomic_set(&kbp_cpufreq[cpu].awake, 0);
+	}
+	return 0;
+}
+
+/* Module exit, every poller thread gone: whatever kbp changed goes back. */
+void kbp_freq_exit(void)
+{
+	unsigned int cpu;
+
+	for (cpu = 0; cpu < nr_cpu_ids; cpu++) {
+		struct kbp_cpufreq *c = &kbp_cpufreq[cpu];
+
+		mutex_lock(&c->lock);
+		kbp_freq_put_back(NULL, cpu, c, true);
+		mutex_unlock(&c->lock);
+	}
+	kfree(kbp_cpufreq);
 }
 
 /*
- * At the top of every pass (Algorithm 1 line 2 after a wakeup): raise the
- * frequency if we lowered it, or restore the saved one if freq_ctl was
- * turned off.  Nothing to do, and nothing touched, in the common case.
+ * freq_ctl of @cpu's rt pollers (kbp_lock held).  The pollers act on it at
+ * their next pass (kbp_poller_apply() wakes them).
  */
-void kbp_freq_wake(struct kbp_poller *p, struct kbp_freq *f)
+void kbp_freq_set_ctl(int cpu, bool on)
 {
-	if (likely(!f->low && !f->saved))
-		return;
-	if (!READ_ONCE(p->freq_ctl) || READ_ONCE(p->ops)->no_freq_ctl) {
-		if (kbp_freq_set(p, f, KBP_FREQ_SAVED, false)) {
-			f->saved = 0;
-			f->low = false;
-		}
-		return;
-	}
-	if (f->low && kbp_freq_set(p, f, KBP_FREQ_MAX, false))
-		f->low = false;
+	WRITE_ONCE(kbp_cpufreq[cpu].ctl, on);
 }
 
-/* The poller is stopping: give the CPU back the frequency it had. */
-void kbp_freq_restore(struct kbp_poller *p, struct kbp_freq *f)
+void kbp_freq_poller_add(int cpu)
 {
-	if (f->saved)
-		kbp_freq_set(p, f, KBP_FREQ_SAVED, true);
-	f->saved = 0;
-	f->low = false;
+	lockdep_assert_held(&kbp_lock);
+	kbp_cpufreq[cpu].pollers++;
+}
+
+/*
+ * A poller of @cpu is freed, its thread gone (kbp_lock held): the last one
+ * gives the CPU back the frequency kbp found there.
+ */
+void kbp_freq_poller_del(int cpu)
+{
+	struct kbp_cpufreq *c = &kbp_cpufreq[cpu];
+
+	lockdep_assert_held(&kbp_lock);
+	if (WARN_ON_ONCE(!c->pollers) || --c->pollers)
+		return;
+	mutex_lock(&c->lock);
+	kbp_freq_put_back(NULL, cpu, c, true);
+	mutex_unlock(&c->lock);
+}
+
+/* A poller thread starts: it is awake. */
+void kbp_freq_thread_start(struct kbp_poller *p, struct kbp_freq *f)
+{
+	f->asleep = false;
+	atomic_inc(&kbp_cpufreq[p->cpu].awake);
+}
+
+/*
+ * About to sleep (Algorithm 1 line 13): the last awake poller thread of a
+ * CPU with freq_ctl lowers its frequency.  A thread waking meanwhile either
+ * counts as awake before we look (and we do not lower), or finds @low set
+ * at its next pass and raises it again (kbp_freq_pass()).
+ */
+void kbp_freq_sleep(struct kbp_poller *p, struct kbp_freq *f)
+{
+	struct kbp_cpufreq *c = &kbp_cpufreq[p->cpu];
+
+	if (f->asleep)
+		return;
+	f->asleep = true;
+	/* a full barrier: pairs with kbp_freq_pass()'s */
+	if (atomic_dec_return(&c->awake) > 0 || !READ_ONCE(c->ctl) ||
+	    READ_ONCE(c->low) || !mutex_trylock(&c->lock))
+		return;
+	if (c->ctl && !c->low && !atomic_read(&c->awake) &&
+	    kbp_freq_set(p, p->cpu, c, KBP_FREQ_MIN, false))
+		WRITE_ONCE(c->low, true);
+	mutex_unlock(&c->lock);
+}
+
+/*
+ * The thread exits (its poller stopped, or it was replaced): as for a sleep,
+ * the last of the CPU's poller threads to stop or sleep lowers it.
+ */
+void kbp_freq_thread_exit(struct kbp_poller *p, struct kbp_freq *f)
+{
+	kbp_freq_sleep(p, f);
+}
+
+/*
+ * At the top of every pass (Algorithm 1 line 2 after a wakeup): count as
+ * awake again; raise the frequency if it was lowered, or put back the saved
+ * one if freq_ctl was turned off.  Nothing to do, and nothing touched, in
+ * the common case.
+ */
+void kbp_freq_pass(struct kbp_poller *p, struct kbp_freq *f)
+{
+	struct kbp_cpufreq *c = &kbp_cpufreq[p->cpu];
+
+	if (f->asleep) {
+		f->asleep = false;
+		atomic_inc(&c->awake);
+		smp_mb__after_atomic();	/* awake, then look at @low */
+	}
+	if (likely(!READ_ONCE(c->low) &&
+		   !(READ_ONCE(c->saved) && !READ_ONCE(c->ctl))))
+		return;
+	if (!mutex_trylock(&c->lock))
+		return;
+	if (!c->ctl)
+		kbp_freq_put_back(p, p->cpu, c, false);
+	else if (c->low && kbp_freq_set(p, p->cpu, c, KBP_FREQ_MAX, false))
+		WRITE_ONCE(c->low, false);
+	mutex_unlock(&c->lock);
 }
 
 /* Can @c run on @cpu?  rtnl and kbp_lock held. */

@@ -10,12 +10,17 @@
  * Who may do what (docs/design.md, "Privileges").  GENL_ADMIN_PERM asks for
  * CAP_NET_ADMIN over the initial user namespace, which a container started
  * with NET_ADMIN and no user namespace (the Docker/Kubernetes case) has.
- * Pollers are the host's: one per CPU, shared by every namespace's devices
- * on that CPU.  So
+ * Pollers are the host's: one per CPU, class and device, and a CPU's knobs
+ * are shared by every namespace's devices on that CPU.  So
  *   - knobs that take a CPU away from other tasks, mode busy and rt_prio > 0
  *     (a never-sleeping or SCHED_FIFO kthread), nice below 0, also need
  *     CAP_SYS_NICE, as sched_setscheduler() and setpriority() would for a
- *     thread of the caller's own;
+ *     thread of the caller's own; so does joining a CPU whose knobs already
+ *     are such (kbp_main.c, kbp_check_caller_knobs());
+ *   - a caller that is not the host's administrator (CAP_SYS_ADMIN in the
+ *     initial network namespace) attaches only to CPUs it may run on itself
+ *     (its cpuset): a container cannot put its traffic on the host's
+ *     isolated or nohz_full CPUs;
  *   - POLLER_SET, which changes a CPU's poller for every namespace, is only
  *     for callers in the initial network namespace;
  *   - outside the initial network namespace, replies show only pollers that
@@ -135,6 +140,21 @@ static int kbp_may_take_cpu(struct sk_buff *skb, struct genl_info *info,
 		   "%s needs CAP_SYS_NICE (busy, rt_prio > 0, nice < 0, linger_us > %u, interval_us < %u take a CPU)",
 		   what, KBP_LINGER_US_FREE, (u32)KBP_NETAP_MIN_INTERVAL_US);
 	return -EPERM;
+}
+
+/*
+ * Who asks for an attach: what its pollers may take (kbp_main.c,
+ * kbp_check_cpu_for()), also for CPUs its NAPIs get later.  The genl doit
+ * runs in the caller's context: current is the caller, and its allowed CPUs
+ * lie within its cpuset.
+ */
+static void kbp_parse_caller(struct sk_buff *skb, struct genl_info *info,
+			     struct kbp_caller *c)
+{
+	c->may_take_cpu = netlink_capable(skb, CAP_SYS_NICE);
+	c->cpus = netlink_capable(skb, CAP_SYS_ADMIN) &&
+		  net_eq(genl_info_net(info), &init_net) ? NULL :
+		  current->cpus_ptr;
 }
 
 /* The class the request names (KBP_A_CLASS; rt when it names none). */
@@ -285,6 +305,7 @@ static int kbp_nl_dev_attach(struct sk_buff *skb, struct genl_info *info)
 	int err;
 
 	kbp_parse_knobs(info, &req.knobs);
+	kbp_parse_caller(skb, info, &req.caller);
 	err = kbp_parse_class(info, &req.cls) ?:
 	      kbp_may_take_cpu(skb, info, &req.knobs);
 	if (err)
@@ -377,6 +398,20 @@ static int kbp_fill_netap(struct sk_buff *skb, struct kbp_poller *p)
 	return 0;
 }
 
+/* The device a poller serves (kbp_lock held): none once it is detached. */
+static int kbp_fill_poller_dev(struct sk_buff *skb, struct kbp_poller *p)
+{
+	struct net_device *dev = p->kd ? p->kd->dev : NULL;
+
+	if (!dev)
+		return 0;
+	if (nla_put_u32(skb, KBP_A_IFINDEX, dev->ifindex) ||
+	    nla_put_string(skb, KBP_A_IFNAME, dev->name) ||
+	    nla_put_u32(skb, KBP_A_NETNS_INUM, dev_net(dev)->ns.inum))
+		return -EMSGSIZE;
+	return 0;
+}
+
 static int kbp_fill_poller(struct sk_buff *skb, struct kbp_poller *p)
 {
 	struct kbp_poller_snapshot s;
@@ -389,7 +424,8 @@ static int kbp_fill_poller(struct sk_buff *skb, struct kbp_poller *p)
 		nr++;
 	rcu_read_unlock();
 
-	if (nla_put_u32(skb, KBP_A_CPU, p->cpu) ||
+	if (kbp_fill_poller_dev(skb, p) ||
+	    nla_put_u32(skb, KBP_A_CPU, p->cpu) ||
 	    nla_put_u32(skb, KBP_A_CLASS, p->cls->cls) ||
 	    nla_put_s32(skb, KBP_A_NICE, READ_ONCE(p->nice)) ||
 	    nla_put_u32(skb, KBP_A_PID, kbp_pid_for_caller(READ_ONCE(p->pid))) ||
@@ -540,29 +576,68 @@ static int kbp_fill_dev_any(struct sk_buff *skb, void *obj)
 	return kbp_fill_dev(skb, obj);
 }
 
-/* Pollers a caller in @net may see: all from init_net, else those serving it. */
+/*
+ * Pollers a caller in @net may see: all from init_net, else those of its
+ * devices.  kbp_lock held.
+ */
 static bool kbp_poller_visible(struct kbp_poller *p, struct net *net)
 {
-	struct kbp_napi *kn;
-	bool ret = false;
-
-	if (net_eq(net, &init_net))
-		return true;
-	rcu_read_lock();
-	list_for_each_entry_rcu(kn, &p->napis, poll_node) {
-		if (net_eq(dev_net(kn->kdev->dev), net)) {
-			ret = true;
-			break;
-		}
-	}
-	rcu_read_unlock();
-	return ret;
+	return net_eq(net, &init_net) ||
+	       (p->kd && net_eq(dev_net(p->kd->dev), net));
 }
 
+/*
+ * POLLER_GET's poller of @slot: the one serving @dev if the request names
+ * a device, else the slot's only live one.  kbp_lock held.
+ */
+static struct kbp_poller *kbp_find_poller(unsigned int slot,
+					  struct net_device *dev,
+					  struct net *net, unsigned int *nr)
+{
+	struct kbp_poller *p, *found = NULL;
+
+	*nr = 0;
+	list_for_each_entry(p, &kbp_slots[slot], slot_node) {
+		if (test_bit(KBP_POLLER_STOPPING, &p->flags) ||
+		    !kbp_poller_visible(p, net) ||
+		    (dev && (!p->kd || p->kd->dev != dev)))
+			continue;
+		(*nr)++;
+		found = p;
+	}
+	return *nr == 1 ? found : NULL;
+}
+
+static int kbp_poller_get_op(struct net_device *dev, struct genl_info *info,
+			     void *arg)
+{
+	u32 cpu = nla_get_u32(info->attrs[KBP_A_CPU]), cls = *(u32 *)arg;
+	struct kbp_poller *p = NULL;
+	unsigned int nr = 0;
+
+	if (cpu < nr_cpu_ids)
+		p = kbp_find_poller(kbp_slot(cpu, cls), dev,
+				    genl_info_net(info), &nr);
+	if (nr > 1) {
+		kbp_tell(info->extack, "several pollers on that CPU: name the device",
+			 "%u %s pollers on CPU %u (one per device): name the device",
+			 nr, kbp_class_ops(cls)->name, cpu);
+		return -EINVAL;
+	}
+	if (!p) {
+		kbp_tell(info->extack, "no poller on that CPU",
+			 "no %s poller on CPU %u%s%s", kbp_class_ops(cls)->name,
+			 cpu, dev ? " for " : "", dev ? dev->name : "");
+		return -ENOENT;
+	}
+	return kbp_reply(info, KBP_CMD_POLLER_GET, kbp_fill_poller_any, p,
+			 NLMSG_GOODSIZE);
+}
+
+/* doit: KBP_A_CPU (and KBP_A_CLASS), and a device when the CPU has several */
 static int kbp_nl_poller_get(struct sk_buff *skb, struct genl_info *info)
 {
-	struct kbp_poller *p = NULL;
-	u32 cpu, cls;
+	u32 cls;
 	int err;
 
 	if (GENL_REQ_ATTR_CHECK(info, KBP_A_CPU))
@@ -570,43 +645,49 @@ static int kbp_nl_poller_get(struct sk_buff *skb, struct genl_info *info)
 	err = kbp_parse_class(info, &cls);
 	if (err)
 		return err;
-	cpu = nla_get_u32(info->attrs[KBP_A_CPU]);
+	if (info->attrs[KBP_A_IFINDEX] || info->attrs[KBP_A_IFNAME])
+		return kbp_on_dev(info, kbp_poller_get_op, &cls);
 	mutex_lock(&kbp_lock);
-	if (cpu < nr_cpu_ids)
-		p = kbp_pollers[kbp_slot(cpu, cls)];
-	if (p && !kbp_poller_visible(p, genl_info_net(info)))
-		p = NULL;
-	if (!p) {
-		kbp_tell(info->extack, "no poller on that CPU",
-			 "no %s poller on CPU %u", kbp_class_ops(cls)->name,
-			 cpu);
-		err = -ENOENT;
-	} else {
-		err = kbp_reply(info, KBP_CMD_POLLER_GET, kbp_fill_poller_any, p,
-				NLMSG_GOODSIZE);
-	}
+	err = kbp_poller_get_op(NULL, info, &cls);
 	mutex_unlock(&kbp_lock);
 	return err;
 }
 
+/*
+ * Every poller the caller may see, a stopping one until its thread has
+ * exited: every CPU's rt pollers, then every CPU's non-rt ones
+ * (kbp_slot()), in the order they started.  cb->args: the slot, and how
+ * many of its pollers were sent.
+ */
 static int kbp_nl_poller_dump(struct sk_buff *skb, struct netlink_callback *cb)
 {
 	struct net *net = sock_net(skb->sk);
 	unsigned long slot;
+	long i = 0;
 
-	/* every CPU's rt poller, then every CPU's non-rt one (kbp_slot()) */
 	mutex_lock(&kbp_lock);
 	for (slot = cb->args[0]; slot < kbp_nr_slots(); slot++) {
-		struct kbp_poller *p = kbp_pollers[slot];
+		struct kbp_poller *p;
 
-		if (!p || !kbp_poller_visible(p, net))
-			continue;
-		if (kbp_dump_one(skb, cb, KBP_CMD_POLLER_GET,
-				 kbp_fill_poller_any, p))
-			break;
+		i = 0;
+		list_for_each_entry(p, &kbp_slots[slot], slot_node) {
+			if (!kbp_poller_visible(p, net))
+				continue;
+			if (i++ < cb->args[1])
+				continue;
+			if (kbp_dump_one(skb, cb, KBP_CMD_POLLER_GET,
+					 kbp_fill_poller_any, p)) {
+				i--;
+				goto out;
+			}
+		}
+		cb->args[1] = 0;
 	}
+out:
 	mutex_unlock(&kbp_lock);
 	cb->args[0] = slot;
+	if (slot < kbp_nr_slots())
+		cb->args[1] = i;
 	return skb->len;
 }
 

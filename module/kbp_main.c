@@ -47,9 +47,10 @@ MODULE_PARM_DESC(reconcile_ms, "period of the check that re-hooks NAPIs a driver
 /* the registries below; see kbp_priv.h for the lock order */
 DEFINE_MUTEX(kbp_lock);
 LIST_HEAD(kbp_devs);
-struct kbp_poller **kbp_pollers;	/* [kbp_nr_slots()]: kbp_slot() */
+struct list_head *kbp_slots;		/* [kbp_nr_slots()]: kbp_slot() */
 struct kbp_conf *kbp_conf;		/* [kbp_nr_slots()]: kbp_slot() */
-static bool kbp_exiting;		/* under kbp_lock */
+/* written under kbp_lock; read without it by kbp_reconcile_soon() */
+static bool kbp_exiting;
 static u32 kbp_default_mode;
 
 static void kbp_reconcile_fn(struct work_struct *work);
@@ -166,13 +167,15 @@ int kbp_check_knobs(const struct kbp_knobs *req,
 
 /*
  * The merged knobs @c can run on @cpu's poller of class @cls: the class's
- * checks, its mode's, then freq_ctl's.
+ * checks, its mode's, then freq_ctl's.  @cpu -1: a CPU not known yet (a
+ * device that is down): all but freq_ctl's, which needs the CPU's policy.
  */
 static int kbp_conf_check(int cpu, u32 cls, const struct kbp_conf *c,
 			  struct netlink_ext_ack *extack)
 {
 	const struct kbp_class_ops *cops = kbp_class_ops(cls);
 	const struct kbp_mode_ops *ops = kbp_mode_ops(c->mode);
+	char where[KBP_CPU_LABEL_LEN];
 	int err;
 
 	if (cops->check) {
@@ -182,7 +185,8 @@ static int kbp_conf_check(int cpu, u32 cls, const struct kbp_conf *c,
 	}
 	if (c->nice && cls != KBP_CLASS_NON_RT) {
 		kbp_refuse(extack, "nice is a non-rt knob",
-			   "CPU %d: nice applies to the non-rt poller only", cpu);
+			   "%s: nice applies to the non-rt poller only",
+			   kbp_cpu_label(cpu, where));
 		return -EINVAL;
 	}
 	if (ops && ops->check) {
@@ -190,14 +194,15 @@ static int kbp_conf_check(int cpu, u32 cls, const struct kbp_conf *c,
 		if (err)
 			return err;
 	}
-	return kbp_freq_check(cpu, c, extack);
+	return cpu < 0 ? 0 : kbp_freq_check(cpu, c, extack);
 }
 
-/* The configuration @req asks for in @slot, on top of what is there. */
-static void kbp_conf_merge(unsigned int slot, const struct kbp_knobs *req,
-			   struct kbp_conf *out)
+/* The configuration @req asks for on top of @base. */
+static void kbp_conf_merge_over(const struct kbp_conf *base,
+				const struct kbp_knobs *req,
+				struct kbp_conf *out)
 {
-	*out = kbp_conf[slot];
+	*out = *base;
 	if (req->has_mode)
 		out->mode = req->conf.mode;
 	if (req->has_linger)
@@ -231,6 +236,13 @@ static void kbp_conf_merge(unsigned int slot, const struct kbp_knobs *req,
 		out->objective = req->conf.objective;
 }
 
+/* The configuration @req asks for in @slot, on top of what is there. */
+static void kbp_conf_merge(unsigned int slot, const struct kbp_knobs *req,
+			   struct kbp_conf *out)
+{
+	kbp_conf_merge_over(&kbp_conf[slot], req, out);
+}
+
 /*
  * Set up @c as the knobs of a CPU's poller of class @cls before any request:
  * a non-rt poller is hybrid with a small quota (docs/design.md, "Classes").
@@ -259,36 +271,100 @@ static bool kbp_conf_equal(const struct kbp_conf *a, const struct kbp_conf *b)
 /* --- pollers ---------------------------------------------------------- */
 
 /*
- * The poller of @cpu for a NAPI of @kd: started with @kd's knobs if none
- * runs, given them if it runs idle; one serving other NAPIs keeps its own
- * (kbp_dev_bind() refused a conflict already).
+ * Pollers are per CPU, class and device (kbp_priv.h); the pollers of a
+ * slot (a CPU and class) all run that slot's knobs, kbp_conf[slot]: every
+ * write of it is followed by kbp_slot_apply().  kbp_lock held throughout.
+ */
+#define kbp_for_each_poller(p, slot) \
+	list_for_each_entry(p, &kbp_slots[slot], slot_node)
+
+/* A poller that is not being stopped. */
+static bool kbp_poller_live(const struct kbp_poller *p)
+{
+	return !test_bit(KBP_POLLER_STOPPING, &p->flags);
+}
+
+/* Some poller of @slot serves NAPIs. */
+static bool kbp_slot_serving(unsigned int slot)
+{
+	struct kbp_poller *p;
+
+	kbp_for_each_poller(p, slot)
+		if (!list_empty(&p->napis))
+			return true;
+	return false;
+}
+
+/* Some live poller runs in @slot. */
+static bool kbp_slot_live(unsigned int slot)
+{
+	struct kbp_poller *p;
+
+	kbp_for_each_poller(p, slot)
+		if (kbp_poller_live(p))
+			return true;
+	return false;
+}
+
+/* The CPU's freq_ctl follows its rt pollers (kbp_freq.c). */
+static void kbp_slot_freq_ctl(unsigned int slot)
+{
+	if (kbp_slot_class(slot) == KBP_CLASS_RT)
+		kbp_freq_set_ctl(kbp_slot_cpu(slot), kbp_slot_live(slot) &&
+				 kbp_conf[slot].freq_ctl);
+}
+
+/* Give @slot's live pollers the slot's knobs. */
+static void kbp_slot_apply(unsigned int slot)
+{
+	struct kbp_poller *p;
+
+	kbp_for_each_poller(p, slot)
+		if (kbp_poller_live(p))
+			kbp_poller_apply(p, &kbp_conf[slot]);
+	kbp_slot_freq_ctl(slot);
+}
+
+/* @kd names @cpu: its default CPU or a CPU of its queue map. */
+static bool kbp_dev_names_cpu(const struct kbp_dev *kd, int cpu)
+{
+	unsigned int i;
+
+	if (kd->cpu == cpu)
+		return true;
+	for (i = 0; i < kd->nr_map; i++)
+		if (kd->map[i].cpu == cpu)
+			return true;
+	return false;
+}
+
+/*
+ * The poller of @cpu for the NAPIs of @kd: started with the CPU's knobs if
+ * it does not run yet.  The knobs of a CPU none of whose pollers serves
+ * NAPIs become @kd's first; a CPU serving NAPIs keeps its own
+ * (kbp_check_conflict() refused a conflict already).
  */
 static struct kbp_poller *kbp_poller_get(int cpu, struct kbp_dev *kd)
 {
 	unsigned int slot = kbp_slot(cpu, kd->cls);
-	struct kbp_poller *p = kbp_pollers[slot];
+	struct kbp_poller *p;
 
 	lockdep_assert_held(&kbp_lock);
-	if (p && test_bit(KBP_POLLER_FAILED, &p->flags)) {
-		/* a failed poller has no NAPIs and no thread */
-		kbp_pollers[slot] = NULL;
-		kbp_poller_destroy(p);
-		p = NULL;
+	if (!kbp_slot_serving(slot)) {
+		kbp_conf_merge(slot, &kd->knobs, &kbp_conf[slot]);
+		kbp_slot_apply(slot);
 	}
-	if (p) {
-		if (list_empty(&p->napis)) {
-			kbp_conf_merge(slot, &kd->knobs, &kbp_conf[slot]);
-			kbp_poller_apply(p, &kbp_conf[slot]);
-		}
-		return p;
-	}
-	kbp_conf_merge(slot, &kd->knobs, &kbp_conf[slot]);
-	p = kbp_poller_create(cpu, kd->cls, &kbp_conf[slot]);
+	kbp_for_each_poller(p, slot)
+		if (p->kd == kd && kbp_poller_live(p) &&
+		    !test_bit(KBP_POLLER_FAILED, &p->flags))
+			return p;
+	p = kbp_poller_create(cpu, kd->cls, kd, &kbp_conf[slot]);
 	if (IS_ERR(p))
 		return p;
-	kbp_pollers[slot] = p;
-	pr_info("%s/%d started (pid %d, mode %s)\n", p->cls->prefix, cpu,
-		p->pid, p->ops->name);
+	list_add_tail_rcu(&p->slot_node, &kbp_slots[slot]);
+	kbp_slot_freq_ctl(slot);
+	pr_info("%s started (pid %d, mode %s)\n", p->name, p->pid,
+		p->ops->name);
 	return p;
 }
 
@@ -301,17 +377,11 @@ static bool kbp_slot_named_by_other(unsigned int slot,
 {
 	int cpu = kbp_slot_cpu(slot);
 	struct kbp_dev *kd;
-	unsigned int i;
 
-	list_for_each_entry(kd, &kbp_devs, node) {
-		if (kd == self || kd->cls != kbp_slot_class(slot))
-			continue;
-		if (kd->cpu == cpu)
+	list_for_each_entry(kd, &kbp_devs, node)
+		if (kd != self && kd->cls == kbp_slot_class(slot) &&
+		    kbp_dev_names_cpu(kd, cpu))
 			return true;
-		for (i = 0; i < kd->nr_map; i++)
-			if (kd->map[i].cpu == cpu)
-				return true;
-	}
 	return false;
 }
 
@@ -320,12 +390,40 @@ static bool kbp_slot_named(unsigned int slot)
 	return kbp_slot_named_by_other(slot, NULL);
 }
 
+/* Out of the registry, after a grace period (its siblings read it). */
+static void kbp_poller_free(struct kbp_poller *p)
+{
+	list_del_rcu(&p->slot_node);
+	kbp_freq_poller_del(p->cpu);
+	kfree_rcu(p, rcu);
+}
+
 /*
- * Stop the pollers nothing needs any more.  rtnl and kbp_lock held.  A
- * poller that did not run for seconds (KBP_POLLER_STUCK: starved by a
- * higher-priority task) is left alone: kthread_stop() would wait for it
- * with rtnl held.  It clears the bit and kicks the reconcile work when it
- * runs again; module exit stops it after dropping rtnl.
+ * Free the stopped pollers whose thread has left kbp's code, then the
+ * records of finished threads.  kbp_lock held.
+ */
+static void kbp_pollers_reap(void)
+{
+	unsigned int slot;
+
+	lockdep_assert_held(&kbp_lock);
+	for (slot = 0; slot < kbp_nr_slots(); slot++) {
+		struct kbp_poller *p, *tmp;
+
+		list_for_each_entry_safe(p, tmp, &kbp_slots[slot], slot_node)
+			if (!kbp_poller_live(p) && kbp_poller_exited(p))
+				kbp_poller_free(p);
+	}
+	kbp_threads_reap(false);
+}
+
+/*
+ * Stop the pollers nothing needs any more: idle (no NAPIs, no respawn
+ * running) and their device gone, or not naming their CPU, or the CPU
+ * inactive.  Stopping does not wait (kbp_poller_stop()): a stopped poller
+ * stays listed until its thread has exited and the reaper frees it.  A
+ * poller whose respawn failed has no thread: freed at once.  rtnl and
+ * kbp_lock held.
  */
 static void kbp_pollers_gc(void)
 {
@@ -334,30 +432,40 @@ static void kbp_pollers_gc(void)
 	ASSERT_RTNL();
 	lockdep_assert_held(&kbp_lock);
 	for (slot = 0; slot < kbp_nr_slots(); slot++) {
-		struct kbp_poller *p = kbp_pollers[slot];
-		int cpu = kbp_slot_cpu(slot);
-		const char *prefix;
+		struct kbp_poller *p, *tmp;
+		bool gone = false;
 
-		if (!p || !kbp_poller_idle(p) ||
-		    test_bit(KBP_POLLER_STUCK, &p->flags))
+		list_for_each_entry_safe(p, tmp, &kbp_slots[slot], slot_node) {
+			int cpu = p->cpu;
+
+			if (!kbp_poller_live(p) || !kbp_poller_idle(p))
+				continue;
+			if (test_bit(KBP_POLLER_FAILED, &p->flags)) {
+				kbp_poller_free(p);
+				gone = true;
+				continue;
+			}
+			if (!kbp_exiting && p->kd && cpu_active(cpu) &&
+			    kbp_dev_names_cpu(p->kd, cpu))
+				continue;
+			pr_info("%s stopped\n", p->name);
+			kbp_poller_stop(p);
+			gone = true;
+		}
+		if (!gone)
 			continue;
-		if (!kbp_exiting && !test_bit(KBP_POLLER_FAILED, &p->flags) &&
-		    cpu_active(cpu) && kbp_slot_named(slot))
-			continue;
-		prefix = p->cls->prefix;
-		kbp_pollers[slot] = NULL;
-		kbp_poller_destroy(p);
-		pr_info("%s/%d stopped\n", prefix, cpu);
+		kbp_slot_freq_ctl(slot);
 		/*
-		 * Nothing names the CPU any more: its knobs go back to the
-		 * defaults, so the next attach gets what it asks for and not
-		 * what an earlier request left (a CPU merely offline keeps
+		 * Nothing runs on or names the CPU any more: its knobs go back
+		 * to the defaults, so the next attach gets what it asks for and
+		 * not what an earlier request left (a CPU merely offline keeps
 		 * them for its devices' return).
 		 */
-		if (!kbp_slot_named(slot))
+		if (!kbp_slot_live(slot) && !kbp_slot_named(slot))
 			kbp_conf_init(&kbp_conf[slot], kbp_slot_class(slot),
 				      kbp_default_mode);
 	}
+	kbp_pollers_reap();
 }
 
 /*
@@ -374,37 +482,37 @@ static int kbp_check_conflict(int cpu, u32 cls, const struct kbp_knobs *req,
 			      struct netlink_ext_ack *extack)
 {
 	unsigned int slot = kbp_slot(cpu, cls);
-	struct kbp_poller *p = kbp_pollers[slot];
 	const char *prefix = kbp_class_ops(cls)->prefix;
-	struct kbp_conf want, have;
+	const struct kbp_conf *have = &kbp_conf[slot];
+	struct kbp_conf want;
+	struct kbp_poller *p;
 
-	if (p && test_bit(KBP_POLLER_STUCK, &p->flags)) {
-		kbp_refuse(extack, "poller is starved",
-			   "%s/%d has not run for seconds (a higher-priority task hogs CPU %d): try again once it runs",
-			   prefix, cpu, cpu);
-		return -EBUSY;
+	kbp_for_each_poller(p, slot) {
+		if (kbp_poller_live(p) && test_bit(KBP_POLLER_STUCK, &p->flags)) {
+			kbp_refuse(extack, "poller is starved",
+				   "%s has not run for seconds (a higher-priority task hogs CPU %d): try again once it runs",
+				   p->name, cpu);
+			return -EBUSY;
+		}
 	}
 	kbp_conf_merge(slot, req, &want);
-	if (!p || list_empty(&p->napis)) {
-		if (!kbp_slot_named_by_other(slot, self) ||
-		    kbp_conf_equal(&want, &kbp_conf[slot]))
+	if (kbp_conf_equal(&want, have))
+		return 0;
+	if (!kbp_slot_serving(slot)) {
+		if (!kbp_slot_named_by_other(slot, self))
 			return 0;
-		kbp_refuse(extack, "CPU's knobs belong to another attachment",
+		kbp_refuse(extack, "CPU's knobs belong to another attached device",
 			   "CPU %d's %s poller knobs belong to another attached device (mode=%s linger_us=%u rt_prio=%u nice=%d): ask for the same, or change them with poller-set",
 			   cpu, kbp_class_ops(cls)->name,
-			   kbp_mode_ops(kbp_conf[slot].mode)->name,
-			   kbp_conf[slot].linger_us, kbp_conf[slot].rt_prio,
-			   kbp_conf[slot].nice);
+			   kbp_mode_ops(have->mode)->name, have->linger_us,
+			   have->rt_prio, have->nice);
 		return -EBUSY;
 	}
-	kbp_poller_conf(p, &have);
-	if (kbp_conf_equal(&want, &have))
-		return 0;
 	kbp_refuse(extack, "poller serves other devices with other knobs",
 		   "%s/%d serves other devices with mode=%s linger_us=%u quota=%u rt_prio=%u nice=%d freq_ctl=%u interval_us=%u netap=%u objective=%u; change them with poller-set",
-		   prefix, cpu, p->ops->name, p->linger_us, p->quota,
-		   p->rt_prio, p->nice, p->freq_ctl, p->interval_us, p->netap,
-		   p->objective);
+		   prefix, cpu, kbp_mode_ops(have->mode)->name, have->linger_us,
+		   have->quota, have->rt_prio, have->nice, have->freq_ctl,
+		   have->interval_us, have->netap, have->objective);
 	return -EBUSY;
 }
 
@@ -416,7 +524,6 @@ int kbp_poller_configure(int cpu, u32 cls, const struct kbp_knobs *req,
 			 struct netlink_ext_ack *extack)
 {
 	unsigned int slot;
-	struct kbp_poller *p;
 	struct kbp_conf want;
 	int err;
 
@@ -433,10 +540,86 @@ int kbp_poller_configure(int cpu, u32 cls, const struct kbp_knobs *req,
 	if (err)
 		return err;
 	kbp_conf[slot] = want;
-	p = kbp_pollers[slot];
-	if (p)
-		kbp_poller_apply(p, &kbp_conf[slot]);
+	kbp_slot_apply(slot);
 	return 0;
+}
+
+/*
+ * What the knobs @c take from a CPU's other tasks as they run, or NULL: the
+ * knobs an attach asks for only with CAP_SYS_NICE (kbp_genl.c,
+ * kbp_takes_cpu()).
+ */
+static const char *kbp_conf_takes_cpu(const struct kbp_conf *c)
+{
+	const struct kbp_mode_ops *ops = kbp_mode_ops(c->mode);
+	u32 interval = c->netap ? c->np.min_interval_us : c->interval_us;
+
+	if (ops && !ops->sleeps)
+		return "mode busy";
+	if (c->rt_prio)
+		return "SCHED_FIFO";
+	if (c->nice < 0)
+		return "a nice below 0";
+	if (c->mode == KBP_MODE_HYBRID && c->linger_us > KBP_LINGER_US_FREE)
+		return "linger_us above the limit";
+	if (c->mode == KBP_MODE_PERIODIC &&
+	    interval < KBP_NETAP_MIN_INTERVAL_US)
+		return "an interval below the limit";
+	return NULL;
+}
+
+/*
+ * @kd's merged knobs @c on @cpu (-1: not known yet), as far as the
+ * attach's caller goes: a caller without CAP_SYS_NICE does not join a
+ * poller whose knobs take a CPU (a host's SCHED_FIFO poller: the
+ * container's traffic would run there at the host's priority).
+ */
+static int kbp_check_caller_knobs(int cpu, const struct kbp_conf *c,
+				  const struct kbp_dev *kd,
+				  struct netlink_ext_ack *extack)
+{
+	const char *what = kbp_conf_takes_cpu(c);
+	char where[KBP_CPU_LABEL_LEN];
+
+	if (!what || kd->may_take_cpu)
+		return 0;
+	kbp_refuse(extack, "its poller's knobs take a CPU: needs CAP_SYS_NICE",
+		   "%s: its %s poller would run %s: needs CAP_SYS_NICE",
+		   kbp_cpu_label(cpu, where), kbp_class_ops(kd->cls)->name,
+		   what);
+	return -EPERM;
+}
+
+/*
+ * @kd may be served on @cpu with the knobs @req asks for, merged over the
+ * CPU's: the CPU is online and one the attach's caller may run on (its
+ * cpuset), the merged knobs suit the class, the mode and freq_ctl and the
+ * caller (kbp_check_caller_knobs()), and no other attachment's knobs
+ * conflict.  At attach, and again whenever a NAPI is hooked later (the
+ * device comes up, a new NAPI, a CPU back online), when the CPU may come
+ * from the NAPI's IRQ and the CPU's knobs may have changed.  rtnl and
+ * kbp_lock held.
+ */
+static int kbp_check_cpu_for(int cpu, const struct kbp_knobs *req,
+			     const struct kbp_dev *kd,
+			     struct netlink_ext_ack *extack)
+{
+	struct kbp_conf want;
+	int err;
+
+	err = kbp_check_cpu(cpu, extack);
+	if (err)
+		return err;
+	if (kd->cpus && !cpumask_test_cpu(cpu, kd->cpus)) {
+		kbp_refuse(extack, "CPU is outside the caller's cpuset",
+			   "CPU %d is not one the caller may run on (its cpuset)",
+			   cpu);
+		return -EPERM;
+	}
+	kbp_conf_merge(kbp_slot(cpu, kd->cls), req, &want);
+	return kbp_conf_check(cpu, kd->cls, &want, extack) ?:
+	       kbp_check_caller_knobs(cpu, &want, kd, extack) ?:
+	       kbp_check_conflict(cpu, kd->cls, req, kd, extack);
 }
 
 /* --- NAPI <-> poller -------------------------------------------------- */
@@ -514,12 +697,13 @@ static int kbp_refuse_unservable(struct net_device *dev,
 /* @t is the thread of one of kbp's pollers.  kbp_lock held. */
 static bool kbp_napi_ours(struct task_struct *t)
 {
+	struct kbp_poller *p;
 	unsigned int slot;
 
 	for (slot = 0; slot < kbp_nr_slots(); slot++)
-		if (kbp_pollers[slot] &&
-		    READ_ONCE(kbp_pollers[slot]->task) == t)
-			return true;
+		kbp_for_each_poller(p, slot)
+			if (READ_ONCE(p->task) == t)
+				return true;
 	return false;
 }
 
@@ -545,17 +729,42 @@ static bool kbp_napi_owned(struct kbp_dev *kd, struct napi_struct *n)
 }
 
 /*
- * A NAPI's index, what queue maps and replies call "NAPI #i": the RX queue
- * it serves, where the driver says so (netif_queue_set_napi(), 6.10+: ice,
- * mlx5, bnxt, virtio-net...), under rtnl or (7.x) the instance lock, both
- * held here.  That survives what list positions do not: a driver that adds
- * its NAPIs in another order than its queues, a channel change that deletes
- * and adds them again, and 6.18+ keeping dev->napi_list sorted by NAPI id.
- * Else, and before 6.10, @pos: the NAPI's place in the order the driver
- * added them (kbp_napi_by_index()).
+ * @n's place among @dev's servable NAPIs in the order the driver added them
+ * (dev->napi_list is newest first: count the servable ones after it).
+ * rcu_read_lock() held.
+ */
+static unsigned int kbp_napi_rx_pos(struct net_device *dev,
+				    struct napi_struct *n)
+{
+	unsigned int pos = 0;
+	struct napi_struct *m;
+	bool after = false;
+
+	list_for_each_entry_rcu(m, &dev->napi_list, dev_list) {
+		if (m == n)
+			after = true;
+		else if (after && kbp_napi_servable(m))
+			pos++;
+	}
+	return pos;
+}
+
+/*
+ * A NAPI's index, what queue maps, replies and kbpctl call "NAPI #i": the RX
+ * queue it serves, where the driver says so (netif_queue_set_napi(), 6.10+:
+ * ice, mlx5, bnxt...), under rtnl or (7.x) the instance lock, both held
+ * here.  That survives what list positions do not: a driver that adds its
+ * NAPIs in another order than its queues, a channel change that deletes and
+ * adds them again, and 6.18+ keeping dev->napi_list sorted by NAPI id.
+ * Else (6.1, and the many drivers that do not say: Debian 12's virtio-net
+ * among them) its place among the device's servable NAPIs in the order the
+ * driver added them: TX-only NAPIs (NO_BUSY_POLL) are not counted, so
+ * virtio-net's rx0, tx0, rx1, tx1 are #0 and #1, its RX queues, as
+ * netdev netlink lists them (TX-only NAPIs have no NAPI id there) and as
+ * kbpctl numbers them for its queue maps.  rcu_read_lock() held.
  */
 static unsigned int kbp_napi_index(struct net_device *dev,
-				   struct napi_struct *n, unsigned int pos)
+				   struct napi_struct *n)
 {
 #ifdef KBP_HAVE_RXQ_NAPI
 	unsigned int i;
@@ -564,17 +773,28 @@ static unsigned int kbp_napi_index(struct net_device *dev,
 		if (READ_ONCE(__netif_get_rx_queue(dev, i)->napi) == n)
 			return i;
 #endif
-	return pos;
+	return kbp_napi_rx_pos(dev, n);
+}
+
+/* How many of @dev's NAPIs kbp may serve.  rcu_read_lock() held. */
+static unsigned int kbp_napi_count_servable(struct net_device *dev)
+{
+	struct napi_struct *n;
+	unsigned int nr = 0;
+
+	list_for_each_entry_rcu(n, &dev->napi_list, dev_list)
+		nr += kbp_napi_servable(n);
+	return nr;
 }
 
 /*
- * The CPU that serves @n, NAPI #@pos of @kd in add order: queue map (by
- * kbp_napi_index()), default, IRQ.
+ * The CPU that serves @n: queue map (by kbp_napi_index()), default, IRQ.
+ * rcu_read_lock() held.
  */
 static int kbp_napi_cpu(struct kbp_dev *kd, struct napi_struct *n,
-			unsigned int pos, struct netlink_ext_ack *extack)
+			struct netlink_ext_ack *extack)
 {
-	unsigned int i, index = kbp_napi_index(kd->dev, n, pos);
+	unsigned int i, index = kbp_napi_index(kd->dev, n);
 	int irq;
 
 	for (i = 0; i < kd->nr_map; i++)
@@ -678,15 +898,15 @@ static struct kbp_napi *kbp_napi_new(struct kbp_dev *kd, int cpu)
 }
 
 /*
- * Hook @n (NAPI #@index of @kd, found on the device's list in the caller's
- * rcu_read_lock() section) with @kn.  A NAPI a driver is deleting meanwhile
- * leaves a DEAD link (kbp_poller_add_napi()).
+ * Hook @n (found on the device's list in the caller's rcu_read_lock()
+ * section) with @kn.  A NAPI a driver is deleting meanwhile leaves a DEAD
+ * link (kbp_poller_add_napi()).
  */
 static void kbp_napi_link(struct kbp_dev *kd, struct kbp_napi *kn,
-			  struct napi_struct *n, unsigned int pos)
+			  struct napi_struct *n)
 {
 	kn->napi = n;
-	kn->index = kbp_napi_index(kd->dev, n, pos);
+	kn->index = kbp_napi_index(kd->dev, n);
 	kn->napi_id = n->napi_id;
 	list_add_tail(&kn->dev_node, &kd->napis);
 	kbp_poller_add_napi(kn->poller, kn);
@@ -805,7 +1025,7 @@ static bool kbp_dev_cpus_active(struct kbp_dev *kd)
 		n = kbp_napi_by_index(kd->dev, i);
 		if (!n || !kbp_napi_servable(n))
 			continue;
-		cpu = kbp_napi_cpu(kd, n, i, NULL);
+		cpu = kbp_napi_cpu(kd, n, NULL);
 		ok = cpu >= 0 && cpu < nr_cpu_ids && cpu_active(cpu);
 	}
 	rcu_read_unlock();
@@ -845,14 +1065,18 @@ static int kbp_dev_activate(struct kbp_dev *kd, struct netlink_ext_ack *extack)
 			   "%s has no NAPI instance", dev->name);
 		return -EOPNOTSUPP;
 	}
+	rcu_read_lock();
+	served = kbp_napi_count_servable(dev);
+	rcu_read_unlock();
 	for (i = 0; i < kd->nr_map; i++) {
-		if (kd->map[i].index >= max(nr, dev->real_num_rx_queues)) {
+		if (kd->map[i].index >= max(served, dev->real_num_rx_queues)) {
 			kbp_refuse(extack, "queue map names a NAPI the device does not have",
 				   "queue map names NAPI #%u but %s has %u",
-				   kd->map[i].index, dev->name, nr);
+				   kd->map[i].index, dev->name, served);
 			return -EINVAL;
 		}
 	}
+	served = 0;
 	/*
 	 * Validate everything before changing anything.  Each NAPI's CPU is
 	 * computed once: an IRQ's affinity may change between two looks.  A
@@ -873,11 +1097,11 @@ static int kbp_dev_activate(struct kbp_dev *kd, struct netlink_ext_ack *extack)
 		if (READ_ONCE(n->thread) && !kbp_thread_is_stale(dev, n)) {
 			kbp_refuse(extack, "NAPI is served by a threaded-NAPI kthread",
 				   "%s: NAPI #%u is served by its threaded-NAPI kthread",
-				   dev->name, i);
+				   dev->name, kbp_napi_index(dev, n));
 			err = -EBUSY;
 			break;
 		}
-		cpus[i] = kbp_napi_cpu(kd, n, i, extack);
+		cpus[i] = kbp_napi_cpu(kd, n, extack);
 		if (cpus[i] < 0)
 			err = cpus[i];
 		served++;
@@ -885,12 +1109,13 @@ static int kbp_dev_activate(struct kbp_dev *kd, struct netlink_ext_ack *extack)
 	rcu_read_unlock();
 	if (!err && !served)
 		err = kbp_refuse_unservable(dev, extack);
-	/* up again, or retried: the knobs may have changed meanwhile */
+	/*
+	 * Every CPU, whether named or the IRQ's: up again, or retried, the
+	 * knobs and the IRQs may have changed meanwhile.
+	 */
 	for (i = 0; i < nr && !err; i++)
 		if (cpus[i] >= 0)
-			err = kbp_check_cpu(cpus[i], extack) ?:
-			      kbp_check_conflict(cpus[i], kd->cls, &kd->knobs, kd,
-						 extack);
+			err = kbp_check_cpu_for(cpus[i], &kd->knobs, kd, extack);
 	if (err)
 		goto out;
 	/* the links and their pollers (may sleep), then the hooks */
@@ -901,7 +1126,10 @@ static int kbp_dev_activate(struct kbp_dev *kd, struct netlink_ext_ack *extack)
 		if (IS_ERR(kns[i])) {
 			err = PTR_ERR(kns[i]);
 			kns[i] = NULL;
-			NL_SET_ERR_MSG_MOD(extack, "out of memory starting a poller");
+			if (err == -EBUSY)
+				NL_SET_ERR_MSG_MOD(extack, "new poller starved");
+			else
+				NL_SET_ERR_MSG_MOD(extack, "out of memory starting a poller");
 			pr_warn("%s: cannot hook NAPI #%u: %d\n", dev->name, i, err);
 			goto out;
 		}
@@ -914,7 +1142,7 @@ static int kbp_dev_activate(struct kbp_dev *kd, struct netlink_ext_ack *extack)
 		rcu_read_lock();
 		n = kbp_napi_free_at(kd, i);
 		if (n) {	/* else deleted meanwhile by a driver's reset */
-			kbp_napi_link(kd, kns[i], n, i);
+			kbp_napi_link(kd, kns[i], n);
 			kns[i] = NULL;
 		}
 		rcu_read_unlock();
@@ -945,11 +1173,24 @@ struct kbp_dev *kbp_dev_find(const struct net_device *dev)
 	return NULL;
 }
 
+/*
+ * Forget @kd: its pollers no longer name it (the ones still stopping are
+ * freed by the reaper; kbp_pollers_gc() stops the others), and it is freed.
+ * kbp_lock held.
+ */
 static void kbp_dev_free(struct kbp_dev *kd)
 {
+	struct kbp_poller *p;
+	unsigned int slot;
+
+	for (slot = 0; slot < kbp_nr_slots(); slot++)
+		kbp_for_each_poller(p, slot)
+			if (p->kd == kd)
+				p->kd = NULL;
 	list_del(&kd->node);
 	netdev_put(kd->dev, &kd->tracker);
 	kfree(kd->map);
+	kfree(kd->cpus);
 	kfree(kd);
 }
 
@@ -962,9 +1203,15 @@ static void kbp_dev_unbind(struct kbp_dev *kd)
 	kbp_pollers_gc();
 }
 
+/*
+ * Kick the reconcile work (it also reaps stopped pollers and finished
+ * threads).  Not once module exit has begun: exit waits for every thread
+ * (they call this on their way out) and then cancels the work for good.
+ */
 void kbp_reconcile_soon(void)
 {
-	mod_delayed_work(kbp_wq(), &kbp_reconcile_work, 0);
+	if (!READ_ONCE(kbp_exiting))
+		mod_delayed_work(kbp_wq(), &kbp_reconcile_work, 0);
 }
 
 static void kbp_reconcile_later(void)
@@ -975,31 +1222,28 @@ static void kbp_reconcile_later(void)
 				   msecs_to_jiffies(max(reconcile_ms, 10U)));
 }
 
-/* @cpu exists and its poller of @kd's class can run the knobs @req asks for. */
-static int kbp_req_check_cpu(int cpu, const struct kbp_knobs *req,
-			     const struct kbp_dev *kd,
-			     struct netlink_ext_ack *extack)
+/*
+ * A device that is down: the CPUs of NAPIs that no map or default CPU
+ * names come from their IRQs when it comes up, and are checked then
+ * (kbp_dev_activate()).  Now, what does not depend on the CPU: the request
+ * over the class's defaults suits the class, the mode and the caller.
+ */
+static int kbp_req_check_any_cpu(const struct kbp_knobs *req,
+				 const struct kbp_dev *kd,
+				 struct netlink_ext_ack *extack)
 {
-	struct kbp_conf want;
-	int err;
+	struct kbp_conf base, want;
 
-	err = kbp_check_cpu(cpu, extack);
-	if (err)
-		return err;
-	kbp_conf_merge(kbp_slot(cpu, kd->cls), req, &want);
-	return kbp_conf_check(cpu, kd->cls, &want, extack);
+	kbp_conf_init(&base, kd->cls, kbp_default_mode);
+	kbp_conf_merge_over(&base, req, &want);
+	return kbp_conf_check(-1, kd->cls, &want, extack) ?:
+	       kbp_check_caller_knobs(-1, &want, kd, extack);
 }
 
-/* The same, and no conflict with what that poller runs or stores. */
-static int kbp_req_check_cpu_conflict(int cpu, const struct kbp_knobs *req,
-				      const struct kbp_dev *kd,
-				      struct netlink_ext_ack *extack)
-{
-	return kbp_req_check_cpu(cpu, req, kd, extack) ?:
-	       kbp_check_conflict(cpu, kd->cls, req, kd, extack);
-}
-
-/* Every CPU @req would use on its device, for conflict checks. */
+/*
+ * Every CPU @req would use on its device: the named ones, and for a
+ * running device each servable NAPI's (queue map, default, IRQ).
+ */
 static int kbp_req_check_cpus(struct kbp_attach_req *req, struct kbp_dev *kd,
 			      struct netlink_ext_ack *extack)
 {
@@ -1007,19 +1251,18 @@ static int kbp_req_check_cpus(struct kbp_attach_req *req, struct kbp_dev *kd,
 	int cpu, err;
 
 	if (req->cpu >= 0) {
-		err = kbp_req_check_cpu_conflict(req->cpu, &req->knobs, kd,
-						 extack);
+		err = kbp_check_cpu_for(req->cpu, &req->knobs, kd, extack);
 		if (err)
 			return err;
 	}
 	for (i = 0; i < req->nr_map; i++) {
-		err = kbp_req_check_cpu_conflict(req->map[i].cpu, &req->knobs,
-						 kd, extack);
+		err = kbp_check_cpu_for(req->map[i].cpu, &req->knobs, kd,
+					extack);
 		if (err)
 			return err;
 	}
 	if (!netif_running(req->dev))
-		return 0;
+		return kbp_req_check_any_cpu(&req->knobs, kd, extack);
 	nr = kbp_napi_count(req->dev);
 	for (i = 0; i < nr; i++) {
 		struct napi_struct *n;
@@ -1027,17 +1270,61 @@ static int kbp_req_check_cpus(struct kbp_attach_req *req, struct kbp_dev *kd,
 		rcu_read_lock();
 		n = kbp_napi_by_index(req->dev, i);
 		cpu = n && kbp_napi_servable(n) ?
-		      kbp_napi_cpu(kd, n, i, extack) : INT_MAX;
+		      kbp_napi_cpu(kd, n, extack) : INT_MAX;
 		rcu_read_unlock();
 		if (cpu == INT_MAX)
 			continue;
 		if (cpu < 0)
 			return cpu;
-		err = kbp_req_check_cpu_conflict(cpu, &req->knobs, kd, extack);
+		err = kbp_check_cpu_for(cpu, &req->knobs, kd, extack);
 		if (err)
 			return err;
 	}
 	return 0;
+}
+
+/*
+ * Every entry of @req's queue map names a NAPI of the running device
+ * (kbp_napi_index()): a map that would place no queue where it says is
+ * refused, not reported done.  rtnl (and the instance lock) held.
+ */
+static int kbp_req_check_map(struct kbp_attach_req *req,
+			     struct netlink_ext_ack *extack)
+{
+	struct net_device *dev = req->dev;
+	unsigned int i, nr = 0;
+	struct napi_struct *n;
+	unsigned long *have;
+	int err = 0;
+
+	if (!req->nr_map || !netif_running(dev))
+		return 0;
+	have = bitmap_zalloc(KBP_MAP_MAX, GFP_KERNEL);
+	if (!have)
+		return -ENOMEM;
+	rcu_read_lock();
+	list_for_each_entry_rcu(n, &dev->napi_list, dev_list) {
+		unsigned int index;
+
+		if (!kbp_napi_servable(n))
+			continue;
+		nr++;
+		index = kbp_napi_index(dev, n);
+		if (index < KBP_MAP_MAX)
+			set_bit(index, have);
+	}
+	rcu_read_unlock();
+	for (i = 0; i < req->nr_map && !err; i++) {
+		if (req->map[i].index < KBP_MAP_MAX &&
+		    test_bit(req->map[i].index, have))
+			continue;
+		kbp_refuse(extack, "queue map names a NAPI the device does not have",
+			   "queue map names NAPI #%u but %s has %u RX NAPIs",
+			   req->map[i].index, dev->name, nr);
+		err = -EINVAL;
+	}
+	bitmap_free(have);
+	return err;
 }
 
 /*
@@ -1050,12 +1337,9 @@ static void kbp_conf_restore(const struct kbp_conf *saved)
 	unsigned int slot;
 
 	memcpy(kbp_conf, saved, kbp_nr_slots() * sizeof(*kbp_conf));
-	for (slot = 0; slot < kbp_nr_slots(); slot++) {
-		struct kbp_poller *p = kbp_pollers[slot];
-
-		if (p && list_empty(&p->napis))
-			kbp_poller_apply(p, &kbp_conf[slot]);
-	}
+	for (slot = 0; slot < kbp_nr_slots(); slot++)
+		if (!kbp_slot_serving(slot))
+			kbp_slot_apply(slot);
 }
 
 int kbp_dev_bind(struct kbp_attach_req *req, struct netlink_ext_ack *extack)
@@ -1101,11 +1385,21 @@ int kbp_dev_bind(struct kbp_attach_req *req, struct netlink_ext_ack *extack)
 	kd->nr_map = req->nr_map;
 	kd->map = req->map;
 	kd->knobs = req->knobs;
+	kd->may_take_cpu = req->caller.may_take_cpu;
+	if (req->caller.cpus) {
+		kd->cpus = kmemdup(req->caller.cpus, cpumask_size(),
+				   GFP_KERNEL);
+		if (!kd->cpus) {
+			err = -ENOMEM;
+			goto err_free;
+		}
+	}
 	INIT_LIST_HEAD(&kd->napis);
 
 	/* after rtnl and kbp_lock: the NAPI list and threaded state hold still */
 	kbp_netdev_lock(dev);
-	err = kbp_req_check_cpus(req, kd, extack);
+	err = kbp_req_check_map(req, extack) ?:
+	      kbp_req_check_cpus(req, kd, extack);
 	if (err)
 		goto err_unlock;
 
@@ -1137,6 +1431,8 @@ err_unlock:
 	kbp_netdev_unlock(dev);
 err_free:
 	kfree(saved);
+	if (kd)
+		kfree(kd->cpus);
 	kfree(kd);
 	return err;
 }
@@ -1343,6 +1639,7 @@ static void kbp_dev_reconcile(struct kbp_dev *kd)
 	nr = kbp_napi_count(dev);
 	for (i = 0; i < nr && !why; i++) {
 		struct kbp_napi *nkn;
+		unsigned int index = 0;
 		bool linked = false;
 
 		rcu_read_lock();
@@ -1352,18 +1649,22 @@ static void kbp_dev_reconcile(struct kbp_dev *kd)
 		    !kbp_napi_ours(READ_ONCE(n->thread)))
 			why = "one of its NAPIs was given a threaded-NAPI kthread";
 		n = n ? kbp_napi_free_at(kd, i) : NULL;
-		cpu = n ? kbp_napi_cpu(kd, n, i, NULL) : -1;
+		if (n) {
+			index = kbp_napi_index(dev, n);
+			cpu = kbp_napi_cpu(kd, n, NULL);
+		}
 		rcu_read_unlock();
 		if (!n)
 			continue;
+		/* the same checks as at attach: this CPU may be the IRQ's */
 		nkn = cpu >= 0 && cpu_active(cpu) &&
-		      !kbp_check_conflict(cpu, kd->cls, &kd->knobs, kd, NULL) ?
+		      !kbp_check_cpu_for(cpu, &kd->knobs, kd, NULL) ?
 		      kbp_napi_new(kd, cpu) : NULL;
 		if (!IS_ERR_OR_NULL(nkn)) {
 			rcu_read_lock();
 			n = kbp_napi_free_at(kd, i);
 			if (n) {
-				kbp_napi_link(kd, nkn, n, i);
+				kbp_napi_link(kd, nkn, n);
 				linked = true;
 			}
 			rcu_read_unlock();
@@ -1375,14 +1676,13 @@ static void kbp_dev_reconcile(struct kbp_dev *kd)
 			kd->orphaned--;
 			atomic64_inc(&nkn->poller->repairs);
 			pr_info_ratelimited("%s: NAPI #%u lost its poller (threaded NAPI turned off): hooked again\n",
-					    dev->name, i);
+					    dev->name, index);
 		} else if (linked) {
-			pr_info_ratelimited("%s: hooked new NAPI #%u to %s/%d\n",
-					    dev->name, i,
-					    kbp_class_ops(kd->cls)->prefix, cpu);
+			pr_info_ratelimited("%s: hooked new NAPI #%u to %s\n",
+					    dev->name, index, nkn->poller->name);
 		} else if (n)
 			pr_warn_ratelimited("%s: cannot hook new NAPI #%u\n",
-					    dev->name, i);
+					    dev->name, index);
 	}
 	kd->orphaned = 0;	/* any not hooked again by now are gone */
 	if (why) {
@@ -1493,19 +1793,25 @@ static int __init kbp_init(void)
 	}
 	kbp_default_mode = ops->mode;
 
-	kbp_pollers = kcalloc(kbp_nr_slots(), sizeof(*kbp_pollers), GFP_KERNEL);
+	kbp_slots = kcalloc(kbp_nr_slots(), sizeof(*kbp_slots), GFP_KERNEL);
 	kbp_conf = kcalloc(kbp_nr_slots(), sizeof(*kbp_conf), GFP_KERNEL);
-	if (!kbp_pollers || !kbp_conf) {
+	if (!kbp_slots || !kbp_conf) {
 		err = -ENOMEM;
 		goto err_free;
 	}
-	for (slot = 0; slot < kbp_nr_slots(); slot++)
+	for (slot = 0; slot < kbp_nr_slots(); slot++) {
+		INIT_LIST_HEAD(&kbp_slots[slot]);
 		kbp_conf_init(&kbp_conf[slot], kbp_slot_class(slot),
 			      kbp_default_mode);
-
-	err = register_netdevice_notifier(&kbp_netdev_nb);
+	}
+	err = kbp_freq_init();
 	if (err)
 		goto err_free;
+
+	/* replays NETDEV_UP, which kicks the work for ops-locked devices */
+	err = register_netdevice_notifier(&kbp_netdev_nb);
+	if (err)
+		goto err_freq;
 	err = cpuhp_setup_state_nocalls(CPUHP_AP_ONLINE_DYN, "net/kbp:online",
 					kbp_cpu_event, kbp_cpu_event);
 	if (err < 0)
@@ -1521,12 +1827,26 @@ err_cpuhp:
 	cpuhp_remove_state_nocalls(kbp_cpuhp_state);
 err_notifier:
 	unregister_netdevice_notifier(&kbp_netdev_nb);
+	/* the last kicker is gone: nothing queues it again */
+	cancel_delayed_work_sync(&kbp_reconcile_work);
+err_freq:
+	kbp_freq_exit();
 err_free:
 	kfree(kbp_conf);
-	kfree(kbp_pollers);
+	kfree(kbp_slots);
 	return err;
 }
 
+/*
+ * Unload, in the order that leaves nothing behind: no new request (genl),
+ * every device handed back and every poller told to stop; then no new kick
+ * (the CPU hotplug callbacks, the netdevice notifier, whose unregistration
+ * replays NETDEV_GOING_DOWN and UNREGISTER for every device: kbp_exiting
+ * keeps the ops-locked ones from kicking the work); then every poller
+ * thread ever started has left kbp's code (a respawn in flight included:
+ * each thread's last act is kthread_complete_and_exit()); only then is the
+ * reconcile work cancelled, with nothing left that could queue it.
+ */
 static void __exit kbp_exit(void)
 {
 	struct kbp_dev *kd, *tmp;
@@ -1536,35 +1856,40 @@ static void __exit kbp_exit(void)
 
 	rtnl_lock();
 	mutex_lock(&kbp_lock);
-	kbp_exiting = true;
+	WRITE_ONCE(kbp_exiting, true);
 	list_for_each_entry_safe(kd, tmp, &kbp_devs, node)
 		kbp_dev_unbind(kd);
-	kbp_pollers_gc();
+	kbp_pollers_gc();	/* every poller: stopping, or freed */
 	mutex_unlock(&kbp_lock);
 	rtnl_unlock();
 
-	/*
-	 * Stuck pollers, which gc left: no NAPIs, nothing else refers to them.
-	 * And any whose respawn was still running (gc leaves those too): no
-	 * NAPI points at them any more, so it finishes on its own.
-	 */
-	for (slot = 0; slot < kbp_nr_slots(); slot++) {
-		struct kbp_poller *p = kbp_pollers[slot];
-
-		if (!p)
-			continue;
-		while (!kbp_poller_idle(p))
-			usleep_range(1000, 2000);
-		kbp_poller_destroy(p);
-		kbp_pollers[slot] = NULL;
-	}
-
 	cpuhp_remove_state_nocalls(kbp_cpuhp_state);
-	cancel_delayed_work_sync(&kbp_reconcile_work);
 	unregister_netdevice_notifier(&kbp_netdev_nb);
-	rcu_barrier();		/* kfree_rcu() of our NAPI links (pollers are gone) */
+
+	/*
+	 * A respawn a driver's deletion started may still be running: its
+	 * poller is not idle until it is done, and gc stops it then.
+	 */
+	for (;;) {
+		bool left = false;
+
+		rtnl_lock();
+		mutex_lock(&kbp_lock);
+		kbp_pollers_gc();
+		for (slot = 0; slot < kbp_nr_slots(); slot++)
+			left |= !list_empty(&kbp_slots[slot]);
+		mutex_unlock(&kbp_lock);
+		rtnl_unlock();
+		if (!left)
+			break;
+		usleep_range(1000, 2000);
+	}
+	kbp_threads_wait_all();
+	cancel_delayed_work_sync(&kbp_reconcile_work);
+	kbp_freq_exit();
+	rcu_barrier();		/* kfree_rcu() of our links and pollers */
 	kfree(kbp_conf);
-	kfree(kbp_pollers);
+	kfree(kbp_slots);
 	pr_info("unloaded\n");
 }
 

@@ -32,6 +32,7 @@
  * Each mode is one entry of kbp_modes[] (struct kbp_mode_ops); the loop
  * calls its entry and tests no mode.
  */
+#include <linux/delay.h>
 #include <linux/kthread.h>
 #include <linux/livepatch.h>
 #include <linux/netpoll.h>
@@ -67,6 +68,17 @@ static bool kbp_owns(const struct napi_struct *n)
 {
 	return test_bit(NAPI_STATE_SCHED_THREADED, &n->state) &&
 	       READ_ONCE(n->thread) == current;
+}
+
+/*
+ * The thread is to exit: the kernel stopped it (a NAPI of its device
+ * deleted, threaded NAPI turned off: it respawns) or kbp is stopping the
+ * poller (kbp_poller_stop(): it does not).
+ */
+static bool kbp_should_exit(struct kbp_poller *p)
+{
+	return kthread_should_stop() ||
+	       test_bit(KBP_POLLER_STOPPING, &p->flags);
 }
 
 static void kbp_stat_add(struct kbp_poller *p, u64_stats_t *c, u64 v)
@@ -351,7 +363,7 @@ static bool kbp_may_sleep(struct kbp_poller *p, const struct kbp_mode_ops *ops,
 /* Still nothing to do, checked after set_current_state() (pairs with wakers). */
 static bool kbp_still_idle(struct kbp_poller *p)
 {
-	if (kthread_should_stop() || kbp_has_work(p))
+	if (kbp_should_exit(p) || kbp_has_work(p))
 		return false;
 	/*
 	 * Overtaken while it could not run (kbp_poller_wait_released()): the
@@ -458,14 +470,14 @@ static bool kbp_should_yield(bool work, u64 now, u64 *contended_since)
 
 /*
  * Sleep up to @ns in KBP_SLEEP_STATE: a NAPI schedule, a knob change or
- * kthread_stop() ends it early.
+ * a stop ends it early.
  */
-static void kbp_sleep_ns(u64 ns)
+static void kbp_sleep_ns(struct kbp_poller *p, u64 ns)
 {
 	ktime_t t = ns_to_ktime(ns);
 
 	set_current_state(KBP_SLEEP_STATE);
-	if (kthread_should_stop()) {
+	if (kbp_should_exit(p)) {
 		__set_current_state(TASK_RUNNING);
 		return;
 	}
@@ -474,7 +486,7 @@ static void kbp_sleep_ns(u64 ns)
 
 static void kbp_yield(struct kbp_poller *p)
 {
-	kbp_sleep_ns(KBP_YIELD_NS);
+	kbp_sleep_ns(p, KBP_YIELD_NS);
 	kbp_stat_add(p, &p->yields, 1);
 }
 
@@ -490,13 +502,13 @@ static void kbp_yield(struct kbp_poller *p)
  * Be off the CPU for at least one full jiffy, whatever wakes us meanwhile
  * (a busy poller letting a livepatch transition switch it, before 6.4).
  */
-static void kbp_nap(void)
+static void kbp_nap(struct kbp_poller *p)
 {
 	unsigned long end = jiffies + 2;
 
 	for (;;) {
 		set_current_state(KBP_SLEEP_STATE);
-		if (kthread_should_stop() || !time_before(jiffies, end))
+		if (kbp_should_exit(p) || !time_before(jiffies, end))
 			break;
 		schedule_timeout(end - jiffies);
 	}
@@ -514,9 +526,9 @@ static void kbp_klp_switch(struct kbp_poller *p)
 	 * a microsecond (a NAPI schedule may end it before schedule(); then
 	 * the next pass tries again).
 	 */
-	kbp_sleep_ns(NSEC_PER_USEC);
+	kbp_sleep_ns(p, NSEC_PER_USEC);
 #else
-	kbp_nap();
+	kbp_nap(p);
 #endif
 }
 
@@ -588,7 +600,7 @@ static void kbp_wait_interval(struct kbp_poller *p, bool held)
 	t = ns_to_ktime((u64)p->cur_interval_us * NSEC_PER_USEC);
 	set_current_state(KBP_SLEEP_STATE);
 	/* pairs with set_bit(SCHED_THREADED) + wake_up_process(), as kbp_sleep() */
-	if (kthread_should_stop() || test_bit(KBP_POLLER_STUCK, &p->flags) ||
+	if (kbp_should_exit(p) || test_bit(KBP_POLLER_STUCK, &p->flags) ||
 	    kbp_has_unheld_work(p)) {
 		__set_current_state(TASK_RUNNING);
 		return;
@@ -607,13 +619,15 @@ static void kbp_wait_interval(struct kbp_poller *p, bool held)
 static int kbp_periodic_check(int cpu, const struct kbp_conf *c,
 			      struct netlink_ext_ack *extack)
 {
+	char where[KBP_CPU_LABEL_LEN];
 	const char *why = NULL;
 	int err;
 
 	err = kbp_netap_check_params(&c->np, &why);
 	if (err)
 		kbp_refuse(extack, "bad search parameters",
-			   "CPU %d, mode periodic: %s", cpu, why ? why : "?");
+			   "%s, mode periodic: %s", kbp_cpu_label(cpu, where),
+			   why ? why : "?");
 	return err;
 }
 
@@ -675,22 +689,25 @@ static void kbp_give_way(struct kbp_poller *p)
 static int kbp_nonrt_check(int cpu, const struct kbp_conf *c,
 			   struct netlink_ext_ack *extack)
 {
+	char where[KBP_CPU_LABEL_LEN];
+
 	if (c->mode != KBP_MODE_HYBRID) {
 		kbp_refuse(extack, "class non-rt is hybrid only",
-			   "CPU %d: a non-rt poller is hybrid only (it sleeps when idle and gives way to the rt poller), not %s",
-			   cpu, kbp_mode_ops(c->mode)->name);
+			   "%s: a non-rt poller is hybrid only (it sleeps when idle and gives way to the rt poller), not %s",
+			   kbp_cpu_label(cpu, where),
+			   kbp_mode_ops(c->mode)->name);
 		return -EINVAL;
 	}
 	if (c->rt_prio) {
 		kbp_refuse(extack, "class non-rt runs SCHED_NORMAL",
-			   "CPU %d: a non-rt poller runs SCHED_NORMAL: rt_prio must be 0 (use nice), not %u",
-			   cpu, c->rt_prio);
+			   "%s: a non-rt poller runs SCHED_NORMAL: rt_prio must be 0 (use nice), not %u",
+			   kbp_cpu_label(cpu, where), c->rt_prio);
 		return -EINVAL;
 	}
 	if (c->freq_ctl) {
 		kbp_refuse(extack, "class non-rt has no freq_ctl",
-			   "CPU %d: freq_ctl belongs to the CPU's rt poller, not its non-rt one",
-			   cpu);
+			   "%s: freq_ctl belongs to the CPU's rt poller, not its non-rt one",
+			   kbp_cpu_label(cpu, where));
 		return -EINVAL;
 	}
 	return 0;
@@ -700,14 +717,12 @@ static const struct kbp_class_ops kbp_classes[KBP_NR_CLASSES] = {
 	[KBP_CLASS_RT] = {
 		.cls = KBP_CLASS_RT,
 		.name = "rt",
-		.thread_fmt = "kbp/%u",
 		.prefix = "kbp",
 		.after_poll = kbp_after_poll_rt,
 	},
 	[KBP_CLASS_NON_RT] = {
 		.cls = KBP_CLASS_NON_RT,
 		.name = "non-rt",
-		.thread_fmt = "kbpn/%u",
 		.prefix = "kbpn",
 		.after_poll = kbp_give_way,
 		.check = kbp_nonrt_check,
@@ -992,47 +1007,150 @@ static void kbp_periodic_account(struct kbp_poller *p, u64 now)
 	p->round_start = now;
 }
 
-static void kbp_poller_respawn(struct kbp_poller *p);
+static bool kbp_poller_respawn(struct kbp_poller *p);
 
 /* Until kbp_poller_add_napi() gives us a NAPI (it wakes us after adding). */
 static void kbp_wait_first_napi(struct kbp_poller *p)
 {
 	for (;;) {
 		set_current_state(KBP_SLEEP_STATE);
-		if (kthread_should_stop() || !list_empty(&p->napis))
+		if (kbp_should_exit(p) || !list_empty(&p->napis))
 			break;
 		schedule();
 	}
 	__set_current_state(TASK_RUNNING);
 }
 
+/*
+ * Another poller of this CPU and class, another device's, owns a scheduled
+ * NAPI: it is runnable at our priority.  The pollers of one CPU and class
+ * take turns pass by pass (kbp_take_turns()), as one poller serving both
+ * devices did.  A hint: read under RCU as kbp_has_work() reads our own list
+ * (links and pollers are freed after a grace period).
+ */
+static bool kbp_sibling_has_work(struct kbp_poller *p)
+{
+	struct list_head *slot = &kbp_slots[kbp_slot(p->cpu, p->cls->cls)];
+	struct kbp_poller *q;
+	struct kbp_napi *kn;
+	bool ret = false;
+
+	rcu_read_lock();
+	list_for_each_entry_rcu(q, slot, slot_node) {
+		struct task_struct *t = READ_ONCE(q->task);
+
+		if (q == p || !t)
+			continue;
+		list_for_each_entry_rcu(kn, &q->napis, poll_node) {
+			struct napi_struct *n = kn->napi;
+
+			if (test_bit(NAPI_STATE_SCHED_THREADED, &n->state) &&
+			    READ_ONCE(n->thread) == t) {
+				ret = true;
+				goto out;
+			}
+		}
+	}
+out:
+	rcu_read_unlock();
+	return ret;
+}
+
+/*
+ * After a pass with work: let a sibling with work run its pass before our
+ * next one.  A SCHED_FIFO thread is not preempted by an equal-priority one,
+ * and ours do not sleep while they have work, so without this a loaded
+ * device would keep its CPU from another's for up to KBP_SLICE_NS.  The
+ * poller sleeps until the sibling's pass is over (kbp_end_turn() wakes it),
+ * at most KBP_YIELD_NS; its own NAPIs stay scheduled, and it polls them
+ * right after.  TURN is set after the sleep state, so the sibling's
+ * wake-up cannot be lost.
+ */
+static void kbp_take_turns(struct kbp_poller *p)
+{
+	ktime_t t = ns_to_ktime(KBP_YIELD_NS);
+
+	if (!kbp_sibling_has_work(p))
+		return;
+	set_current_state(KBP_SLEEP_STATE);
+	set_bit(KBP_POLLER_TURN, &p->flags);
+	smp_mb__after_atomic();	/* TURN before the look; pairs with kbp_end_turn() */
+	if (!kbp_should_exit(p) && kbp_sibling_has_work(p)) {
+		kbp_stat_add(p, &p->yields, 1);
+		schedule_hrtimeout(&t, HRTIMER_MODE_REL);
+	}
+	__set_current_state(TASK_RUNNING);
+	clear_bit(KBP_POLLER_TURN, &p->flags);
+}
+
+/*
+ * A pass is over: wake the siblings waiting for their turn.  Their
+ * threads' task_structs are freed a grace period after the reaper lets go
+ * of them (kbp_threads_reap()), so reading ->task under RCU is safe.
+ */
+static void kbp_end_turn(struct kbp_poller *p)
+{
+	struct list_head *slot = &kbp_slots[kbp_slot(p->cpu, p->cls->cls)];
+	struct kbp_poller *q;
+	bool first = true;
+
+	rcu_read_lock();
+	list_for_each_entry_rcu(q, slot, slot_node) {
+		struct task_struct *t;
+
+		if (q == p)
+			continue;
+		if (first) {	/* the pass's work before the looks at TURN */
+			smp_mb();
+			first = false;
+		}
+		if (!test_bit(KBP_POLLER_TURN, &q->flags))
+			continue;
+		t = READ_ONCE(q->task);
+		if (t)
+			wake_up_process(t);
+	}
+	rcu_read_unlock();
+}
+
 /* The poller thread: small loop, every decision a named predicate above. */
 static int kbp_poller_fn(void *data)
 {
-	struct kbp_poller *p = data;
-	u64 last_work = local_clock(), contended = 0;
+	struct kbp_thread *thr = data;
 	struct kbp_freq freq = {};
+	struct kbp_poller *p;
+	u64 last_work, contended = 0;
 
-	complete(&p->started);	/* kbp_poller_spawn() may publish us now */
+	/*
+	 * Given up by kbp_thread_spawn() before it ran: nothing knows this
+	 * thread, and its poller may be gone.
+	 */
+	if (atomic_cmpxchg(&thr->state, KBP_THREAD_NEW,
+			   KBP_THREAD_RUNNING) != KBP_THREAD_NEW)
+		kthread_complete_and_exit(&thr->exited, 0);
+	p = thr->poller;
+	complete(&thr->started);	/* kbp_thread_spawn() may publish us now */
+	kbp_freq_thread_start(p, &freq);
 	/* a new poller: no NAPI yet (a respawned one has them), not a sleep */
 	kbp_wait_first_napi(p);
 
+	last_work = local_clock();
 	/* a respawned thread: its CPU time starts from 0, so does a round */
 	if (p->search_on)
 		kbp_round_begin(p, last_work);
 
-	while (!kthread_should_stop()) {
+	while (!kbp_should_exit(p)) {
 		const struct kbp_mode_ops *ops = READ_ONCE(p->ops);
 		bool more = false, held = false;
 		int work;
 		u64 now;
 
 		if (unlikely(test_bit(KBP_POLLER_STUCK, &p->flags))) {
-			/* running again: kbp_pollers_gc() may stop us now */
+			/* running again: it may take NAPIs again */
 			clear_bit(KBP_POLLER_STUCK, &p->flags);
 			kbp_reconcile_soon();
 		}
-		kbp_freq_wake(p, &freq);
+		kbp_freq_pass(p, &freq);
 		work = kbp_pass(p, ops, &more, &held);
 		now = local_clock();
 		if (ops->holds)
@@ -1046,8 +1164,11 @@ static int kbp_poller_fn(void *data)
 			u64_stats_inc(&p->empty_passes);
 		u64_stats_update_end(&p->syncp);
 
-		if (work)
+		kbp_end_turn(p);
+		if (work) {
 			last_work = now;
+			kbp_take_turns(p);
+		}
 		if (kbp_may_sleep(p, ops, more, now, last_work)) {
 			/* the last look before paying for a frequency change */
 			if (!kbp_has_work(p))
@@ -1062,11 +1183,16 @@ static int kbp_poller_fn(void *data)
 		}
 	}
 
-	kbp_freq_restore(p, &freq);
-
-	if (!test_bit(KBP_POLLER_STOPPING, &p->flags))
-		kbp_poller_respawn(p);
-	return 0;
+	kbp_freq_thread_exit(p, &freq);
+	/*
+	 * Stopped by the kernel (not by kbp: no STOPPING): start a thread to
+	 * take over.  Either way, no code of kbp's runs on this thread after
+	 * @exited completes: module exit and the reaper wait for it.
+	 */
+	if (kbp_poller_respawn(p))
+		synchronize_rcu();	/* no hardIRQ path still wakes us */
+	kbp_reconcile_soon();		/* the reaper: our exit, our poller */
+	kthread_complete_and_exit(&thr->exited, 0);
 }
 
 static int kbp_apply_prio(struct task_struct *t, u32 rt_prio, s32 nice)
@@ -1083,50 +1209,149 @@ static int kbp_apply_prio(struct task_struct *t, u32 rt_prio, s32 nice)
 
 #define KBP_START_WAIT	HZ
 
-static struct task_struct *kbp_poller_spawn(struct kbp_poller *p)
+/* Every thread record; see struct kbp_thread. */
+static LIST_HEAD(kbp_threads);
+static DEFINE_SPINLOCK(kbp_threads_lock);
+
+/*
+ * A new thread for @p, running: it is published (in napi->thread or
+ * p->task) only once it has run, since kthread() skips the thread function
+ * of a thread stopped before its first run, and such a thread would neither
+ * poll, nor respawn, nor complete its exit, and a driver deleting a NAPI
+ * without rtnl may kthread_stop() whatever napi->thread says at any time.
+ * Bounded: a CPU that a higher-priority task hogs may not run it soon, and
+ * the caller may hold rtnl.  A thread that has not run within KBP_START_WAIT
+ * is given up (-EBUSY): when it runs at last it sees KBP_THREAD_ABANDONED
+ * and exits without touching @p.
+ */
+static struct kbp_thread *kbp_thread_spawn(struct kbp_poller *p)
 {
+	struct kbp_thread *thr;
 	struct task_struct *t;
 	int err;
 
-	reinit_completion(&p->started);
-	t = kthread_create_on_cpu(kbp_poller_fn, p, p->cpu, p->cls->thread_fmt);
-	if (IS_ERR(t))
-		return t;
+	thr = kzalloc(sizeof(*thr), GFP_KERNEL);
+	if (!thr)
+		return ERR_PTR(-ENOMEM);
+	thr->poller = p;
+	atomic_set(&thr->state, KBP_THREAD_NEW);
+	init_completion(&thr->started);
+	init_completion(&thr->exited);
+	t = kthread_create_on_node(kbp_poller_fn, thr, cpu_to_node(p->cpu),
+				   "%s", p->name);
+	if (IS_ERR(t)) {
+		kfree(thr);
+		return ERR_CAST(t);
+	}
+	kthread_bind(t, p->cpu);
 	err = kbp_apply_prio(t, READ_ONCE(p->rt_prio), READ_ONCE(p->nice));
 	if (err)
 		pr_warn("kbp: %s: cannot set rt_prio %u nice %d: %d\n", t->comm,
 			READ_ONCE(p->rt_prio), READ_ONCE(p->nice), err);
 	get_task_struct(t);
-	/*
-	 * Let it run once before anyone can know it: kthread() skips the
-	 * thread function of a thread stopped before its first run, and a
-	 * driver deleting a NAPI without rtnl may kthread_stop() whatever
-	 * napi->thread says at any time.  Bounded: a CPU that a
-	 * higher-priority task hogs may not run it soon, and the caller may
-	 * hold rtnl.
-	 */
+	thr->task = t;
+	spin_lock(&kbp_threads_lock);
+	list_add_tail(&thr->node, &kbp_threads);
+	spin_unlock(&kbp_threads_lock);
+
 	wake_up_process(t);
-	if (!wait_for_completion_timeout(&p->started, KBP_START_WAIT))
-		pr_warn("kbp: kbp/%d: new thread (pid %d) has not run within %u ms (starved?)\n",
-			p->cpu, t->pid, jiffies_to_msecs(KBP_START_WAIT));
-	return t;
+	if (!wait_for_completion_timeout(&thr->started, KBP_START_WAIT) &&
+	    atomic_cmpxchg(&thr->state, KBP_THREAD_NEW,
+			   KBP_THREAD_ABANDONED) == KBP_THREAD_NEW) {
+		pr_warn("kbp: %s: new thread (pid %d) has not run within %u ms (CPU starved?): given up\n",
+			p->name, t->pid,
+			jiffies_to_msecs(KBP_START_WAIT));
+		return ERR_PTR(-EBUSY);
+	}
+	return thr;
 }
 
-struct kbp_poller *kbp_poller_create(int cpu, u32 cls,
+/*
+ * A finished thread's record, if nothing may still kthread_stop() it (@all:
+ * module exit, when every NAPI is back with the kernel): drop our task
+ * reference.  No hardIRQ path still wakes it: its NAPIs were unhooked and a
+ * grace period passed (detach), or it waited for one before exiting
+ * (respawn).
+ */
+static bool kbp_thread_reapable(struct kbp_thread *thr, bool all)
+{
+	return (all || !thr->pinned) && completion_done(&thr->exited);
+}
+
+static void kbp_thread_free_rcu(struct rcu_head *head)
+{
+	struct kbp_thread *thr = container_of(head, struct kbp_thread, rcu);
+
+	put_task_struct(thr->task);
+	kfree(thr);
+}
+
+/*
+ * Free the records of threads that have exited, a grace period from now:
+ * pollers of the same CPU read each other's ->task under RCU
+ * (kbp_end_turn()).  Any context that sleeps.
+ */
+void kbp_threads_reap(bool all)
+{
+	struct kbp_thread *thr, *tmp;
+	LIST_HEAD(done);
+
+	spin_lock(&kbp_threads_lock);
+	list_for_each_entry_safe(thr, tmp, &kbp_threads, node)
+		if (kbp_thread_reapable(thr, all))
+			list_move(&thr->node, &done);
+	spin_unlock(&kbp_threads_lock);
+	list_for_each_entry_safe(thr, tmp, &done, node)
+		call_rcu(&thr->rcu, kbp_thread_free_rcu);
+}
+
+/*
+ * Module exit: every thread ever started has left kbp's code.  Pollers are
+ * all stopping by now; a thread that cannot run (a starved CPU) is waited
+ * for, as kthread_stop() would.
+ */
+void kbp_threads_wait_all(void)
+{
+	struct kbp_thread *thr;
+
+	for (;;) {
+		spin_lock(&kbp_threads_lock);
+		thr = list_first_entry_or_null(&kbp_threads, struct kbp_thread,
+					       node);
+		spin_unlock(&kbp_threads_lock);
+		if (!thr)
+			return;
+		/*
+		 * Not wait_for_completion(): it would consume the one
+		 * complete(), and the reaper's completion_done() would never
+		 * see this record done.
+		 */
+		while (!completion_done(&thr->exited))
+			usleep_range(1000, 2000);
+		kbp_threads_reap(true);
+	}
+}
+
+/*
+ * A poller for @kd's NAPIs on @cpu (class @cls), its thread running and
+ * waiting for the first NAPI.  Caller holds rtnl and kbp_lock.
+ */
+struct kbp_poller *kbp_poller_create(int cpu, u32 cls, struct kbp_dev *kd,
 				     const struct kbp_conf *conf)
 {
+	struct kbp_thread *thr;
 	struct kbp_poller *p;
-	struct task_struct *t;
 
 	p = kzalloc_node(sizeof(*p), GFP_KERNEL, cpu_to_node(cpu));
 	if (!p)
 		return ERR_PTR(-ENOMEM);
 	p->cpu = cpu;
 	p->cls = kbp_class_ops(cls);
+	p->kd = kd;
 	spin_lock_init(&p->lock);
 	spin_lock_init(&p->netap_lock);
-	init_completion(&p->started);
 	INIT_LIST_HEAD(&p->napis);
+	INIT_LIST_HEAD(&p->slot_node);
 	u64_stats_init(&p->syncp);
 	p->mode = conf->mode;
 	p->ops = kbp_mode_ops(conf->mode);
@@ -1146,19 +1371,24 @@ struct kbp_poller *kbp_poller_create(int cpu, u32 cls,
 		return ERR_PTR(-EINVAL);
 	}
 
-	t = kbp_poller_spawn(p);
-	if (IS_ERR(t)) {
+	snprintf(p->name, sizeof(p->name), "%s/%d:%s", p->cls->prefix, cpu,
+		 kd->dev->name);
+	thr = kbp_thread_spawn(p);
+	if (IS_ERR(thr)) {
+		/* a given-up thread never touches @p */
 		kfree(p);
-		return ERR_CAST(t);
+		return ERR_CAST(thr);
 	}
-	p->task = t;
-	WRITE_ONCE(p->pid, t->pid);
+	p->thr = thr;
+	p->task = thr->task;
+	WRITE_ONCE(p->pid, thr->task->pid);
+	kbp_freq_poller_add(cpu);
 	return p;
 }
 
 /*
- * The poller's thread, with a reference (put_task_struct()), or NULL.  On 7.2
- * a respawn may replace it (and drop the old one) while we look: read it
+ * The poller's thread, with a reference (put_task_struct()), or NULL.  A
+ * respawn may replace it (and drop the old one) while we look: read it
  * under p->lock.
  */
 static struct task_struct *kbp_poller_task(struct kbp_poller *p)
@@ -1174,20 +1404,36 @@ static struct task_struct *kbp_poller_task(struct kbp_poller *p)
 }
 
 /*
- * Caller holds rtnl and kbp_lock; the poller has no NAPIs left, so no NAPI
- * points at it and nobody else can be stopping (respawning) it.
+ * Stop @p: its thread exits at its next look (it never respawns once
+ * STOPPING is set) and the reaper frees the poller once it has
+ * (kbp_poller_exited()).  Nothing waits here: a thread that cannot run must
+ * not hold up rtnl.  Caller holds rtnl and kbp_lock; @p is idle
+ * (kbp_poller_idle()): no NAPI is linked, and no respawn runs.  A thread
+ * that a driver's deletion is stopping at the same time (it read the
+ * thread from a NAPI kbp has just unlinked, kbp_poller_add_napi()) exits
+ * once for both: the kernel's kthread_stop() waits on the thread's own exit,
+ * not on ours.
  */
-void kbp_poller_destroy(struct kbp_poller *p)
+void kbp_poller_stop(struct kbp_poller *p)
 {
-	struct task_struct *t = p->task;
+	struct task_struct *t;
 
-	WARN_ON_ONCE(!list_empty(&p->napis));
+	spin_lock(&p->lock);
+	set_bit(KBP_POLLER_STOPPING, &p->flags);
+	t = p->task;
+	if (t)
+		get_task_struct(t);
+	spin_unlock(&p->lock);
 	if (t) {
-		set_bit(KBP_POLLER_STOPPING, &p->flags);
-		kthread_stop(t);
+		wake_up_process(t);	/* pairs with the sleeps' looks at STOPPING */
 		put_task_struct(t);
 	}
-	kfree(p);
+}
+
+/* A stopping poller's thread has left kbp's code (or it had none).  kbp_lock. */
+bool kbp_poller_exited(struct kbp_poller *p)
+{
+	return !p->thr || completion_done(&p->thr->exited);
 }
 
 /*
@@ -1320,8 +1566,14 @@ static void kbp_napi_unlink_dead(struct kbp_napi *kn);
  * from its own work, ice's for example).  __netif_napi_del() clears LISTED (a
  * fully ordered RMW), then reads napi->thread to stop it; we write
  * napi->thread, then read LISTED: either the deleter stops the poller, whose
- * respawn drops the link, or we see LISTED clear and drop it here.  False if
- * the NAPI is going (the link is DEAD, freed by the reconcile work).
+ * respawn drops the link, or we see LISTED clear and drop it here, or both.
+ * In that last case the deleter may stop our thread at any later time, from
+ * what it read: napi->thread is left as it is (a NULL written now could meet
+ * the deleter between its test of napi->thread and its use of it), the
+ * thread's task_struct is kept until module exit (kbp_thread->pinned), and
+ * should the poller be stopped meanwhile, its thread's one exit serves both
+ * stoppers (kbp_poller_stop()).  False if the NAPI is going (the link is
+ * DEAD, freed by the reconcile work).
  */
 bool kbp_poller_add_napi(struct kbp_poller *p, struct kbp_napi *kn)
 {
@@ -1335,9 +1587,9 @@ bool kbp_poller_add_napi(struct kbp_poller *p, struct kbp_napi *kn)
 	smp_mb();	/* napi->thread before LISTED; see above */
 	if (!test_bit(NAPI_STATE_LISTED, &n->state)) {
 		kbp_napi_clear_threaded(n);
-		if (READ_ONCE(n->thread) == p->task)
-			WRITE_ONCE(n->thread, NULL);
 		kbp_napi_unlink_dead(kn);
+		if (p->thr)
+			p->thr->pinned = true;
 		ok = false;
 	} else {
 		kbp_napi_claim_from_softirq(p, kn);
@@ -1463,8 +1715,16 @@ void kbp_poller_del_napi(struct kbp_napi *kn)
 		/* not a kthread the kernel gave the NAPI after stopping ours */
 		if (!t || t == p->task)
 			kbp_napi_cfg_release(&kn->cfg);
-		if (t && t == p->task)
-			WRITE_ONCE(n->thread, NULL);
+		/*
+		 * Being deleted without rtnl (before 6.14): the deleter read,
+		 * or will read, our thread; keep it (kbp_poller_add_napi()).
+		 */
+		if (t && t == p->task) {
+			if (test_bit(NAPI_STATE_LISTED, &n->state))
+				WRITE_ONCE(n->thread, NULL);
+			else if (p->thr)
+				p->thr->pinned = true;
+		}
 	}
 	spin_unlock(&p->lock);
 }
@@ -1577,10 +1837,10 @@ void kbp_poller_wait_released(struct kbp_napi *kn, unsigned long deadline)
 			wake_up_process(t);
 		if (time_after(jiffies, deadline)) {
 			if (kbp_poller_release(kn)) {
-				pr_warn("kbp: %s: NAPI #%u taken back from kbp/%d, which did not release it within %u ms (starved?)\n",
-					name, kn->index, p->cpu,
+				pr_warn("kbp: %s: NAPI #%u taken back from %s, which did not release it within %u ms (starved?)\n",
+					name, kn->index, p->name,
 					jiffies_to_msecs(KBP_RELEASE_WAIT));
-				/* nor would it stop: kthread_stop() waits for it */
+				/* it takes no new NAPI until it runs again */
 				set_bit(KBP_POLLER_STUCK, &p->flags);
 				/* pairs with kbp_sleep()'s look at it */
 				if (t)
@@ -1588,8 +1848,8 @@ void kbp_poller_wait_released(struct kbp_napi *kn, unsigned long deadline)
 				break;
 			}
 			if (!boosted && t) {
-				pr_warn("kbp: %s: kbp/%d is stuck in a poll of NAPI #%u; raising it to finish\n",
-					name, p->cpu, kn->index);
+				pr_warn("kbp: %s: %s is stuck in a poll of NAPI #%u; raising it to finish\n",
+					name, p->name, kn->index);
 				kbp_apply_prio(t, KBP_RT_PRIO_MAX, 0);
 				boosted = true;
 			}
@@ -1612,8 +1872,8 @@ static void kbp_poller_respawn_failed(struct kbp_poller *p, long err)
 {
 	struct kbp_napi *kn, *tmp;
 
-	pr_err("kbp: kbp/%d stopped by the kernel and cannot respawn (%ld); its NAPIs fall back to softirq\n",
-	       p->cpu, err);
+	pr_err("kbp: %s stopped by the kernel and cannot respawn (%ld); its NAPIs fall back to softirq\n",
+	       p->name, err);
 	spin_lock(&p->lock);
 	list_for_each_entry(kn, &p->napis, poll_node)
 		if (READ_ONCE(kn->napi->thread) == current)
@@ -1631,36 +1891,45 @@ static void kbp_poller_respawn_failed(struct kbp_poller *p, long err)
 				__napi_schedule(n);
 				local_bh_enable();
 			}
-			WRITE_ONCE(n->thread, NULL);
+			/* not one being deleted: its deleter is stopping us */
+			if (test_bit(NAPI_STATE_LISTED, &n->state))
+				WRITE_ONCE(n->thread, NULL);
 		}
 		kbp_napi_unlink_dead(kn);
 	}
 	set_bit(KBP_POLLER_FAILED, &p->flags);
 	p->task = NULL;
+	p->thr = NULL;
 	WRITE_ONCE(p->pid, 0);
 	spin_unlock(&p->lock);
 }
 
 /*
- * The poller was stopped by someone else.  kthread_stop(napi->thread) comes
- * from __netif_napi_del() for a NAPI that a driver deletes while its device
- * stays up (veth on "ethtool -K gro off" or a channel change, for example),
- * with rtnl held by the deleter; on 7.2 also from napi_stop_kthread() when
- * threaded NAPI is turned off (sysfs "threaded" 0, netlink "napi-set
- * threaded disabled"), under that NAPI's instance lock only.  The stopper
- * waits for us to exit while holding its locks, so take none of ours that
- * can sleep: only p->lock, which orders us against kbp's hooks and unhooks
- * (they hold it to change the list, napi->thread and p->task).  Start a new
- * thread, move the NAPIs that point at us to it, drop the ones that lost
- * NAPI_STATE_LISTED, and exit.
+ * The kernel stopped our thread on @n: THREADED is clear on a NAPI that
+ * still pointed at the thread, is still listed (not being deleted) and not
+ * disabled.  7.2's napi_stop_kthread() (sysfs "threaded" 0, netlink
+ * "napi-set threaded disabled") clears THREADED, waits for the NAPI to be
+ * idle or ours, stops the thread, then clears napi->thread itself.  A NAPI
+ * that napi_disable() holds (SCHED and NPSVC set, THREADED cleared; ring
+ * resizes, virtio-net's refill work) is not: it keeps its link and is
+ * moved to the new thread, and the reconcile work sets THREADED again once
+ * napi_enable() has run (kbp_poller_check_napi()).  Nor is a NAPI being
+ * deleted (LISTED clear): its link is dropped as DEAD.  On 6.x only kbp's
+ * own detach clears THREADED of a listed, enabled NAPI.
  */
+static bool kbp_napi_stopped_by_kernel(const struct napi_struct *n)
+{
+	unsigned long st = READ_ONCE(n->state);
+
+	return !(st & NAPIF_STATE_THREADED) && (st & NAPIF_STATE_LISTED) &&
+	       !(st & NAPIF_STATE_NPSVC);
+}
+
 /*
- * A NAPI that pointed at the stopped thread and no longer has THREADED set:
- * the kernel stopped us on it (7.2: napi_stop_kthread(), which then clears
- * napi->thread itself) or a driver is disabling it (napi_disable() clears
- * THREADED), or kbp's own detach cleared it.  In none of these cases would a
- * later deletion of the NAPI stop our thread, so the link must not stay on
- * the list: drop it (the reconcile work hooks the NAPI again, as a new one)
+ * The kernel stopped the thread on @kn's NAPI (kbp_napi_stopped_by_kernel()),
+ * or kbp's own detach cleared THREADED: no later deletion of the NAPI would
+ * stop our thread, so the link must not stay on the list: drop it (the
+ * reconcile work hooks the NAPI again, as a new one, and counts a repair)
  * and give a NAPI we still own to the softirq.  p->lock held.
  */
 static void kbp_napi_orphan(struct kbp_napi *kn)
@@ -1673,69 +1942,85 @@ static void kbp_napi_orphan(struct kbp_napi *kn)
 		local_bh_enable();
 	}
 	WRITE_ONCE(n->thread, NULL);
-	set_bit(KBP_NAPI_ORPHAN, &kn->flags);
+	if (!test_bit(KBP_NAPI_DETACHING, &kn->flags))
+		set_bit(KBP_NAPI_ORPHAN, &kn->flags);
 	kbp_napi_unlink_dead(kn);
 }
 
-static void kbp_poller_respawn(struct kbp_poller *p)
+/*
+ * The thread leaves its loop.  Stopped by kbp (STOPPING): false, nothing to
+ * do.  Stopped by the kernel: kthread_stop(napi->thread) from
+ * __netif_napi_del() for a NAPI of our device that a driver deletes while
+ * the device stays up (veth on "ethtool -K gro off", a channel change, a
+ * reset; with rtnl held, or before 6.14 from a driver's own reset work
+ * without it), or on 7.2 from napi_stop_kthread() (threaded NAPI turned off
+ * by sysfs or netlink "napi-set") under the device's instance lock.  The
+ * stopper waits for us to exit with its locks held, so take none of ours
+ * that can sleep: only p->lock, which orders us against kbp's hooks and
+ * unhooks (they hold it to change the list, napi->thread and p->task).
+ * Start a new thread, move the NAPIs that point at us to it, drop the ones
+ * that lost NAPI_STATE_LISTED, orphan the ones the kernel took
+ * (kbp_napi_orphan()), and return true: the caller then exits.  Every NAPI
+ * on the list is the device's own (one poller per device), and every
+ * stopper of this thread holds that device's locks (rtnl, its instance
+ * lock, or its driver's own reset serialisation), so no second stopper can
+ * have read our thread from another NAPI meanwhile.
+ */
+static bool kbp_poller_respawn(struct kbp_poller *p)
 {
-	struct task_struct *old = current, *t;
+	struct task_struct *old = current;
 	struct kbp_napi *kn, *tmp;
-	int cpu = p->cpu;
+	struct kbp_thread *thr;
 
-	/*
-	 * Whoever stopped us may not hold rtnl (a driver's reset deleting
-	 * its NAPIs): keep kbp_pollers_gc() from freeing @p meanwhile.
-	 */
+	/* gc may not stop the poller meanwhile: a stopper of ours may lack rtnl */
 	spin_lock(&p->lock);
+	if (test_bit(KBP_POLLER_STOPPING, &p->flags)) {
+		spin_unlock(&p->lock);
+		return false;
+	}
 	set_bit(KBP_POLLER_RESPAWNING, &p->flags);
 	spin_unlock(&p->lock);
 
-	t = kbp_poller_spawn(p);
-	if (IS_ERR(t)) {
-		kbp_poller_respawn_failed(p, PTR_ERR(t));
+	thr = kbp_thread_spawn(p);
+	if (IS_ERR(thr)) {
+		kbp_poller_respawn_failed(p, PTR_ERR(thr));
 	} else {
 		spin_lock(&p->lock);
 		list_for_each_entry_safe(kn, tmp, &p->napis, poll_node) {
 			struct napi_struct *n = kn->napi;
 
-			/*
-			 * Only NAPIs that point at us, and of those only the
-			 * ones still THREADED (kbp_napi_orphan()).
-			 */
 			if (READ_ONCE(n->thread) == old) {
-				if (!test_bit(NAPI_STATE_THREADED, &n->state)) {
+				if (kbp_napi_stopped_by_kernel(n)) {
 					kbp_napi_orphan(kn);
 					continue;
 				}
-				WRITE_ONCE(n->thread, t);
+				WRITE_ONCE(n->thread, thr->task);
 			}
 			/*
 			 * napi->thread before LISTED; __netif_napi_del_locked()
 			 * clears LISTED (a full barrier), then reads
 			 * napi->thread to stop it: either we see the deletion
-			 * here, or the deleter stops @t, whose respawn sees it.
+			 * here, or the deleter stops the new thread, whose
+			 * respawn sees it.
 			 */
 			smp_mb();
 			if (!test_bit(NAPI_STATE_LISTED, &n->state))
 				kbp_napi_unlink_dead(kn);
 		}
-		p->task = t;
-		WRITE_ONCE(p->pid, t->pid);	/* with the task it names */
+		p->thr = thr;
+		p->task = thr->task;
+		WRITE_ONCE(p->pid, thr->task->pid);	/* with the task it names */
 		spin_unlock(&p->lock);
 		atomic64_inc(&p->respawns);
-		wake_up_process(t);
-		pr_info_ratelimited("kbp: kbp/%d replaced (pid %d -> %d) after the kernel stopped it (NAPI deleted or threaded NAPI turned off)\n",
-				    cpu, old->pid, t->pid);
+		wake_up_process(thr->task);
+		pr_info_ratelimited("kbp: %s replaced (pid %d -> %d) after the kernel stopped it (NAPI deleted or threaded NAPI turned off)\n",
+				    p->name, old->pid, thr->task->pid);
 	}
-	/* the last touch of @p: gc may free it from here on */
+	/* the last touch of @p: gc may stop and free it from here on */
 	spin_lock(&p->lock);
 	clear_bit(KBP_POLLER_RESPAWNING, &p->flags);
 	spin_unlock(&p->lock);
-	/* no hardIRQ path still holds the old task from napi->thread */
-	synchronize_rcu();
-	kbp_reconcile_soon();
-	put_task_struct(old);
+	return true;
 }
 
 void kbp_poller_read(struct kbp_poller *p, struct kbp_poller_snapshot *s)

@@ -3,9 +3,19 @@
  * kbp: kernel busy poll.  Internal interfaces of the module.
  *
  * Objects
- *   struct kbp_poller  one per CPU and class in use: a kthread bound to that
- *                      CPU ("kbp/<cpu>" of class rt, "kbpn/<cpu>" of class
- *                      non-rt), and the list of NAPIs it serves.
+ *   struct kbp_poller  one per CPU, class and attached device in use: a
+ *                      kthread bound to that CPU ("kbp/<cpu>:<dev>" of class
+ *                      rt, "kbpn/<cpu>:<dev>" of class non-rt) and the list of
+ *                      that device's NAPIs it serves.  Per device, because the
+ *                      kernel stops napi->thread (kthread_stop()) from
+ *                      paths that only that device's own locks serialise: two
+ *                      devices' NAPIs sharing a thread could have it stopped
+ *                      twice (docs/design.md, "One thread per device").  The
+ *                      pollers of one CPU and class share that CPU's knobs
+ *                      (kbp_conf[]) and take turns pass by pass.
+ *   struct kbp_thread  one per poller kthread ever started: the task and its
+ *                      exit, which kbp waits for (kbp never kthread_stop()s
+ *                      its own threads).
  *   struct kbp_dev     one per attached device (the operator's request; it
  *                      survives the device going down and up).
  *   struct kbp_napi    one per NAPI instance of an attached device while the
@@ -18,7 +28,7 @@
  *                      add, enable, disable and delete NAPIs of a registered
  *                      device under it, so holding it freezes dev->napi_list
  *                      and the NAPI_STATE_LISTED bits we depend on.
- *   kbp_lock (mutex)   the registries: kbp_devs, kbp_pollers[], kbp_conf[]
+ *   kbp_lock (mutex)   the registries: kbp_devs, kbp_slots[], kbp_conf[]
  *                      (both indexed by kbp_slot(cpu, class)),
  *                      every kbp_dev and its napis list.  Taken after rtnl;
  *                      never taken by a poller thread.
@@ -32,16 +42,24 @@
  *                      its ops (netdev_need_ops_lock()) send NETDEV_UP and
  *                      GOING_DOWN with it held: kbp does not take kbp_lock
  *                      there, the reconcile work follows their state.
+ *   kbp_cpufreq.lock   (mutex, per CPU, kbp_freq.c) kbp's changes of a
+ *                      CPU's frequency: taken by that CPU's poller threads
+ *                      with nothing else held (trylock on the data path).
  *   poller->lock       (spinlock, process context only) poller->napis,
- *                      poller->task and napi->thread of the NAPIs on the list
- *                      change only under it.  Taken under kbp_lock (and the
- *                      NAPI's instance lock), or alone by the poller thread
- *                      itself when it respawns.  The poller thread reads the
- *                      list under rcu_read_lock().
+ *                      poller->task, poller->thr and napi->thread of the
+ *                      NAPIs on the list change only under it, and the
+ *                      STOPPING and RESPAWNING bits are set under it.  Taken
+ *                      under kbp_lock (and the NAPI's instance lock), or
+ *                      alone by the poller thread itself when it respawns.
+ *                      The poller thread reads the list under
+ *                      rcu_read_lock(); so do the other pollers of its CPU
+ *                      and class (kbp_sibling_has_work()).
  *   poller->netap_lock (spinlock, process context only) the periodic search:
  *                      its state (written by the thread once per round) and
  *                      its parameters and objective (written under
  *                      kbp_lock).  Innermost: nothing is taken inside it.
+ *   kbp_threads_lock   (spinlock, kbp_poller.c) the list of thread records.
+ *                      Innermost.
  */
 #ifndef _KBP_PRIV_H
 #define _KBP_PRIV_H
@@ -91,6 +109,14 @@ struct kbp_conf {
 };
 
 struct kbp_poller;
+struct kbp_dev;
+
+/* kbp_thread->state: a new thread runs, or was given up before it ran */
+enum kbp_thread_state {
+	KBP_THREAD_NEW,
+	KBP_THREAD_RUNNING,
+	KBP_THREAD_ABANDONED,
+};
 
 /*
  * What differs between modes, chosen once when a poller's mode is set
@@ -130,8 +156,7 @@ const struct kbp_mode_ops *kbp_mode_ops_by_name(const char *name);
 struct kbp_class_ops {
 	u32 cls;
 	const char *name;
-	const char *thread_fmt;		/* kthread name, "%u": the CPU */
-	const char *prefix;		/* the same without "/%u", for messages */
+	const char *prefix;		/* of its threads' names, for messages */
 	/*
 	 * Poller thread, after each poll (bh enabled again): the rt class
 	 * does nothing; the non-rt class gives the CPU to a task the poll's
@@ -145,7 +170,21 @@ struct kbp_class_ops {
 
 const struct kbp_class_ops *kbp_class_ops(u32 cls);
 
-/* A poller's place in kbp_pollers[] and kbp_conf[]: class-major. */
+/*
+ * "CPU <n>" for a message, or "its CPUs" when they are not known yet (-1:
+ * a device that is down gets its CPUs from its NAPIs' IRQs when it comes
+ * up).  @buf: KBP_CPU_LABEL_LEN bytes.
+ */
+#define KBP_CPU_LABEL_LEN	16
+static inline const char *kbp_cpu_label(int cpu, char *buf)
+{
+	if (cpu < 0)
+		return "its CPUs";
+	snprintf(buf, KBP_CPU_LABEL_LEN, "CPU %d", cpu);
+	return buf;
+}
+
+/* A poller's slot in kbp_slots[] and kbp_conf[]: class-major. */
 static inline unsigned int kbp_slot(int cpu, u32 cls)
 {
 	return cls * nr_cpu_ids + cpu;
@@ -165,36 +204,66 @@ static inline u32 kbp_slot_class(unsigned int slot)
 
 /* poller->flags */
 enum {
-	KBP_POLLER_STOPPING,	/* kbp itself is stopping the thread */
-	KBP_POLLER_FAILED,	/* respawn failed: no thread, NAPIs handed back */
-	KBP_POLLER_STUCK,	/* did not give a NAPI back in time (starved): not
-				 * stopped under rtnl until it runs again
+	KBP_POLLER_STOPPING,	/* kbp is stopping the poller: its thread exits
+				 * and does not respawn; the reaper frees the
+				 * poller once it has (set under @lock)
 				 */
+	KBP_POLLER_FAILED,	/* respawn failed: no thread, NAPIs handed back */
+	KBP_POLLER_STUCK,	/* did not give a NAPI back in time (starved) */
 	KBP_POLLER_RESPAWNING,	/* the kernel stopped the thread, which is
 				 * replacing itself: kbp_pollers_gc() must not
-				 * free the poller under it (set and cleared
+				 * stop the poller under it (set and cleared
 				 * under @lock)
 				 */
+	KBP_POLLER_TURN,	/* its thread waits for a sibling's pass
+				 * (kbp_take_turns()); set and cleared by it
+				 */
+};
+
+/*
+ * A poller kthread (kbp_poller.c).  Every thread ends in
+ * kthread_complete_and_exit(&@exited): kbp waits for that, never
+ * kthread_stop()s it, so the kernel's stop of napi->thread (a NAPI deleted,
+ * threaded NAPI turned off) is the only kthread_stop() a poller thread ever
+ * gets, and module exit knows when no thread runs its code any more.
+ */
+struct kbp_thread {
+	struct list_head node;		/* kbp_threads (kbp_threads_lock) */
+	struct task_struct *task;	/* referenced until the record is freed */
+	struct kbp_poller *poller;	/* read by the thread only once RUNNING */
+	atomic_t state;			/* enum kbp_thread_state */
+	struct completion started;	/* it runs: kbp_thread_spawn() may publish it */
+	struct completion exited;	/* its last instruction in kbp's code */
+	/*
+	 * A driver deleting a NAPI without rtnl (before 6.14) may have read
+	 * this task from napi->thread and kthread_stop() it at any time: its
+	 * task_struct is kept until module exit (kbp_poller_add_napi()).
+	 * Written under the poller's lock.
+	 */
+	bool pinned;
+	struct rcu_head rcu;		/* other pollers read ->task under RCU */
 };
 
 struct kbp_poller {
 	int cpu;
 	const struct kbp_class_ops *cls;	/* never changes */
 	/*
-	 * The running thread.  Written by kbp_poller_create() and, under
-	 * @lock, by the thread itself when it respawns (which on 7.2 may run
-	 * without rtnl: sysfs "threaded" 0 and netlink "napi-set" stop it under
-	 * the device's instance lock only).
+	 * The device whose NAPIs it serves; NULL once that device is detached
+	 * (a poller still stopping then).  Under kbp_lock.
+	 */
+	struct kbp_dev *kd;
+	struct list_head slot_node;	/* kbp_slots[kbp_slot(cpu, class)], RCU */
+	struct rcu_head rcu;
+	/*
+	 * The running thread and its record.  Written by kbp_poller_create()
+	 * and, under @lock, by the thread itself when it respawns (which on
+	 * 7.2 may run without rtnl: sysfs "threaded" 0 and netlink "napi-set"
+	 * stop it under the device's instance lock only).
 	 */
 	struct task_struct *task;
+	struct kbp_thread *thr;
 	pid_t pid;			/* for reporting; READ_ONCE */
-	/*
-	 * Completed by a new thread when it runs: a thread is published (in
-	 * napi->thread) only once it has, since kthread() skips the thread
-	 * function of a thread stopped before its first run, and such a
-	 * thread would neither poll nor respawn (kbp_poller_spawn()).
-	 */
-	struct completion started;
+	char name[32];			/* its threads' ("kbp/<cpu>:<dev>") */
 	unsigned long flags;
 
 	spinlock_t lock;		/* writers of @napis */
@@ -352,9 +421,24 @@ struct kbp_dev {
 					 */
 	/* orphaned links freed, not yet hooked again (kbp_dev_reconcile()) */
 	unsigned int orphaned;
+	/*
+	 * What the caller of the attach may take (docs/design.md,
+	 * "Privileges"), for the CPUs its NAPIs are given later too (at
+	 * NETDEV_UP, by IRQ affinity, new NAPIs): @may_take_cpu, the caller
+	 * had CAP_SYS_NICE; @cpus, the CPUs it may run on (its cpuset), or
+	 * NULL for any (a host administrator).
+	 */
+	bool may_take_cpu;
+	struct cpumask *cpus;
 	/* counters of this device's NAPIs that are gone */
 	u64 packets_gone;
 	u64 polls_gone;
+};
+
+/* An attach request's caller, as kbp_genl.c found it. */
+struct kbp_caller {
+	bool may_take_cpu;		/* CAP_SYS_NICE */
+	const struct cpumask *cpus;	/* NULL: any CPU */
 };
 
 /* An attach request, validated by kbp_genl.c. */
@@ -365,11 +449,12 @@ struct kbp_attach_req {
 	unsigned int nr_map;
 	struct kbp_map_entry *map;	/* owned by the request until bound */
 	struct kbp_knobs knobs;
+	struct kbp_caller caller;
 };
 
 extern struct mutex kbp_lock;
 extern struct list_head kbp_devs;
-extern struct kbp_poller **kbp_pollers;
+extern struct list_head *kbp_slots;	/* [kbp_nr_slots()]: struct kbp_poller */
 extern struct kbp_conf *kbp_conf;
 
 /* kbp_main.c */
@@ -384,9 +469,12 @@ int kbp_check_knobs(const struct kbp_knobs *knobs,
 void kbp_reconcile_soon(void);
 
 /* kbp_poller.c */
-struct kbp_poller *kbp_poller_create(int cpu, u32 cls,
+struct kbp_poller *kbp_poller_create(int cpu, u32 cls, struct kbp_dev *kd,
 				     const struct kbp_conf *conf);
-void kbp_poller_destroy(struct kbp_poller *p);
+void kbp_poller_stop(struct kbp_poller *p);
+bool kbp_poller_exited(struct kbp_poller *p);
+void kbp_threads_reap(bool all);
+void kbp_threads_wait_all(void);
 void kbp_poller_apply(struct kbp_poller *p, const struct kbp_conf *conf);
 void kbp_poller_conf(struct kbp_poller *p, struct kbp_conf *conf);
 bool kbp_poller_add_napi(struct kbp_poller *p, struct kbp_napi *kn);
@@ -431,15 +519,23 @@ void kbp_poller_read_netap(struct kbp_poller *p, struct kbp_netap_snapshot *s);
 void kbp_napi_put(struct kbp_napi *kn);
 void kbp_napi_read(struct kbp_napi *kn, u64 *packets, u64 *polls);
 
-/* kbp_freq.c: what one poller thread did to its CPU's frequency */
+/*
+ * kbp_freq.c: EE-KBP's frequency control, per CPU.  A poller thread's own
+ * part: whether it counts as awake on its CPU.
+ */
 struct kbp_freq {
-	unsigned int saved;	/* kHz before the first change; 0: untouched */
-	bool low;		/* lowered for a sleep, not raised since */
+	bool asleep;		/* went to sleep (kbp_freq_sleep()), not back yet */
 };
 
+int kbp_freq_init(void);
+void kbp_freq_exit(void);
+void kbp_freq_set_ctl(int cpu, bool on);
+void kbp_freq_poller_add(int cpu);
+void kbp_freq_poller_del(int cpu);
+void kbp_freq_thread_start(struct kbp_poller *p, struct kbp_freq *f);
 void kbp_freq_sleep(struct kbp_poller *p, struct kbp_freq *f);
-void kbp_freq_wake(struct kbp_poller *p, struct kbp_freq *f);
-void kbp_freq_restore(struct kbp_poller *p, struct kbp_freq *f);
+void kbp_freq_pass(struct kbp_poller *p, struct kbp_freq *f);
+void kbp_freq_thread_exit(struct kbp_poller *p, struct kbp_freq *f);
 int kbp_freq_check(int cpu, const struct kbp_conf *c,
 		   struct netlink_ext_ack *extack);
 

@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from vm import build, fetch, flavours, outsource, paths, run, testcmd
+from vm import build, fetch, flavours, mqnic, outsource, paths, run, testcmd
 from vm.util import EXIT_RIG, PROG, RigError, note
 
 DESCRIPTION = f"""\
@@ -113,6 +113,11 @@ def _add_guest_options(p: argparse.ArgumentParser) -> None:
                         "guests; kvm on a KVM host, where timings are real)")
     a.add_argument("--qemu-arg", action="append", default=[], metavar="ARG",
                    help="extra QEMU argument (repeatable; use --qemu-arg=-foo)")
+    g.add_argument("--mq-nic", action="store_true",
+                   help=f"also a multi-queue virtio-net NIC ({mqnic.QUEUES} queue pairs) on a "
+                        f"tap in a netns of the run's own (root; guest MAC {mqnic.MAC}, "
+                        f"KBP_MQ_MAC, peer KBP_MQ_HOST_IP {mqnic.HOST_IP}): what a real "
+                        "multi-queue NIC looks like to the module")
 
 
 def _spec(args: argparse.Namespace, flavour: str, argv: list[str]) -> run.RunSpec:
@@ -121,7 +126,8 @@ def _spec(args: argparse.Namespace, flavour: str, argv: list[str]) -> run.RunSpe
         env=dict(args.env), timeout=args.timeout, memory_mb=args.memory, smp=args.smp,
         cpu=args.cpu, qemu_args=tuple(args.qemu_arg), append=args.append,
         msize=args.msize, cache_9p=args.cache_9p, splat_check=args.splat_check,
-        allow_splat=tuple(args.allow_splat), quiet=args.quiet, accel=args.accel)
+        allow_splat=tuple(args.allow_splat), quiet=args.quiet, accel=args.accel,
+        mq_nic=args.mq_nic)
 
 
 def parser() -> argparse.ArgumentParser:

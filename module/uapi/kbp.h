@@ -72,7 +72,14 @@ enum kbp_state {
 
 enum kbp_cmd {
 	KBP_CMD_UNSPEC,
-	KBP_CMD_POLLER_GET,	/* doit: KBP_A_CPU; dumpit: every poller */
+	KBP_CMD_POLLER_GET,	/* doit: KBP_A_CPU (and CLASS), and the device
+				 * (IFINDEX or IFNAME, NETNS_FD) when the CPU
+				 * has a poller for each of several devices;
+				 * dumpit: every poller. Pollers are per CPU,
+				 * class and device; the reply names the device
+				 * (IFINDEX, IFNAME, NETNS_INUM) while it is
+				 * attached.
+				 */
 	KBP_CMD_POLLER_SET,	/* KBP_A_CPU + any of MODE, LINGER_US, QUOTA,
 				 * RT_PRIO, FREQ_CTL and the periodic knobs
 				 */

@@ -44,7 +44,7 @@ PREFIX = "kbp"
 DEFAULT_LISTEN = "127.0.0.1:9717"
 TEXTFILE_NAME = "kbp.prom"
 
-POLLER_LABELS = ("cpu", "mode", "class", "backend")
+POLLER_LABELS = ("cpu", "mode", "class", "backend", "device")
 DEVICE_LABELS = ("device", "netns", "backend", "mode", "class")
 NAPI_LABELS = ("device", "netns", "backend", "napi", "cpu")
 THREAD_LABELS = (*NAPI_LABELS, "comm")
@@ -68,7 +68,9 @@ PROBLEM_KINDS: tuple[tuple[str, str], ...] = (
     ("not_threaded", r"is not threaded"),
     ("no_thread", r"has no thread"),
     ("sched_drift", r"thread \d+ (\(class non-rt\) )?runs "),
-    ("periodic_drift", r"^poller kbp/\d+ runs "),
+    ("periodic_drift", r"^poller kbp/\d+(:\S+)? runs "),
+    ("misplaced", r"^NAPI #\d+ \(id \d+\) is served on CPU \d+, (not CPU |which the "
+                  r"queue map)"),
     ("periodic_service", r"periodic service"),
     ("rps_on", r"^RPS is on "),
     ("preempt", r"preemption model "),
@@ -108,7 +110,8 @@ def _num(v: object) -> float | None:
 
 
 def _poller_labels(p: PollerStatus) -> list[str]:
-    return [str(p.cpu), _s(p.mode), p.cls or names.CLASS_RT, names.BACKEND_KMOD]
+    return [str(p.cpu), _s(p.mode), p.cls or names.CLASS_RT, names.BACKEND_KMOD,
+            _s(p.device)]
 
 
 def _device_labels(d: DeviceStatus) -> list[str]:
@@ -160,7 +163,8 @@ def kernel_metrics(st: Status) -> Iterator[Metric]:
 
 
 def poller_metrics(st: Status) -> Iterator[Metric]:
-    who = "the kbp module's poller (kbp/<cpu>, or kbpn/<cpu> for class non-rt)"
+    who = ("the kbp module's poller of a CPU, class and device (kbp/<cpu>:<device>, or "
+           "kbpn/<cpu>:<device> for class non-rt)")
     for c in names.POLLER_COUNTERS:
         help_ = f"{names.POLLER_COUNTER_HELP[c]}: {who}"
         if c.endswith("_ns"):

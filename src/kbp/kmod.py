@@ -211,7 +211,9 @@ class NetapState:
 
 @dataclass
 class Poller:
-    """One poller kthread (``kbp/<cpu>``, or ``kbpn/<cpu>`` for class non-rt)."""
+    """One poller kthread (``kbp/<cpu>:<dev>``, or ``kbpn/<cpu>:<dev>`` for class non-rt):
+    the module runs one per CPU, class and device; the pollers of a CPU and class share
+    its knobs and take turns."""
 
     cpu: int
     cls: str | None = None  # names.CLASS_RT or names.CLASS_NON_RT
@@ -248,6 +250,9 @@ class Poller:
     max_round: int | None = None
     objective: str | None = None  # periodic: what the search maximizes (names.OBJECTIVES)
     search: NetapState | None = None  # periodic with netap on
+    ifindex: int | None = None  # the device it serves (None once detached: stopping)
+    ifname: str | None = None
+    netns_inum: int | None = None
 
     def counters(self) -> dict[str, int | None]:
         return {c: getattr(self, c) for c in names.POLLER_COUNTERS}
@@ -310,7 +315,9 @@ def _poller_from(msg: Any) -> Poller:
                   max_interval_us=g("KBP_A_MAX_INTERVAL_US"),
                   min_change=g("KBP_A_MIN_CHANGE"), max_round=g("KBP_A_MAX_ROUND"),
                   objective=objective_name(g("KBP_A_OBJECTIVE")),
-                  search=_netap_from(g("KBP_A_NETAP_STATE")))
+                  search=_netap_from(g("KBP_A_NETAP_STATE")),
+                  ifindex=g("KBP_A_IFINDEX"), ifname=g("KBP_A_IFNAME"),
+                  netns_inum=g("KBP_A_NETNS_INUM"))
 
 
 def _netap_from(nest: Any) -> NetapState | None:
@@ -403,10 +410,15 @@ def _queue_map(queue_map: Mapping[int, int] | Iterable[tuple[int, int]]) -> list
                                        ["KBP_MAP_A_CPU", int(c)]]}] for i, c in pairs]}]
 
 
-def build_poller_get(cpu: int | None = None, cls: str | int | None = None) -> kbpmsg:
+def build_poller_get(cpu: int | None = None, cls: str | int | None = None,
+                     dev: str | int | None = None, netns_fd: int | None = None) -> kbpmsg:
+    """poller-get: every poller (no ``cpu``), or the one of ``cpu`` and ``cls``; ``dev``
+    names which when the CPU has one for each of several devices."""
     attrs: list[list[Any]] = [["KBP_A_CPU", cpu]] if cpu is not None else []
     if cls is not None:
         attrs.append(["KBP_A_CLASS", class_id(cls)])
+    if dev is not None:
+        attrs += _dev_attrs(dev, netns_fd)
     return _msg(_spec.KBP_CMD_POLLER_GET, attrs)
 
 
@@ -425,8 +437,9 @@ def build_attach(dev: str | int, netns_fd: int | None = None, cpu: int | None = 
                  quota: int | None = None, rt_prio: int | None = None,
                  freq_ctl: bool | None = None, *, cls: str | int | None = None,
                  nice: int | None = None, **periodic: int) -> kbpmsg:
-    if cpu is None and queue_map is None:
-        raise ValueError("attach needs cpu and/or queue_map")
+    """dev-attach: the NAPIs of ``dev`` on ``cpu`` and/or as ``queue_map`` says; with
+    neither, each NAPI on the CPU its interrupt is affined to (the module refuses a NAPI
+    without an interrupt)."""
     attrs = _dev_attrs(dev, netns_fd)
     if cpu is not None:
         attrs.append(["KBP_A_CPU", int(cpu)])
@@ -502,9 +515,14 @@ class Client:
     def pollers(self) -> list[Poller]:
         return [_poller_from(r) for r in self.request(build_poller_get(), True, "poller-get")]
 
-    def poller(self, cpu: int, cls: str | int | None = None) -> Poller:
-        what = f"poller-get cpu {cpu}" + (f" class {class_name(class_id(cls))}" if cls else "")
-        rs = self.request(build_poller_get(cpu, cls), False, what)
+    def poller(self, cpu: int, cls: str | int | None = None, dev: str | int | None = None,
+               netns: str | None = None) -> Poller:
+        """The poller of ``cpu`` (and ``cls``); name ``dev`` when the CPU serves several
+        devices (one poller each): the module refuses the question otherwise."""
+        what = (f"poller-get cpu {cpu}" + (f" class {class_name(class_id(cls))}" if cls else "")
+                + (f" dev {dev}" if dev is not None else ""))
+        with _netns_fd(netns) as fd:
+            rs = self.request(build_poller_get(cpu, cls, dev, fd), False, what)
         if not rs:
             raise KbpError(errno.ENOENT, f"no poller on CPU {cpu}", "poller-get")
         return _poller_from(rs[0])
@@ -576,9 +594,10 @@ def pollers() -> list[Poller]:
         return c.pollers()
 
 
-def poller(cpu: int, cls: str | int | None = None) -> Poller:
+def poller(cpu: int, cls: str | int | None = None, dev: str | int | None = None,
+           netns: str | None = None) -> Poller:
     with Client() as c:
-        return c.poller(cpu, cls)
+        return c.poller(cpu, cls, dev, netns)
 
 
 def poller_set(cpu: int, mode: str | int | None = None, linger_us: int | None = None,

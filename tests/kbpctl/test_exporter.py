@@ -7,6 +7,7 @@ stock-backend device over HTTP)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import subprocess
@@ -31,10 +32,12 @@ from kbp.backends import (
     ThreadStatus,
     preempt_notes,
 )
+from kbp.backends import kmod as kmod_backend
 from kbp.backends.kmod import KmodBackend, periodic_drift
 from kbp.backends.stock import StockBackend
 from kbp.errors import EXIT_FAILED, EXIT_USAGE
 from kbp.exporter import KbpCollector, metric_name
+from kbp.kmod import NapiInfo
 from kbp.state import Record, StateDir
 from kbp.sysinfo import FreqReport, PreemptModel
 
@@ -260,7 +263,11 @@ def test_problem_kinds_of_the_sentences_status_writes(tmp_path: Path) -> None:
     poller = PollerStatus(cpu=2, pid=1, mode="periodic", linger_us=None, quota=64, napis=1,
                           policy=None, priority=None, counters={},
                           periodic={"interval_us": 900, "netap": False})
-    said["periodic_drift"] = periodic_drift(ds, [poller])
+    said["periodic_drift"] = periodic_drift(ds, [poller]) + periodic_drift(
+        ds, [dataclasses.replace(poller, device="x")])     # named by its device
+    said["misplaced"] = kmod_backend.placement_problems(
+        [[0, 0], [1, 1]], [NapiInfo(index=0, id=8193, cpu=0), NapiInfo(index=1, id=8194, cpu=0),
+                           NapiInfo(index=2, id=8195, cpu=0)])
     cpus = [PollingCpu(cpu=1, busy=False, pollers=[
         CpuPoller("rt", "stock", 1, "napi/a-1", "SCHED_FIFO", 50, None),
         CpuPoller("non-rt", "stock", 2, "napi/b-2", "SCHED_OTHER", 0, 0)])]

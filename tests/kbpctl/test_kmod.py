@@ -145,8 +145,13 @@ def test_encode_small_requests() -> None:
         + u32(kmod.KBP_A_RT_PRIO, 0) + u32(kmod.KBP_A_FREQ_CTL, 0))
     assert encoded(kmod.build_dev_get("veth0", 9)) == genl(
         kmod.KBP_CMD_DEV_GET, nla(kmod.KBP_A_IFNAME, b"veth0\0") + u32(kmod.KBP_A_NETNS_FD, 9))
-    with pytest.raises(ValueError):
-        kmod.build_attach("eth1")
+    # neither a CPU nor a map: each NAPI on its interrupt's CPU (the module decides)
+    assert encoded(kmod.build_attach("eth1")) == genl(
+        kmod.KBP_CMD_DEV_ATTACH, nla(kmod.KBP_A_IFNAME, b"eth1\0"))
+    # a CPU with a poller for each of several devices: name the device
+    assert encoded(kmod.build_poller_get(1, "rt", "eth1")) == genl(
+        kmod.KBP_CMD_POLLER_GET, u32(kmod.KBP_A_CPU, 1) + u32(kmod.KBP_A_CLASS, 0)
+        + nla(kmod.KBP_A_IFNAME, b"eth1\0"))
 
 
 # -- decoding replies packed the way kbp_genl.c packs them ----------------------------
@@ -396,6 +401,9 @@ class FakeModule:
     def __init__(self) -> None:
         self.attached: dict[str, dict[str, Any]] = {}
         self.fail_attach: int | None = None
+        #: serve every NAPI on the attachment's default CPU, whatever the map says (what
+        #: the module did for virtio-net's RX queue 1 when it counted TX NAPIs)
+        self.ignore_map = False
 
     def __call__(self) -> FakeModule:  # the client factory
         return self
@@ -407,9 +415,12 @@ class FakeModule:
         a = self.attached.get(dev)
         if a is None:
             return None
+        qm = dict(a.get("queue_map") or [(0, a["cpu"])])
+        napis = [kmod.NapiInfo(index=i, id=8193 + i, cpu=a["cpu"] if self.ignore_map else c,
+                               pid=None) for i, c in sorted(qm.items())]
         return kmod.Device(ifindex=5, ifname=dev, state="active", cpu=a["cpu"],
                            mode=kmod.mode_name(kmod.mode_id(a["mode"])) if a["mode"] else None,
-                           napis=[kmod.NapiInfo(index=0, id=8193, cpu=a["cpu"], pid=None)])
+                           napis=napis)
 
     def devices(self) -> list[kmod.Device]:
         return [d for d in (self.device(n) for n in self.attached) if d is not None]
@@ -457,6 +468,37 @@ def test_kmod_enable_disable_journals_the_attachment(fake: tuple[FakeModule, Any
     assert "eth1" in mod.attached and len(be.state.records()) == 1
     be.disable(["eth1"])
     assert mod.attached == {} and be.state.records() == []
+
+
+def test_kmod_enable_reports_where_the_module_placed_each_queue(
+        fake: tuple[FakeModule, Any]) -> None:
+    """enable prints the CPUs the module serves the NAPIs on, read back from it; a queue
+    the module did not place where the map says fails the enable (rolled back), and a
+    journal whose map the module no longer follows is a problem in status."""
+    from kbp.errors import OperationFailed
+    mod, be = fake
+    res = be.enable(EnableRequest(["eth1"], cpus=[0, 1]))
+    assert res.devices[0].cpus == [0, 1] and res.devices[0].napis == 2
+    be.disable(["eth1"])
+    mod.ignore_map = True
+    with pytest.raises(OperationFailed, match=r"NAPI #1 \(id 8194\) is served on CPU 0, "
+                                              r"not CPU 1 as enabled"):
+        be.enable(EnableRequest(["eth1"], cpus=[0, 1]))
+    assert mod.attached == {} and be.state.records() == []
+    mod.ignore_map = False
+    be.enable(EnableRequest(["eth1"], cpus=[0, 1]))
+    mod.ignore_map = True           # the module changed its mind behind kbpctl's back
+    devs, _ = be.describe(None, None, be.state.records())
+    assert any("NAPI #1 (id 8194) is served on CPU 0, not CPU 1" in p
+               for p in devs[0].problems), devs[0].problems
+    assert kmod_backend.placement_problems(None, []) == []
+    # the module's numbering is not kbpctl's (TX NAPIs counted: RX queue 1 is #2)
+    odd = [kmod.NapiInfo(index=0, id=8193, cpu=0), kmod.NapiInfo(index=2, id=8195, cpu=0)]
+    assert kmod_backend.placement_problems([[0, 0], [1, 1]], odd) == [
+        "NAPI #2 (id 8195) is served on CPU 0, which the queue map it was enabled with does "
+        "not name (it names NAPIs #0, #1)"]
+    # fewer queues than when it was enabled (ethtool -L): nothing wrong
+    assert kmod_backend.placement_problems([[0, 0], [1, 1]], odd[:1]) == []
 
 
 def test_kmod_refusal_rolls_back(fake: tuple[FakeModule, Any]) -> None:

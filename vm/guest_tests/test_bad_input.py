@@ -46,6 +46,9 @@ def refused(kmod, code: int, text: str, fn: Callable[[], object],
     refusals = [ln for ln in dmesg_since(mark) if "kbp: refused:" in ln]
     if log:
         assert len(refusals) == 1, refusals
+        # the whole text, or a summary: never the text cut at extack's 80 bytes
+        full = refusals[0].split("kbp: refused: ", 1)[1]
+        assert err.message == full or not full.startswith(err.message), (err.message, full)
     assert [d.ifname for d in kmod.devices()] == devices_before
     assert [p.cpu for p in kmod.pollers()] == pollers_before
     assert sorted(kbp_threads()) == threads_before
@@ -166,11 +169,36 @@ def test_knob_conflict_with_running_poller(kmod, topo: Topo) -> None:
         kmod.attach("kbpcf0", cpu=POLL_CPU, mode="busy")
         refused(kmod, errno.EBUSY, "other",
                 lambda: kmod.attach(topo.nic0, cpu=POLL_CPU, mode="hybrid"))
-        # the same knobs share the poller
+        # the same knobs share the CPU: a poller each (one per device), its knobs
         kmod.attach(topo.nic0, cpu=POLL_CPU, mode="busy")
-        assert len(kmod.pollers()) == 1
+        ps = kmod.pollers()
+        assert sorted(p.ifname for p in ps) == sorted(["kbpcf0", topo.nic0]), ps
+        assert {(p.cpu, p.mode) for p in ps} == {(POLL_CPU, "busy")}, ps
+        refused(kmod, errno.EINVAL, "name the device", lambda: kmod.poller(POLL_CPU),
+                log=False)
+        assert kmod.poller(POLL_CPU, dev=topo.nic0).ifname == topo.nic0
     finally:
         sh("ip link del kbpcf0", check=False)
+
+
+def test_knobs_checked_for_a_device_that_is_down(kmod, topo: Topo) -> None:
+    """A device that is down gets its CPUs from its NAPIs' IRQs when it comes up; the
+    knobs that do not depend on the CPU are checked now all the same.  Before, a down
+    device skipped every check: ``--class non-rt --mode periodic`` (or busy, or rt_prio)
+    was accepted, and at NETDEV_UP a periodic (busy, SCHED_FIFO) kbpn poller started."""
+    sh(f"ip link set {topo.nic0} down")
+    try:
+        refused(kmod, errno.EINVAL, "hybrid only",
+                lambda: kmod.attach(topo.nic0, cls="non-rt", mode="periodic"))
+        refused(kmod, errno.EINVAL, "hybrid only",
+                lambda: kmod.attach(topo.nic0, cls="non-rt", mode="busy"))
+        refused(kmod, errno.EINVAL, "SCHED_NORMAL",
+                lambda: kmod.attach(topo.nic0, cls="non-rt", rt_prio=50))
+        refused(kmod, errno.EINVAL, "non-rt poller only",
+                lambda: kmod.attach(topo.nic0, mode="hybrid", nice=5))
+    finally:
+        sh(f"ip link set {topo.nic0} up")
+    assert not kmod.pollers() and not kbp_threads()
 
 
 def test_not_admin(kmod, topo: Topo) -> None:

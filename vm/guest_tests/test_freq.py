@@ -16,13 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import POLL_CPU, Flow, Topo, detach_all, sh, task_state, wait_for
+from conftest import POLL_CPU, Flow, Topo, detach_all, dmesg_lines, sh, task_state, wait_for
 from test_bad_input import refused
 from test_kbpctl_kmod import kbpctl
 
 CPUFREQ = Path(f"/sys/devices/system/cpu/cpu{POLL_CPU}/cpufreq")
 KO = Path(os.environ.get("KBP_TEST_MODULES", "/nonexistent")) / "kbp_test_cpufreq.ko"
 MIN, MID, MAX = 800_000, 1_600_000, 2_400_000
+KERNEL = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
 
 
 def rd(name: str) -> str:
@@ -190,3 +191,62 @@ def test_kbpctl_reports_cpufreq_and_drives_freq_ctl(kmod, topo: Topo, cpufreq: N
     assert kmod.device(topo.nic0) is None
     wait_for(lambda: not kmod.pollers(), 10, what="the poller to stop")
     assert int(rd("scaling_cur_freq")) == MID
+
+
+def test_non_rt_sibling_keeps_the_cpu_up(kmod, topo: Topo, cpufreq: None) -> None:
+    """freq_ctl is the CPU's: the rt poller kbp/N (freq_ctl, its device idle) sleeps while
+    the non-rt poller kbpn/N polls a heavy device on the same CPU.  Before, kbp/N lowered
+    the CPU to its minimum at every sleep while kbpn/N was polling, and kbpn/N never
+    raised it.  Now the CPU goes down only when the last of its pollers sleeps, and up when
+    the first wakes: with the heavy device saturating kbpn/N it stays at the maximum; once
+    the heavy device is detached it is lowered again."""
+    from test_real_nic import KO as NIC_KO
+    from test_real_nic import ktn_device, total
+    if not NIC_KO.exists():
+        pytest.skip(reason=f"test NIC not built ({NIC_KO})")
+    set_governor("userspace")
+    kmod.attach(topo.nic0, cpu=POLL_CPU, mode="hybrid", freq_ctl=True)
+    wait_for(lambda: int(rd("scaling_cur_freq")) == MIN, 5, what="the CPU at its minimum")
+    here = f"{POLL_CPU},{POLL_CPU}"
+    with ktn_device(queues=2, cpus=here, rate=3000, cost_ns=200000) as dev:
+        kmod.attach(dev, cpu=POLL_CPU, mode="hybrid", cls="non-rt")
+        k0 = total("by_kbpn", dev)
+        wait_for(lambda: total("by_kbpn", dev) > k0 + 500, 20, what="kbpn to carry it")
+        seen = []
+        for _ in range(20):
+            seen.append(int(rd("scaling_cur_freq")))
+            time.sleep(0.05)
+        assert seen.count(MAX) >= 18, seen       # at most a pass's worth at the minimum
+        kmod.detach(dev)
+    wait_for(lambda: int(rd("scaling_cur_freq")) == MIN, 5, what="the CPU lowered again")
+
+
+@pytest.mark.skipif(KERNEL < (6, 10), reason="napi->irq (netif_napi_set_irq(), the "
+                    "CPU a NAPI gets from its interrupt) is 6.10+")
+def test_freq_ctl_checked_on_the_cpu_a_device_gets_when_up(kmod, topo: Topo,
+                                                          cpufreq: None) -> None:
+    """A device attached while down with freq_ctl and no CPU named gets its CPU from its
+    NAPIs' interrupt when it comes up (the test NIC says its NAPIs' interrupt is NIC0's,
+    on a CPU whose governor is schedutil); that CPU is checked then.  Before,
+    NETDEV_UP checked only knob conflicts: a freq_ctl poller started under schedutil,
+    the governor the check refuses.  Now the device stays in standby, the reason logged."""
+    from conftest import pin_irqs
+    from test_real_nic import KO as NIC_KO
+    from test_real_nic import ktn_device
+    if not NIC_KO.exists():
+        pytest.skip(reason=f"test NIC not built ({NIC_KO})")
+    irq = pin_irqs(topo.nic0, POLL_CPU)[0]
+    with ktn_device(queues=1, irq=irq, rate=100) as dev:
+        sh(f"ip link set {dev} down")
+        kmod.attach(dev, mode="hybrid", freq_ctl=True)      # no CPU: the interrupt's
+        assert kmod.device(dev).state == "standby"
+        mark = len(dmesg_lines())
+        sh(f"ip link set {dev} up")
+        time.sleep(0.5)
+        d = kmod.device(dev)
+        assert d.state == "standby" and not d.napis, d
+        assert not kmod.pollers()
+        lines = dmesg_lines()[mark:]
+        # the CPU the interrupt's effective affinity gives (the move to POLL_CPU takes
+        # effect at its next interrupt): under schedutil too, Debian's default
+        assert any("refused: freq_ctl needs governor userspace" in ln for ln in lines), lines

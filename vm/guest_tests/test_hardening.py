@@ -268,12 +268,15 @@ def container_ns(kmod) -> Iterator[str]:
     sh("ip netns del kbpctr; ip link del kbpca", check=False)
 
 
-def run_as_container(ns: str, code: str, new_pidns: bool) -> dict:
-    """Python in netns ``ns`` holding only CAP_NET_ADMIN (Docker's --cap-add NET_ADMIN)."""
+def run_as_container(ns: str, code: str, new_pidns: bool, cpus: str | None = None) -> dict:
+    """Python in netns ``ns`` holding only CAP_NET_ADMIN (Docker's --cap-add NET_ADMIN);
+    with ``cpus``, allowed to run on those CPUs only, as a cpuset would."""
     argv = ["ip", "netns", "exec", ns, "setpriv", "--bounding-set=-all,+net_admin",
             "--inh-caps=-all", sys.executable, "-c", code]
     if new_pidns:
         argv = ["unshare", "--pid", "--fork", "--mount-proc", *argv]
+    if cpus is not None:
+        argv = ["taskset", "-c", cpus, *argv]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=120,
                        env={"PYTHONPATH": ":".join(sys.path), "PATH": os.environ["PATH"]})
     assert p.returncode == 0, p.stderr
@@ -335,6 +338,51 @@ def test_container_cannot_rewrite_an_idle_host_cpus_knobs(kmod, topo: Topo,
         sh(f"ip link set {topo.nic0} up")
     wait_for(lambda: kmod.device(topo.nic0).state == "active", 10, what="nic0 active again")
     assert kmod.poller(OTHER_CPU).linger_us == 0
+
+
+JOIN = """
+import json
+from kbp import kmod
+out = {}
+for name, kw in (("plain", {}), ("hybrid", {"mode": "hybrid"})):
+    try:
+        kmod.attach("kbpcb", cpu=%(cpu)d, **kw)
+        out[name] = 0
+        kmod.detach("kbpcb")
+    except kmod.KbpError as e:
+        out[name], out[name + "_msg"] = e.errno, e.message
+print(json.dumps(out))
+"""
+
+
+def test_container_cannot_join_the_hosts_fifo_poller(kmod, topo: Topo,
+                                                      container_ns: str) -> None:
+    """The host runs its RT device on a SCHED_FIFO poller of CPU N.  A container with
+    CAP_NET_ADMIN only (no CAP_SYS_NICE) attaching its device there without knobs asked for
+    what the CPU already runs (want == have), and was accepted: its traffic then ran at the
+    host's FIFO priority, as if it had asked for rt_prio itself.  Now joining a CPU whose
+    knobs take a CPU needs CAP_SYS_NICE, as asking for them does."""
+    kmod.attach(topo.nic0, cpu=POLL_CPU, mode="hybrid", rt_prio=DEFAULT_PRIO)
+    out = run_as_container(container_ns, JOIN % {"cpu": POLL_CPU}, new_pidns=False)
+    for k in ("plain", "hybrid"):
+        assert out[k] == errno.EPERM and "CAP_SYS_NICE" in out[k + "_msg"], out
+    assert [p.ifname for p in kmod.pollers() if p.cpu == POLL_CPU] == [topo.nic0]
+    # the host's own device was never touched, and a CPU with SCHED_OTHER knobs is open
+    out = run_as_container(container_ns, JOIN % {"cpu": OTHER_CPU}, new_pidns=False)
+    assert out["plain"] == 0 and out["hybrid"] == 0, out
+
+
+def test_container_attaches_only_to_cpus_of_its_cpuset(kmod, container_ns: str) -> None:
+    """A container whose cpuset is CPU M (here: its task pinned there, as the cpuset
+    would) attaching to CPU N: refused (EPERM), where before any CPU was accepted, the
+    host's isolated and nohz_full ones included.  Its own CPU is accepted."""
+    out = run_as_container(container_ns, JOIN % {"cpu": POLL_CPU}, new_pidns=False,
+                           cpus=str(OTHER_CPU))
+    assert out["plain"] == errno.EPERM and "cpuset" in out["plain_msg"], out
+    out = run_as_container(container_ns, JOIN % {"cpu": OTHER_CPU}, new_pidns=False,
+                           cpus=str(OTHER_CPU))
+    assert out["plain"] == 0, out
+    assert not kmod.devices()
 
 
 # -- 5. freq_ctl on a shared cpufreq policy ---------------------------------------------

@@ -468,6 +468,9 @@ class PollerStatus:
     #: classes, which has rt pollers only; JSON "class")
     cls: str | None = None
     nice: int | None = None  # class non-rt: the poller's nice
+    #: the device it serves (the module runs a poller per CPU, class and device); None
+    #: once the device is detached and the poller is stopping
+    device: str | None = None
 
 
 @dataclass

@@ -190,6 +190,28 @@ def attachment(req: EnableRequest, cpus: Sequence[int], napi_count: int | None
     return value
 
 
+def placement_problems(queue_map: Sequence[Sequence[int]] | None,
+                       napis: Sequence[Any]) -> list[str]:
+    """Where the module serves a NAPI on another CPU than the queue map kbpctl sent
+    (``[[index, cpu], ...]``) says: one line each.  kbpctl and the module number a
+    device's NAPIs alike (its RX queues: the queue a driver links to a NAPI, else the order
+    of its RX NAPIs, TX-only ones not counted), so a difference means the map does not do
+    what was asked and must not be reported done."""
+    want = {int(i): int(c) for i, c in (queue_map or [])}
+    out = []
+    for n in napis:
+        if not want or n.cpu is None:
+            continue
+        if n.index not in want:
+            out.append(f"NAPI #{n.index} (id {n.id}) is served on CPU {n.cpu}, which the "
+                       f"queue map it was enabled with does not name (it names NAPIs "
+                       f"{', '.join(f'#{i}' for i in sorted(want))})")
+        elif n.cpu != want[n.index]:
+            out.append(f"NAPI #{n.index} (id {n.id}) is served on CPU {n.cpu}, not CPU "
+                       f"{want[n.index]} as enabled")
+    return out
+
+
 def check_freq_ctl(cpus: Sequence[int], host: Host = HOST) -> None:
     """freq_ctl sets the frequency through the userspace governor (as EE-KBP does): refuse
     before changing anything when a CPU has no cpufreq policy or another governor."""
@@ -370,13 +392,21 @@ class KmodBackend:
             if req.isolate:  # the other devices' interrupts off the polling CPUs
                 changes += isolate_others(ex, req, cpus, self.state, self.host)
             key = {"dev": dev, "netns": req.netns, "ifindex": link.ifindex}
-            if ex.apply("kmod_attach", key, attachment(req, cpus, napi_count)) is not None:
+            value = attachment(req, cpus, napi_count)
+            if ex.apply("kmod_attach", key, value) is not None:
                 changes += 1
+            served = _served(client, dev, req.netns)
+            wrong = placement_problems(value["queue_map"], served)
+            if wrong:
+                raise InvalidInput(f"{dev}: the module did not place its queues as asked: "
+                                   + "; ".join(wrong))
             journal.done()
         finally:
             journal.close()
-        return DeviceResult(dev, req.netns, NAME, napi_count or 0, sorted(set(cpus)), changes,
-                            rps=r, rps_off=bool(rps_plan))
+        # what the module did, where it says (a device that is down: what was asked)
+        placed = sorted({n.cpu for n in served if n.cpu is not None}) or sorted(set(cpus))
+        return DeviceResult(dev, req.netns, NAME, len(served) or napi_count or 0, placed,
+                            changes, rps=r, rps_off=bool(rps_plan))
 
     def _restore(self, rec: Record, eff: Mapping[str, Any]) -> list[str]:
         notes = restore(rec, eff)
@@ -492,6 +522,7 @@ class KmodBackend:
                     pol, prio = s.policy, s.priority
             # pid 0: the module does not show pids outside the initial pid namespace
             out.append(PollerStatus(cpu=p.cpu, cls=p.cls or names.CLASS_RT,
+                                    device=p.ifname,
                                     nice=p.nice, pid=p.pid or None, mode=p.mode,
                                     linger_us=p.linger_us,
                                     quota=p.quota, napis=p.napis, policy=pol, priority=prio,
@@ -522,6 +553,8 @@ class KmodBackend:
                                    "serves it until it is up")
             cpus = sorted({n.cpu for n in d.napis if n.cpu is not None})
             ds.cpus = cpus or ([d.cpu] if d.cpu is not None else ds.cpus)
+            ds.problems += [f"{p}: 'kbpctl enable {dev}' again places them"
+                            for p in placement_problems(_asked_map(rec), d.napis)]
         elif not loaded:
             ds.problems.append("the kbp module is not loaded: 'kbpctl disable "
                                f"{dev}' forgets this device")
@@ -538,6 +571,20 @@ class KmodBackend:
         return ds
 
 
+def _asked_map(rec: Record | None) -> list[list[int]] | None:
+    """The queue map kbpctl's journal says it attached with (None: none)."""
+    for c in (rec.changes if rec else []):
+        if c.kind == "kmod_attach" and isinstance(c.new, dict):
+            return c.new.get("queue_map")
+    return None
+
+
+def _served(client: Any, dev: str, netns: str | None) -> list[Any]:
+    """The NAPIs the module serves for ``dev`` now (none while it is down)."""
+    d = client.device(dev, netns)
+    return list(d.napis) if d is not None else []
+
+
 def periodic_drift(ds: DeviceStatus, pollers: Sequence[PollerStatus]) -> list[str]:
     """Problems when a poller serving ``ds`` runs other periodic knobs than kbpctl enabled
     (changed behind kbpctl's back, e.g. kbp.kmod.poller_set): ``apply`` re-enables."""
@@ -549,13 +596,15 @@ def periodic_drift(ds: DeviceStatus, pollers: Sequence[PollerStatus]) -> list[st
         return []   # a journal of another kbpctl: nothing to compare with
     out = []
     for p in pollers:
-        if p.cpu not in ds.cpus or not p.periodic:
+        # the pollers of the device's CPUs that serve it (one per device on a CPU)
+        if p.cpu not in ds.cpus or not p.periodic or (p.device and p.device != ds.name):
             continue
         have = {**p.periodic, "netap": int(bool(p.periodic.get("netap")))}
         diff = [f"{k} {have.get(k)} (enabled with {v})" for k, v in want.items()
                 if have.get(k) != v]
         if diff:
-            out.append(f"poller kbp/{p.cpu} runs {', '.join(diff)}: 'kbpctl apply' or "
+            who = f"kbp/{p.cpu}" + (f":{p.device}" if p.device else "")
+            out.append(f"poller {who} runs {', '.join(diff)}: 'kbpctl apply' or "
                        "enable again")
     return out
 

@@ -67,7 +67,10 @@ def _kmod_threads(dev: str, netns: str | None, cpu: int | None) -> dict[int, str
             cpus.add(d.cpu)
         if cpu is not None:
             cpus.add(cpu)
-        return {p.pid: f"kbp/{p.cpu}" for p in c.pollers() if p.cpu in cpus and p.pid}
+        # the device's own pollers: the module runs one per CPU and device
+        ours = [p for p in c.pollers() if p.cpu in cpus and p.pid and
+                (p.ifindex is None or d is None or p.ifindex == d.ifindex)]
+        return {p.pid: f"kbp/{p.cpu}" + (f":{p.ifname}" if p.ifname else "") for p in ours}
 
 
 def _stock_threads(dev: str, netns: str | None) -> dict[int, str]:

@@ -2,8 +2,10 @@
 /*
  * kbp_test_nic: a test-only network device for the kbp VM suite that behaves
  * like the real NIC drivers kbp meets in the field, not like virtio-net and
- * veth.  Debian builds no netdevsim, so this is the rig's stand-in.  One
- * device per load, "ktn0" (param name).
+ * veth.  Debian builds no netdevsim, so this is the rig's stand-in.
+ * devices=N devices per load ("ktn0", "ktn1", ...: param name), the ports of
+ * one adapter: each has its own queues, NAPIs and reset work, and
+ * adapter_reset resets them all at once.
  *
  * Traffic is made inside the guest: each RX queue has a "hardware" ring fed
  * by an hrtimer pinned to the queue's interrupt CPU (param cpus), which then
@@ -36,6 +38,19 @@
  *                 takes just for that, as ice_vsi_rebuild() does).
  *   ops_lock=1    (7.x) request_ops_lock: the core runs the ops under the
  *                 instance lock (mlx5, bnxt, gve, fbnic and netdevsim).
+ *   adapter_reset writing N runs N resets of every port at once, each from
+ *                 its own work item on the unbound workqueue (ice: one
+ *                 adapter-wide reset makes every PF's reset work delete
+ *                 and re-add its NAPIs, concurrently, without rtnl).
+ *   tx_napi=1     a TX-only NAPI (netif_napi_add_tx(): NO_BUSY_POLL) added
+ *                 after each RX queue's, so the device's NAPIs in add order
+ *                 are rx0, tx0, rx1, tx1, ... (virtio-net), and with
+ *                 queue_napi=0 the driver does not say which RX queue each
+ *                 serves (Debian 12's virtio-net).
+ *   percpu_busy_poll=1  with percpu=1: the per-CPU NAPIs do not set
+ *                 NO_BUSY_POLL (mvneta: this_cpu_ptr(pp->ports)), so nothing
+ *                 tells kbp they must run on their own CPU; each records a
+ *                 frame polled on another CPU (stats: foreign).
  *
  *   cost_ns=N     each frame costs the receiving context N ns of CPU (a
  *                 busy wait in the handler): a heavy flow's protocol work,
@@ -99,6 +114,23 @@ static bool ops_lock;
 module_param(ops_lock, bool, 0444);
 MODULE_PARM_DESC(ops_lock, "request the instance lock for the ops (7.x request_ops_lock)");
 
+#define KTN_MAX_DEVS	4
+static unsigned int devices = 1;
+module_param(devices, uint, 0444);
+MODULE_PARM_DESC(devices, "ports of the adapter, one net_device each (1-4, default 1)");
+
+static bool tx_napi;
+module_param(tx_napi, bool, 0444);
+MODULE_PARM_DESC(tx_napi, "a TX-only NAPI after each RX queue's (virtio-net's order; default 0)");
+
+static bool percpu_busy_poll;
+module_param(percpu_busy_poll, bool, 0444);
+MODULE_PARM_DESC(percpu_busy_poll, "percpu=1 without NO_BUSY_POLL (mvneta; default 0)");
+
+static int irq = -1;
+module_param(irq, int, 0444);
+MODULE_PARM_DESC(irq, "6.10+: say (netif_napi_set_irq()) that every RX NAPI's interrupt is this existing IRQ, whose affinity then places it (default -1: none)");
+
 /* One frame's payload, after the Ethernet header. */
 struct ktn_hdr {
 	__be16 magic;
@@ -127,6 +159,7 @@ struct ktn_ring {
 	u64 by_kbpn;		/* of them, by a non-rt one (kbpn/N) */
 	u64 by_softirq;
 	u64 by_other;
+	u64 foreign;		/* percpu: polled on another CPU than its own */
 	int rx_cpu;		/* where the last frame was received */
 	int cpu;
 	bool used;
@@ -137,6 +170,7 @@ struct ktn_priv;
 /* A queue vector: freed and allocated again by every reconfiguration. */
 struct ktn_queue {
 	struct napi_struct napi;
+	struct napi_struct tx;		/* tx_napi: TX-only, never scheduled */
 	struct hrtimer timer;
 	struct ktn_priv *priv;
 	struct ktn_ring *ring;
@@ -160,7 +194,10 @@ struct ktn_priv {
 	struct ktn_ring rings[KTN_MAX_QUEUES];
 };
 
-static struct net_device *ktn_dev;
+static struct net_device *ktn_devs[KTN_MAX_DEVS];
+static unsigned int ktn_nr_devs;
+static DEFINE_MUTEX(ktn_devs_lock);	/* ktn_devs[] against adapter_reset */
+static const struct net_device_ops ktn_netdev_ops;
 
 static u64 ktn_period_ns(void)
 {
@@ -272,6 +309,8 @@ static int ktn_poll(struct napi_struct *napi, int budget)
 
 	while (done < budget) {
 		if (q->soft) {
+			if (smp_processor_id() != q->cpu)
+				r->foreign++;
 			skb = __skb_dequeue(&q->cell);
 			if (!skb)
 				break;
@@ -290,6 +329,13 @@ static int ktn_poll(struct napi_struct *napi, int budget)
 	if (done < budget)
 		napi_complete_done(napi, done);
 	return done;
+}
+
+/* tx_napi: a TX-only NAPI, nothing to clean (it is never scheduled anyway). */
+static int ktn_tx_poll(struct napi_struct *napi, int budget)
+{
+	napi_complete_done(napi, 0);
+	return 0;
 }
 
 /* Burn @ns of CPU in the receiving context, as protocol processing would. */
@@ -314,7 +360,7 @@ static int ktn_rcv(struct sk_buff *skb, struct net_device *dev,
 	unsigned int qi;
 	u64 seq;
 
-	if (dev != READ_ONCE(ktn_dev) || !pskb_may_pull(skb, sizeof(*h)))
+	if (dev->netdev_ops != &ktn_netdev_ops || !pskb_may_pull(skb, sizeof(*h)))
 		goto out;
 	h = (struct ktn_hdr *)skb->data;
 	qi = ntohs(h->queue);
@@ -460,14 +506,23 @@ static int ktn_queues_up(struct ktn_priv *priv)
 		skb_queue_head_init(&q->cell);
 		ktn_timer_init(q);
 		ktn_napi_add(priv->dev, &q->napi);
-		if (percpu)	/* as gro_cells_init() */
+#ifdef KTN_HAVE_NAPI_IRQ
+		if (irq >= 0)
+			netif_napi_set_irq(&q->napi, irq);
+#endif
+		if (percpu && !percpu_busy_poll)	/* as gro_cells_init() */
 			set_bit(NAPI_STATE_NO_BUSY_POLL, &q->napi.state);
+		if (tx_napi)	/* virtio-net's order: rx0, tx0, rx1, ... */
+			netif_napi_add_tx(priv->dev, &q->tx, ktn_tx_poll);
 		priv->q[i] = q;
 	}
 	priv->nq = n;
 	ktn_queues_set_napi(priv, true);
-	for (i = 0; i < n; i++)
+	for (i = 0; i < n; i++) {
 		ktn_napi_enable(&priv->q[i]->napi);
+		if (tx_napi)
+			napi_enable(&priv->q[i]->tx);
+	}
 	for (i = 0; i < n; i++)
 		if (!percpu || cpu_online(i))
 			ktn_timer_start(priv->q[i]);
@@ -476,6 +531,8 @@ err:
 	for (i = 0; i < n; i++) {
 		if (!priv->q[i])
 			continue;
+		if (tx_napi)
+			netif_napi_del(&priv->q[i]->tx);
 		ktn_napi_del(&priv->q[i]->napi);
 		kfree(priv->q[i]);
 		priv->q[i] = NULL;
@@ -495,8 +552,11 @@ static void ktn_queues_down(struct ktn_priv *priv)
 	for (i = 0; i < priv->nq; i++)
 		hrtimer_cancel(&priv->q[i]->timer);
 	ktn_queues_set_napi(priv, false);
-	for (i = 0; i < priv->nq; i++)
+	for (i = 0; i < priv->nq; i++) {
 		ktn_napi_disable(&priv->q[i]->napi);
+		if (tx_napi)
+			napi_disable(&priv->q[i]->tx);
+	}
 	for (i = 0; i < priv->nq; i++) {
 		struct ktn_queue *q = priv->q[i];
 		struct ktn_ring *r = q->ring;
@@ -504,6 +564,8 @@ static void ktn_queues_down(struct ktn_priv *priv)
 		r->ring_dropped += r->produced - r->consumed + skb_queue_len(&q->cell);
 		r->consumed = r->produced;
 		__skb_queue_purge(&q->cell);
+		if (tx_napi)
+			netif_napi_del(&q->tx);
 		ktn_napi_del(&q->napi);
 		kfree(q);
 		priv->q[i] = NULL;
@@ -666,12 +728,12 @@ static ssize_t stats_show(struct device *d, struct device_attribute *attr, char 
 		if (!r->used)
 			continue;
 		len += sysfs_emit_at(buf, len,
-				     "q%u cpu %d rx_cpu %d produced %llu consumed %llu ring_dropped %llu missed %llu delivered %llu gaps %llu reorders %llu by_kbp %llu by_kbpn %llu by_softirq %llu by_other %llu\n",
+				     "q%u cpu %d rx_cpu %d produced %llu consumed %llu ring_dropped %llu missed %llu delivered %llu gaps %llu reorders %llu by_kbp %llu by_kbpn %llu by_softirq %llu by_other %llu foreign %llu\n",
 				     i, r->cpu, r->rx_cpu, r->produced, r->consumed,
 				     r->ring_dropped,
 				     r->missed, r->delivered, r->gaps, r->reorders,
 				     r->by_kbp, r->by_kbpn, r->by_softirq,
-				     r->by_other);
+				     r->by_other, r->foreign);
 	}
 	mutex_unlock(&priv->cfg_lock);
 	return len;
@@ -712,17 +774,52 @@ static const struct attribute_group ktn_group = {
 
 /* --- module ----------------------------------------------------------------- */
 
-static int __init ktn_init(void)
+/* Queue @n resets of every port, each from its own work item: they run at once. */
+static int ktn_adapter_reset_set(const char *val, const struct kernel_param *kp)
+{
+	unsigned int n, i;
+
+	if (kstrtouint(val, 0, &n) || !n || n > 100000)
+		return -EINVAL;
+	mutex_lock(&ktn_devs_lock);
+	for (i = 0; i < ktn_nr_devs; i++)
+		atomic_add(n, &((struct ktn_priv *)netdev_priv(ktn_devs[i]))->resets_pending);
+	for (i = 0; i < ktn_nr_devs; i++)
+		queue_work(system_unbound_wq,
+			   &((struct ktn_priv *)netdev_priv(ktn_devs[i]))->reset_work);
+	mutex_unlock(&ktn_devs_lock);
+	return 0;
+}
+
+/* Resets still pending on every port. */
+static int ktn_adapter_reset_get(char *buf, const struct kernel_param *kp)
+{
+	unsigned int i;
+	int pending = 0;
+
+	mutex_lock(&ktn_devs_lock);
+	for (i = 0; i < ktn_nr_devs; i++)
+		pending += atomic_read(&((struct ktn_priv *)netdev_priv(ktn_devs[i]))->resets_pending);
+	mutex_unlock(&ktn_devs_lock);
+	return sysfs_emit(buf, "%d\n", pending);
+}
+
+static const struct kernel_param_ops ktn_adapter_reset_ops = {
+	.set = ktn_adapter_reset_set,
+	.get = ktn_adapter_reset_get,
+};
+module_param_cb(adapter_reset, &ktn_adapter_reset_ops, NULL, 0644);
+MODULE_PARM_DESC(adapter_reset, "write N: N resets of every port at once, each from its own work (read: resets pending)");
+
+static struct net_device *ktn_create(void)
 {
 	struct net_device *dev;
 	struct ktn_priv *priv;
 	int err;
 
-	if (!queues || queues > KTN_MAX_QUEUES)
-		return -EINVAL;
 	dev = alloc_etherdev_mq(sizeof(*priv), KTN_MAX_QUEUES);
 	if (!dev)
-		return -ENOMEM;
+		return ERR_PTR(-ENOMEM);
 	err = dev_alloc_name(dev, name);
 	if (err < 0)
 		goto err_free;
@@ -737,46 +834,86 @@ static int __init ktn_init(void)
 	eth_hw_addr_random(dev);
 #ifdef KTN_HAVE_OPS_LOCK
 	dev->request_ops_lock = ops_lock;
-#else
-	if (ops_lock) {
-		pr_err("ops_lock=1: this kernel has no request_ops_lock\n");
-		err = -EOPNOTSUPP;
-		goto err_free;
-	}
 #endif
 	netif_carrier_off(dev);
-	dev_add_pack(&ktn_pt);
-	WRITE_ONCE(ktn_dev, dev);
 	err = register_netdev(dev);
 	if (err)
-		goto err_pack;
-	pr_info("%s: %u queues%s%s, %u frames/s per queue\n", dev->name, queues,
+		goto err_free;
+	pr_info("%s: %u queues%s%s%s, %u frames/s per queue\n", dev->name, queues,
 		percpu ? ", per-CPU NAPIs (gro_cells)" : "",
+		tx_napi ? ", TX NAPIs" : "",
 		ops_lock ? ", ops lock" : "", rate);
-	return 0;
+	return dev;
 
-err_pack:
-	WRITE_ONCE(ktn_dev, NULL);
-	dev_remove_pack(&ktn_pt);
 err_free:
 	free_netdev(dev);
-	return err;
+	return ERR_PTR(err);
 }
 
-static void __exit ktn_exit(void)
+static void ktn_destroy(struct net_device *dev)
 {
-	struct net_device *dev = ktn_dev;
 	struct ktn_priv *priv = netdev_priv(dev);
 
 	atomic_set(&priv->resets_pending, 0);
 	cancel_work_sync(&priv->reset_work);
 	unregister_netdev(dev);
-	dev_remove_pack(&ktn_pt);	/* waits for receivers (synchronize_net) */
-	WRITE_ONCE(ktn_dev, NULL);
 	free_netdev(dev);
+}
+
+static int __init ktn_init(void)
+{
+	struct net_device *dev;
+	int err = 0;
+
+	if (!queues || queues > KTN_MAX_QUEUES || !devices || devices > KTN_MAX_DEVS)
+		return -EINVAL;
+#ifndef KTN_HAVE_OPS_LOCK
+	if (ops_lock) {
+		pr_err("ops_lock=1: this kernel has no request_ops_lock\n");
+		return -EOPNOTSUPP;
+	}
+#endif
+	if (ops_lock && (tx_napi || irq >= 0)) {
+		pr_err("tx_napi=1 or irq= with ops_lock=1: not modelled\n");
+		return -EINVAL;
+	}
+	dev_add_pack(&ktn_pt);
+	while (ktn_nr_devs < devices) {
+		dev = ktn_create();
+		if (IS_ERR(dev)) {
+			err = PTR_ERR(dev);
+			break;
+		}
+		mutex_lock(&ktn_devs_lock);
+		ktn_devs[ktn_nr_devs++] = dev;
+		mutex_unlock(&ktn_devs_lock);
+	}
+	if (!err)
+		return 0;
+	while (ktn_nr_devs) {
+		mutex_lock(&ktn_devs_lock);
+		dev = ktn_devs[--ktn_nr_devs];
+		mutex_unlock(&ktn_devs_lock);
+		ktn_destroy(dev);
+	}
+	dev_remove_pack(&ktn_pt);
+	return err;
+}
+
+static void __exit ktn_exit(void)
+{
+	struct net_device *dev;
+
+	while (ktn_nr_devs) {
+		mutex_lock(&ktn_devs_lock);
+		dev = ktn_devs[--ktn_nr_devs];
+		mutex_unlock(&ktn_devs_lock);
+		ktn_destroy(dev);
+	}
+	dev_remove_pack(&ktn_pt);	/* waits for receivers (synchronize_net) */
 }
 
 module_init(ktn_init);
 module_exit(ktn_exit);
 MODULE_LICENSE("GPL");
-MODULE_DESCRIPTION("kbp test NIC: multi-queue, resets without rtnl, per-CPU NAPIs");
+MODULE_DESCRIPTION("kbp test NIC: multi-queue, several ports, resets without rtnl, per-CPU NAPIs");

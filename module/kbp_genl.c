@@ -17,10 +17,12 @@
  *     CAP_SYS_NICE, as sched_setscheduler() and setpriority() would for a
  *     thread of the caller's own; so does joining a CPU whose knobs already
  *     are such (kbp_main.c, kbp_check_caller_knobs());
- *   - a caller that is not the host's administrator (CAP_SYS_ADMIN in the
- *     initial network namespace) attaches only to CPUs it may run on itself
- *     (its cpuset): a container cannot put its traffic on the host's
- *     isolated or nohz_full CPUs;
+ *   - a caller that could not already move the host's tasks between CPUs
+ *     attaches only to CPUs it may run on itself (its cpuset): a container
+ *     cannot put its traffic, or a poller, on the host's isolated or
+ *     nohz_full CPUs.  sched_setaffinity()'s own rule says who can:
+ *     CAP_SYS_NICE, over tasks it sees, so in the initial pid namespace
+ *     (a node agent with the host's pids, or the host's administrator);
  *   - POLLER_SET, which changes a CPU's poller for every namespace, is only
  *     for callers in the initial network namespace;
  *   - outside the initial network namespace, replies show only pollers that
@@ -148,12 +150,11 @@ static int kbp_may_take_cpu(struct sk_buff *skb, struct genl_info *info,
  * runs in the caller's context: current is the caller, and its allowed CPUs
  * lie within its cpuset.
  */
-static void kbp_parse_caller(struct sk_buff *skb, struct genl_info *info,
-			     struct kbp_caller *c)
+static void kbp_parse_caller(struct sk_buff *skb, struct kbp_caller *c)
 {
 	c->may_take_cpu = netlink_capable(skb, CAP_SYS_NICE);
-	c->cpus = netlink_capable(skb, CAP_SYS_ADMIN) &&
-		  net_eq(genl_info_net(info), &init_net) ? NULL :
+	c->cpus = c->may_take_cpu &&
+		  task_active_pid_ns(current) == &init_pid_ns ? NULL :
 		  current->cpus_ptr;
 }
 
@@ -305,7 +306,7 @@ static int kbp_nl_dev_attach(struct sk_buff *skb, struct genl_info *info)
 	int err;
 
 	kbp_parse_knobs(info, &req.knobs);
-	kbp_parse_caller(skb, info, &req.caller);
+	kbp_parse_caller(skb, &req.caller);
 	err = kbp_parse_class(info, &req.cls) ?:
 	      kbp_may_take_cpu(skb, info, &req.knobs);
 	if (err)
@@ -412,6 +413,16 @@ static int kbp_fill_poller_dev(struct sk_buff *skb, struct kbp_poller *p)
 	return 0;
 }
 
+/* What a poller's thread is doing, as far as an operator cares. */
+static u32 kbp_poller_state(const struct kbp_poller *p)
+{
+	if (test_bit(KBP_POLLER_STUCK, &p->flags))
+		return KBP_STATE_STUCK;
+	if (test_bit(KBP_POLLER_STOPPING, &p->flags))
+		return KBP_STATE_STOPPING;
+	return KBP_STATE_ACTIVE;
+}
+
 static int kbp_fill_poller(struct sk_buff *skb, struct kbp_poller *p)
 {
 	struct kbp_poller_snapshot s;
@@ -425,6 +436,7 @@ static int kbp_fill_poller(struct sk_buff *skb, struct kbp_poller *p)
 	rcu_read_unlock();
 
 	if (kbp_fill_poller_dev(skb, p) ||
+	    nla_put_u32(skb, KBP_A_STATE, kbp_poller_state(p)) ||
 	    nla_put_u32(skb, KBP_A_CPU, p->cpu) ||
 	    nla_put_u32(skb, KBP_A_CLASS, p->cls->cls) ||
 	    nla_put_s32(skb, KBP_A_NICE, READ_ONCE(p->nice)) ||

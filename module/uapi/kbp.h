@@ -62,11 +62,20 @@ enum kbp_class {
 	KBP_CLASS_NON_RT = 1,
 };
 
-/* state of an attached device */
+/* state of an attached device, or of a poller */
 enum kbp_state {
-	KBP_STATE_ACTIVE = 1,	/* its NAPIs are served by pollers */
+	KBP_STATE_ACTIVE = 1,	/* a device: its NAPIs are served by pollers; a
+				 * poller: its thread runs
+				 */
 	KBP_STATE_STANDBY = 2,	/* device down (or its NAPIs cannot be hooked):
 				 * stock NAPI until it comes up
+				 */
+	KBP_STATE_STOPPING = 3,	/* a poller told to stop (its device detached or
+				 * gone): listed until its thread has exited
+				 */
+	KBP_STATE_STUCK = 4,	/* a poller that did not give a NAPI back in
+				 * time (a higher-priority task hogs its CPU):
+				 * it takes no new NAPI until it runs again
 				 */
 };
 
@@ -147,7 +156,9 @@ enum kbp_attr {
 	KBP_A_RT_PRIO,		/* u32, 0 = SCHED_NORMAL, 1..99 = SCHED_FIFO
 				 * priority
 				 */
-	KBP_A_STATE,		/* u32, enum kbp_state, devices (output) */
+	KBP_A_STATE,		/* u32, enum kbp_state, devices and pollers
+				 * (output)
+				 */
 	KBP_A_FREQ_CTL,		/* u32, 0/1: hybrid lowers the CPU frequency
 				 * while asleep (userspace governor needed)
 				 */

@@ -42,6 +42,8 @@ KBP_CLASS_NON_RT: Final = 1
 # enum kbp_state
 KBP_STATE_ACTIVE: Final = 1
 KBP_STATE_STANDBY: Final = 2
+KBP_STATE_STOPPING: Final = 3
+KBP_STATE_STUCK: Final = 4
 # enum kbp_cmd
 KBP_CMD_UNSPEC: Final = 0
 KBP_CMD_POLLER_GET: Final = 1
@@ -181,7 +183,7 @@ ENUMS: Final[dict[str, dict[str, int]]] = {
     "mode": {"busy": 1, "hybrid": 2, "periodic": 3},
     "objective": {"bytes": 0, "bytes-per-cpu": 1},
     "class": {"rt": 0, "non-rt": 1},
-    "state": {"active": 1, "standby": 2},
+    "state": {"active": 1, "standby": 2, "stopping": 3, "stuck": 4},
 }
 #: commands: name -> value
 COMMANDS: Final[dict[str, int]] = {

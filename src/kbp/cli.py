@@ -142,7 +142,7 @@ examples:
   kbpctl exporter --once --textfile DIR       write DIR/kbp.prom once (a cron job)
 
 What is exported: the counters 'kbpctl status' shows, read afresh at every scrape --
-per module poller (labels cpu, mode, class, backend) every poller counter as
+per module poller (labels cpu, mode, class, backend, device) every poller counter as
 kbp_poller_<counter>_total (times in seconds: kbp_poller_poll_seconds_total; the longest
 wake-up delay is the gauge kbp_poller_wake_delay_max_seconds); per device (labels device,
 netns, backend, mode, class) kbp_device_enabled{state}, kbp_device_packets_total,

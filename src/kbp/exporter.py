@@ -69,6 +69,7 @@ PROBLEM_KINDS: tuple[tuple[str, str], ...] = (
     ("no_thread", r"has no thread"),
     ("sched_drift", r"thread \d+ (\(class non-rt\) )?runs "),
     ("periodic_drift", r"^poller kbp/\d+(:\S+)? runs "),
+    ("poller_stuck", r"^poller kbp/\d+:\S+ is stuck: "),
     ("misplaced", r"^NAPI #\d+ \(id \d+\) is served on CPU \d+, (not CPU |which the "
                   r"queue map)"),
     ("periodic_service", r"periodic service"),

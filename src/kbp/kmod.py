@@ -253,6 +253,9 @@ class Poller:
     ifindex: int | None = None  # the device it serves (None once detached: stopping)
     ifname: str | None = None
     netns_inum: int | None = None
+    #: active (its thread runs), stopping (told to stop, listed until its thread exits),
+    #: stuck (did not give a NAPI back in time: a higher-priority task hogs its CPU)
+    state: str | None = None
 
     def counters(self) -> dict[str, int | None]:
         return {c: getattr(self, c) for c in names.POLLER_COUNTERS}
@@ -317,7 +320,8 @@ def _poller_from(msg: Any) -> Poller:
                   objective=objective_name(g("KBP_A_OBJECTIVE")),
                   search=_netap_from(g("KBP_A_NETAP_STATE")),
                   ifindex=g("KBP_A_IFINDEX"), ifname=g("KBP_A_IFNAME"),
-                  netns_inum=g("KBP_A_NETNS_INUM"))
+                  netns_inum=g("KBP_A_NETNS_INUM"),
+                  state=STATE_NAMES.get(g("KBP_A_STATE")))
 
 
 def _netap_from(nest: Any) -> NetapState | None:

@@ -111,8 +111,8 @@ def devices_table(st: Status) -> Table:
 
 def pollers_table(st: Status) -> Table:
     t = Table(title="kbp module pollers", title_justify="left")
-    cols = ("CPU", "class", "device", "pid", "mode", "linger", "quota", "sched", "freq_ctl",
-            "NAPIs",
+    cols = ("CPU", "class", "device", "state", "pid", "mode", "linger", "quota", "sched",
+            "freq_ctl", "NAPIs",
             "passes",
             "empty", "packets", "wakeups", "sleeps", "slept", "yields", "polled", "respawns",
             "repairs")
@@ -120,8 +120,8 @@ def pollers_table(st: Status) -> Table:
         t.add_column(c, no_wrap=True)
     for p in st.pollers:
         c = p.counters
-        t.add_row(str(p.cpu), p.cls or names.CLASS_RT, p.device or "-", _n(p.pid),
-                  _n(p.mode),
+        t.add_row(str(p.cpu), p.cls or names.CLASS_RT, p.device or "-", p.state or "-",
+                  _n(p.pid), _n(p.mode),
                   _n(p.linger_us), _n(p.quota), sched_cell(p.policy, p.priority, p.nice),
                   f"on, {_n(c.get('freq_changes'))} changes" if p.freq_ctl else "off",
                   _n(p.napis),

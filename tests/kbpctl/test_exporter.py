@@ -265,6 +265,11 @@ def test_problem_kinds_of_the_sentences_status_writes(tmp_path: Path) -> None:
                           periodic={"interval_us": 900, "netap": False})
     said["periodic_drift"] = periodic_drift(ds, [poller]) + periodic_drift(
         ds, [dataclasses.replace(poller, device="x")])     # named by its device
+    said["poller_stuck"] = kmod_backend.stuck_pollers(
+        DeviceStatus("x", None, 1, None, "kmod"),
+        [dataclasses.replace(poller, device="x", state="stuck"),
+         dataclasses.replace(poller, device="y", state="stuck"),
+         dataclasses.replace(poller, device="x", state="active")])
     said["misplaced"] = kmod_backend.placement_problems(
         [[0, 0], [1, 1]], [NapiInfo(index=0, id=8193, cpu=0), NapiInfo(index=1, id=8194, cpu=0),
                            NapiInfo(index=2, id=8195, cpu=0)])

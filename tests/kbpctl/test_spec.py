@@ -239,7 +239,8 @@ def test_vocabulary_ranges_and_defaults_are_the_old_ones() -> None:
     assert names.CLASS_IDS == {"rt": 0, "non-rt": 1}
     assert names.OBJECTIVES == (names.OBJECTIVE_BYTES, names.OBJECTIVE_BYTES_PER_CPU)
     assert names.OBJECTIVE_IDS == {"bytes": 0, "bytes-per-cpu": 1}
-    assert kmod.STATE_NAMES == {1: "active", 2: "standby"}
+    # appended for pollers (stopping, stuck); the devices' values unchanged
+    assert kmod.STATE_NAMES == {1: "active", 2: "standby", 3: "stopping", 4: "stuck"}
     assert names.PERIODIC_RANGES == {
         "interval_us": (10, 100_000), "round_ms": (10, 60_000),
         "min_interval_us": (10, 100_000), "max_interval_us": (10, 100_000),

@@ -107,7 +107,11 @@ def test_busy_poller_at_default_priority_shares_its_cpu(kmod, flow: Flow) -> Non
     assert spinning(p0.pid)                     # still spinning when alone
 
     flow.start_sink(timeout=300)                # the application, on the poller's CPU
+    a = kmod.poller(POLL_CPU).packets
     flow.start_sender(rate=500)
+    # a Python sender starting in a netns takes seconds under TCG (once > 10 s on 6.12-rt)
+    wait_for(lambda: kmod.poller(POLL_CPU).packets > a, 60,
+             what="the sender's first packets to be polled")
     t_end = time.monotonic() + 30
     while time.monotonic() < t_end:
         a = kmod.poller(POLL_CPU).packets
@@ -268,10 +272,11 @@ def container_ns(kmod) -> Iterator[str]:
     sh("ip netns del kbpctr; ip link del kbpca", check=False)
 
 
-def run_as_container(ns: str, code: str, new_pidns: bool, cpus: str | None = None) -> dict:
-    """Python in netns ``ns`` holding only CAP_NET_ADMIN (Docker's --cap-add NET_ADMIN);
-    with ``cpus``, allowed to run on those CPUs only, as a cpuset would."""
-    argv = ["ip", "netns", "exec", ns, "setpriv", "--bounding-set=-all,+net_admin",
+def run_as_container(ns: str, code: str, new_pidns: bool, cpus: str | None = None,
+                     caps: str = "+net_admin") -> dict:
+    """Python in netns ``ns`` holding only CAP_NET_ADMIN (Docker's --cap-add NET_ADMIN),
+    or ``caps``; with ``cpus``, allowed to run on those CPUs only, as a cpuset would."""
+    argv = ["ip", "netns", "exec", ns, "setpriv", f"--bounding-set=-all,{caps}",
             "--inh-caps=-all", sys.executable, "-c", code]
     if new_pidns:
         argv = ["unshare", "--pid", "--fork", "--mount-proc", *argv]
@@ -375,12 +380,23 @@ def test_container_cannot_join_the_hosts_fifo_poller(kmod, topo: Topo,
 def test_container_attaches_only_to_cpus_of_its_cpuset(kmod, container_ns: str) -> None:
     """A container whose cpuset is CPU M (here: its task pinned there, as the cpuset
     would) attaching to CPU N: refused (EPERM), where before any CPU was accepted, the
-    host's isolated and nohz_full ones included.  Its own CPU is accepted."""
+    host's isolated and nohz_full ones included.  Its own CPU is accepted; so is any CPU for
+    a caller with CAP_SYS_NICE over the host's pids, and only for such a caller."""
     out = run_as_container(container_ns, JOIN % {"cpu": POLL_CPU}, new_pidns=False,
                            cpus=str(OTHER_CPU))
     assert out["plain"] == errno.EPERM and "cpuset" in out["plain_msg"], out
     out = run_as_container(container_ns, JOIN % {"cpu": OTHER_CPU}, new_pidns=False,
                            cpus=str(OTHER_CPU))
+    assert out["plain"] == 0, out
+    # CAP_SYS_NICE lets a task move the tasks it sees (sched_setaffinity()): with its own
+    # pids a container sees none of the host's, and stays bounded; with the host's pids (a
+    # Kubernetes node agent: hostPID, CAP_SYS_NICE) it could move them anywhere already
+    nice = "+net_admin,+sys_nice"
+    out = run_as_container(container_ns, JOIN % {"cpu": POLL_CPU}, new_pidns=True,
+                           cpus=str(OTHER_CPU), caps=nice)
+    assert out["plain"] == errno.EPERM and "cpuset" in out["plain_msg"], out
+    out = run_as_container(container_ns, JOIN % {"cpu": POLL_CPU}, new_pidns=False,
+                           cpus=str(OTHER_CPU), caps=nice)
     assert out["plain"] == 0, out
     assert not kmod.devices()
 

@@ -471,6 +471,8 @@ class PollerStatus:
     #: the device it serves (the module runs a poller per CPU, class and device); None
     #: once the device is detached and the poller is stopping
     device: str | None = None
+    #: active, stopping, stuck (kmod.Poller.state; None: a module that does not say)
+    state: str | None = None
 
 
 @dataclass

@@ -462,7 +462,7 @@ class KmodBackend:
         try:
             devs, pollers = self._devices(client, netns, devices, wanted), self._pollers(client)
             for ds in devs:
-                ds.problems += periodic_drift(ds, pollers)
+                ds.problems += periodic_drift(ds, pollers) + stuck_pollers(ds, pollers)
             return devs, pollers
         except kmod.KbpError as e:
             if e.errno != errno.EPERM:
@@ -522,7 +522,7 @@ class KmodBackend:
                     pol, prio = s.policy, s.priority
             # pid 0: the module does not show pids outside the initial pid namespace
             out.append(PollerStatus(cpu=p.cpu, cls=p.cls or names.CLASS_RT,
-                                    device=p.ifname,
+                                    device=p.ifname, state=p.state,
                                     nice=p.nice, pid=p.pid or None, mode=p.mode,
                                     linger_us=p.linger_us,
                                     quota=p.quota, napis=p.napis, policy=pol, priority=prio,
@@ -569,6 +569,16 @@ class KmodBackend:
         show_rps(ds, read_rps(NetFS, dev, netns, self.host), rec.request if rec else None,
                  rec.complete if rec else True)
         return ds
+
+
+def stuck_pollers(ds: DeviceStatus, pollers: Sequence[PollerStatus]) -> list[str]:
+    """A problem for each poller of ``ds`` the module reports stuck: it did not give a
+    NAPI back in time, because a task of higher priority hogs its CPU; until it runs again
+    it takes no new NAPI, and its device's NAPIs wait."""
+    return [f"poller kbp/{p.cpu}:{p.device} is stuck: it did not give a NAPI back in time "
+            f"(a task of higher priority hogs CPU {p.cpu}); find it with 'kbpctl status' "
+            "(tasks on polling CPUs) or 'top -H' and move or stop it"
+            for p in pollers if p.state == "stuck" and p.device == ds.name]
 
 
 def _asked_map(rec: Record | None) -> list[list[int]] | None:

@@ -347,6 +347,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
                    help="--textfile: rewrite it every S seconds (default 15)")
     x.add_argument("--once", action="store_true",
                    help="one scrape and exit: to DIR/kbp.prom with --textfile, else stdout")
+    x.add_argument("--config", type=Path, metavar="PATH",
+                   help="the kbp.toml 'kbpctl apply' converges to: also serve "
+                        "kbp_backend_required{backend} (1 where the file needs the kbp "
+                        "module), for a 'module not loaded where the config asks' alert")
     x.set_defaults(func=cmd_exporter)
 
     outsource_command.add_parser(sub, fmt)
@@ -632,7 +636,8 @@ def _apply_once(cfg: Any, dry_run: bool, quiet: bool) -> None:
 
 def cmd_exporter(args: argparse.Namespace) -> int:
     from kbp import exporter  # imports prometheus_client: only for this command
-    return exporter.run(args.listen, args.textfile, args.interval, args.once, _out)
+    return exporter.run(args.listen, args.textfile, args.interval, args.once, _out,
+                        args.config)
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:

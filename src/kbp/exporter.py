@@ -10,6 +10,11 @@ Naming: counters end in ``_total``; times are in seconds (the module's and the t
 nanosecond counters are divided by 1e9: ``poll_ns`` becomes ``kbp_poller_poll_seconds_total``),
 intervals too (``interval_us`` becomes ``..._interval_seconds``). Counter names come from
 :mod:`kbp.names`. docs/kbpctl.md "Monitoring" lists every metric.
+
+Given the config file kbpctl applies (``KbpCollector(config=PATH)``; the Kubernetes node agent,
+:mod:`kbp.nodeagent`, passes its kbp.toml), a scrape also says which backends that file asks
+for by name (``kbp_backend_required{backend}``): with ``kbp_module_loaded`` 0 that is "the
+config asks for the module, and it is not there", which no status can say.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -36,7 +41,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from kbp import names
+from kbp import config, names
 from kbp.backends import DeviceStatus, NapiStatus, PollerStatus, Status
 from kbp.errors import InvalidInput, NotRoot, OperationFailed
 
@@ -356,6 +361,31 @@ def thread_metrics(st: Status) -> Iterator[Metric]:
     yield prio
 
 
+def required_backends(cfg: config.Config) -> set[str]:
+    """The backends ``cfg`` asks for by name (kmod, stock): each ``[[device]]``'s, and the
+    ``[rt_class]`` rule's (``[defaults]`` backend, else the file's). ``auto`` asks for
+    neither: it takes the module when it is loaded, else the stock backend."""
+    wanted = {d.backend for d in cfg.devices}
+    if cfg.rt_class is not None:
+        wanted.add(str(cfg.defaults.get("backend", cfg.backend)))
+    return wanted & {names.BACKEND_KMOD, names.BACKEND_STOCK}
+
+
+def config_metrics(path: Path) -> Iterator[Metric]:
+    """kbp_backend_required{backend}: what the config file at ``path`` asks for (read afresh
+    at every scrape, as ``apply --watch`` reads it; a file that does not load fails the
+    section, counted in kbp_exporter_errors_total{section="config"})."""
+    wanted = required_backends(config.load(path))
+    fam = GaugeMetricFamily(f"{PREFIX}_backend_required", "1: the config file kbpctl "
+                            "applies asks for this backend by name (backend = \"kmod\" or "
+                            "\"stock\" for a [[device]] or the [rt_class] rule; \"auto\" asks "
+                            "for neither); kmod 1 with kbp_module_loaded 0: the config asks for "
+                            "the kbp module and it is not loaded", labels=["backend"])
+    for b in (names.BACKEND_KMOD, names.BACKEND_STOCK):
+        fam.add_metric([b], 1 if b in wanted else 0)
+    yield fam
+
+
 def problem_metrics(st: Status) -> Iterator[Metric]:
     counts = dict.fromkeys(PROBLEM_KIND_NAMES, 0)
     per_dev = GaugeMetricFamily(f"{PREFIX}_device_problems", "problems kbpctl status reports "
@@ -396,17 +426,20 @@ class KbpCollector(Collector):
     A section that raises is left out of the scrape, counted in
     ``kbp_exporter_errors_total{section}`` and reported on stderr (once per new message);
     when the status itself cannot be read, only ``kbp_up 0`` and the exporter's own metrics
-    are served."""
+    are served (and, with ``config``, the section of that name: :func:`config_metrics`)."""
 
     def __init__(self, status: Callable[[], Status] | None = None,
                  builders: Mapping[str, Section] | None = None,
-                 warn: Callable[[str], None] | None = None) -> None:
+                 warn: Callable[[str], None] | None = None,
+                 config: Path | None = None) -> None:
         if status is None:
             from kbp import backends
             status = backends.status
         self._status = status
         self.builders = dict(BUILDERS if builders is None else builders)
-        self.errors = dict.fromkeys(("status", *self.builders), 0)
+        self.config = config
+        self.errors = dict.fromkeys(("status", *self.builders,
+                                     *(("config",) if config is not None else ())), 0)
         self._warn = warn or _stderr
         self._said: dict[str, str] = {}
         self._lock = threading.Lock()  # scrapes run one at a time (status reads netlink)
@@ -442,6 +475,11 @@ class KbpCollector(Collector):
                     self._failed(name, e)
                     continue
                 yield from fams
+        if self.config is not None:  # the file, not the status: served either way
+            try:
+                yield from list(config_metrics(self.config))
+            except Exception as e:
+                self._failed("config", e)
         err = CounterMetricFamily(f"{PREFIX}_exporter_errors", "scrape sections the exporter "
                                   "left out because reading or building them failed (the "
                                   "message is on the exporter's stderr)", labels=["section"])
@@ -493,11 +531,37 @@ def parse_listen(text: str) -> Listen:
     return Listen(host, port)
 
 
+def _start_http_server(listen: Listen, reg: CollectorRegistry) -> Any:
+    """prometheus_client's /metrics application on a thread-per-request WSGI server, served
+    by a daemon thread: what its start_http_server does, which returns the server (to know
+    the port bound, and to stop it) only since prometheus-client 0.20 -- Debian 12's 0.16,
+    the kbpctl package's, returns nothing."""
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    family, _, _, _, sockaddr = socket.getaddrinfo(
+        listen.host, listen.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        address_family = family
+
+    class QuietHandler(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    httpd = make_server(str(sockaddr[0]), listen.port, make_wsgi_app(reg), Server,
+                        handler_class=QuietHandler)
+    threading.Thread(target=httpd.serve_forever, name="kbp-exporter-http",
+                     daemon=True).start()
+    return httpd
+
+
 def serve(listen: Listen, reg: CollectorRegistry) -> tuple[Any, Listen]:
     """Start the HTTP server (a daemon thread); the server and the address it is bound to.
     Binding failures become one-line errors."""
     try:
-        httpd, _thread = start_http_server(listen.port, addr=listen.host, registry=reg)
+        httpd = _start_http_server(listen, reg)
     except socket.gaierror as e:
         raise InvalidInput(f"--listen {listen}: no such address ({e.strerror}): use a local "
                            "IP address, e.g. 127.0.0.1") from None
@@ -546,8 +610,9 @@ def not_root_note() -> str | None:
 
 
 def run(listen: str | None, textfile: Path | None, interval: float, once: bool,
-        out: Callable[[str], None]) -> int:
-    """``kbpctl exporter``; ``out`` writes one line to stdout."""
+        out: Callable[[str], None], config: Path | None = None) -> int:
+    """``kbpctl exporter``; ``out`` writes one line to stdout.  With ``config`` (the file
+    kbpctl applies), also ``kbp_backend_required`` (:func:`config_metrics`)."""
     if not interval > 0:
         raise InvalidInput(f"--interval {interval:g}: use a positive number of seconds")
     if once and listen is not None:
@@ -556,7 +621,7 @@ def run(listen: str | None, textfile: Path | None, interval: float, once: bool,
     addr = parse_listen(listen if listen is not None else DEFAULT_LISTEN) \
         if listen is not None or (textfile is None and not once) else None
     path = check_textfile_dir(textfile) if textfile is not None else None
-    reg = registry()
+    reg = registry(KbpCollector(config=config) if config is not None else None)
     if once:
         if path is not None:
             write_textfile(path, reg)

@@ -332,6 +332,97 @@ def test_status_unreadable_is_kbp_up_0() -> None:
     assert warned and "section status" in warned[0] and "/proc/modules" in warned[0]
 
 
+# -- what the config asks for (kbp_backend_required; the node agent passes its kbp.toml) ------
+@pytest.mark.parametrize(("toml", "kmod", "stock"), [
+    ('backend = "kmod"\n[[device]]\nname = "eth1"\n', 1, 0),
+    ('[[device]]\nname = "eth1"\nbackend = "stock"\n[[device]]\nname = "eth2"\n', 0, 1),
+    ('backend = "auto"\n[[device]]\nname = "eth1"\n', 0, 0),       # auto asks for neither
+    ('backend = "kmod"\n', 0, 0),                  # no device, no rule: asks for nothing
+    ('backend = "kmod"\n[rt_class]\nrtnet_prio = 50\n', 1, 0),  # the rule's devices
+    ('[defaults]\nbackend = "stock"\n[rt_class]\nrtnet_prio = 50\n', 0, 1),
+    ('backend = "kmod"\n[defaults]\nbackend = "stock"\n[[device]]\nname = "eth1"\n', 0, 1),
+])
+def test_backend_required_says_what_the_config_asks_for(tmp_path: Path, toml: str, kmod: int,
+                                                        stock: int) -> None:
+    cfg = tmp_path / "kbp.toml"
+    cfg.write_text(toml)
+    fams = scrape(KbpCollector(make_status, warn=_no_warning, config=cfg))
+    assert value(fams, "kbp_backend_required", backend="kmod") == kmod
+    assert value(fams, "kbp_backend_required", backend="stock") == stock
+    assert value(fams, "kbp_exporter_errors_total", section="config") == 0
+    assert value(fams, "kbp_module_loaded") == 1          # the status' sections as before
+
+
+def test_backend_required_only_with_a_config() -> None:
+    fams = scrape(KbpCollector(make_status, warn=_no_warning))
+    assert "kbp_backend_required" not in fams
+    assert not [s for s in samples(fams, "kbp_exporter_errors_total")
+                if s.labels["section"] == "config"]
+
+
+def test_config_that_does_not_load_is_a_section_error(tmp_path: Path) -> None:
+    """A config edited into something kbpctl refuses (or deleted) fails only its section,
+    read afresh at every scrape as apply --watch reads it."""
+    cfg = tmp_path / "kbp.toml"
+    cfg.write_text('backend = "kmod"\n[[device]]\nnmae = "eth1"\n')
+    warned: list[str] = []
+    col = KbpCollector(make_status, warn=warned.append, config=cfg)
+    fams = scrape(col)
+    assert "kbp_backend_required" not in fams
+    assert value(fams, "kbp_exporter_errors_total", section="config") == 1
+    assert value(fams, "kbp_up") == 1 and "kbp_device_enabled" in fams
+    assert len(warned) == 1 and "section config" in warned[0] and "nmae" in warned[0]
+    cfg.write_text('backend = "kmod"\n[[device]]\nname = "eth1"\n')   # fixed: served again
+    fams = scrape(col)
+    assert value(fams, "kbp_backend_required", backend="kmod") == 1
+    assert value(fams, "kbp_exporter_errors_total", section="config") == 1
+
+
+def test_backend_required_is_served_when_the_status_is_not(tmp_path: Path) -> None:
+    """The alert 'config asks for the module, it is not loaded' must not depend on the
+    status being readable."""
+    def status() -> Status:
+        raise OSError(2, "No such file or directory", "/proc/modules")
+    cfg = tmp_path / "kbp.toml"
+    cfg.write_text('backend = "kmod"\n[[device]]\nname = "eth1"\n')
+    fams = scrape(KbpCollector(status, warn=lambda _: None, config=cfg))
+    assert value(fams, "kbp_up") == 0
+    assert value(fams, "kbp_backend_required", backend="kmod") == 1
+
+
+def test_serves_with_debians_prometheus_client(tmp_path: Path) -> None:
+    """The kbpctl package runs on Debian 12's python3-prometheus-client (0.16), whose
+    start_http_server returns nothing (0.20 and later return the server): the exporter serves
+    /metrics over HTTP with it, and stops cleanly on SIGTERM (what the container image of
+    contrib/kubernetes runs)."""
+    import shutil
+    import signal
+    debian = "/usr/bin/python3"
+    probe = subprocess.run([debian, "-c", "import prometheus_client, pyroute2, rich; "
+                            "print(prometheus_client.__file__)"],
+                           capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0 or not probe.stdout.startswith("/usr/lib/python3/"):
+        pytest.skip("Debian's python3-prometheus-client, -pyroute2 and -rich are not "
+                    "installed (scripts/setup.sh installs them)")
+    assert shutil.which("ip")
+    env = {"PYTHONPATH": SRC, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONNOUSERSITE": "1",
+           "KBP_RUN_DIR": str(tmp_path / "run")}
+    p = subprocess.Popen([debian, "-m", "kbp.cli", "exporter", "--listen", "127.0.0.1:0"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stderr is not None
+        line = p.stderr.readline()
+        assert line.startswith("kbpctl exporter: serving http://127.0.0.1:"), line
+        with urllib.request.urlopen(line.split()[-1], timeout=30) as r:
+            body = r.read().decode()
+        assert r.status == 200 and "\nkbp_up " in body and "kbp_exporter_errors_total" in body
+    finally:
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert "Traceback" not in err, err
+
+
 # -- the command line ------------------------------------------------------------------------
 @pytest.mark.parametrize(("listen", "says"), [
     ("9717", "is not ADDR:PORT"),
@@ -362,6 +453,22 @@ def test_port_in_use_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert p.stderr == (f"kbpctl: --listen 127.0.0.1:{port}: the port is in use (another "
                         "exporter running?): stop it or pick another port\n"), p.stderr
     assert p.stdout == ""
+
+
+def test_config_flag_serves_what_the_file_requires(tmp_path: Path, run_dir: Path) -> None:
+    """``kbpctl exporter --config kbp.toml``: kbp_backend_required from that file (the
+    Kubernetes alert "module not loaded where the config asks"), absent without it."""
+    conf = tmp_path / "kbp.toml"
+    conf.write_text('[[device]]\nname = "eth1"\nbackend = "kmod"\n')
+    out = tmp_path / "textfile"
+    out.mkdir()
+    assert cli.main(["exporter", "--once", "--textfile", str(out), "--config", str(conf)]) == 0
+    fams = {f.name: f for f in text_string_to_metric_families((out / "kbp.prom").read_text())}
+    req = {s.labels["backend"]: s.value for s in fams["kbp_backend_required"].samples}
+    assert req == {"kmod": 1.0, "stock": 0.0}, req
+    assert cli.main(["exporter", "--once", "--textfile", str(out)]) == 0
+    fams = {f.name for f in text_string_to_metric_families((out / "kbp.prom").read_text())}
+    assert "kbp_backend_required" not in fams
 
 
 def test_once_writes_the_textfile(tmp_path: Path, run_dir: Path,

@@ -420,7 +420,7 @@ static void kbp_pollers_reap(void)
 /*
  * Stop the pollers nothing needs any more: idle (no NAPIs, no respawn
  * running) and their device gone, or not naming their CPU, or the CPU
- * inactive.  Stopping does not wait (kbp_poller_stop()): a stopped poller
+ * inactive.  Stopping does not wait (kbp_poller_stop_idle()): a stopped poller
  * stays listed until its thread has exited and the reaper frees it.  A
  * poller whose respawn failed has no thread: freed at once.  rtnl and
  * kbp_lock held.
@@ -448,8 +448,10 @@ static void kbp_pollers_gc(void)
 			if (!kbp_exiting && p->kd && cpu_active(cpu) &&
 			    kbp_dev_names_cpu(p->kd, cpu))
 				continue;
+			/* idle again under its lock: a respawn may have begun */
+			if (!kbp_poller_stop_idle(p))
+				continue;
 			pr_info("%s stopped\n", p->name);
-			kbp_poller_stop(p);
 			gone = true;
 		}
 		if (!gone)

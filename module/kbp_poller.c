@@ -73,7 +73,7 @@ static bool kbp_owns(const struct napi_struct *n)
 /*
  * The thread is to exit: the kernel stopped it (a NAPI of its device
  * deleted, threaded NAPI turned off: it respawns) or kbp is stopping the
- * poller (kbp_poller_stop(): it does not).
+ * poller (kbp_poller_stop_idle(): it does not).
  */
 static bool kbp_should_exit(struct kbp_poller *p)
 {
@@ -1278,6 +1278,25 @@ static bool kbp_thread_reapable(struct kbp_thread *thr, bool all)
 	return (all || !thr->pinned) && completion_done(&thr->exited);
 }
 
+/*
+ * A poller still names @thr (p->thr): the record stays, kbp_poller_exited()
+ * reads it.  Its thread may finish between the reaper's look at the poller
+ * (not exited: kept) and its look at the record (exited): the record then
+ * goes in a later pass, after the poller.  kbp_lock held (the slot lists
+ * and p->thr change under it, or under p->lock within it).
+ */
+static bool kbp_thread_named(struct kbp_thread *thr)
+{
+	struct kbp_poller *p;
+	unsigned int slot;
+
+	for (slot = 0; slot < kbp_nr_slots(); slot++)
+		list_for_each_entry(p, &kbp_slots[slot], slot_node)
+			if (READ_ONCE(p->thr) == thr)
+				return true;
+	return false;
+}
+
 static void kbp_thread_free_rcu(struct rcu_head *head)
 {
 	struct kbp_thread *thr = container_of(head, struct kbp_thread, rcu);
@@ -1298,7 +1317,7 @@ void kbp_threads_reap(bool all)
 
 	spin_lock(&kbp_threads_lock);
 	list_for_each_entry_safe(thr, tmp, &kbp_threads, node)
-		if (kbp_thread_reapable(thr, all))
+		if (kbp_thread_reapable(thr, all) && !kbp_thread_named(thr))
 			list_move(&thr->node, &done);
 	spin_unlock(&kbp_threads_lock);
 	list_for_each_entry_safe(thr, tmp, &done, node)
@@ -1404,21 +1423,31 @@ static struct task_struct *kbp_poller_task(struct kbp_poller *p)
 }
 
 /*
- * Stop @p: its thread exits at its next look (it never respawns once
- * STOPPING is set) and the reaper frees the poller once it has
- * (kbp_poller_exited()).  Nothing waits here: a thread that cannot run must
- * not hold up rtnl.  Caller holds rtnl and kbp_lock; @p is idle
- * (kbp_poller_idle()): no NAPI is linked, and no respawn runs.  A thread
+ * Stop @p if it is idle (no NAPI linked, no respawn running; false if
+ * not): its thread exits at its next look (it never respawns once STOPPING
+ * is set) and the reaper frees the poller once it has (kbp_poller_exited()).
+ * Nothing waits here: a thread that cannot run must not hold up rtnl.
+ * Caller holds rtnl and kbp_lock.  A thread
  * that a driver's deletion is stopping at the same time (it read the
  * thread from a NAPI kbp has just unlinked, kbp_poller_add_napi()) exits
  * once for both: the kernel's kthread_stop() waits on the thread's own exit,
  * not on ours.
  */
-void kbp_poller_stop(struct kbp_poller *p)
+bool kbp_poller_stop_idle(struct kbp_poller *p)
 {
 	struct task_struct *t;
 
+	/*
+	 * The look at idleness and STOPPING in one section: a respawn starting
+	 * between the two (the kernel stopped our thread) would otherwise meet
+	 * STOPPING in the thread it starts, which exits at once and may be
+	 * reaped before the respawn names it in p->thr (a use after free).
+	 */
 	spin_lock(&p->lock);
+	if (!list_empty(&p->napis) || p->respawning) {
+		spin_unlock(&p->lock);
+		return false;
+	}
 	set_bit(KBP_POLLER_STOPPING, &p->flags);
 	t = p->task;
 	if (t)
@@ -1428,6 +1457,7 @@ void kbp_poller_stop(struct kbp_poller *p)
 		wake_up_process(t);	/* pairs with the sleeps' looks at STOPPING */
 		put_task_struct(t);
 	}
+	return true;
 }
 
 /* A stopping poller's thread has left kbp's code (or it had none).  kbp_lock. */
@@ -1572,7 +1602,7 @@ static void kbp_napi_unlink_dead(struct kbp_napi *kn);
  * the deleter between its test of napi->thread and its use of it), the
  * thread's task_struct is kept until module exit (kbp_thread->pinned), and
  * should the poller be stopped meanwhile, its thread's one exit serves both
- * stoppers (kbp_poller_stop()).  False if the NAPI is going (the link is
+ * stoppers (kbp_poller_stop_idle()).  False if the NAPI is going (the link is
  * DEAD, freed by the reconcile work).
  */
 bool kbp_poller_add_napi(struct kbp_poller *p, struct kbp_napi *kn)
@@ -1609,8 +1639,7 @@ bool kbp_poller_idle(struct kbp_poller *p)
 	bool idle;
 
 	spin_lock(&p->lock);
-	idle = list_empty(&p->napis) &&
-	       !test_bit(KBP_POLLER_RESPAWNING, &p->flags);
+	idle = list_empty(&p->napis) && !p->respawning;
 	spin_unlock(&p->lock);
 	return idle;
 }
@@ -1978,7 +2007,7 @@ static bool kbp_poller_respawn(struct kbp_poller *p)
 		spin_unlock(&p->lock);
 		return false;
 	}
-	set_bit(KBP_POLLER_RESPAWNING, &p->flags);
+	p->respawning++;
 	spin_unlock(&p->lock);
 
 	thr = kbp_thread_spawn(p);
@@ -2018,7 +2047,7 @@ static bool kbp_poller_respawn(struct kbp_poller *p)
 	}
 	/* the last touch of @p: gc may stop and free it from here on */
 	spin_lock(&p->lock);
-	clear_bit(KBP_POLLER_RESPAWNING, &p->flags);
+	p->respawning--;
 	spin_unlock(&p->lock);
 	return true;
 }

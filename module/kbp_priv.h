@@ -48,7 +48,8 @@
  *   poller->lock       (spinlock, process context only) poller->napis,
  *                      poller->task, poller->thr and napi->thread of the
  *                      NAPIs on the list change only under it, and the
- *                      STOPPING and RESPAWNING bits are set under it.  Taken
+ *                      STOPPING bit and the respawning count change under
+ *                      it: the two exclude each other.  Taken
  *                      under kbp_lock (and the NAPI's instance lock), or
  *                      alone by the poller thread itself when it respawns.
  *                      The poller thread reads the list under
@@ -210,11 +211,6 @@ enum {
 				 */
 	KBP_POLLER_FAILED,	/* respawn failed: no thread, NAPIs handed back */
 	KBP_POLLER_STUCK,	/* did not give a NAPI back in time (starved) */
-	KBP_POLLER_RESPAWNING,	/* the kernel stopped the thread, which is
-				 * replacing itself: kbp_pollers_gc() must not
-				 * stop the poller under it (set and cleared
-				 * under @lock)
-				 */
 	KBP_POLLER_TURN,	/* its thread waits for a sibling's pass
 				 * (kbp_take_turns()); set and cleared by it
 				 */
@@ -265,6 +261,14 @@ struct kbp_poller {
 	pid_t pid;			/* for reporting; READ_ONCE */
 	char name[32];			/* its threads' ("kbp/<cpu>:<dev>") */
 	unsigned long flags;
+	/*
+	 * Threads the kernel stopped that are replacing themselves (a new
+	 * thread's own respawn may start before its predecessor's ends).
+	 * Under @lock: a respawn starts only while STOPPING is clear, and
+	 * kbp_pollers_gc() stops the poller only while this is 0
+	 * (kbp_poller_stop_idle()), in one section each.
+	 */
+	unsigned int respawning;
 
 	spinlock_t lock;		/* writers of @napis */
 	struct list_head napis;		/* struct kbp_napi, RCU */
@@ -471,7 +475,7 @@ void kbp_reconcile_soon(void);
 /* kbp_poller.c */
 struct kbp_poller *kbp_poller_create(int cpu, u32 cls, struct kbp_dev *kd,
 				     const struct kbp_conf *conf);
-void kbp_poller_stop(struct kbp_poller *p);
+bool kbp_poller_stop_idle(struct kbp_poller *p);
 bool kbp_poller_exited(struct kbp_poller *p);
 void kbp_threads_reap(bool all);
 void kbp_threads_wait_all(void);

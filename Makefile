@@ -19,8 +19,11 @@
 #                    and a table of events, frames lost, splats (python3 -m vm.stress).
 #                    make test runs its short form: one minute, on 6.12
 #   make module      build kbp.ko against the headers of KDIR (default: running kernel)
-#   make deb         the Debian packages kbp-dkms and kbpctl in out/deb/ (packaging/deb.sh:
-#                    installs its build dependencies, runs lintian; docs/packaging.md)
+#   make deb         the Debian packages kbp-dkms, kbp-so-dkms, kbpctl and kbp-sod in out/deb/
+#                    (packaging/deb.sh: installs its build dependencies, runs lintian;
+#                    docs/packaging.md)
+#   make fuzz-sod    kbp-sod's concurrent-mutation fuzzer (outsource/sod/fuzz.c, ASan+UBSan)
+#                    for FUZZ_MINUTES at -O0, then as long at -O2; make test runs it 5 s each
 
 PY      := .venv/bin/python
 # The VM suite: the whole of it on one flavour with SLUB debugging (poisoned frees, red
@@ -52,10 +55,16 @@ OUTSOURCE_FLAVOURS ?= 6.12-amd64,6.1-amd64,7.2-rt-amd64,6.12-rt-amd64
 OUTSOURCE_SOCKETS_ONLY ?= 7.2-rt-amd64,6.12-rt-amd64
 # where a new kbp-sod starts after the kill (its epoch frees the pages lent to the dead one)
 OUTSOURCE_RESTART ?= 6.12-rt-amd64
+# where the boot starts with a receive parked across a kexec reboot into the same kernel
+# (tests/outsource/guest_reboot.py; the rest runs in that kernel): nothing of the host may
+# reach the new kernel's RAM
+OUTSOURCE_REBOOT ?= 6.12-amd64
 ALL_FLAVOURS ?= 6.12-amd64 6.12-rt-amd64 6.1-amd64 7.2-amd64 7.2-rt-amd64 \
 		deb13-6.12-amd64 deb13-6.12-rt-amd64
 
-.PHONY: all setup lint test test-host test-vm test-vm-all stress demo module deb clean
+FUZZ_MINUTES ?= 5
+
+.PHONY: all setup lint test test-host test-vm test-vm-all stress demo module deb fuzz-sod clean
 
 all: test
 
@@ -80,7 +89,8 @@ test-vm: setup deb
 	$(PY) -m vm test $(RT_ONLY_FLAVOURS) -- -m rt || rc=1; \
 	KBP_SO_VM=1 KBP_SO_VM_FLAVOUR=$(OUTSOURCE_FLAVOURS) \
 		KBP_SO_VM_SOCKETS_ONLY=$(OUTSOURCE_SOCKETS_ONLY) KBP_SO_VM_RESTART=$(OUTSOURCE_RESTART) \
-		KBP_SO_VM_APPEND="$(DEBUG_FLAVOUR)=$(DEBUG_APPEND)" \
+		KBP_SO_VM_REBOOT=$(OUTSOURCE_REBOOT) \
+		KBP_SO_VM_APPEND="$(DEBUG_FLAVOUR)=$(DEBUG_APPEND);6.12-rt-amd64=$(DEBUG_APPEND)" \
 		$(PY) -m pytest -q -ra --durations=5 tests/outsource/test_guest_vm.py || rc=1; \
 	for f in $(BUILD_FLAVOURS); do $(PY) -m vm build $$f || rc=1; done; \
 	for f in $(BUILD_FLAVOURS); do \
@@ -103,6 +113,9 @@ module:
 
 deb:
 	packaging/deb.sh
+
+fuzz-sod:
+	$(MAKE) -C outsource/sod fuzz-run FUZZ_SECONDS=$$(( $(FUZZ_MINUTES) * 60 ))
 
 clean:
 	$(MAKE) -C module clean KDIR=$${KDIR:-/usr/src/linux-headers-6.12.117+deb12-amd64} || true

@@ -1,5 +1,5 @@
 #!/bin/sh
-# kbp's Debian packages (make deb): kbp-dkms and kbpctl into out/deb/, from this tree.
+# kbp's Debian packages (make deb): kbp-dkms, kbp-so-dkms, kbpctl and kbp-sod into out/deb/.
 #   packaging/deb.sh            check the version, install missing build dependencies
 #                               (apt-get build-dep: root), build, run lintian
 #   packaging/deb.sh version    check that every version source agrees; print the version
@@ -87,7 +87,7 @@ build() {
 		die "dpkg-buildpackage failed (whole log: $log)"
 	fi
 	changes="kbp_${dv}_$(dpkg --print-architecture).changes"
-	rm -f "$OUT"/kbp-dkms_*.deb "$OUT"/kbp-so-dkms_*.deb "$OUT"/kbpctl_*.deb "$OUT"/kbp_*.changes "$OUT"/kbp_*.buildinfo
+	rm -f "$OUT"/kbp-dkms_*.deb "$OUT"/kbp-so-dkms_*.deb "$OUT"/kbpctl_*.deb "$OUT"/kbp-sod_*.deb "$OUT"/kbp-sod-dbgsym_*.deb "$OUT"/kbp_*.changes "$OUT"/kbp_*.buildinfo
 	mv "$work"/*.deb "$work"/*.buildinfo "$work/$changes" "$OUT/"
 	cd "$REPO"
 	rm -rf "$work"

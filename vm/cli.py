@@ -316,8 +316,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         spec.sod = outsource.SodSpec(args.sod, tap=args.sod_tap, dir=args.sod_dir,
                                      poll=args.sod_poll, rt_prio=args.sod_rt_prio)
         outsource.check(spec.sod, spec.memory_mb)
-        so = (build.build(args.flavour, outsource.GUEST_MODULE_DIR) if args.build
-              else build.existing(fetch.ensure(args.flavour), outsource.GUEST_MODULE_DIR))
+        # KBP_SO_MODULE_DIR: another kbp_so source tree (an old one, for a test's "before")
+        so_dir = Path(os.environ.get("KBP_SO_MODULE_DIR", outsource.GUEST_MODULE_DIR))
+        so = (build.build(args.flavour, so_dir) if args.build
+              else build.existing(fetch.ensure(args.flavour), so_dir))
         if so is None:
             raise RigError(f"--sod: no build of kbp_so.ko for {args.flavour} (add --build)")
         spec.so_ko = so.main

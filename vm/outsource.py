@@ -12,12 +12,19 @@ peer in NETNS takes to the guest's own stack, beside the outsourced one, for com
 The daemon's files (its log ``sod.log``, ``sod.pid``, the region and the RAM file) are in
 ``--sod-dir`` (default: a directory removed after the run), so a test can read the
 daemon's counters and log afterwards, or kill it mid-run by its pid.
+
+kbp-sod confines itself (docs/design.md 11.6): started here as root, it joins NETNS for good
+(one VM per netns: a second daemon for the same netns is refused), then serves as the user
+``kbp-sod`` (``nobody`` where that user does not exist) with CAP_NET_BIND_SERVICE only
+(``bind-low-ports=yes``: a guest's root may bind ports below 1024, as on its own stack),
+no_new_privs and its seccomp filter.  The guest's RAM file is 0600.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import signal
 import subprocess
 import time
@@ -91,13 +98,24 @@ def _ram_dir() -> Path:
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path("/tmp")
 
 
+def daemon_user() -> str:
+    """The user kbp-sod serves as: the package's ``kbp-sod``, else ``nobody``."""
+    try:
+        pwd.getpwnam("kbp-sod")
+    except KeyError:
+        return "nobody"
+    return "kbp-sod"
+
+
 def daemon_argv(spec: SodSpec, binary: Path, workdir: Path, ram: Path | str, queues: int,
                 socket: str = "sod.sock") -> list[str]:
     """kbp-sod's command line for the guest whose files are in ``workdir`` (a test starts a
     second daemon on the same region with another ``socket``: a new epoch)."""
     vm = (f"name=vm,region={workdir / 'region'},socket={workdir / socket},ram={ram},"
-          f"queues={queues},entries={spec.entries},netns={spec.netns}")
-    argv = [str(binary), "--vm", vm]
+          f"queues={queues},entries={spec.entries},netns={spec.netns},bind-low-ports=yes,"
+          # more sockets than a queue has slots: a guest test parks past a full ring
+          f"max-sockets=256")
+    argv = [str(binary), "--vm", vm, "--user", daemon_user()]
     if spec.poll:
         argv.append("--poll")
     if spec.rt_prio:
@@ -133,8 +151,13 @@ def serve(spec: SodSpec, binary: Path, memory_mb: int, queues: int,
     workdir.mkdir(parents=True, exist_ok=True)
     ram = _ram_dir() / f"kbp-so-{os.getpid()}-{workdir.name}.ram"  # tmpfs: no writeback
     ram.unlink(missing_ok=True)
-    with open(ram, "wb") as f:
-        f.truncate(memory_mb << 20)
+    # the guest's memory: readable by QEMU and the daemon (both start as root), nobody else
+    fd = os.open(ram, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.ftruncate(fd, memory_mb << 20)
+    finally:
+        os.close(fd)
     for stale in ("sod.sock", "region", "sod.pid", "ram.path"):
         (workdir / stale).unlink(missing_ok=True)
     argv = daemon_argv(spec, binary, workdir, ram, queues)

@@ -19,6 +19,8 @@
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
+#include <linux/bpf-cgroup.h>
+#include <linux/cgroup.h>
 #include <linux/completion.h>
 #include <linux/context_tracking.h>
 #include <linux/cpuidle.h>
@@ -33,6 +35,7 @@
 #include <linux/mutex.h>
 #include <linux/net.h>
 #include <linux/pci.h>
+#include <linux/panic_notifier.h>
 #include <linux/percpu.h>
 #include <linux/proc_fs.h>
 #include <linux/rcupdate.h>
@@ -42,14 +45,19 @@
 #include <linux/sched/signal.h>
 #include <linux/seq_file.h>
 #include <linux/slab.h>
+#include <linux/sockios.h>
+#include <asm/ioctls.h>
 #include <linux/sockptr.h>
 #include <linux/spinlock.h>
 #include <linux/uio.h>
 #include <linux/workqueue.h>
 #include <linux/in.h>
+#include <linux/inetdevice.h>
 #include <linux/in6.h>
 #include <linux/ipv6.h>
+#include <net/addrconf.h>
 #include <net/inet_common.h>
+#include <net/ip.h>
 #include <net/ipv6.h>
 #include <net/protocol.h>
 #include <net/sock.h>
@@ -76,11 +84,12 @@
 #define KBP_SO_NEED_WAITER	1
 #define KBP_SO_NEED_HALTED	2
 #define KBP_SO_TIMEOUT_MIN	200		/* host_timeout_ms range */
+#define KBP_SO_BACKOFF_MS	64U		/* a slot-less waiter's longest poll */
 #define KBP_SO_TIMEOUT_MAX	600000
 
 /*
- * Pages of user buffers lent to a live host right now (pinned, or
- * referenced on 6.1).  /sys/module/kbp_so/parameters/pinned_pages; 0 when
+ * Pages of user buffers lent to a live host right now (pinned).
+ * /sys/module/kbp_so/parameters/pinned_pages; 0 when
  * idle.  Pages kept for a dead host are orphan_pages (/proc/kbp_so).
  */
 static atomic_t kbp_so_pinned = ATOMIC_INIT(0);
@@ -203,7 +212,25 @@ struct kbp_so_req {
 	bool orphan;			/* failed for a dead host: pages lent */
 	/* under the queue's lock: counted in its irq_wanted */
 	bool wants_irq;
+	/* set by kbp_so_submit() before the slot is taken: may park, whose */
+	bool parks;
+	kuid_t uid;
 };
+
+/*
+ * Which slots of a queue a request may take (fair sharing, design.md
+ * 11.13).  SHARED: all but the last KBP_SO_RESERVED; a request that may
+ * park on the host (KBP_SO_F_WAIT) also no more than kbp_so_parked_max()
+ * of its user's in the queue.  RESERVED: any, for CANCEL and CLOSE: a user
+ * who parked a ring full of receives keeps no killed task from cancelling
+ * its own and no socket from closing.
+ */
+enum kbp_so_slots {
+	KBP_SO_SLOTS_SHARED,
+	KBP_SO_SLOTS_RESERVED,
+};
+
+#define KBP_SO_RESERVED		2
 
 struct kbp_so_dev;
 
@@ -259,6 +286,8 @@ struct kbp_so_dev {
 	bool host_dead;
 	/* the host honours need_irq (KBP_SO_FEAT_NEED_IRQ); set at attach */
 	bool irq_on_demand;
+	/* KBP_SO_FEAT_* the host offers and this module uses; set at attach */
+	u64 features;
 	/*
 	 * idle: the idle path is on (design.md 11.11): sleeping waiters leave
 	 * need_irq to the vCPUs that halt.  Set under every queue's lock (by
@@ -303,6 +332,27 @@ struct kbp_so_sock {
 	u32 handle;			/* the host's; 0: none */
 	u32 attach_id;			/* the attach that made it */
 	bool rd_shut;			/* SHUT_RD asked: an empty read is EOF */
+	/*
+	 * used: bound, connected or sent from (the host may have given it a
+	 * port); port: its claim on kbp_so_ports (0: none).  Both under
+	 * kbp_so_ports_mutex.
+	 */
+	bool used;
+	u16 port;
+	/*
+	 * cmsg: the receive options of IP/IPv6 level the guest keeps itself
+	 * (KBP_SO_CM_*: what recvmsg puts in its control messages, from the
+	 * host's struct kbp_so_rxmeta); written by setsockopt, read by recvmsg.
+	 */
+	unsigned long cmsg;
+	/*
+	 * err_work: fetches the host socket's SO_ERROR after a POLL said
+	 * POLLERR, into sk_err (getsockopt(SO_ERROR), the next send or
+	 * receive, as for a local socket).  ERR_FETCH bit of cmsg's
+	 * neighbour flags: queued, holding a socket reference.
+	 */
+	struct work_struct err_work;
+	unsigned long flags;
 	struct kbp_so_stats st;
 	/* on kbp_so_socks from a successful init to close (kbp_so_socks_mutex) */
 	struct list_head node;
@@ -314,19 +364,31 @@ struct kbp_so_sock {
 	struct kbp_so_addr local;
 	struct kbp_so_addr remote;
 	/*
-	 * poll: the host's last answer (KBP_SO_POLL_*), a hint that a receive
-	 * or a send that would block clears; the armed POLL request (at most
-	 * one, KBP_SO_ARMED set from its submission until its completion's
-	 * callback), and where it went.  Lock-free: atomics and one bit owner.
+	 * revents: the host's last answer (KBP_SO_POLL_*), a hint that a
+	 * receive or a send that would block clears.  Atomic: the POLL's
+	 * completion callback writes it in the interrupt handler.
 	 */
 	atomic_t revents;
-	unsigned long pflags;
+	/*
+	 * poll_lock: the armed POLL request, at most one per socket.  Process
+	 * context only (->poll, a receive or send that found nothing, close),
+	 * never the interrupt handler, which completes poll_req without it.
+	 * poll_armed: poll_req was submitted and its completion not yet taken
+	 * back.  The request is ours again only once completion_done() says
+	 * so: that waits for complete() to return, the handler's last touch of
+	 * this socket, so close can free it and a new POLL can reuse poll_req
+	 * (the callback alone is not the end: design.md 11.13).  Nests outside
+	 * a queue's lock (kbp_so_submit()).
+	 */
+	spinlock_t poll_lock;
+	bool poll_armed;
+	bool poll_closing;		/* no POLL is armed after this */
+	u32 poll_want;			/* the armed POLL's events */
+	u64 poll_tag;			/* its tag, for a CANCEL */
 	struct kbp_so_req poll_req;
 	struct kbp_so_queue *poll_q;
 	u32 poll_slot;
 };
-
-#define KBP_SO_ARMED	0	/* pflags bit */
 
 /*
  * kbp_so_socks_mutex: the list of live outsourced sockets and its length,
@@ -346,6 +408,65 @@ static unsigned int kbp_so_nsocks;
 struct kbp_so_orphan;
 static DEFINE_SPINLOCK(kbp_so_orphans_lock);
 static LIST_HEAD(kbp_so_orphans);
+
+/*
+ * Host sockets whose CLOSE did not go through (no slot, no answer in
+ * time), and sockets the host made for a SOCKET whose caller had given up
+ * (its completion came late): closed again from the watchdog, so a guest
+ * leaks no host socket towards max_sockets.  kbp_so_zombies_lock is taken
+ * from the interrupt handler too (the late SOCKET), so irqsave.
+ */
+struct kbp_so_zombie {
+	struct list_head node;
+	u32 attach_id;
+	u32 handle;
+};
+
+static DEFINE_SPINLOCK(kbp_so_zombies_lock);
+static LIST_HEAD(kbp_so_zombies);
+static atomic_t kbp_so_nzombies = ATOMIC_INIT(0);
+
+static void kbp_so_zombie_add(u32 attach_id, u32 handle, gfp_t gfp)
+{
+	struct kbp_so_zombie *z = kmalloc(sizeof(*z), gfp);
+	unsigned long flags;
+
+	if (!z) {
+		pr_warn_ratelimited("host socket %#x not closed: no memory\n", handle);
+		return;
+	}
+	z->attach_id = attach_id;
+	z->handle = handle;
+	spin_lock_irqsave(&kbp_so_zombies_lock, flags);
+	list_add_tail(&z->node, &kbp_so_zombies);
+	spin_unlock_irqrestore(&kbp_so_zombies_lock, flags);
+	atomic_inc(&kbp_so_nzombies);
+}
+
+static void kbp_so_zombies_take(struct list_head *list)
+{
+	unsigned long flags;
+
+	spin_lock_irqsave(&kbp_so_zombies_lock, flags);
+	list_splice_init(&kbp_so_zombies, list);
+	spin_unlock_irqrestore(&kbp_so_zombies_lock, flags);
+}
+
+static void kbp_so_zombies_give_back(struct list_head *list)
+{
+	unsigned long flags;
+
+	spin_lock_irqsave(&kbp_so_zombies_lock, flags);
+	list_splice(list, &kbp_so_zombies);
+	spin_unlock_irqrestore(&kbp_so_zombies_lock, flags);
+}
+
+static void kbp_so_zombie_free(struct kbp_so_zombie *z)
+{
+	list_del(&z->node);
+	kfree(z);
+	atomic_dec(&kbp_so_nzombies);
+}
 
 static struct kbp_so_sock *kbp_so_sk(const struct sock *sk)
 {
@@ -479,8 +600,12 @@ static void kbp_so_reap(struct kbp_so_dev *dev, struct kbp_so_queue *q,
 		slot = lower_32_bits(cqe.tag) & 0xffff;
 		if ((lower_32_bits(cqe.tag) >> 16) != q->idx ||
 		    slot >= dev->entries || !q->slots[slot] ||
-		    q->slot_gen[slot] != upper_32_bits(cqe.tag))
-			continue;	/* a caller that timed out */
+		    q->slot_gen[slot] != upper_32_bits(cqe.tag)) {
+			/* a caller that timed out; a socket it made is closed later */
+			if (cqe.op == KBP_SO_OP_SOCKET && cqe.res >= 0)
+				kbp_so_zombie_add(dev->attach_id, cqe.sock, GFP_ATOMIC);
+			continue;
+		}
 		req = q->slots[slot];
 		q->slots[slot] = NULL;
 		kbp_so_unwant_irq(dev, q, req);
@@ -529,34 +654,89 @@ static void kbp_so_sweep(struct kbp_so_dev *dev, enum kbp_so_found by)
 }
 
 /*
+ * max_parked_per_user: how many requests that park on the host (blocking
+ * receives and sends, armed POLLs) one guest user may have in one queue at
+ * a time; 0 (the default): half of the queue's shared slots.  Past it, a
+ * blocking call waits in the guest for the socket's readiness instead (its
+ * POLL, or a 1 ms poll when that cannot be armed either) and asks without
+ * parking: slower, never refused; a POLL that cannot be armed says "ready",
+ * and the caller's next operation finds out.
+ */
+static unsigned int kbp_so_max_parked;
+module_param_named(max_parked_per_user, kbp_so_max_parked, uint, 0644);
+MODULE_PARM_DESC(max_parked_per_user, "parked blocking calls per user and queue (0: half the queue)");
+
+static u32 kbp_so_parked_max(const struct kbp_so_dev *dev)
+{
+	u32 max = READ_ONCE(kbp_so_max_parked);
+	u32 half = (dev->entries - KBP_SO_RESERVED) / 2;
+
+	return max ? min(max, dev->entries - KBP_SO_RESERVED) : max(half, 1U);
+}
+
+/*
+ * A free slot of @q that @req may take, or -errno.  q->lock held.  -EUSERS
+ * (the caller's user has its share of parked requests here) is the
+ * caller's to turn into a wait in the guest: no user sees it.
+ */
+static int kbp_so_find_slot(struct kbp_so_dev *dev, struct kbp_so_queue *q,
+			    struct kbp_so_req *req, enum kbp_so_slots kind)
+{
+	u32 limit = dev->entries - (kind == KBP_SO_SLOTS_SHARED ? KBP_SO_RESERVED : 0);
+	u32 s, used = 0, mine = 0, free = dev->entries;
+
+	for (s = 0; s < dev->entries; s++) {
+		struct kbp_so_req *r = q->slots[s];
+
+		if (!r) {
+			free = min(free, s);
+			continue;
+		}
+		used++;
+		if (r->parks && uid_eq(r->uid, req->uid))
+			mine++;
+	}
+	if (free == dev->entries || used >= limit ||
+	    q->sq_tail - READ_ONCE(q->ctl->sq_head) >= limit)
+		return -EAGAIN;
+	if (req->parks && mine >= kbp_so_parked_max(dev))
+		return -EUSERS;
+	return free;
+}
+
+/*
  * Puts @sqe on @q for @req and rings the doorbell.  The caller holds
  * kbp_so_rwsem for reading (the device stays).  Returns the slot, or
  * -errno when nothing was submitted.  The tag is (generation << 32 | queue
  * << 16 | slot): the queue makes it unique in the VM, for CANCEL.
  */
 static int kbp_so_submit(struct kbp_so_dev *dev, struct kbp_so_queue *q,
-			 struct kbp_so_sqe *sqe, struct kbp_so_req *req, bool poll)
+			 struct kbp_so_sqe *sqe, struct kbp_so_req *req, bool poll,
+			 enum kbp_so_slots kind)
 {
 	unsigned long flags;
-	u32 slot, host_head;
 	bool polling;
+	int slot;
 
 	init_completion(&req->done);
 	memset(&req->cqe, 0, sizeof(req->cqe));
 	req->from_host = false;
 	req->orphan = false;
 	req->wants_irq = false;
+	/* may stay in its slot indefinitely: a blocking call, or an armed POLL */
+	req->parks = ((sqe->flags & KBP_SO_F_WAIT) &&
+		      !(sqe->msg_flags & KBP_SO_MSG_DONTWAIT)) ||
+		     (sqe->flags & KBP_SO_F_ARM);
+	req->uid = current_euid();
 	spin_lock_irqsave(&q->lock, flags);
 	if (dev->dead || q->broken || dev->host_dead) {
 		spin_unlock_irqrestore(&q->lock, flags);
 		return dev->host_dead ? -ECONNRESET : -ENETDOWN;
 	}
-	host_head = READ_ONCE(q->ctl->sq_head);
-	for (slot = 0; slot < dev->entries && q->slots[slot]; slot++)
-		;
-	if (slot == dev->entries || q->sq_tail - host_head >= dev->entries) {
+	slot = kbp_so_find_slot(dev, q, req, kind);
+	if (slot < 0) {
 		spin_unlock_irqrestore(&q->lock, flags);
-		return -EAGAIN;
+		return slot;
 	}
 	q->slots[slot] = req;
 	q->slot_gen[slot]++;
@@ -645,7 +825,7 @@ static void kbp_so_poll_wait(struct kbp_so_dev *dev, struct kbp_so_queue *q,
  */
 static int kbp_so_call_on(struct kbp_so_dev *dev, struct kbp_so_queue *q,
 			  struct kbp_so_sqe *sqe, struct kbp_so_cqe *cqe,
-			  struct kbp_so_sock *ks)
+			  struct kbp_so_sock *ks, enum kbp_so_slots kind)
 {
 	struct kbp_so_req req = { };
 	bool poll = kbp_so_will_poll(dev);
@@ -653,7 +833,7 @@ static int kbp_so_call_on(struct kbp_so_dev *dev, struct kbp_so_queue *q,
 
 	if (READ_ONCE(dev->idle))
 		kbp_so_sweep(dev, KBP_SO_BY_SYSCALL);
-	slot = kbp_so_submit(dev, q, sqe, &req, poll);
+	slot = kbp_so_submit(dev, q, sqe, &req, poll, kind);
 	if (slot < 0)
 		return slot;
 	if (ks)
@@ -672,9 +852,10 @@ static int kbp_so_call_on(struct kbp_so_dev *dev, struct kbp_so_queue *q,
 }
 
 static int kbp_so_call(struct kbp_so_dev *dev, struct kbp_so_sqe *sqe,
-		       struct kbp_so_cqe *cqe, struct kbp_so_sock *ks)
+		       struct kbp_so_cqe *cqe, struct kbp_so_sock *ks,
+		       enum kbp_so_slots kind)
 {
-	return kbp_so_call_on(dev, kbp_so_this_queue(dev), sqe, cqe, ks);
+	return kbp_so_call_on(dev, kbp_so_this_queue(dev), sqe, cqe, ks, kind);
 }
 
 /* The device a socket was made on, still attached; kbp_so_rwsem held. */
@@ -690,8 +871,8 @@ static int kbp_so_sock_check(struct kbp_so_sock *ks)
 }
 
 /* A request by a socket: the device it was made on, still attached. */
-static int kbp_so_sock_call(struct sock *sk, struct kbp_so_sqe *sqe,
-			    struct kbp_so_cqe *cqe)
+static int kbp_so_sock_call_slots(struct sock *sk, struct kbp_so_sqe *sqe,
+				  struct kbp_so_cqe *cqe, enum kbp_so_slots kind)
 {
 	struct kbp_so_sock *ks = kbp_so_sk(sk);
 	int err;
@@ -700,11 +881,17 @@ static int kbp_so_sock_call(struct sock *sk, struct kbp_so_sqe *sqe,
 	down_read(&kbp_so_rwsem);
 	err = kbp_so_sock_check(ks);
 	if (!err)
-		err = kbp_so_call(kbp_so_cur, sqe, cqe, ks);
+		err = kbp_so_call(kbp_so_cur, sqe, cqe, ks, kind);
 	up_read(&kbp_so_rwsem);
 	if (!err && cqe->res < 0)
 		err = cqe->res;
 	return err;
+}
+
+static int kbp_so_sock_call(struct sock *sk, struct kbp_so_sqe *sqe,
+			    struct kbp_so_cqe *cqe)
+{
+	return kbp_so_sock_call_slots(sk, sqe, cqe, KBP_SO_SLOTS_SHARED);
 }
 
 /*
@@ -778,64 +965,384 @@ static void kbp_so_set_name(struct kbp_so_sock *ks, struct kbp_so_addr *to,
 	spin_unlock(&ks->name_lock);
 }
 
-static int kbp_so_bind(struct socket *sock, struct kbp_so_uaddr *uaddr, int len)
-{
-	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_BIND };
-	struct kbp_so_cqe cqe;
-	int err = kbp_so_addr_from(sock->sk, (struct sockaddr *)uaddr, len, &sqe.addr);
+/* ks->cmsg bits: the IP/IPv6 receive options kept in the guest */
+enum {
+	KBP_SO_CM_PKTINFO,		/* IP_PKTINFO */
+	KBP_SO_CM_TOS,			/* IP_RECVTOS */
+	KBP_SO_CM_TTL,			/* IP_RECVTTL */
+	KBP_SO_CM_PKTINFO6,		/* IPV6_RECVPKTINFO */
+	KBP_SO_CM_TCLASS,		/* IPV6_RECVTCLASS */
+	KBP_SO_CM_HOPLIMIT,		/* IPV6_RECVHOPLIMIT */
+	KBP_SO_NR_CM
+};
 
+/* The KBP_SO_CM_* bit of an IP/IPv6 level option, or -1. */
+static int kbp_so_cmsg_opt(const struct sock *sk, int level, int optname)
+{
+	if (level == SOL_IP && sk->sk_family == AF_INET) {
+		switch (optname) {
+		case IP_PKTINFO:
+			return KBP_SO_CM_PKTINFO;
+		case IP_RECVTOS:
+			return KBP_SO_CM_TOS;
+		case IP_RECVTTL:
+			return KBP_SO_CM_TTL;
+		}
+	}
+	if (level == SOL_IPV6 && sk->sk_family == AF_INET6) {
+		switch (optname) {
+		case IPV6_RECVPKTINFO:
+			return KBP_SO_CM_PKTINFO6;
+		case IPV6_RECVTCLASS:
+			return KBP_SO_CM_TCLASS;
+		case IPV6_RECVHOPLIMIT:
+			return KBP_SO_CM_HOPLIMIT;
+		}
+	}
+	return -1;
+}
+
+/* The host offers the receive metadata and the send source (ABI 1.1). */
+static bool kbp_so_has_meta(void)
+{
+	bool meta;
+
+	down_read(&kbp_so_rwsem);
+	meta = kbp_so_cur && (kbp_so_cur->features & KBP_SO_FEAT_META);
+	up_read(&kbp_so_rwsem);
+	return meta;
+}
+
+/*
+ * The kernel's own rules, kept for outsourced sockets (design.md 11.13).
+ * The host's socket belongs to kbp-sod, so the host kernel applies none of
+ * the guest's: the guest's cgroup BPF sock_addr programs (bind, connect,
+ * sendmsg, recvmsg, getsockname/getpeername: they live in inet_bind(),
+ * udp_sendmsg()... which an outsourced socket never calls), the privileged
+ * port rule, and SO_REUSEPORT's "same user" rule, all run here.
+ */
+static kuid_t kbp_so_owner(struct sock *sk)
+{
+#ifdef KBP_SO_HAVE_SK_UID
+	return sk_uid(sk);
+#else
+	return sock_i_uid(sk);
+#endif
+}
+
+/*
+ * Runs the cgroup BPF sock_addr programs of @atype on @uaddr (a kernel
+ * copy the programs may rewrite, *@len its length), as the kernel's
+ * BPF_CGROUP_RUN_*_LOCK macros do.  @t_ctx: the source address a UDP
+ * sendmsg program may set; @flags: bind's.  0 or -EPERM.
+ */
+static int kbp_so_sa_hook(struct sock *sk, struct sockaddr *uaddr, int *len,
+			  enum cgroup_bpf_attach_type atype, void *t_ctx, u32 *flags)
+{
+#ifdef CONFIG_CGROUP_BPF
+	int err;
+
+	/* cgroup_bpf_enabled() with a constant only: its static branch is asm */
+	if (!static_key_enabled(&cgroup_bpf_enabled_key[atype]))
+		return 0;
+	lock_sock(sk);
+#ifdef KBP_SO_HAVE_SA_UADDRLEN
+	err = __cgroup_bpf_run_filter_sock_addr(sk, (void *)uaddr, len, atype, t_ctx,
+						flags);
+#else
+	err = __cgroup_bpf_run_filter_sock_addr(sk, uaddr, atype, t_ctx, flags);
+#endif
+	release_sock(sk);
+	return err;
+#else
+	return 0;
+#endif
+}
+
+/* The hook of @v4 or @v6 for the family of @uaddr. */
+static enum cgroup_bpf_attach_type kbp_so_sa_type(const struct sockaddr *uaddr,
+						  enum cgroup_bpf_attach_type v4,
+						  enum cgroup_bpf_attach_type v6)
+{
+	return uaddr->sa_family == AF_INET6 ? v6 : v4;
+}
+
+/*
+ * SO_REUSEPORT's rule: a socket joins a port's group only if the same user
+ * made every socket of the group (udp_lib_lport_inuse()).  On the host
+ * every socket of a VM is kbp-sod's, so the rule is kept here: one entry
+ * per port a reuseport socket of this guest holds, with its user and its
+ * sockets.  By port alone (any address, either family): stricter than the
+ * kernel, never looser.  kbp_so_ports_mutex: the list and each socket's
+ * used/port; process context; a socket's requests to the host are made
+ * under it when they may give it a port, so two binds cannot both pass.
+ */
+struct kbp_so_port {
+	struct list_head node;
+	u16 port;
+	kuid_t uid;
+	u32 refs;
+};
+
+static DEFINE_MUTEX(kbp_so_ports_mutex);
+static LIST_HEAD(kbp_so_ports);
+
+/* Port @port (host order) for @ks's owner.  kbp_so_ports_mutex held. */
+static int kbp_so_port_claim(struct kbp_so_sock *ks, u16 port)
+{
+	kuid_t uid = kbp_so_owner(&ks->inet.sk);
+	struct kbp_so_port *p;
+
+	lockdep_assert_held(&kbp_so_ports_mutex);
+	if (ks->port == port)
+		return 0;
+	list_for_each_entry(p, &kbp_so_ports, node) {
+		if (p->port != port)
+			continue;
+		if (!uid_eq(p->uid, uid))
+			return -EADDRINUSE;	/* another user's group */
+		p->refs++;
+		ks->port = port;
+		return 0;
+	}
+	p = kmalloc(sizeof(*p), GFP_KERNEL);
+	if (!p)
+		return -ENOMEM;
+	p->port = port;
+	p->uid = uid;
+	p->refs = 1;
+	list_add(&p->node, &kbp_so_ports);
+	ks->port = port;
+	return 0;
+}
+
+static void kbp_so_port_release(struct kbp_so_sock *ks)
+{
+	struct kbp_so_port *p;
+
+	lockdep_assert_held(&kbp_so_ports_mutex);
+	if (!ks->port)
+		return;
+	list_for_each_entry(p, &kbp_so_ports, node) {
+		if (p->port != ks->port)
+			continue;
+		if (!--p->refs) {
+			list_del(&p->node);
+			kfree(p);
+		}
+		break;
+	}
+	ks->port = 0;
+}
+
+/* The guest's copy of SO_REUSEPORT: what the host's socket has too (6.7+). */
+static bool kbp_so_reuseport(const struct sock *sk)
+{
+#ifdef KBP_SO_HAVE_CUSTOM_SOCKOPT
+	return sk->sk_reuseport;	/* a bit-field: a racy read is fine, setsockopt decides */
+#else
+	return false;	/* SOL_SOCKET options never reach the host */
+#endif
+}
+
+static int kbp_so_host_getopt(struct sock *sk, int opt, int *val)
+{
+	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_GETSOCKOPT, .arg0 = opt };
+	struct kbp_so_cqe cqe;
+	int err = kbp_so_sock_call(sk, &sqe, &cqe);
+
+	if (!err)
+		*val = cqe.res;
+	return err;
+}
+
+static int kbp_so_host_setopt(struct sock *sk, int opt, int val)
+{
+	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_SETSOCKOPT, .arg0 = opt };
+	struct kbp_so_cqe cqe;
+
+	memcpy(sqe.opt, &val, sizeof(val));
+	return kbp_so_sock_call(sk, &sqe, &cqe);
+}
+
+/*
+ * BIND of a reuseport socket, kbp_so_ports_mutex held.  A given port is
+ * claimed first (another user's group: EADDRINUSE, as the kernel says).
+ * Port 0 is chosen by the host with SO_REUSEPORT off (a fresh port, never
+ * a group's), turned on again after, and then claimed.
+ */
+static int kbp_so_bind_reuse(struct sock *sk, struct kbp_so_sqe *sqe,
+			     struct kbp_so_cqe *cqe)
+{
+	struct kbp_so_sock *ks = kbp_so_sk(sk);
+	u16 port = ntohs((__force __be16)sqe->addr.port);
+	int err;
+
+	if (port) {
+		err = kbp_so_port_claim(ks, port);
+		if (err)
+			return err;
+		err = kbp_so_sock_call(sk, sqe, cqe);
+		if (err)
+			kbp_so_port_release(ks);
+		return err;
+	}
+	err = kbp_so_host_setopt(sk, KBP_SO_OPT_REUSEPORT, 0);
 	if (err)
 		return err;
-	/* as inet_bind()/inet6_bind(): the socket's own family only */
-	if (sqe.addr.family != (sock->sk->sk_family == AF_INET6 ? KBP_SO_AF_INET6 :
-				KBP_SO_AF_INET))
-		return -EAFNOSUPPORT;
-	err = kbp_so_sock_call(sock->sk, &sqe, &cqe);
+	err = kbp_so_sock_call(sk, sqe, cqe);
 	if (!err)
-		kbp_so_set_name(kbp_so_sk(sock->sk), &kbp_so_sk(sock->sk)->local, &cqe.addr);
+		err = kbp_so_port_claim(ks, ntohs((__force __be16)cqe->addr.port));
+	/* the host's socket as the guest's says, whatever happened */
+	return kbp_so_host_setopt(sk, KBP_SO_OPT_REUSEPORT, 1) ?: err;
+}
+
+/*
+ * A reuseport socket's first connect or send without a bind: the host
+ * would choose its port then, possibly another user's group's.  Bind it to
+ * port 0 the reuseport way first.
+ */
+static int kbp_so_autobind(struct sock *sk)
+{
+	struct kbp_so_sock *ks = kbp_so_sk(sk);
+	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_BIND };
+	struct kbp_so_cqe cqe;
+	int err = 0;
+
+	if (!kbp_so_reuseport(sk) || READ_ONCE(ks->used))
+		return 0;
+	mutex_lock(&kbp_so_ports_mutex);
+	if (!ks->used) {
+		sqe.addr.family = sk->sk_family == AF_INET6 ? KBP_SO_AF_INET6 :
+				  KBP_SO_AF_INET;
+		err = kbp_so_bind_reuse(sk, &sqe, &cqe);
+		if (!err) {
+			kbp_so_set_name(ks, &ks->local, &cqe.addr);
+			WRITE_ONCE(ks->used, true);
+		}
+	}
+	mutex_unlock(&kbp_so_ports_mutex);
+	return err;
+}
+
+/* inet_bind()'s rule: a port below ip_unprivileged_port_start needs the capability. */
+static int kbp_so_bind_allowed(struct sock *sk, u16 port, u32 flags)
+{
+	struct net *net = sock_net(sk);
+
+	if (!port || (flags & BPF_RET_BIND_NO_CAP_NET_BIND_SERVICE))
+		return 0;
+	if (inet_port_requires_bind_service(net, port) &&
+	    !ns_capable(net->user_ns, CAP_NET_BIND_SERVICE))
+		return -EACCES;
+	return 0;
+}
+
+static int kbp_so_bind(struct socket *sock, struct kbp_so_uaddr *uaddr, int len)
+{
+	struct sockaddr *sa = (struct sockaddr *)uaddr;
+	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_BIND };
+	struct sock *sk = sock->sk;
+	struct kbp_so_sock *ks = kbp_so_sk(sk);
+	struct kbp_so_cqe cqe;
+	u32 flags = 0;
+	int err;
+
+	if (len < (int)sizeof(sa_family_t))
+		return -EINVAL;
+	/* as inet_bind()/inet6_bind(): the socket's own family only */
+	if (sa->sa_family != sk->sk_family)
+		return -EAFNOSUPPORT;
+	/* checked, then the programs (which may rewrite it), then taken */
+	err = kbp_so_addr_from(sk, sa, len, &sqe.addr) ?:
+	      kbp_so_sa_hook(sk, sa, &len,
+			     kbp_so_sa_type(sa, CGROUP_INET4_BIND, CGROUP_INET6_BIND),
+			     NULL, &flags) ?:
+	      kbp_so_addr_from(sk, sa, len, &sqe.addr);
+	if (err)
+		return err;
+	err = kbp_so_bind_allowed(sk, ntohs((__force __be16)sqe.addr.port), flags);
+	if (err)
+		return err;
+	mutex_lock(&kbp_so_ports_mutex);
+	if (kbp_so_reuseport(sk))
+		err = kbp_so_bind_reuse(sk, &sqe, &cqe);
+	else
+		err = kbp_so_sock_call(sk, &sqe, &cqe);
+	if (!err) {
+		kbp_so_set_name(ks, &ks->local, &cqe.addr);
+		WRITE_ONCE(ks->used, true);
+	}
+	mutex_unlock(&kbp_so_ports_mutex);
 	return err;
 }
 
 static int kbp_so_connect(struct socket *sock, struct kbp_so_uaddr *uaddr, int len,
 			  int flags)
 {
+	struct sockaddr *sa = (struct sockaddr *)uaddr;
 	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_CONNECT };
+	struct sock *sk = sock->sk;
 	struct kbp_so_cqe cqe;
-	int err = kbp_so_addr_from(sock->sk, (struct sockaddr *)uaddr, len, &sqe.addr);
+	int err;
 
+	err = kbp_so_addr_from(sk, sa, len, &sqe.addr);
 	if (err)
 		return err;
-	err = kbp_so_sock_call(sock->sk, &sqe, &cqe);
-	if (!err)
-		kbp_so_set_name(kbp_so_sk(sock->sk), &kbp_so_sk(sock->sk)->remote, &sqe.addr);
+	if (sa->sa_family != AF_UNSPEC) {
+		err = kbp_so_sa_hook(sk, sa, &len,
+				     kbp_so_sa_type(sa, CGROUP_INET4_CONNECT,
+						    CGROUP_INET6_CONNECT), NULL, NULL) ?:
+		      kbp_so_addr_from(sk, sa, len, &sqe.addr) ?:
+		      kbp_so_autobind(sk);
+		if (err)
+			return err;
+	}
+	err = kbp_so_sock_call(sk, &sqe, &cqe);
+	if (!err) {
+		kbp_so_set_name(kbp_so_sk(sk), &kbp_so_sk(sk)->remote, &sqe.addr);
+		WRITE_ONCE(kbp_so_sk(sk)->used, true);
+	}
 	return err;
 }
 
 static int kbp_so_getname(struct socket *sock, struct sockaddr *uaddr, int peer)
 {
 	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_GETNAME, .arg0 = !!peer };
+	struct sock *sk = sock->sk;
 	struct kbp_so_cqe cqe;
-	int err = kbp_so_sock_call(sock->sk, &sqe, &cqe);
+	int err = kbp_so_sock_call(sk, &sqe, &cqe);
+	int len;
 
 	if (err)
 		return err;
-	kbp_so_set_name(kbp_so_sk(sock->sk), peer ? &kbp_so_sk(sock->sk)->remote :
-			&kbp_so_sk(sock->sk)->local, &cqe.addr);
+	kbp_so_set_name(kbp_so_sk(sk), peer ? &kbp_so_sk(sk)->remote :
+			&kbp_so_sk(sk)->local, &cqe.addr);
 	if (!cqe.addr.family) {
 		/* unbound: the family's wildcard, as the host would say */
-		cqe.addr.family = sock->sk->sk_family == AF_INET6 ? KBP_SO_AF_INET6 :
+		cqe.addr.family = sk->sk_family == AF_INET6 ? KBP_SO_AF_INET6 :
 				  KBP_SO_AF_INET;
 	}
-	return kbp_so_addr_to(&cqe.addr, uaddr);
+	len = kbp_so_addr_to(&cqe.addr, uaddr);
+	/* inet_getname(): the programs may rewrite what the user sees */
+	if (peer)
+		kbp_so_sa_hook(sk, uaddr, &len,
+			       kbp_so_sa_type(uaddr, CGROUP_INET4_GETPEERNAME,
+					      CGROUP_INET6_GETPEERNAME), NULL, NULL);
+	else
+		kbp_so_sa_hook(sk, uaddr, &len,
+			       kbp_so_sa_type(uaddr, CGROUP_INET4_GETSOCKNAME,
+					      CGROUP_INET6_GETSOCKNAME), NULL, NULL);
+	return len;
 }
 
 /*
  * The data path (docs/design.md, 11.2): a user buffer is lent to the host
  * as guest-physical segments for exactly one request, from its submission
- * to its final completion.  On 6.3+ the pages are pinned (FOLL_PIN, as for
- * direct I/O); 6.1 has no iov_iter_extract_pages() and takes a page
- * reference instead (Kbuild probe).  Only user-backed iterators: kernel
- * buffers would need the bounce page, which is not done (EOPNOTSUPP).
+ * to its final completion.  The pages are pinned (FOLL_PIN, as for direct
+ * I/O): by iov_iter_extract_pages() on 6.3+, by hand on 6.1 (Kbuild probe).
+ * Only user-backed iterators: kernel buffers would need the bounce page,
+ * which is not done (EOPNOTSUPP).
  */
 struct kbp_so_pin {
 	struct page *pages[KBP_SO_MAX_SEGS];
@@ -862,21 +1369,48 @@ static void kbp_so_release_pages(struct kbp_so_pin *p)
 	unpin_user_pages_dirty_lock(p->pages, p->nr, p->dirty);
 }
 #else
+/*
+ * 6.1 has no iov_iter_extract_pages(), and iov_iter_get_pages2() takes page
+ * references, not pins: a fork() during a parked receive would then leave
+ * the datagram in the child's copy-on-write copy of the page.  Pin the
+ * current segment's pages ourselves, as direct I/O does (FOLL_PIN: fork
+ * copies pinned anonymous pages for the child, the parent keeps them).
+ */
 static ssize_t kbp_so_extract(struct iov_iter *it, struct page **pages,
 			      size_t max, unsigned int maxpages, size_t *off)
 {
-	return iov_iter_get_pages2(it, pages, max, maxpages, off);
+	unsigned int gup = iov_iter_rw(it) == READ ? FOLL_WRITE : 0;
+	unsigned long addr;
+	size_t len;
+	int n, got;
+
+	if (iter_is_ubuf(it)) {
+		addr = (unsigned long)it->ubuf + it->iov_offset;
+		len = it->count;
+	} else if (iter_is_iovec(it)) {
+		addr = (unsigned long)it->iov->iov_base + it->iov_offset;
+		len = it->iov->iov_len - it->iov_offset;
+	} else {
+		return -EOPNOTSUPP;
+	}
+	len = min(len, max);
+	if (!len)
+		return -EOPNOTSUPP;	/* an empty iovec in the middle: not served */
+	*off = offset_in_page(addr);
+	n = min_t(size_t, DIV_ROUND_UP(*off + len, PAGE_SIZE), maxpages);
+	len = min_t(size_t, len, (size_t)n * PAGE_SIZE - *off);
+	got = pin_user_pages_fast(addr & PAGE_MASK, n, gup, pages);
+	if (got <= 0)
+		return got ? got : -EFAULT;
+	if (got < n)
+		len = (size_t)got * PAGE_SIZE - *off;
+	iov_iter_advance(it, len);
+	return len;
 }
 
 static void kbp_so_release_pages(struct kbp_so_pin *p)
 {
-	unsigned int i;
-
-	for (i = 0; i < p->nr; i++) {
-		if (p->dirty)
-			set_page_dirty_lock(p->pages[i]);
-		put_page(p->pages[i]);
-	}
+	unpin_user_pages_dirty_lock(p->pages, p->nr, p->dirty);
 }
 #endif
 
@@ -999,7 +1533,8 @@ static void kbp_so_cancel_wait(struct kbp_so_dev *dev, struct kbp_so_queue *q,
 		struct kbp_so_cqe ccqe;
 
 		if (!asked && !completion_done(&req->done))
-			asked = kbp_so_call_on(dev, q, &c, &ccqe, ks) != -EAGAIN;
+			asked = kbp_so_call_on(dev, q, &c, &ccqe, ks,
+					       KBP_SO_SLOTS_RESERVED) != -EAGAIN;
 		if (wait_for_completion_timeout(&req->done, KBP_SO_FINAL_POLL))
 			return;
 		if (READ_ONCE(dev->hdr->epoch) != dev->epoch &&
@@ -1037,7 +1572,7 @@ static int kbp_so_data_call(struct sock *sk, struct kbp_so_sqe *sqe,
 		kbp_so_sweep(kbp_so_cur, KBP_SO_BY_SYSCALL);
 	req.lends = pin->nr;
 	poll = kbp_so_will_poll(kbp_so_cur);
-	slot = kbp_so_submit(kbp_so_cur, q, sqe, &req, poll);
+	slot = kbp_so_submit(kbp_so_cur, q, sqe, &req, poll, KBP_SO_SLOTS_SHARED);
 	if (slot < 0) {
 		err = slot;
 		goto out;
@@ -1062,41 +1597,240 @@ out:
 	return err;
 }
 
+static void kbp_so_poll_rearm(struct kbp_so_sock *ks, u32 want);
+
+/* The socket's POLL is not out (never armed, or answered): a hint. */
+static bool kbp_so_poll_idle(struct kbp_so_sock *ks)
+{
+	/* data_race: a hint for a wait's condition; kbp_so_poll_arm() decides */
+	return !data_race(READ_ONCE(ks->poll_armed)) ||
+	       completion_done(&ks->poll_req.done);
+}
+
+/*
+ * Waits in the guest until the host said @ev (or an error) for the
+ * socket, through its one POLL, for up to *@timeo.  A POLL answered with
+ * other events is armed again.
+ */
+static int kbp_so_wait_ready(struct kbp_so_sock *ks, u32 ev, long *timeo)
+{
+	struct sock *sk = &ks->inet.sk;
+	u32 any = ev | KBP_SO_POLL_ERR | KBP_SO_POLL_HUP;
+	long left;
+
+	for (;;) {
+		if (atomic_read(&ks->revents) & any)
+			return 0;
+		kbp_so_poll_rearm(ks, ev);
+		if (kbp_so_poll_idle(ks) && !(atomic_read(&ks->revents) & any)) {
+			/* not armed: the device is going, or a ring is full */
+			if (msleep_interruptible(1) && signal_pending(current))
+				return sock_intr_errno(*timeo);
+			continue;
+		}
+		left = wait_event_interruptible_timeout(*sk_sleep(sk),
+							(atomic_read(&ks->revents) & any) ||
+							kbp_so_poll_idle(ks), *timeo);
+		if (left < 0)
+			return sock_intr_errno(*timeo);
+		if (!left)
+			return -EAGAIN;
+		*timeo = left;
+	}
+}
+
+/*
+ * A blocking call past its user's share of parked slots (-EUSERS from
+ * kbp_so_submit()): waits in the guest for the socket's readiness @ev,
+ * then asks without parking; again while the host says EAGAIN.
+ */
+static int kbp_so_data_call_waiting(struct sock *sk, struct kbp_so_sqe *sqe,
+				    struct kbp_so_cqe *cqe, long timeo,
+				    struct kbp_so_pin *pin, u32 ev)
+{
+	bool forever = timeo == MAX_SCHEDULE_TIMEOUT;
+	unsigned long end = jiffies + (forever ? 0 : timeo);
+	struct kbp_so_sock *ks = kbp_so_sk(sk);
+	unsigned int backoff = 1;
+	int err;
+
+	sqe->flags &= ~KBP_SO_F_WAIT;
+	sqe->msg_flags |= KBP_SO_MSG_DONTWAIT;
+	for (;;) {
+		err = kbp_so_wait_ready(ks, ev, &timeo);
+		if (err)
+			return err;
+		err = kbp_so_data_call(sk, sqe, cqe, KBP_SO_CALL_TIMEOUT, pin);
+		if (err != -EAGAIN)
+			return err;
+		atomic_andnot(ev, &ks->revents);
+		if (!kbp_so_poll_idle(ks))
+			continue;	/* a POLL is out: the next wait sleeps on it */
+		/*
+		 * No POLL could be armed either (the user's share, a full ring):
+		 * look again, backing off to KBP_SO_BACKOFF_MS, within the
+		 * caller's timeout; not a spin.
+		 */
+		if (!forever && time_after_eq(jiffies, end))
+			return -EAGAIN;
+		if (msleep_interruptible(backoff) && signal_pending(current))
+			return sock_intr_errno(timeo);
+		backoff = min(backoff * 2, KBP_SO_BACKOFF_MS);
+	}
+}
+
+/*
+ * What a send's control messages ask for (design.md 11.12): the source
+ * address (IP_PKTINFO's ipi_spec_dst, IPV6_PKTINFO's ipi6_addr; the
+ * interface index is the guest's and is not sent) and the TOS / traffic
+ * class.  Anything else: EINVAL, as ip_cmsg_send() says of what it does
+ * not know.
+ */
+struct kbp_so_txmeta {
+	/* in the socket's family; zero: none.  A UDP sendmsg program's t_ctx */
+	u8 src[16] __aligned(8);
+	bool has_src;
+	int tos;			/* -1: the socket's */
+};
+
+static int kbp_so_cmsg_int(struct cmsghdr *c, int *val)
+{
+	if (c->cmsg_len == CMSG_LEN(sizeof(int)))
+		*val = *(int *)CMSG_DATA(c);
+	else if (c->cmsg_len == CMSG_LEN(sizeof(u8)))
+		*val = *(u8 *)CMSG_DATA(c);
+	else
+		return -EINVAL;
+	return 0;
+}
+
+static int kbp_so_tx_cmsgs(struct sock *sk, struct msghdr *msg, struct kbp_so_txmeta *tx)
+{
+	bool v6 = sk->sk_family == AF_INET6;
+	struct cmsghdr *c;
+
+	for_each_cmsghdr(c, msg) {
+		if (!CMSG_OK(msg, c))
+			return -EINVAL;
+		if (!v6 && c->cmsg_level == SOL_IP && c->cmsg_type == IP_PKTINFO) {
+			struct in_pktinfo *pi = (struct in_pktinfo *)CMSG_DATA(c);
+
+			if (c->cmsg_len != CMSG_LEN(sizeof(*pi)))
+				return -EINVAL;
+			memcpy(tx->src, &pi->ipi_spec_dst, 4);
+			tx->has_src = pi->ipi_spec_dst.s_addr != 0;
+		} else if (v6 && c->cmsg_level == SOL_IPV6 && c->cmsg_type == IPV6_PKTINFO) {
+			struct in6_pktinfo *pi = (struct in6_pktinfo *)CMSG_DATA(c);
+
+			if (c->cmsg_len != CMSG_LEN(sizeof(*pi)))
+				return -EINVAL;
+			memcpy(tx->src, &pi->ipi6_addr, 16);
+			tx->has_src = !ipv6_addr_any(&pi->ipi6_addr);
+		} else if ((!v6 && c->cmsg_level == SOL_IP && c->cmsg_type == IP_TOS) ||
+			   (v6 && c->cmsg_level == SOL_IPV6 && c->cmsg_type == IPV6_TCLASS)) {
+			if (kbp_so_cmsg_int(c, &tx->tos) || tx->tos < -1 || tx->tos > 255)
+				return -EINVAL;
+		} else {
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+/*
+ * A pending error (sk_err: the host's SO_ERROR after a POLLERR,
+ * kbp_so_err_work()) is the next send's or receive's result, as
+ * sock_error() makes it for a local socket.
+ */
+static int kbp_so_pending_error(struct sock *sk)
+{
+	return READ_ONCE(sk->sk_err) ? sock_error(sk) : 0;
+}
+
 static int kbp_so_sendmsg(struct socket *sock, struct msghdr *msg, size_t len)
 {
 	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_SENDMSG };
-	struct kbp_so_sock *ks = kbp_so_sk(sock->sk);
+	struct sock *sk = sock->sk;
+	struct kbp_so_sock *ks = kbp_so_sk(sk);
 	bool noblock = msg->msg_flags & MSG_DONTWAIT;
 	struct kbp_so_pin pin = { .dirty = false };
+	struct kbp_so_txmeta tx = { .tos = -1 };
 	struct kbp_so_cqe cqe;
+	long timeo;
 	int err;
 
-	if ((msg->msg_flags & (MSG_OOB | MSG_MORE)) || msg->msg_controllen)
-		return kbp_so_fallback(ks);
+	if (msg->msg_flags & MSG_OOB)
+		return -EOPNOTSUPP;		/* as udp_sendmsg() */
+	if (msg->msg_flags & MSG_MORE)
+		return kbp_so_fallback(ks);	/* corking: not served */
 	if (len > KBP_SO_MAX_IO)
 		return -EMSGSIZE;
-	if (msg->msg_name) {
-		/* AF_UNSPEC stays family 0: the connected peer, as for UDP */
-		err = kbp_so_addr_from(sock->sk, msg->msg_name, msg->msg_namelen,
-				       &sqe.addr);
+	err = kbp_so_pending_error(sk);
+	if (err)
+		return err;
+	if (msg->msg_controllen) {
+		err = kbp_so_tx_cmsgs(sk, msg, &tx);
 		if (err)
 			return err;
 	}
+	if (msg->msg_name) {
+		struct sockaddr *sa = msg->msg_name;
+
+		/* AF_UNSPEC stays family 0: the connected peer, as for UDP */
+		err = kbp_so_addr_from(sk, sa, msg->msg_namelen, &sqe.addr);
+		if (!err && sqe.addr.family) {
+			/* udp_sendmsg(): the programs may rewrite the peer and the source */
+			err = kbp_so_sa_hook(sk, sa, &msg->msg_namelen,
+					     kbp_so_sa_type(sa, CGROUP_UDP4_SENDMSG,
+							    CGROUP_UDP6_SENDMSG),
+					     tx.src, NULL) ?:
+			      kbp_so_addr_from(sk, sa, msg->msg_namelen, &sqe.addr);
+			if (!err && !sqe.addr.port)
+				err = -EINVAL;	/* a program set port 0 */
+			/* the other family's source on a dual-stack socket: not sent */
+			if (sa->sa_family != sk->sk_family)
+				memset(tx.src, 0, sizeof(tx.src));
+			tx.has_src = memchr_inv(tx.src, 0, sizeof(tx.src));
+		}
+		if (err)
+			return err;
+	}
+	if (tx.has_src || tx.tos >= 0) {
+		if (!kbp_so_has_meta())
+			return kbp_so_fallback(ks);
+		if (tx.has_src) {
+			sqe.msg_flags |= KBP_SO_MSG_SRC;
+			memcpy(sqe.opt, tx.src, sizeof(tx.src));
+		}
+		if (tx.tos >= 0) {
+			sqe.msg_flags |= KBP_SO_MSG_TOS;
+			sqe.arg0 = tx.tos;
+		}
+	}
+	err = kbp_so_autobind(sk);
+	if (err)
+		return err;
 	err = kbp_so_pin_iter(&msg->msg_iter, len, &pin, &sqe);
 	if (err == -EOPNOTSUPP)
 		kbp_so_fallback(ks);
 	if (err)
 		goto out;
 	if (noblock)
-		sqe.msg_flags = KBP_SO_MSG_DONTWAIT;
+		sqe.msg_flags |= KBP_SO_MSG_DONTWAIT;
 	else
 		sqe.flags = KBP_SO_F_WAIT;	/* parks on a full send buffer */
-	err = kbp_so_data_call(sock->sk, &sqe, &cqe,
-			       noblock ? KBP_SO_CALL_TIMEOUT :
-					 sock_sndtimeo(sock->sk, false), &pin);
-	if (err == -EAGAIN)	/* not writable: the next poll asks the host */
+	timeo = noblock ? KBP_SO_CALL_TIMEOUT : sock_sndtimeo(sk, false);
+	err = kbp_so_data_call(sk, &sqe, &cqe, timeo, &pin);
+	if (err == -EUSERS)
+		err = kbp_so_data_call_waiting(sk, &sqe, &cqe, timeo, &pin,
+					       KBP_SO_POLL_OUT);
+	if (err == -EAGAIN) {
+		/* not writable: an edge-triggered waiter needs the host's word */
 		atomic_andnot(KBP_SO_POLL_OUT, &ks->revents);
+		kbp_so_poll_rearm(ks, KBP_SO_POLL_OUT);
+	}
 	if (!err) {
+		WRITE_ONCE(ks->used, true);
 		err = cqe.res;
 		atomic64_add(cqe.res, &ks->st.bytes_out);
 		atomic64_inc(&ks->st.copies);
@@ -1106,19 +1840,157 @@ out:
 	return err;
 }
 
+/*
+ * The guest interface a datagram for @dst came in on, as the user can
+ * name it (SIOCGIFNAME): the one holding the address, the loopback for a
+ * loopback address, else 0.  The host's interface means nothing here.
+ */
+static int kbp_so_dst_ifindex(struct sock *sk, const struct kbp_so_addr *dst)
+{
+	struct net *net = sock_net(sk);
+	struct net_device *dev;
+	int ifindex = 0;
+
+	rcu_read_lock();
+	if (dst->family == KBP_SO_AF_INET) {
+		__be32 a;
+
+		memcpy(&a, dst->addr, 4);
+		dev = ipv4_is_loopback(a) ? NULL : __ip_dev_find(net, a, false);
+		if (ipv4_is_loopback(a))
+			ifindex = LOOPBACK_IFINDEX;
+		else if (dev)
+			ifindex = dev->ifindex;
+	} else if (dst->family == KBP_SO_AF_INET6) {
+		const struct in6_addr *a = (const struct in6_addr *)dst->addr;
+
+		dev = ipv6_addr_loopback(a) ? NULL : ipv6_dev_find(net, a, NULL);
+		if (ipv6_addr_loopback(a))
+			ifindex = LOOPBACK_IFINDEX;
+		else if (dev)
+			ifindex = dev->ifindex;
+	}
+	rcu_read_unlock();
+	return ifindex;
+}
+
+/* SO_TIMESTAMP* as __sock_recv_timestamp() puts them, from the host's time. */
+static void kbp_so_put_tstamp(struct msghdr *msg, struct sock *sk, u64 ns)
+{
+	bool new = sock_flag(sk, SOCK_TSTAMP_NEW);
+	struct timespec64 ts = ns_to_timespec64(ns);
+
+	if (!sock_flag(sk, SOCK_RCVTSTAMPNS)) {
+		if (new) {
+			struct __kernel_sock_timeval tv = {
+				.tv_sec = ts.tv_sec, .tv_usec = ts.tv_nsec / NSEC_PER_USEC,
+			};
+
+			put_cmsg(msg, SOL_SOCKET, SO_TIMESTAMP_NEW, sizeof(tv), &tv);
+		} else {
+			struct __kernel_old_timeval tv = {
+				.tv_sec = ts.tv_sec, .tv_usec = ts.tv_nsec / NSEC_PER_USEC,
+			};
+
+			put_cmsg(msg, SOL_SOCKET, SO_TIMESTAMP_OLD, sizeof(tv), &tv);
+		}
+	} else if (new) {
+		struct __kernel_timespec t = { .tv_sec = ts.tv_sec, .tv_nsec = ts.tv_nsec };
+
+		put_cmsg(msg, SOL_SOCKET, SO_TIMESTAMPNS_NEW, sizeof(t), &t);
+	} else {
+		struct __kernel_old_timespec t = { .tv_sec = ts.tv_sec, .tv_nsec = ts.tv_nsec };
+
+		put_cmsg(msg, SOL_SOCKET, SO_TIMESTAMPNS_OLD, sizeof(t), &t);
+	}
+}
+
+/* The control messages the socket asked for, from the host's metadata @m. */
+static void kbp_so_rx_cmsgs(struct msghdr *msg, struct sock *sk,
+			    const struct kbp_so_rxmeta *m)
+{
+	unsigned long cm = READ_ONCE(kbp_so_sk(sk)->cmsg);
+	u16 valid = m->valid;
+
+	if ((valid & KBP_SO_META_TSTAMP) && sock_flag(sk, SOCK_RCVTSTAMP))
+		kbp_so_put_tstamp(msg, sk, m->tstamp_ns);
+	if ((valid & KBP_SO_META_DROPS) && m->drops && sock_flag(sk, SOCK_RXQ_OVFL))
+		put_cmsg(msg, SOL_SOCKET, SO_RXQ_OVFL, sizeof(m->drops), (void *)&m->drops);
+	if (sk->sk_family == AF_INET) {
+		if ((valid & KBP_SO_META_DST) && m->dst.family == KBP_SO_AF_INET &&
+		    test_bit(KBP_SO_CM_PKTINFO, &cm)) {
+			struct in_pktinfo pi = { .ipi_ifindex = kbp_so_dst_ifindex(sk, &m->dst) };
+
+			memcpy(&pi.ipi_addr, m->dst.addr, 4);
+			pi.ipi_spec_dst = pi.ipi_addr;
+			put_cmsg(msg, SOL_IP, IP_PKTINFO, sizeof(pi), &pi);
+		}
+		if ((valid & KBP_SO_META_TTL) && test_bit(KBP_SO_CM_TTL, &cm)) {
+			int ttl = m->ttl;
+
+			put_cmsg(msg, SOL_IP, IP_TTL, sizeof(ttl), &ttl);
+		}
+		if ((valid & KBP_SO_META_TOS) && test_bit(KBP_SO_CM_TOS, &cm))
+			put_cmsg(msg, SOL_IP, IP_TOS, 1, (void *)&m->tos);
+		return;
+	}
+	if ((valid & KBP_SO_META_DST) && m->dst.family && test_bit(KBP_SO_CM_PKTINFO6, &cm)) {
+		struct in6_pktinfo pi = { .ipi6_ifindex = kbp_so_dst_ifindex(sk, &m->dst) };
+
+		if (m->dst.family == KBP_SO_AF_INET6)
+			memcpy(&pi.ipi6_addr, m->dst.addr, 16);
+		else	/* a v4 datagram on a dual-stack socket: v4-mapped */
+			ipv6_addr_set_v4mapped(*(__be32 *)m->dst.addr, &pi.ipi6_addr);
+		put_cmsg(msg, SOL_IPV6, IPV6_PKTINFO, sizeof(pi), &pi);
+	}
+	if ((valid & KBP_SO_META_TTL) && test_bit(KBP_SO_CM_HOPLIMIT, &cm)) {
+		int hops = m->ttl;
+
+		put_cmsg(msg, SOL_IPV6, IPV6_HOPLIMIT, sizeof(hops), &hops);
+	}
+	if ((valid & KBP_SO_META_TOS) && test_bit(KBP_SO_CM_TCLASS, &cm)) {
+		int tclass = m->tos;
+
+		put_cmsg(msg, SOL_IPV6, IPV6_TCLASS, sizeof(tclass), &tclass);
+	}
+}
+
+/* recvmsg wants control messages: the host's metadata is needed. */
+static bool kbp_so_wants_meta(struct sock *sk)
+{
+	return READ_ONCE(kbp_so_sk(sk)->cmsg) || sock_flag(sk, SOCK_RCVTSTAMP) ||
+	       sock_flag(sk, SOCK_RXQ_OVFL);
+}
+
 static int kbp_so_recvmsg(struct socket *sock, struct msghdr *msg, size_t len,
 			  int flags)
 {
 	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_RECVMSG };
-	struct kbp_so_sock *ks = kbp_so_sk(sock->sk);
+	struct sock *sk = sock->sk;
+	struct kbp_so_sock *ks = kbp_so_sk(sk);
 	size_t want = min_t(size_t, len, KBP_SO_MAX_IO);
 	bool noblock = flags & MSG_DONTWAIT;
 	struct kbp_so_pin pin = { .dirty = true };
+	struct kbp_so_rxmeta *meta = NULL;
 	struct kbp_so_cqe cqe;
+	long timeo;
 	int err;
 
-	if (flags & (MSG_OOB | MSG_ERRQUEUE))
-		return kbp_so_fallback(ks);
+	if (flags & MSG_OOB)
+		return -EOPNOTSUPP;		/* as udp_recvmsg() */
+	if (flags & MSG_ERRQUEUE)
+		return -EAGAIN;			/* no IP_RECVERR: an empty error queue */
+	err = kbp_so_pending_error(sk);
+	if (err)
+		return err;
+	if (kbp_so_wants_meta(sk) && kbp_so_has_meta()) {
+		/* kmalloc: physically contiguous, 64-byte aligned, in one page */
+		meta = kzalloc(sizeof(*meta), GFP_KERNEL);
+		if (!meta)
+			return -ENOMEM;
+		sqe.flags |= KBP_SO_F_META;
+		sqe.arg1 = virt_to_phys(meta);
+	}
 	/* a UDP payload is at most 65507 bytes: the rest of a buffer stays */
 	err = kbp_so_pin_iter(&msg->msg_iter, want, &pin, &sqe);
 	if (err == -EOPNOTSUPP)
@@ -1132,13 +2004,18 @@ static int kbp_so_recvmsg(struct socket *sock, struct msghdr *msg, size_t len,
 	if (noblock)
 		sqe.msg_flags |= KBP_SO_MSG_DONTWAIT;
 	else
-		sqe.flags = KBP_SO_F_WAIT;	/* parked until a datagram comes */
-	err = kbp_so_data_call(sock->sk, &sqe, &cqe,
-			       noblock ? KBP_SO_CALL_TIMEOUT :
-					 sock_rcvtimeo(sock->sk, false), &pin);
+		sqe.flags |= KBP_SO_F_WAIT;	/* parked until a datagram comes */
+	timeo = noblock ? KBP_SO_CALL_TIMEOUT : sock_rcvtimeo(sk, false);
+	err = kbp_so_data_call(sk, &sqe, &cqe, timeo, &pin);
+	if (err == -EUSERS)
+		err = kbp_so_data_call_waiting(sk, &sqe, &cqe, timeo, &pin,
+					       KBP_SO_POLL_IN);
 	/* consumed, or nothing there: the next poll asks the host again */
 	if (!(flags & MSG_PEEK) || err)
 		atomic_andnot(KBP_SO_POLL_IN | KBP_SO_POLL_ERR, &ks->revents);
+	/* nothing there: an edge-triggered waiter needs the host's word */
+	if (err == -EAGAIN)
+		kbp_so_poll_rearm(ks, KBP_SO_POLL_IN);
 	if (err)
 		goto out;
 	/* as the host counts: bytes written into our pages; an EOF is no copy */
@@ -1149,100 +2026,66 @@ static int kbp_so_recvmsg(struct socket *sock, struct msghdr *msg, size_t len,
 		DECLARE_SOCKADDR(struct sockaddr *, sa, msg->msg_name);
 
 		msg->msg_namelen = kbp_so_addr_to(&cqe.addr, sa);
+		/* udp_recvmsg(): the programs may rewrite the peer shown */
+		kbp_so_sa_hook(sk, sa, &msg->msg_namelen,
+			       kbp_so_sa_type(sa, CGROUP_UDP4_RECVMSG, CGROUP_UDP6_RECVMSG),
+			       NULL, NULL);
 	}
+	if (meta)
+		kbp_so_rx_cmsgs(msg, sk, meta);
 	if (cqe.out_flags & KBP_SO_OUT_TRUNC)
 		msg->msg_flags |= MSG_TRUNC;
 	err = cqe.res;
 out:
+	/* a dead host may still write it, as the pages: kept (64 bytes) */
+	if (!pin.orphan)
+		kfree(meta);
 	kbp_so_unpin(&pin);
 	return err;
 }
 
+#define KBP_SO_ERR_FETCH	0	/* ks->flags: err_work queued */
+
 /*
- * The armed POLL's completion, in the interrupt handler: the host's
- * revents become the socket's, then the waiters of sk_sleep() wake (as
- * sock_def_readable() does) and poll again.  Clearing KBP_SO_ARMED after
- * the store lets the next ->poll() arm again.
+ * After a POLL said POLLERR: the host socket's SO_ERROR (which reading
+ * clears there) becomes the guest's sk_err, and POLLERR now follows
+ * sk_err, as for a local socket: getsockopt(SO_ERROR) reads and clears it,
+ * the next send or receive returns it.  Holds a reference on the socket
+ * from kbp_so_poll_done(); a closed socket's handle is 0, nothing asked.
  */
-static void kbp_so_poll_done(struct kbp_so_req *req)
+static void kbp_so_err_work(struct work_struct *work)
 {
-	struct kbp_so_sock *ks = container_of(req, struct kbp_so_sock, poll_req);
+	struct kbp_so_sock *ks = container_of(work, struct kbp_so_sock, err_work);
 	struct sock *sk = &ks->inet.sk;
-	struct socket_wq *wq;
+	int val = 0;
 
-	kbp_so_count_done(ks, req);
-	atomic_set(&ks->revents, req->cqe.res < 0 ? KBP_SO_POLL_ERR :
-		   req->cqe.out_flags & KBP_SO_POLL_ALL);
-	clear_bit_unlock(KBP_SO_ARMED, &ks->pflags);
-	rcu_read_lock();
-	wq = rcu_dereference(sk->sk_wq);
-	if (skwq_has_sleeper(wq))
-		wake_up_interruptible_all(&wq->wait);
-	rcu_read_unlock();
+	if (READ_ONCE(ks->handle) && !kbp_so_host_getopt(sk, KBP_SO_OPT_ERROR, &val) &&
+	    val > 0) {
+		WRITE_ONCE(sk->sk_err, val);
+		sk_error_report(sk);
+	}
+	atomic_andnot(KBP_SO_POLL_ERR, &ks->revents);
+	clear_bit(KBP_SO_ERR_FETCH, &ks->flags);
+	sock_put(sk);
 }
 
-/* Arms one POLL for @want unless one is armed; never sleeps for long. */
-static void kbp_so_poll_arm(struct kbp_so_sock *ks, u32 want)
+/* The KBP_SO_POLL_* a caller interested in @events waits for (IN, OUT). */
+static u32 kbp_so_poll_want(__poll_t events)
 {
-	struct kbp_so_sqe sqe = {
-		.op = KBP_SO_OP_POLL, .flags = KBP_SO_F_ARM, .arg1 = want,
-		.sock = ks->handle,
-	};
-	struct kbp_so_queue *q;
-	int slot;
+	u32 want = 0;
 
-	if (test_and_set_bit_lock(KBP_SO_ARMED, &ks->pflags))
-		return;
-	/* removal holds it for writing: no arming then, the next poll retries */
-	if (!down_read_trylock(&kbp_so_rwsem)) {
-		clear_bit_unlock(KBP_SO_ARMED, &ks->pflags);
-		return;
-	}
-	if (kbp_so_sock_check(ks)) {
-		atomic_set(&ks->revents, KBP_SO_POLL_ERR);
-		clear_bit_unlock(KBP_SO_ARMED, &ks->pflags);
-		goto out;
-	}
-	q = kbp_so_this_queue(kbp_so_cur);
-	ks->poll_req.done_fn = kbp_so_poll_done;
-	ks->poll_q = q;
-	slot = kbp_so_submit(kbp_so_cur, q, &sqe, &ks->poll_req, false);
-	if (slot < 0) {
-		/* a full ring: say ready, the caller's next operation finds out */
-		atomic_or(want, &ks->revents);
-		clear_bit_unlock(KBP_SO_ARMED, &ks->pflags);
-		goto out;
-	}
-	ks->poll_slot = slot;
-	atomic64_inc(&ks->st.requests);
-out:
-	up_read(&kbp_so_rwsem);
+	if (events & (EPOLLIN | EPOLLRDNORM))
+		want |= KBP_SO_POLL_IN;
+	if (events & (EPOLLOUT | EPOLLWRNORM | EPOLLWRBAND))
+		want |= KBP_SO_POLL_OUT;
+	return want;
 }
 
-/* The CLOSE completed the armed POLL on the host: wait for it here too. */
-static void kbp_so_poll_disarm(struct kbp_so_sock *ks)
+/* The epoll events of KBP_SO_POLL_* bits. */
+static __poll_t kbp_so_poll_mask(u32 rev)
 {
-	down_read(&kbp_so_rwsem);
-	if (test_bit(KBP_SO_ARMED, &ks->pflags) &&
-	    !wait_for_completion_timeout(&ks->poll_req.done, KBP_SO_CALL_TIMEOUT) &&
-	    !kbp_so_forget(ks->poll_q, ks->poll_slot, &ks->poll_req))
-		wait_for_completion(&ks->poll_req.done);	/* lends no pages */
-	up_read(&kbp_so_rwsem);
-}
-
-static __poll_t kbp_so_poll(struct file *file, struct socket *sock,
-			    poll_table *wait)
-{
-	struct kbp_so_sock *ks = kbp_so_sk(sock->sk);
 	__poll_t mask = 0;
-	u32 rev, want;
 
-	sock_poll_wait(file, sock, wait);
-	rev = atomic_read(&ks->revents);
-	want = (KBP_SO_POLL_IN | KBP_SO_POLL_OUT) & ~rev;
-	if (want && !(rev & KBP_SO_POLL_ERR))
-		kbp_so_poll_arm(ks, want);
-	rev = atomic_read(&ks->revents);	/* the host may have answered */
 	if (rev & KBP_SO_POLL_IN)
 		mask |= EPOLLIN | EPOLLRDNORM;
 	if (rev & KBP_SO_POLL_OUT)
@@ -1252,6 +2095,420 @@ static __poll_t kbp_so_poll(struct file *file, struct socket *sock,
 	if (rev & KBP_SO_POLL_HUP)
 		mask |= EPOLLHUP;
 	return mask;
+}
+
+/*
+ * The armed POLL's completion, in the interrupt handler, before its
+ * complete(): the host's revents become the socket's, then the waiters of
+ * sk_sleep() wake with them as the key (as sock_def_readable() does: an
+ * EPOLLEXCLUSIVE set wakes one of its waiters, and only for events it
+ * asked for) and poll again.  A cancelled POLL (a wider one is wanted, or
+ * the socket closes) changes nothing but wakes: the next ->poll arms anew.
+ */
+static void kbp_so_poll_done(struct kbp_so_req *req)
+{
+	struct kbp_so_sock *ks = container_of(req, struct kbp_so_sock, poll_req);
+	struct sock *sk = &ks->inet.sk;
+	struct socket_wq *wq;
+	__poll_t key;
+
+	kbp_so_count_done(ks, req);
+	if (req->cqe.res == -ECANCELED) {
+		key = EPOLLIN | EPOLLRDNORM | EPOLLOUT | EPOLLWRNORM;
+	} else {
+		u32 rev = req->cqe.res < 0 ? KBP_SO_POLL_ERR :
+			  req->cqe.out_flags & KBP_SO_POLL_ALL;
+
+		atomic_set(&ks->revents, rev);
+		key = kbp_so_poll_mask(rev);
+		/* the host's error (ECONNREFUSED...) becomes sk_err, off this context */
+		if (req->cqe.res >= 0 && (rev & KBP_SO_POLL_ERR) &&
+		    !test_and_set_bit(KBP_SO_ERR_FETCH, &ks->flags)) {
+			sock_hold(sk);
+			queue_work(system_wq, &ks->err_work);
+		}
+	}
+	rcu_read_lock();
+	wq = rcu_dereference(sk->sk_wq);
+	if (skwq_has_sleeper(wq))
+		wake_up_interruptible_poll(&wq->wait, key);
+	rcu_read_unlock();
+}
+
+/*
+ * ks->poll_lock held: the armed POLL, if any, is still out.  A finished
+ * one is taken back here (its complete() has returned).
+ */
+static bool kbp_so_poll_pending(struct kbp_so_sock *ks)
+{
+	if (ks->poll_armed && completion_done(&ks->poll_req.done))
+		ks->poll_armed = false;
+	return ks->poll_armed;
+}
+
+/*
+ * Arms one POLL for @want unless one is out; never sleeps (->poll calls
+ * it).  Returns the events of a POLL still out that @want exceeds (the
+ * caller may cancel it, kbp_so_poll_widen()), else 0.
+ */
+static u32 kbp_so_poll_arm(struct kbp_so_sock *ks, u32 want)
+{
+	struct kbp_so_sqe sqe = {
+		.op = KBP_SO_OP_POLL, .flags = KBP_SO_F_ARM, .arg1 = want,
+		.sock = ks->handle,
+	};
+	struct kbp_so_queue *q;
+	u32 narrow = 0;
+	int slot;
+
+	spin_lock(&ks->poll_lock);
+	if (ks->poll_closing)
+		goto out;
+	if (kbp_so_poll_pending(ks)) {
+		if (want & ~ks->poll_want)
+			narrow = ks->poll_want;
+		goto out;
+	}
+	/* removal holds it for writing: no arming then, the next poll retries */
+	if (!down_read_trylock(&kbp_so_rwsem))
+		goto out;
+	if (kbp_so_sock_check(ks)) {
+		atomic_set(&ks->revents, KBP_SO_POLL_ERR);
+		goto out_up;
+	}
+	q = kbp_so_this_queue(kbp_so_cur);
+	ks->poll_req.done_fn = kbp_so_poll_done;
+	slot = kbp_so_submit(kbp_so_cur, q, &sqe, &ks->poll_req, false,
+			     KBP_SO_SLOTS_SHARED);
+	if (slot < 0) {
+		/* a full ring: say ready, the caller's next operation finds out */
+		atomic_or(want, &ks->revents);
+		goto out_up;
+	}
+	ks->poll_armed = true;
+	ks->poll_want = want;
+	ks->poll_tag = sqe.tag;
+	ks->poll_q = q;
+	ks->poll_slot = slot;
+	atomic64_inc(&ks->st.requests);
+out_up:
+	up_read(&kbp_so_rwsem);
+out:
+	spin_unlock(&ks->poll_lock);
+	return narrow;
+}
+
+/*
+ * A receive or send found nothing (EAGAIN): an edge-triggered epoll set
+ * calls ->poll no more until an event, so the event must come from a POLL
+ * armed now, for @want.  A POLL still out for other events only is
+ * cancelled (its completion wakes the waiters, whose ->poll arms the wider
+ * one).  Process context.
+ */
+static void kbp_so_poll_rearm(struct kbp_so_sock *ks, u32 want)
+{
+	struct kbp_so_sqe c = { .op = KBP_SO_OP_CANCEL };
+	struct kbp_so_cqe cqe;
+
+	if (!kbp_so_poll_arm(ks, want))
+		return;
+	spin_lock(&ks->poll_lock);
+	c.sock = ks->handle;
+	c.arg1 = ks->poll_tag;
+	spin_unlock(&ks->poll_lock);
+	down_read(&kbp_so_rwsem);
+	if (!kbp_so_sock_check(ks))
+		kbp_so_call(kbp_so_cur, &c, &cqe, ks, KBP_SO_SLOTS_RESERVED);
+	up_read(&kbp_so_rwsem);
+	kbp_so_poll_arm(ks, want);	/* if the cancel is through already */
+}
+
+/*
+ * Close: no POLL is armed from now on; the CLOSE completed the one out on
+ * the host (or the device's failure did), and its complete() must have
+ * returned before the socket is freed.
+ */
+static void kbp_so_poll_disarm(struct kbp_so_sock *ks)
+{
+	bool armed;
+
+	spin_lock(&ks->poll_lock);
+	ks->poll_closing = true;
+	armed = ks->poll_armed;
+	spin_unlock(&ks->poll_lock);
+	if (!armed)
+		return;
+	down_read(&kbp_so_rwsem);
+	/* lends no pages: an unanswered slot may be forgotten */
+	if (!wait_for_completion_timeout(&ks->poll_req.done, KBP_SO_CALL_TIMEOUT) &&
+	    !kbp_so_forget(ks->poll_q, ks->poll_slot, &ks->poll_req))
+		wait_for_completion(&ks->poll_req.done);
+	up_read(&kbp_so_rwsem);
+}
+
+static __poll_t kbp_so_poll(struct file *file, struct socket *sock,
+			    poll_table *wait)
+{
+	struct kbp_so_sock *ks = kbp_so_sk(sock->sk);
+	u32 rev, want;
+
+	sock_poll_wait(file, sock, wait);
+	rev = atomic_read(&ks->revents);
+	/*
+	 * Only what the caller waits for: a POLL armed for OUT too would
+	 * complete at once (a UDP socket is writable) and, its key being
+	 * EPOLLOUT, wake no EPOLLIN-only waiter, whose edge-triggered set
+	 * would then never call ->poll again to arm one for IN.
+	 */
+	want = kbp_so_poll_want(poll_requested_events(wait)) & ~rev;
+	if (want && !(rev & KBP_SO_POLL_ERR))
+		kbp_so_poll_arm(ks, want);
+	rev = atomic_read(&ks->revents);	/* the host may have answered */
+	return kbp_so_poll_mask(rev) | (READ_ONCE(sock->sk->sk_err) ? EPOLLERR : 0);
+}
+
+/*
+ * The policy (design.md 11.13): which sockets of this guest become the
+ * host's.  Protocol 253 reaches kbp_so from the BPF program kbpctl loads
+ * (a convenience: it rewrites the protocol of a policy cgroup's UDP
+ * sockets) or from anyone who asks for it; the module decides:
+ *   - the socket's network namespace is one the operator allowed: by
+ *     default the initial one only (a process after `unshare -n`, a
+ *     container, systemd's PrivateNetwork= keep their own stack);
+ *   - and its creator is in the policy's cgroup (a descendant counts), or
+ *     asked for protocol 253 itself holding CAP_NET_ADMIN, or has a uid the
+ *     operator listed (allow_uids).
+ * Everything else: EPERM, counted, said once in a while.  kbp_so_policy_mutex
+ * guards the three (process context: parameter writes, socket creation);
+ * the cgroup is held with a reference.
+ */
+#define KBP_SO_MAX_NETNS	8
+#define KBP_SO_MAX_UIDS		16
+
+static DEFINE_MUTEX(kbp_so_policy_mutex);
+static struct cgroup *kbp_so_policy_cg;
+static char kbp_so_policy_cg_path[256];
+static u64 kbp_so_netns[KBP_SO_MAX_NETNS];	/* net_cookie; none: init_net */
+static unsigned int kbp_so_nnetns;
+static u32 kbp_so_uids[KBP_SO_MAX_UIDS];
+static unsigned int kbp_so_nuids;
+static atomic64_t kbp_so_refused_netns = ATOMIC64_INIT(0);
+static atomic64_t kbp_so_refused_user = ATOMIC64_INIT(0);
+
+/* A copy of @val without the trailing newline sysfs writes bring. */
+static char *kbp_so_param_dup(const char *val)
+{
+	char *v = kstrdup(val, GFP_KERNEL);
+
+	if (v)
+		strim(v);
+	return v;
+}
+
+static int kbp_so_cgroup_set(const char *val, const struct kernel_param *kp)
+{
+	struct cgroup *cg = NULL, *old;
+	char *path = kbp_so_param_dup(val);
+	int err = 0;
+
+	if (!path)
+		return -ENOMEM;
+	if (strlen(path) >= sizeof(kbp_so_policy_cg_path)) {
+		err = -ENAMETOOLONG;
+		goto out;
+	}
+	if (*path) {
+		/* a path in the cgroup v2 hierarchy, from its root: /kbp.slice/app */
+		cg = cgroup_get_from_path(path);
+		if (IS_ERR(cg)) {
+			err = PTR_ERR(cg);
+			goto out;
+		}
+	}
+	mutex_lock(&kbp_so_policy_mutex);
+	old = kbp_so_policy_cg;
+	kbp_so_policy_cg = cg;
+	strscpy(kbp_so_policy_cg_path, path, sizeof(kbp_so_policy_cg_path));
+	mutex_unlock(&kbp_so_policy_mutex);
+	if (old)
+		cgroup_put(old);
+out:
+	kfree(path);
+	return err;
+}
+
+static int kbp_so_cgroup_get(char *buf, const struct kernel_param *kp)
+{
+	int n;
+
+	mutex_lock(&kbp_so_policy_mutex);
+	n = sysfs_emit(buf, "%s\n", kbp_so_policy_cg_path);
+	mutex_unlock(&kbp_so_policy_mutex);
+	return n;
+}
+
+static const struct kernel_param_ops kbp_so_cgroup_ops = {
+	.set	= kbp_so_cgroup_set,
+	.get	= kbp_so_cgroup_get,
+};
+module_param_cb(cgroup, &kbp_so_cgroup_ops, NULL, 0644);
+MODULE_PARM_DESC(cgroup, "cgroup v2 path whose tasks' sockets may be outsourced (empty: none)");
+
+/*
+ * A list of numbers ("1,2,3"; "" for none) into @out, all or nothing.
+ * @max entries of @shift-bit values (32 or 64).
+ */
+static int kbp_so_parse_list(const char *val, u64 *out, unsigned int max,
+			     unsigned int *n)
+{
+	char *copy = kbp_so_param_dup(val), *p, *tok;
+	unsigned int i = 0;
+	int err = 0;
+
+	if (!copy)
+		return -ENOMEM;
+	p = copy;
+	while ((tok = strsep(&p, ",")) != NULL) {
+		if (!*tok)
+			continue;
+		if (i == max) {
+			err = -E2BIG;
+			break;
+		}
+		err = kstrtou64(tok, 0, &out[i++]);
+		if (err)
+			break;
+	}
+	kfree(copy);
+	*n = i;
+	return err;
+}
+
+static int kbp_so_netns_set(const char *val, const struct kernel_param *kp)
+{
+	u64 v[KBP_SO_MAX_NETNS];
+	unsigned int n;
+	int err = kbp_so_parse_list(val, v, KBP_SO_MAX_NETNS, &n);
+
+	if (err)
+		return err;
+	mutex_lock(&kbp_so_policy_mutex);
+	memcpy(kbp_so_netns, v, n * sizeof(v[0]));
+	kbp_so_nnetns = n;
+	mutex_unlock(&kbp_so_policy_mutex);
+	return 0;
+}
+
+static int kbp_so_netns_get(char *buf, const struct kernel_param *kp)
+{
+	unsigned int i;
+	int n = 0;
+
+	mutex_lock(&kbp_so_policy_mutex);
+	for (i = 0; i < kbp_so_nnetns; i++)
+		n += sysfs_emit_at(buf, n, "%s%llu", i ? "," : "", kbp_so_netns[i]);
+	n += sysfs_emit_at(buf, n, "%s\n", kbp_so_nnetns ? "" : "init");
+	mutex_unlock(&kbp_so_policy_mutex);
+	return n;
+}
+
+static const struct kernel_param_ops kbp_so_netns_ops = {
+	.set	= kbp_so_netns_set,
+	.get	= kbp_so_netns_get,
+};
+module_param_cb(netns, &kbp_so_netns_ops, NULL, 0644);
+MODULE_PARM_DESC(netns, "network namespaces (cookies, SO_NETNS_COOKIE) whose sockets may be outsourced (empty: the initial one)");
+
+static int kbp_so_uids_set(const char *val, const struct kernel_param *kp)
+{
+	u64 v[KBP_SO_MAX_UIDS];
+	unsigned int n, i;
+	int err = kbp_so_parse_list(val, v, KBP_SO_MAX_UIDS, &n);
+
+	if (err)
+		return err;
+	for (i = 0; i < n; i++)
+		if (v[i] > U32_MAX - 1)
+			return -ERANGE;
+	mutex_lock(&kbp_so_policy_mutex);
+	for (i = 0; i < n; i++)
+		kbp_so_uids[i] = v[i];
+	kbp_so_nuids = n;
+	mutex_unlock(&kbp_so_policy_mutex);
+	return 0;
+}
+
+static int kbp_so_uids_get(char *buf, const struct kernel_param *kp)
+{
+	unsigned int i;
+	int n = 0;
+
+	mutex_lock(&kbp_so_policy_mutex);
+	for (i = 0; i < kbp_so_nuids; i++)
+		n += sysfs_emit_at(buf, n, "%s%u", i ? "," : "", kbp_so_uids[i]);
+	n += sysfs_emit_at(buf, n, "\n");
+	mutex_unlock(&kbp_so_policy_mutex);
+	return n;
+}
+
+static const struct kernel_param_ops kbp_so_uids_ops = {
+	.set	= kbp_so_uids_set,
+	.get	= kbp_so_uids_get,
+};
+module_param_cb(allow_uids, &kbp_so_uids_ops, NULL, 0644);
+MODULE_PARM_DESC(allow_uids, "uids (initial user namespace) that may ask for protocol 253 themselves");
+
+/* kbp_so_policy_mutex held */
+static bool kbp_so_netns_allowed(const struct net *net)
+{
+	unsigned int i;
+
+	if (!kbp_so_nnetns)
+		return net_eq(net, &init_net);
+	for (i = 0; i < kbp_so_nnetns; i++)
+		if (kbp_so_netns[i] == net->net_cookie)
+			return true;
+	return false;
+}
+
+/* kbp_so_policy_mutex held */
+static bool kbp_so_user_allowed(void)
+{
+	uid_t uid = from_kuid(&init_user_ns, current_euid());
+	bool in = false;
+	unsigned int i;
+
+	if (kbp_so_policy_cg) {
+		rcu_read_lock();	/* task_css_set() */
+		in = task_under_cgroup_hierarchy(current, kbp_so_policy_cg);
+		rcu_read_unlock();
+	}
+	if (in || capable(CAP_NET_ADMIN))
+		return true;
+	for (i = 0; i < kbp_so_nuids; i++)
+		if (kbp_so_uids[i] == uid)
+			return true;
+	return false;
+}
+
+static int kbp_so_policy_check(struct sock *sk)
+{
+	bool net_ok, user_ok = false;
+
+	mutex_lock(&kbp_so_policy_mutex);
+	net_ok = kbp_so_netns_allowed(sock_net(sk));
+	if (net_ok)
+		user_ok = kbp_so_user_allowed();
+	mutex_unlock(&kbp_so_policy_mutex);
+	if (net_ok && user_ok)
+		return 0;
+	atomic64_inc(net_ok ? &kbp_so_refused_user : &kbp_so_refused_netns);
+	pr_info_ratelimited("refused protocol %d to %s[%d] uid %u: %s\n", KBP_SO_PROTO,
+			    current->comm, task_pid_nr(current),
+			    from_kuid(&init_user_ns, current_euid()),
+			    net_ok ? "not in its cgroup, no CAP_NET_ADMIN, not in allow_uids" :
+				     "network namespace not in the policy (netns=)");
+	return -EPERM;
 }
 
 /* proto.init: the host socket is made with the guest's. */
@@ -1268,7 +2525,9 @@ static int kbp_so_init_sock(struct sock *sk)
 	ks->handle = 0;
 	ks->rd_shut = false;
 	atomic_set(&ks->revents, 0);
-	ks->pflags = 0;
+	spin_lock_init(&ks->poll_lock);
+	ks->poll_armed = false;
+	ks->poll_closing = false;
 	init_completion(&ks->poll_req.done);
 	ks->poll_req.lends = false;
 	INIT_LIST_HEAD(&ks->node);
@@ -1276,13 +2535,21 @@ static int kbp_so_init_sock(struct sock *sk)
 	memset(&ks->local, 0, sizeof(ks->local));
 	memset(&ks->remote, 0, sizeof(ks->remote));
 	memset(&ks->st, 0, sizeof(ks->st));
+	ks->used = false;
+	ks->port = 0;
+	ks->cmsg = 0;
+	ks->flags = 0;
+	INIT_WORK(&ks->err_work, kbp_so_err_work);
+	err = kbp_so_policy_check(sk);
+	if (err)
+		return err;
 	down_read(&kbp_so_rwsem);
 	if (!kbp_so_cur || READ_ONCE(kbp_so_cur->host_dead)) {
 		err = -ENETDOWN;	/* no daemon: the policy's "error" fallback */
 		atomic64_inc(&kbp_so_fallbacks);
 	} else {
 		ks->attach_id = kbp_so_cur->attach_id;
-		err = kbp_so_call(kbp_so_cur, &sqe, &cqe, ks);
+		err = kbp_so_call(kbp_so_cur, &sqe, &cqe, ks, KBP_SO_SLOTS_SHARED);
 	}
 	up_read(&kbp_so_rwsem);
 	if (!err && cqe.res < 0)
@@ -1316,10 +2583,23 @@ static void kbp_so_close(struct sock *sk, long timeout)
 		kbp_so_nsocks--;
 	}
 	mutex_unlock(&kbp_so_socks_mutex);
-	if (kbp_so_sk(sk)->handle)
-		kbp_so_sock_call(sk, &sqe, &cqe);	/* gone either way */
-	kbp_so_poll_disarm(kbp_so_sk(sk));
-	kbp_so_sk(sk)->handle = 0;
+	if (ks->handle) {
+		int err = kbp_so_sock_call_slots(sk, &sqe, &cqe, KBP_SO_SLOTS_RESERVED);
+
+		/* not through: the watchdog closes it (kbp_so_zombies_close()) */
+		if (err == -ETIMEDOUT || err == -EAGAIN)
+			kbp_so_zombie_add(ks->attach_id, ks->handle, GFP_KERNEL);
+	}
+	kbp_so_poll_disarm(ks);
+	/* a queued error fetch holds a reference: no module code after the last */
+	if (cancel_work_sync(&ks->err_work)) {
+		clear_bit(KBP_SO_ERR_FETCH, &ks->flags);
+		sock_put(sk);
+	}
+	mutex_lock(&kbp_so_ports_mutex);
+	kbp_so_port_release(ks);
+	mutex_unlock(&kbp_so_ports_mutex);
+	ks->handle = 0;
 	sk_common_release(sk);
 }
 
@@ -1369,8 +2649,12 @@ static int kbp_so_opt_of(int level, int optname)
 	return 0;
 }
 
-/* SOL_SOCKET options that only concern the guest's side of the socket */
-static bool kbp_so_local_opt(int optname)
+/*
+ * SOL_SOCKET options that only concern the guest's side of the socket;
+ * with the host's receive metadata (FEAT_META) also those that ask for
+ * control messages, which recvmsg builds from it.
+ */
+static bool kbp_so_local_opt(int optname, bool meta)
 {
 	switch (optname) {
 	case SO_RCVTIMEO_OLD:
@@ -1378,19 +2662,14 @@ static bool kbp_so_local_opt(int optname)
 	case SO_SNDTIMEO_OLD:
 	case SO_SNDTIMEO_NEW:
 		return true;
+	case SO_TIMESTAMP_OLD:
+	case SO_TIMESTAMP_NEW:
+	case SO_TIMESTAMPNS_OLD:
+	case SO_TIMESTAMPNS_NEW:
+	case SO_RXQ_OVFL:
+		return meta;
 	}
 	return false;
-}
-
-static int kbp_so_host_getopt(struct sock *sk, int opt, int *val)
-{
-	struct kbp_so_sqe sqe = { .op = KBP_SO_OP_GETSOCKOPT, .arg0 = opt };
-	struct kbp_so_cqe cqe;
-	int err = kbp_so_sock_call(sk, &sqe, &cqe);
-
-	if (!err)
-		*val = cqe.res;
-	return err;
 }
 
 static int kbp_so_setsockopt(struct socket *sock, int level, int optname,
@@ -1402,15 +2681,30 @@ static int kbp_so_setsockopt(struct socket *sock, int level, int optname,
 	struct kbp_so_cqe cqe;
 	int val, err;
 
-	if (!opt) {
-		if (level == SOL_SOCKET && kbp_so_local_opt(optname))
+	int cm = kbp_so_cmsg_opt(sk, level, optname);
+
+	if (!opt && cm < 0) {
+		if (level == SOL_SOCKET && kbp_so_local_opt(optname, kbp_so_has_meta()))
 			return sock_setsockopt(sock, level, optname, optval, optlen);
-		return -ENOPROTOOPT;
+		return -ENOPROTOOPT;	/* not served: design.md 11.12's table */
 	}
 	if (optlen < sizeof(int))
 		return -EINVAL;
 	if (copy_from_sockptr(&val, optval, sizeof(val)))
 		return -EFAULT;
+	if (cm >= 0) {
+		/* built by recvmsg from the host's metadata */
+		if (!kbp_so_has_meta())
+			return -ENOPROTOOPT;
+		assign_bit(cm, &kbp_so_sk(sk)->cmsg, val);
+		return 0;
+	}
+	/*
+	 * SO_REUSEPORT once the host may have given the socket a port: the
+	 * port was not claimed for its user (kbp_so_port_claim()), so no.
+	 */
+	if (opt == KBP_SO_OPT_REUSEPORT && val && READ_ONCE(kbp_so_sk(sk)->used))
+		return -EISCONN;
 	sqe.arg0 = opt;
 	memcpy(sqe.opt, &val, sizeof(val));
 	err = kbp_so_sock_call(sk, &sqe, &cqe);
@@ -1439,26 +2733,73 @@ static int kbp_so_getsockopt(struct socket *sock, int level, int optname,
 			     char __user *optval, int __user *optlen)
 {
 	int opt = kbp_so_opt_of(level, optname);
+	int cm = kbp_so_cmsg_opt(sock->sk, level, optname);
 	int len, val, err;
 
-	if (!opt || level == SOL_SOCKET)
+	if ((!opt && cm < 0) || level == SOL_SOCKET)
 		return -ENOPROTOOPT;
 	if (get_user(len, optlen))
 		return -EFAULT;
 	if (len < (int)sizeof(int))
 		return -EINVAL;
-	err = kbp_so_host_getopt(sock->sk, opt, &val);
-	if (err)
-		return err;
+	if (cm >= 0) {
+		val = test_bit(cm, &kbp_so_sk(sock->sk)->cmsg);
+	} else {
+		err = kbp_so_host_getopt(sock->sk, opt, &val);
+		if (err)
+			return err;
+	}
 	len = sizeof(int);
 	if (put_user(len, optlen) || copy_to_user(optval, &val, len))
 		return -EFAULT;
 	return 0;
 }
 
+/*
+ * ioctl: the queue sizes are the host socket's (ABI 1.1's INQ/OUTQ); the
+ * rest is the guest's, as for the kernel's UDP: inet_ioctl()/inet6_ioctl()
+ * answer the interface and routing ones from the socket's (guest) network
+ * namespace, and what they do not know (-ENOIOCTLCMD) sock_do_ioctl()
+ * hands to dev_ioctl() and dev_ifconf(): SIOCGIFNAME, SIOCGIFINDEX,
+ * SIOCGIFFLAGS, SIOCGIFCONF... name the guest's own interfaces.
+ */
+static int kbp_so_ioctl(struct socket *sock, unsigned int cmd, unsigned long arg)
+{
+	struct sock *sk = sock->sk;
+	int val, err;
+
+	switch (cmd) {
+	case SIOCINQ:
+	case SIOCOUTQ:
+		down_read(&kbp_so_rwsem);
+		err = kbp_so_cur && (kbp_so_cur->features & KBP_SO_FEAT_QUEUE_OPTS) ?
+		      0 : -ENOIOCTLCMD;
+		up_read(&kbp_so_rwsem);
+		if (!err)
+			err = kbp_so_host_getopt(sk, cmd == SIOCINQ ? KBP_SO_OPT_INQ :
+						 KBP_SO_OPT_OUTQ, &val);
+		if (err)
+			return err;
+		return put_user(val, (int __user *)arg);
+	}
+	if (sk->sk_family == AF_INET6)
+		return inet6_ioctl(sock, cmd, arg);
+	return inet_ioctl(sock, cmd, arg);
+}
+
 static void kbp_so_unhash(struct sock *sk)
 {
 	/* nothing hashed in this kernel: the host owns the port */
+}
+
+/*
+ * No port of this kernel's: a cgroup BPF program calling bpf_bind() on an
+ * outsourced socket (__inet_bind() asks ->get_port()) gets an error, not a
+ * NULL call.
+ */
+static int kbp_so_get_port(struct sock *sk, unsigned short snum)
+{
+	return -EOPNOTSUPP;
 }
 
 static struct proto kbp_so_prot = {
@@ -1468,6 +2809,7 @@ static struct proto kbp_so_prot = {
 	.init		= kbp_so_init_sock,
 	.close		= kbp_so_close,
 	.unhash		= kbp_so_unhash,
+	.get_port	= kbp_so_get_port,
 };
 
 static const struct proto_ops kbp_so_ops = {
@@ -1480,7 +2822,7 @@ static const struct proto_ops kbp_so_ops = {
 	.accept		= sock_no_accept,
 	.getname	= kbp_so_getname,
 	.poll		= kbp_so_poll,
-	.ioctl		= sock_no_ioctl,
+	.ioctl		= kbp_so_ioctl,
 	.listen		= sock_no_listen,
 	.shutdown	= kbp_so_shutdown,
 	.setsockopt	= kbp_so_setsockopt,
@@ -1518,6 +2860,7 @@ static struct proto kbp_so_prot6 = {
 	.init		= kbp_so_init_sock,
 	.close		= kbp_so_close,
 	.unhash		= kbp_so_unhash,
+	.get_port	= kbp_so_get_port,
 };
 
 static const struct proto_ops kbp_so_ops6 = {
@@ -1530,7 +2873,7 @@ static const struct proto_ops kbp_so_ops6 = {
 	.accept		= sock_no_accept,
 	.getname	= kbp_so_getname,
 	.poll		= kbp_so_poll,
-	.ioctl		= sock_no_ioctl,
+	.ioctl		= kbp_so_ioctl,
 	.listen		= sock_no_listen,
 	.shutdown	= kbp_so_shutdown,
 	.setsockopt	= kbp_so_setsockopt,
@@ -1620,20 +2963,33 @@ static int kbp_so_alloc_queues(struct kbp_so_dev *dev)
  * The reset handshake's first half (docs/design.md, 11.5): once the host
  * acks, it has dropped every socket and parked request of this guest and
  * writes nothing more into its RAM; it serves nothing until ATTACHED.
+ * Asks; returns the generation the ack will name.  Any context.
  */
-static int kbp_so_reset_host(struct kbp_so_dev *dev)
+static u32 kbp_so_reset_ask(struct kbp_so_dev *dev)
 {
 	struct kbp_so_header *h = dev->hdr;
 	u32 gen = READ_ONCE(h->guest_gen) + 1;
-	unsigned long end;
 
 	WRITE_ONCE(h->guest_state, KBP_SO_GUEST_RESET);
 	smp_wmb();	/* RESET before the generation the host acts on */
 	WRITE_ONCE(h->guest_gen, gen);
 	writel(KBP_SO_HOST_PEER << 16, dev->regs + IVSHMEM_REG_DOORBELL);
-	end = jiffies + msecs_to_jiffies(KBP_SO_ATTACH_MS);
+	return gen;
+}
+
+static bool kbp_so_reset_acked(struct kbp_so_dev *dev, u32 gen)
+{
 	/* acquire: the host's reset of the queues is visible once it acks */
-	while (smp_load_acquire(&h->host_ack_gen) != gen) {
+	return smp_load_acquire(&dev->hdr->host_ack_gen) == gen;
+}
+
+/* The handshake, waiting (asleep) up to KBP_SO_ATTACH_MS for the ack. */
+static int kbp_so_reset_host(struct kbp_so_dev *dev)
+{
+	u32 gen = kbp_so_reset_ask(dev);
+	unsigned long end = jiffies + msecs_to_jiffies(KBP_SO_ATTACH_MS);
+
+	while (!kbp_so_reset_acked(dev, gen)) {
 		if (time_after(jiffies, end)) {
 			pci_err(dev->pdev, "kbp-sod did not answer the reset\n");
 			return -ETIMEDOUT;
@@ -1641,6 +2997,45 @@ static int kbp_so_reset_host(struct kbp_so_dev *dev)
 		usleep_range(1000, 2000);
 	}
 	return 0;
+}
+
+/*
+ * A panic: the next kernel (panic=N's reboot, a crash kernel's kexec) may
+ * own this RAM soon, and a parked receive would write into it.  The same
+ * handshake, its wait busy and bounded (nothing sleeps here), then ABSENT.
+ * No lock is taken: other CPUs are stopped, and one of them may hold any.
+ * kbp_so_panic_dev: the attached device, set at probe's end, cleared
+ * before removal (kbp_so_panic_forget()).
+ */
+#define KBP_SO_PANIC_WAIT_MS	500
+
+static struct kbp_so_dev *kbp_so_panic_dev;
+
+static int kbp_so_panic(struct notifier_block *nb, unsigned long event, void *unused)
+{
+	struct kbp_so_dev *dev = READ_ONCE(kbp_so_panic_dev);
+	unsigned int ms;
+	u32 gen;
+
+	if (!dev)
+		return NOTIFY_DONE;
+	gen = kbp_so_reset_ask(dev);
+	for (ms = 0; ms < KBP_SO_PANIC_WAIT_MS && !kbp_so_reset_acked(dev, gen); ms++)
+		mdelay(1);
+	/* release: nothing of ours follows; the host stops serving */
+	smp_store_release(&dev->hdr->guest_state, KBP_SO_GUEST_ABSENT);
+	writel(KBP_SO_HOST_PEER << 16, dev->regs + IVSHMEM_REG_DOORBELL);
+	return NOTIFY_DONE;
+}
+
+static struct notifier_block kbp_so_panic_nb = {
+	.notifier_call = kbp_so_panic,
+};
+
+static void kbp_so_panic_forget(struct kbp_so_dev *dev)
+{
+	WRITE_ONCE(kbp_so_panic_dev, NULL);
+	/* a panic on another CPU now runs on with its copy: stops all others */
 }
 
 /* The reset handshake, then ATTACHED at this epoch. */
@@ -1653,7 +3048,9 @@ static int kbp_so_attach(struct kbp_so_dev *dev)
 	if (err)
 		return err;
 	/* need_irq on demand where the host honours it, else always set */
-	dev->irq_on_demand = READ_ONCE(h->host_features) & KBP_SO_FEAT_NEED_IRQ;
+	dev->features = READ_ONCE(h->host_features) &
+			(KBP_SO_FEAT_NEED_IRQ | KBP_SO_FEAT_META | KBP_SO_FEAT_QUEUE_OPTS);
+	dev->irq_on_demand = dev->features & KBP_SO_FEAT_NEED_IRQ;
 	for (i = 0; i < dev->nr_queues; i++) {
 		dev->q[i].sq_tail = 0;
 		dev->q[i].cq_head = 0;
@@ -1663,7 +3060,7 @@ static int kbp_so_attach(struct kbp_so_dev *dev)
 	}
 	dev->epoch = READ_ONCE(h->epoch);
 	WRITE_ONCE(h->guest_epoch, dev->epoch);
-	WRITE_ONCE(h->guest_features, dev->irq_on_demand ? KBP_SO_FEAT_NEED_IRQ : 0);
+	WRITE_ONCE(h->guest_features, dev->features);
 	/* release: need_irq and guest_epoch before the host starts serving */
 	smp_store_release(&h->guest_state, KBP_SO_GUEST_ATTACHED);
 	return 0;
@@ -1724,6 +3121,35 @@ static void kbp_so_watch_again(struct kbp_so_dev *dev)
 			   msecs_to_jiffies(KBP_SO_HEARTBEAT_MS));
 }
 
+/*
+ * The watchdog's: CLOSE the host sockets of kbp_so_zombies that belong to
+ * this attach and host; those of a gone device or host are gone with it.
+ * Takes kbp_so_rwsem for reading if it can (removal holds it for writing
+ * only after it cancelled the watchdog).
+ */
+static void kbp_so_zombies_close(struct kbp_so_dev *dev)
+{
+	struct kbp_so_zombie *z, *tmp;
+	LIST_HEAD(list);
+
+	if (!atomic_read(&kbp_so_nzombies) || !down_read_trylock(&kbp_so_rwsem))
+		return;
+	kbp_so_zombies_take(&list);
+	list_for_each_entry_safe(z, tmp, &list, node) {
+		struct kbp_so_sqe sqe = { .op = KBP_SO_OP_CLOSE, .sock = z->handle };
+		struct kbp_so_cqe cqe;
+		int err = 0;
+
+		if (z->attach_id == dev->attach_id && !READ_ONCE(dev->host_dead) &&
+		    READ_ONCE(dev->hdr->epoch) == dev->epoch)
+			err = kbp_so_call(dev, &sqe, &cqe, NULL, KBP_SO_SLOTS_RESERVED);
+		if (err != -ETIMEDOUT && err != -EAGAIN)
+			kbp_so_zombie_free(z);
+	}
+	kbp_so_zombies_give_back(&list);
+	up_read(&kbp_so_rwsem);
+}
+
 static void kbp_so_watch(struct work_struct *work)
 {
 	struct kbp_so_dev *dev = container_of(to_delayed_work(work), struct kbp_so_dev,
@@ -1748,6 +3174,7 @@ static void kbp_so_watch(struct work_struct *work)
 
 		pci_info(dev->pdev, "new epoch: released %u orphaned page(s)\n", n);
 	}
+	kbp_so_zombies_close(dev);
 	kbp_so_watch_again(dev);
 }
 
@@ -2229,7 +3656,7 @@ static int kbp_so_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	WRITE_ONCE(kbp_so_cur, dev);
 	downgrade_write(&kbp_so_rwsem);
 	/* one round trip: the doorbell, the host, the interrupt */
-	err = kbp_so_call(dev, &nop, &cqe, NULL);
+	err = kbp_so_call(dev, &nop, &cqe, NULL, KBP_SO_SLOTS_RESERVED);
 	up_read(&kbp_so_rwsem);
 	if (err || cqe.res) {
 		pci_err(pdev, "NOP round trip failed: %d/%d\n", err, err ? 0 : cqe.res);
@@ -2242,6 +3669,7 @@ static int kbp_so_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	INIT_DELAYED_WORK(&dev->watch, kbp_so_watch);
 	kbp_so_watch_again(dev);
 	kbp_so_idle_attach(dev);
+	WRITE_ONCE(kbp_so_panic_dev, dev);
 	pci_info(pdev, "attached: ivshmem ID %u, epoch %u, %u of %u queue(s) of %u, NOP round trip ok\n",
 		 readl(dev->regs + IVSHMEM_REG_IVPOSITION), dev->epoch, dev->nr_used,
 		 dev->nr_queues, dev->entries);
@@ -2270,39 +3698,72 @@ err_disable:
 	return err;
 }
 
-static void kbp_so_remove(struct pci_dev *pdev)
+/*
+ * The device goes (rmmod, unbind, shutdown): every waiter wakes with
+ * ENETDOWN, then no caller is left inside.  Only a host that acked the
+ * reset (it dropped every parked request of ours, design.md 11.5) gets
+ * the lent pages back into the allocator; a host that did not, or a dead
+ * one (a stopped daemon may resume), may still write them: they stay
+ * pinned as orphans for good, said with their count.
+ */
+static void kbp_so_quiesce(struct kbp_so_dev *dev)
 {
-	struct kbp_so_dev *dev = pci_get_drvdata(pdev);
+	struct pci_dev *pdev = dev->pdev;
+	bool acked;
 	unsigned int n;
 
 	/* first: no idle vCPU or sweep touches the device after this */
 	kbp_so_idle_detach(dev);
 	cancel_delayed_work_sync(&dev->watch);	/* host_dead is stable now */
-	/*
-	 * The host drops every parked request first (it serves nothing while
-	 * we are in RESET), so the pages of the waiters woken below are no
-	 * longer written.  A host that does not ack is gone or stuck: said.
-	 * A dead host is not asked (it would not answer).
-	 */
-	if (!dev->host_dead && kbp_so_reset_host(dev))
-		pci_warn(pdev, "no reset ack: pages of blocked requests are released anyway\n");
-	/* every waiter wakes with ENETDOWN, then no caller is left inside */
-	kbp_so_fail_all(dev);
+	acked = !dev->host_dead && !kbp_so_reset_host(dev);
+	kbp_so_fail_slots(dev, -ENETDOWN, !acked);
 	down_write(&kbp_so_rwsem);
 	WRITE_ONCE(kbp_so_cur, NULL);
 	up_write(&kbp_so_rwsem);
-	/* the residual risk of design.md 11.5: a dead host that resumes now */
-	n = kbp_so_release_orphans();
-	if (n)
-		pci_warn(pdev, "released %u orphaned page(s) of a dead kbp-sod\n", n);
+	if (acked) {
+		n = kbp_so_release_orphans();
+		if (n)
+			pci_info(pdev, "released %u orphaned page(s) of a previous kbp-sod\n", n);
+	} else if (atomic_read(&kbp_so_orphaned)) {
+		pci_warn(pdev, "kbp-sod did not ack the reset: %d page(s) it may still write stay pinned\n",
+			 atomic_read(&kbp_so_orphaned));
+	}
 	/* release: no request of ours is left; the host stops serving */
 	smp_store_release(&dev->hdr->guest_state, KBP_SO_GUEST_ABSENT);
+	writel(KBP_SO_HOST_PEER << 16, dev->regs + IVSHMEM_REG_DOORBELL);
+}
+
+static void kbp_so_teardown(struct pci_dev *pdev, struct kbp_so_dev *dev)
+{
 	kbp_so_free_irqs(dev, dev->nr_used);
 	pci_clear_master(pdev);
 	memunmap(dev->hdr);
 	pci_iounmap(pdev, dev->regs);
 	pci_release_regions(pdev);
 	pci_disable_device(pdev);
+}
+
+static void kbp_so_remove(struct pci_dev *pdev)
+{
+	struct kbp_so_dev *dev = pci_get_drvdata(pdev);
+
+	if (!dev)	/* shut down already */
+		return;
+	kbp_so_panic_forget(dev);
+	kbp_so_quiesce(dev);
+	kbp_so_teardown(pdev, dev);
+	pci_set_drvdata(pdev, NULL);
+}
+
+/*
+ * Reboot, kexec, power-off: the host drops every parked request before the
+ * next kernel owns this RAM (a parked receive would write into it, at the
+ * old addresses, whatever reached the port).  The processes that still
+ * run see ECONNRESET.
+ */
+static void kbp_so_pci_shutdown(struct pci_dev *pdev)
+{
+	kbp_so_remove(pdev);
 }
 
 /* /proc/kbp_so: the state, then one line per outsourced socket. */
@@ -2364,8 +3825,11 @@ static void kbp_so_show_head(struct seq_file *m)
 		   READ_ONCE(kbp_so_idle_poll_us), irqs, sent);
 	for (f = 0; f < KBP_SO_NR_FOUND; f++)
 		seq_printf(m, " completions_%s=%llu", kbp_so_found_names[f], done[f]);
-	seq_printf(m, " idle_poll_ns=%llu idle_halts=%llu idle_races=%llu\n",
+	seq_printf(m, " idle_poll_ns=%llu idle_halts=%llu idle_races=%llu",
 		   poll_ns, halts, races);
+	seq_printf(m, " refused_netns=%lld refused_user=%lld closes_pending=%d\n",
+		   atomic64_read(&kbp_so_refused_netns), atomic64_read(&kbp_so_refused_user),
+		   atomic_read(&kbp_so_nzombies));
 }
 
 static int kbp_so_seq_show(struct seq_file *m, void *v)
@@ -2381,6 +3845,9 @@ static int kbp_so_seq_show(struct seq_file *m, void *v)
 	}
 	ks = list_entry(v, struct kbp_so_sock, node);
 	sk = &ks->inet.sk;
+	/* as /proc/net/udp: the reader's network namespace's sockets only */
+	if (!net_eq(sock_net(sk), current->nsproxy->net_ns))
+		return 0;
 	spin_lock(&ks->name_lock);
 	local = ks->local;
 	remote = ks->remote;
@@ -2439,6 +3906,7 @@ static struct pci_driver kbp_so_driver = {
 	.id_table	= kbp_so_ids,
 	.probe		= kbp_so_probe,
 	.remove		= kbp_so_remove,
+	.shutdown	= kbp_so_pci_shutdown,
 };
 
 static int __init kbp_so_init(void)
@@ -2456,16 +3924,18 @@ static int __init kbp_so_init(void)
 	err = inet6_register_protosw(&kbp_so_protosw6);
 	if (err)
 		goto err_protosw;
-	if (!proc_create_seq("kbp_so", 0444, NULL, &kbp_so_seq_ops)) {
+	if (!proc_create_seq("kbp_so", 0400, NULL, &kbp_so_seq_ops)) {
 		err = -ENOMEM;
 		goto err_protosw6;
 	}
+	atomic_notifier_chain_register(&panic_notifier_list, &kbp_so_panic_nb);
 	err = pci_register_driver(&kbp_so_driver);
 	if (err)
-		goto err_proc;
+		goto err_panic;
 	return 0;
 
-err_proc:
+err_panic:
+	atomic_notifier_chain_unregister(&panic_notifier_list, &kbp_so_panic_nb);
 	remove_proc_entry("kbp_so", NULL);
 err_protosw6:
 	inet6_unregister_protosw(&kbp_so_protosw6);
@@ -2479,8 +3949,22 @@ err_prot:
 
 static void __exit kbp_so_exit(void)
 {
+	struct kbp_so_zombie *z, *tmp;
+	LIST_HEAD(zombies);
+
 	/* no socket is left: each holds a reference on this module */
 	pci_unregister_driver(&kbp_so_driver);
+	atomic_notifier_chain_unregister(&panic_notifier_list, &kbp_so_panic_nb);
+	/* their host sockets went with the device */
+	kbp_so_zombies_take(&zombies);
+	list_for_each_entry_safe(z, tmp, &zombies, node)
+		kbp_so_zombie_free(z);
+	if (kbp_so_policy_cg)
+		cgroup_put(kbp_so_policy_cg);
+	/* pages a host that never acked may write: never given back */
+	if (atomic_read(&kbp_so_orphaned))
+		pr_warn("unloading with %d page(s) pinned for good (a kbp-sod that did not ack)\n",
+			atomic_read(&kbp_so_orphaned));
 	remove_proc_entry("kbp_so", NULL);
 	inet6_unregister_protosw(&kbp_so_protosw6);
 	inet_unregister_protosw(&kbp_so_protosw);

@@ -47,7 +47,7 @@
 #define KBP_SO_MAGIC		0x4942414f5350424bULL
 /* major: incompatible layout change; minor: additions only (11.4) */
 #define KBP_SO_VERSION_MAJOR	1
-#define KBP_SO_VERSION_MINOR	0
+#define KBP_SO_VERSION_MINOR	1	/* 1: FEAT_META, FEAT_QUEUE_OPTS */
 
 #define KBP_SO_HEADER_SIZE	4096
 #define KBP_SO_QCTL_SIZE	256
@@ -113,6 +113,15 @@ struct kbp_so_header {
 #define KBP_SO_FEAT_POLL_ARM	_BITULL(0)	/* POLL with KBP_SO_F_ARM */
 #define KBP_SO_FEAT_NEED_IRQ	_BITULL(1)	/* host honours need_irq */
 #define KBP_SO_FEAT_HOST_POLL	_BITULL(2)	/* host_polling may be set */
+/*
+ * 1.1: RECVMSG with KBP_SO_F_META (struct kbp_so_rxmeta), SENDMSG with
+ * KBP_SO_MSG_SRC / KBP_SO_MSG_TOS: the ancillary data of IP_PKTINFO,
+ * IPV6_PKTINFO, IP_TOS/IPV6_TCLASS, IP_TTL/IPV6_HOPLIMIT, SO_TIMESTAMP*,
+ * SO_RXQ_OVFL (design.md 11.12).
+ */
+#define KBP_SO_FEAT_META	_BITULL(3)
+/* 1.1: GETSOCKOPT KBP_SO_OPT_INQ and KBP_SO_OPT_OUTQ */
+#define KBP_SO_FEAT_QUEUE_OPTS	_BITULL(4)
 
 /* queue_ctl.host_error (H): why the host stopped serving a queue */
 enum kbp_so_queue_error {
@@ -204,14 +213,31 @@ enum kbp_so_op {
 /* sqe.flags */
 #define KBP_SO_F_WAIT		_BITUL(0)	/* park until done (blocking) */
 #define KBP_SO_F_ARM		_BITUL(1)	/* POLL: park until an event */
-#define KBP_SO_F_ALL		(KBP_SO_F_WAIT | KBP_SO_F_ARM)
+/* RECVMSG: arg1 = gpa of a struct kbp_so_rxmeta the host fills (FEAT_META) */
+#define KBP_SO_F_META		_BITUL(2)
+#define KBP_SO_F_ALL		(KBP_SO_F_WAIT | KBP_SO_F_ARM | KBP_SO_F_META)
 
 /* sqe.msg_flags (the guest maps MSG_* to these) */
 #define KBP_SO_MSG_PEEK		_BITUL(0)
 #define KBP_SO_MSG_TRUNC	_BITUL(1)	/* res = datagram length */
 #define KBP_SO_MSG_DONTWAIT	_BITUL(2)	/* never park, even with WAIT */
+/*
+ * SENDMSG (FEAT_META): opt[] holds the source address to send from, in the
+ * socket's family (IPv4 in opt[0..3]), as IP_PKTINFO's ipi_spec_dst or
+ * IPV6_PKTINFO's ipi6_addr; the guest's interface index is not sent.
+ * (kbp-sod: IPv4's opt[4..15] must be zero; an address the VM's netns does
+ * not have is refused by the host kernel, -EINVAL or -ENETUNREACH.)
+ */
+#define KBP_SO_MSG_SRC		_BITUL(3)
+/*
+ * SENDMSG (FEAT_META): arg0 = the datagram's TOS / traffic class (0..255;
+ * kbp-sod: above is -EINVAL, and arg0 without this flag too).  An IPv6
+ * socket's is IPV6_TCLASS, which Linux ignores for v4-mapped destinations.
+ */
+#define KBP_SO_MSG_TOS		_BITUL(4)
 #define KBP_SO_MSG_ALL		(KBP_SO_MSG_PEEK | KBP_SO_MSG_TRUNC | \
-				 KBP_SO_MSG_DONTWAIT)
+				 KBP_SO_MSG_DONTWAIT | KBP_SO_MSG_SRC | \
+				 KBP_SO_MSG_TOS)
 
 /* cqe.out_flags for SENDMSG/RECVMSG */
 #define KBP_SO_OUT_TRUNC	_BITUL(0)	/* datagram longer than buffer */
@@ -236,8 +262,41 @@ enum kbp_so_opt {
 	KBP_SO_OPT_TCLASS = 9,		/* IPPROTO_IPV6 IPV6_TCLASS */
 	KBP_SO_OPT_HOPS = 10,		/* IPPROTO_IPV6 IPV6_UNICAST_HOPS */
 	KBP_SO_OPT_ERROR = 11,		/* SOL_SOCKET SO_ERROR, get only */
-	KBP_SO_OPT_MAX = 11,
+	KBP_SO_OPT_INQ = 12,		/* SIOCINQ: next datagram's bytes, get only */
+	KBP_SO_OPT_OUTQ = 13,		/* SIOCOUTQ: bytes not yet sent, get only */
+	KBP_SO_OPT_MAX = 13,
 };
+
+/*
+ * What a RECVMSG with KBP_SO_F_META learns besides the payload: 64 bytes
+ * in guest RAM (one range, checked like a segment, at sqe.arg1) that the
+ * host writes before the final CQE, only for a datagram it delivered
+ * (res >= 0).  valid says which fields hold something.
+ *
+ * As kbp-sod fills it (design.md 11.6): arg1 outside the RAM map is
+ * -EFAULT, overlapping a segment -EINVAL; nothing is written for EAGAIN,
+ * an error, the end of data after SHUT_RD, a cancel or a close (MSG_PEEK
+ * is a delivery).  dst.port is 0 (PKTINFO carries no port); an IPv6
+ * socket's IPv4 datagram has a v4-mapped dst and its IPv4 TOS and TTL.
+ * DROPS is valid only when the host kernel reported SO_RXQ_OVFL, which it
+ * does once the count is nonzero: the guest can emit the cmsg exactly when
+ * the bit is set, as the kernel would.
+ */
+struct kbp_so_rxmeta {
+	struct kbp_so_addr dst;	/* the datagram's destination (PKTINFO) */
+	__u64 tstamp_ns;	/* host receive time, CLOCK_REALTIME */
+	__u32 drops;		/* the host socket's drop count (RXQ_OVFL) */
+	__u8 tos;		/* IP_TOS / IPv6 traffic class */
+	__u8 ttl;		/* IP_TTL / IPv6 hop limit */
+	__u16 valid;		/* KBP_SO_META_* */
+	__u64 reserved[2];	/* zero */
+};
+
+#define KBP_SO_META_DST		_BITUL(0)
+#define KBP_SO_META_TSTAMP	_BITUL(1)
+#define KBP_SO_META_DROPS	_BITUL(2)
+#define KBP_SO_META_TOS		_BITUL(3)
+#define KBP_SO_META_TTL		_BITUL(4)
 
 /*
  * A submission: 384 bytes.  The host copies it once, then checks the copy:
@@ -295,6 +354,7 @@ KBP_SO_STATIC_ASSERT(sizeof(struct kbp_so_seg) == 16, "kbp_so_seg size");
 KBP_SO_STATIC_ASSERT(sizeof(struct kbp_so_sqe) == 384, "kbp_so_sqe size");
 KBP_SO_STATIC_ASSERT(sizeof(struct kbp_so_cqe) == 64, "kbp_so_cqe size");
 KBP_SO_STATIC_ASSERT(KBP_SO_MAX_SEGS < 256, "nr_segs is a u8");
+KBP_SO_STATIC_ASSERT(sizeof(struct kbp_so_rxmeta) == 64, "kbp_so_rxmeta size");
 
 /* Bytes of one queue (control block, SQ, CQ), rounded up to 4 KiB. */
 static inline __u64 kbp_so_queue_bytes(__u32 entries)

@@ -41,6 +41,21 @@ int main(void)
 	F(kbp_so_cqe, tag); F(kbp_so_cqe, res); F(kbp_so_cqe, sock);
 	F(kbp_so_cqe, msg_len); F(kbp_so_cqe, out_flags); F(kbp_so_cqe, epoch);
 	F(kbp_so_cqe, op); F(kbp_so_cqe, addr);
+	F(kbp_so_rxmeta, dst); F(kbp_so_rxmeta, tstamp_ns); F(kbp_so_rxmeta, drops);
+	F(kbp_so_rxmeta, tos); F(kbp_so_rxmeta, ttl); F(kbp_so_rxmeta, valid);
+	F(kbp_so_rxmeta, reserved);
+	printf(",\n \"sizeof.rxmeta\": [0, %zu]", sizeof(struct kbp_so_rxmeta));
+	printf(",\n \"const.MINOR\": [0, %d]", KBP_SO_VERSION_MINOR);
+	printf(",\n \"const.FEAT_META\": [0, %llu]", (unsigned long long)KBP_SO_FEAT_META);
+	printf(",\n \"const.FEAT_QUEUE_OPTS\": [0, %llu]",
+	       (unsigned long long)KBP_SO_FEAT_QUEUE_OPTS);
+	printf(",\n \"const.F_META\": [0, %lu]", (unsigned long)KBP_SO_F_META);
+	printf(",\n \"const.MSG_SRC\": [0, %lu]", (unsigned long)KBP_SO_MSG_SRC);
+	printf(",\n \"const.MSG_TOS\": [0, %lu]", (unsigned long)KBP_SO_MSG_TOS);
+	printf(",\n \"const.OPT_INQ\": [0, %d]", KBP_SO_OPT_INQ);
+	printf(",\n \"const.OPT_OUTQ\": [0, %d]", KBP_SO_OPT_OUTQ);
+	printf(",\n \"const.META_VALID\": [0, %lu]", (unsigned long)(KBP_SO_META_DST |
+	       KBP_SO_META_TSTAMP | KBP_SO_META_DROPS | KBP_SO_META_TOS | KBP_SO_META_TTL));
 	printf(",\n \"sizeof.header\": [0, %zu]", sizeof(struct kbp_so_header));
 	printf(",\n \"sizeof.queue_ctl\": [0, %zu]", sizeof(struct kbp_so_queue_ctl));
 	printf(",\n \"sizeof.sqe\": [0, %zu]", sizeof(struct kbp_so_sqe));

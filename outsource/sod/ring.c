@@ -4,17 +4,27 @@
  * only the copy is checked and used (docs/design.md, 11.5); guest-physical
  * ranges become iovecs into the daemon's mapping of the guest's RAM only
  * after the range check.  Single-threaded: no locks.
+ *
+ * Nothing is written into guest RAM, and no parked request is served, for a
+ * guest that is not ATTACHED at this daemon's epoch: every path that serves
+ * (the doorbell's, a host socket's event, the timer's retry) checks first and
+ * drops that guest's sockets and parked requests without a completion
+ * (issue 37 item 4: a guest rebooted, kexec'd or panicked says ABSENT or
+ * RESET; its pages belong to the next kernel).
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <linux/sockios.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include "sod.h"
@@ -29,10 +39,37 @@ static inline void store_release(__u32 *p, __u32 v)
 	__atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 
-/* Counters: only this thread writes them; relaxed is enough. */
-static inline void count(__u64 *c, __u64 n)
+/*
+ * Counters: the daemon's own copy is counted, the shared word only stored
+ * (the guest may write it: it is never read back).  Relaxed is enough.
+ */
+#define COUNT(q, field, n) do { \
+		(q)->cnt.field += (n); \
+		__atomic_store_n(&(q)->ctl->field, (q)->cnt.field, __ATOMIC_RELAXED); \
+	} while (0)
+
+uint64_t sod_now_ns(void)
 {
-	__atomic_store_n(c, *c + n, __ATOMIC_RELAXED);
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * The heartbeat: +1 every KBP_SO_HEARTBEAT_MS.  Checked between every
+ * queue's budget and after every socket event as well as on the timer, so
+ * no batch of request work delays it by more than one budget (design.md
+ * 11.6): the guest's watchdog sees a live daemon as live.
+ */
+void sod_heartbeat(struct sod_vm *vm, bool force)
+{
+	uint64_t now = sod_now_ns();
+
+	if (!force && now < vm->next_beat_ns)
+		return;
+	vm->next_beat_ns = now + KBP_SO_HEARTBEAT_MS * 1000000ULL;
+	__atomic_store_n(&vm->hdr->heartbeat, ++vm->heartbeat, __ATOMIC_RELEASE);
 }
 
 static bool is_zero(const void *p, size_t n)
@@ -175,7 +212,8 @@ static void post(struct sod_vm *vm, uint32_t qi, const struct kbp_so_sqe *sqe,
 	store_release(&q->ctl->cq_tail, ++q->cq_tail);
 	q->inflight--;
 	__atomic_store_n(&q->ctl->inflight, q->inflight, __ATOMIC_RELAXED);
-	count(&q->ctl->completions, 1);
+	COUNT(q, completions, 1);
+	vm->total_completions++;
 	q->kick = true;
 }
 
@@ -203,24 +241,50 @@ void sod_kick(struct sod_vm *vm)
 		if (!__atomic_load_n(&q->ctl->need_irq, __ATOMIC_RELAXED) || q->irq_fd < 0)
 			continue;
 		if (write(q->irq_fd, &one, sizeof(one)) == sizeof(one))
-			count(&q->ctl->irqs, 1);
+			COUNT(q, irqs, 1);
 	}
 }
 
-static int sock_socket(struct sod_vm *vm, int domain)
+/*
+ * What a RECVMSG with KBP_SO_F_META reports is asked for once, at SOCKET:
+ * the kernel records it per datagram as it queues it, so asking later would
+ * miss what is queued already.  Failures leave a field invalid, no more.
+ */
+static void sock_meta_opts(int fd, int domain)
 {
-	int fd, err;
+	static const int v4[][2] = {
+		{ IPPROTO_IP, IP_PKTINFO }, { IPPROTO_IP, IP_RECVTOS }, { IPPROTO_IP, IP_RECVTTL },
+	};
+	/*
+	 * An IPv6 socket's IPv4 datagrams (v4-mapped) report TOS and TTL by the
+	 * IPv4 options, their destination (mapped) by IPV6_PKTINFO (udpv6_recvmsg)
+	 */
+	static const int v6[][2] = {
+		{ IPPROTO_IPV6, IPV6_RECVPKTINFO }, { IPPROTO_IPV6, IPV6_RECVTCLASS },
+		{ IPPROTO_IPV6, IPV6_RECVHOPLIMIT }, { IPPROTO_IP, IP_RECVTOS },
+		{ IPPROTO_IP, IP_RECVTTL },
+	};
+	static const int both[][2] = {
+		{ SOL_SOCKET, SO_TIMESTAMPNS }, { SOL_SOCKET, SO_RXQ_OVFL },
+	};
+	const int (*fam)[2] = domain == AF_INET ? v4 : v6;
+	int one = 1, i, n = domain == AF_INET ? 3 : 5;
 
-	if (vm->netns_fd >= 0 && setns(vm->netns_fd, CLONE_NEWNET))
+	for (i = 0; i < n; i++)
+		setsockopt(fd, fam[i][0], fam[i][1], &one, sizeof(one));
+	for (i = 0; i < 2; i++)
+		setsockopt(fd, both[i][0], both[i][1], &one, sizeof(one));
+}
+
+/* The worker lives in the VM's netns (sandbox.c): no setns() here. */
+static int sock_socket(int domain)
+{
+	int fd = socket(domain, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_UDP);
+
+	if (fd < 0)
 		return -errno;
-	fd = socket(domain, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_UDP);
-	err = errno;
-	if (vm->netns_fd >= 0 && setns(sod.self_netns_fd, CLONE_NEWNET)) {
-		/* cannot happen with a valid fd; never make sockets in the wrong netns */
-		SOD_LOG("setns back failed: %s", strerror(errno));
-		abort();
-	}
-	return fd < 0 ? -err : fd;
+	sock_meta_opts(fd, domain);
+	return fd;
 }
 
 /* Keeps the socket's epoll interest equal to what its parked requests wait for. */
@@ -286,19 +350,151 @@ static uint32_t revents_of(int fd)
 	return r;
 }
 
+/* A cmsg's payload, when it is at least @n bytes. */
+static bool cmsg_get(const struct cmsghdr *c, void *out, size_t n)
+{
+	if (c->cmsg_len < CMSG_LEN(n))
+		return false;
+	memcpy(out, CMSG_DATA(c), n);
+	return true;
+}
+
+/* The datagram's metadata from recvmsg()'s control messages. */
+static void meta_parse(struct msghdr *msg, struct kbp_so_rxmeta *m)
+{
+	struct cmsghdr *c;
+
+	memset(m, 0, sizeof(*m));
+	for (c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(msg, c)) {
+		int v;
+
+		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
+			struct timespec ts;
+
+			if (cmsg_get(c, &ts, sizeof(ts)) && ts.tv_sec >= 0) {
+				m->tstamp_ns = (uint64_t)ts.tv_sec * 1000000000ULL +
+					       (uint64_t)ts.tv_nsec;
+				m->valid |= KBP_SO_META_TSTAMP;
+			}
+		} else if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL) {
+			uint32_t d;
+
+			if (cmsg_get(c, &d, sizeof(d))) {
+				m->drops = d;
+				m->valid |= KBP_SO_META_DROPS;
+			}
+		} else if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
+			struct in_pktinfo pi;
+
+			if (cmsg_get(c, &pi, sizeof(pi))) {
+				m->dst.family = KBP_SO_AF_INET;
+				memcpy(m->dst.addr, &pi.ipi_addr, 4);
+				m->valid |= KBP_SO_META_DST;
+			}
+		} else if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS) {
+			uint8_t tos;
+
+			if (cmsg_get(c, &tos, sizeof(tos))) {
+				m->tos = tos;
+				m->valid |= KBP_SO_META_TOS;
+			}
+		} else if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TTL) {
+			if (cmsg_get(c, &v, sizeof(v)) && v >= 0 && v <= 255) {
+				m->ttl = (uint8_t)v;
+				m->valid |= KBP_SO_META_TTL;
+			}
+		} else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO) {
+			struct in6_pktinfo pi;
+
+			if (cmsg_get(c, &pi, sizeof(pi))) {
+				m->dst.family = KBP_SO_AF_INET6;
+				memcpy(m->dst.addr, &pi.ipi6_addr, 16);
+				m->valid |= KBP_SO_META_DST;
+			}
+		} else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_TCLASS) {
+			if (cmsg_get(c, &v, sizeof(v)) && v >= 0 && v <= 255) {
+				m->tos = (uint8_t)v;
+				m->valid |= KBP_SO_META_TOS;
+			}
+		} else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_HOPLIMIT) {
+			if (cmsg_get(c, &v, sizeof(v)) && v >= 0 && v <= 255) {
+				m->ttl = (uint8_t)v;
+				m->valid |= KBP_SO_META_TTL;
+			}
+		}
+	}
+}
+
+/* room for every control message sock_meta_opts() asks for, with margin */
+union sod_cbuf {
+	char buf[512];
+	struct cmsghdr align;
+};
+
+/* SENDMSG's KBP_SO_MSG_SRC and KBP_SO_MSG_TOS as control messages */
+static void send_cmsgs(const struct kbp_so_sqe *sqe, const struct sod_sock *s,
+		       struct msghdr *msg, union sod_cbuf *cb)
+{
+	struct cmsghdr *c;
+	size_t len = 0;
+
+	if (!(sqe->msg_flags & (KBP_SO_MSG_SRC | KBP_SO_MSG_TOS)))
+		return;
+	memset(cb, 0, sizeof(*cb));
+	msg->msg_control = cb->buf;
+	msg->msg_controllen = sizeof(cb->buf);
+	c = CMSG_FIRSTHDR(msg);
+	if (sqe->msg_flags & KBP_SO_MSG_SRC) {
+		if (s->family == KBP_SO_AF_INET) {
+			struct in_pktinfo pi = { .ipi_ifindex = 0 };
+
+			memcpy(&pi.ipi_spec_dst, sqe->opt, 4);
+			c->cmsg_level = IPPROTO_IP;
+			c->cmsg_type = IP_PKTINFO;
+			c->cmsg_len = CMSG_LEN(sizeof(pi));
+			memcpy(CMSG_DATA(c), &pi, sizeof(pi));
+			len += CMSG_SPACE(sizeof(pi));
+		} else {
+			struct in6_pktinfo pi = { .ipi6_ifindex = 0 };
+
+			memcpy(&pi.ipi6_addr, sqe->opt, 16);
+			c->cmsg_level = IPPROTO_IPV6;
+			c->cmsg_type = IPV6_PKTINFO;
+			c->cmsg_len = CMSG_LEN(sizeof(pi));
+			memcpy(CMSG_DATA(c), &pi, sizeof(pi));
+			len += CMSG_SPACE(sizeof(pi));
+		}
+		c = CMSG_NXTHDR(msg, c);
+	}
+	if (sqe->msg_flags & KBP_SO_MSG_TOS) {
+		int v = (int)sqe->arg0;
+
+		/* as Linux: an IPv6 socket's TCLASS, IPv4's TOS */
+		c->cmsg_level = s->family == KBP_SO_AF_INET ? IPPROTO_IP : IPPROTO_IPV6;
+		c->cmsg_type = s->family == KBP_SO_AF_INET ? IP_TOS : IPV6_TCLASS;
+		c->cmsg_len = CMSG_LEN(sizeof(v));
+		memcpy(CMSG_DATA(c), &v, sizeof(v));
+		len += CMSG_SPACE(sizeof(v));
+	}
+	msg->msg_controllen = len;
+}
+
 /*
  * Tries a data or poll request once, without blocking.  Returns true when
- * it completed (CQE posted), false when it would block.
+ * it completed (CQE posted), false when it would block.  The caller has
+ * checked that the guest is attached.
  */
 static bool try_io(struct sod_vm *vm, uint32_t qi, const struct kbp_so_sqe *sqe,
 		   struct sod_sock *s)
 {
-	struct kbp_so_queue_ctl *ctl = vm->q[qi].ctl;
+	struct sod_queue *q = &vm->q[qi];
 	struct kbp_so_cqe cqe = { 0 };
 	struct iovec iov[KBP_SO_MAX_SEGS];
 	struct sockaddr_storage ss;
 	struct msghdr msg = { 0 };
+	union sod_cbuf cb;
 	size_t total = 0;
+	bool meta = false;
 	ssize_t n;
 	int err;
 
@@ -333,13 +529,14 @@ static bool try_io(struct sod_vm *vm, uint32_t qi, const struct kbp_so_sqe *sqe,
 			msg.msg_name = &ss;
 			msg.msg_namelen = alen;
 		}
+		send_cmsgs(sqe, s, &msg, &cb);
 		n = sendmsg(s->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
 		    (sqe->flags & KBP_SO_F_WAIT) && !(sqe->msg_flags & KBP_SO_MSG_DONTWAIT))
 			return false;
 		if (n >= 0) {
-			count(&ctl->bytes_out, (uint64_t)n);
-			count(&ctl->copies, 1);
+			COUNT(q, bytes_out, (uint64_t)n);
+			COUNT(q, copies, 1);
 		}
 		post_res(vm, qi, sqe, n < 0 ? -errno : (int)n);
 		return true;
@@ -349,8 +546,14 @@ static bool try_io(struct sod_vm *vm, uint32_t qi, const struct kbp_so_sqe *sqe,
 	msg.msg_name = &ss;
 	msg.msg_namelen = sizeof(ss);
 	memset(&ss, 0, sizeof(ss));
+	if (sqe->flags & KBP_SO_F_META) {
+		msg.msg_control = cb.buf;
+		msg.msg_controllen = sizeof(cb.buf);
+	}
 	n = recvmsg(s->fd, &msg, MSG_DONTWAIT | MSG_TRUNC |
 		    (sqe->msg_flags & KBP_SO_MSG_PEEK ? MSG_PEEK : 0));
+	if (n >= 0)
+		meta = sqe->flags & KBP_SO_F_META;	/* a datagram was delivered */
 	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
 	    (sqe->flags & KBP_SO_F_WAIT) && !(sqe->msg_flags & KBP_SO_MSG_DONTWAIT)) {
 		/* after shutdown(SHUT_RD) a blocking local receive returns 0 */
@@ -371,9 +574,18 @@ static bool try_io(struct sod_vm *vm, uint32_t qi, const struct kbp_so_sqe *sqe,
 			cqe.out_flags |= KBP_SO_OUT_TRUNC;
 		if (msg.msg_namelen)
 			addr_out(&ss, &cqe.addr);
-		count(&ctl->bytes_in, copied);
+		COUNT(q, bytes_in, copied);
 		if (!s->rd_shut || n > 0)	/* an end of data is no message */
-			count(&ctl->copies, 1);
+			COUNT(q, copies, 1);
+	}
+	if (meta) {
+		/* checked at submission (one range, 64 bytes, apart from the segments) */
+		uint8_t *p = ram_ptr(vm, sqe->arg1, sizeof(struct kbp_so_rxmeta));
+		struct kbp_so_rxmeta m;
+
+		meta_parse(&msg, &m);
+		if (p)
+			memcpy(p, &m, sizeof(m));
 	}
 	post(vm, qi, sqe, &cqe);
 	return true;
@@ -386,10 +598,12 @@ static void complete_parked(struct sod_vm *vm, struct sod_sock *s, int res)
 	s->parked = NULL;
 	for (; r; r = next) {
 		next = r->next;
-		if (res)
+		if (res) {
 			post_res(vm, r->q, &r->sqe, res);
-		else
+		} else {
 			vm->q[r->q].inflight--;	/* dropped with the guest */
+			vm->total_drops++;
+		}
 		free(r);
 	}
 	sock_rearm(s);
@@ -401,6 +615,7 @@ static void sock_close(struct sod_vm *vm, struct sod_sock *s, int res)
 	close(s->fd);
 	s->fd = -1;
 	s->gen = s->gen == 0xffff ? 1 : s->gen + 1;
+	vm->nr_socks--;
 }
 
 /*
@@ -409,11 +624,53 @@ static void sock_close(struct sod_vm *vm, struct sod_sock *s, int res)
  */
 void sod_vm_drop_sockets(struct sod_vm *vm, int complete_res)
 {
-	uint32_t i;
+	uint32_t i, qi;
 
 	for (i = 0; i < vm->max_sockets; i++)
 		if (vm->socks[i].fd >= 0)
 			sock_close(vm, &vm->socks[i], complete_res);
+	vm->cap_logged = false;
+	if (vm->hdr)
+		for (qi = 0; qi < vm->nr_queues; qi++)
+			__atomic_store_n(&vm->q[qi].ctl->inflight, vm->q[qi].inflight,
+					 __ATOMIC_RELAXED);
+}
+
+/* Is the guest ATTACHED at this daemon's epoch?  Two shared words, read once each. */
+bool sod_guest_live(struct sod_vm *vm)
+{
+	const struct kbp_so_header *h = vm->hdr;
+	uint32_t state, epoch;
+
+	if (!h)
+		return false;
+	state = __atomic_load_n(&h->guest_state, __ATOMIC_ACQUIRE);
+	epoch = __atomic_load_n(&h->guest_epoch, __ATOMIC_ACQUIRE);
+	return state == KBP_SO_GUEST_ATTACHED && epoch == vm->epoch;
+}
+
+/*
+ * The check before anything is served: a guest that is not attached at
+ * this epoch loses its sockets and parked requests, without a completion.
+ */
+static bool guest_gate(struct sod_vm *vm)
+{
+	if (sod_guest_live(vm)) {
+		vm->absent_logged = false;
+		return true;
+	}
+	if (vm->nr_socks) {
+		uint64_t before = vm->total_drops;
+
+		sod_vm_drop_sockets(vm, 0);
+		if (!vm->absent_logged)
+			SOD_LOG("%s: the guest is not attached (state %u): dropped its sockets and "
+				"%llu parked request(s), nothing written", vm->name,
+				__atomic_load_n(&vm->hdr->guest_state, __ATOMIC_RELAXED),
+				(unsigned long long)(vm->total_drops - before));
+		vm->absent_logged = true;
+	}
+	return false;
 }
 
 void sod_sock_event(struct sod_vm *vm, uint32_t idx)
@@ -421,19 +678,28 @@ void sod_sock_event(struct sod_vm *vm, uint32_t idx)
 	struct sod_sock *s = &vm->socks[idx];
 	struct sod_req **pp = &s->parked;
 	bool recv_blocked = false, send_blocked = false;
+	uint32_t done = 0;
 
 	if (s->fd < 0)
 		return;
+	if (!guest_gate(vm))
+		return;
 	/* FIFO per direction: once one receive would block, so would the rest */
-	while (*pp) {
+	while (*pp && done < vm->budget) {
 		struct sod_req *r = *pp;
 		bool blocked_dir = (r->sqe.op == KBP_SO_OP_RECVMSG && recv_blocked) ||
 				   (r->sqe.op == KBP_SO_OP_SENDMSG && send_blocked);
 
-		if (!blocked_dir && try_io(vm, r->q, &r->sqe, s)) {
-			*pp = r->next;
-			free(r);
-			continue;
+		if (!blocked_dir) {
+			/* before every write into guest RAM: the guest may have left meanwhile */
+			if (!guest_gate(vm))
+				return;		/* s->parked is gone with the sockets */
+			if (try_io(vm, r->q, &r->sqe, s)) {
+				*pp = r->next;
+				free(r);
+				done++;
+				continue;
+			}
 		}
 		if (r->sqe.op == KBP_SO_OP_RECVMSG)
 			recv_blocked = true;
@@ -441,12 +707,14 @@ void sod_sock_event(struct sod_vm *vm, uint32_t idx)
 			send_blocked = true;
 		pp = &r->next;
 	}
+	/* what the budget left stays parked: the socket is level-triggered */
 	sock_rearm(s);
+	sod_heartbeat(vm, false);
 }
 
 static int opt_map(uint32_t opt, int *level, int *name)
 {
-	static const int map[][2] = {
+	static const int map[KBP_SO_OPT_MAX + 1][2] = {
 		[KBP_SO_OPT_RCVBUF] = { SOL_SOCKET, SO_RCVBUF },
 		[KBP_SO_OPT_SNDBUF] = { SOL_SOCKET, SO_SNDBUF },
 		[KBP_SO_OPT_REUSEADDR] = { SOL_SOCKET, SO_REUSEADDR },
@@ -458,9 +726,10 @@ static int opt_map(uint32_t opt, int *level, int *name)
 		[KBP_SO_OPT_TCLASS] = { IPPROTO_IPV6, IPV6_TCLASS },
 		[KBP_SO_OPT_HOPS] = { IPPROTO_IPV6, IPV6_UNICAST_HOPS },
 		[KBP_SO_OPT_ERROR] = { SOL_SOCKET, SO_ERROR },
+		/* INQ and OUTQ are ioctls (do_sockopt) */
 	};
 
-	if (!opt || opt > KBP_SO_OPT_MAX)
+	if (!opt || opt > KBP_SO_OPT_MAX || !map[opt][1])	/* IPPROTO_IP is 0 */
 		return -ENOPROTOOPT;
 	*level = map[opt][0];
 	*name = map[opt][1];
@@ -469,9 +738,18 @@ static int opt_map(uint32_t opt, int *level, int *name)
 
 static int do_sockopt(struct sod_sock *s, const struct kbp_so_sqe *sqe)
 {
-	int level, name, val, err = opt_map(sqe->arg0, &level, &name);
+	int level, name, val, err;
 	socklen_t len = sizeof(val);
 
+	if (sqe->arg0 == KBP_SO_OPT_INQ || sqe->arg0 == KBP_SO_OPT_OUTQ) {
+		/* get only: the next datagram's bytes, the bytes not yet sent */
+		if (sqe->op == KBP_SO_OP_SETSOCKOPT)
+			return -EINVAL;
+		if (ioctl(s->fd, sqe->arg0 == KBP_SO_OPT_INQ ? SIOCINQ : SIOCOUTQ, &val))
+			return -errno;
+		return val < 0 ? -ERANGE : val;
+	}
+	err = opt_map(sqe->arg0, &level, &name);
 	if (err)
 		return err;
 	if (sqe->op == KBP_SO_OP_GETSOCKOPT) {
@@ -504,6 +782,7 @@ static int do_name(struct sod_sock *s, bool peer, struct kbp_so_cqe *cqe)
 static int sqe_check(const struct kbp_so_sqe *sqe)
 {
 	bool data = sqe->op == KBP_SO_OP_SENDMSG || sqe->op == KBP_SO_OP_RECVMSG;
+	bool src = sqe->op == KBP_SO_OP_SENDMSG && (sqe->msg_flags & KBP_SO_MSG_SRC);
 
 	if (sqe->op > KBP_SO_OP_MAX || (sqe->flags & ~KBP_SO_F_ALL) ||
 	    (sqe->msg_flags & ~KBP_SO_MSG_ALL) || sqe->reserved[0] || sqe->reserved[1] ||
@@ -511,13 +790,55 @@ static int sqe_check(const struct kbp_so_sqe *sqe)
 		return -EINVAL;
 	if (!data && (sqe->nr_segs || sqe->msg_flags))
 		return -EINVAL;
-	if (sqe->op != KBP_SO_OP_SETSOCKOPT && !is_zero(sqe->opt, sizeof(sqe->opt)))
+	if (sqe->op != KBP_SO_OP_SETSOCKOPT && !src && !is_zero(sqe->opt, sizeof(sqe->opt)))
 		return -EINVAL;
 	if ((sqe->flags & KBP_SO_F_ARM) && sqe->op != KBP_SO_OP_POLL)
 		return -EINVAL;
 	if ((sqe->flags & KBP_SO_F_WAIT) && !data)
 		return -EINVAL;
+	if ((sqe->flags & KBP_SO_F_META) && sqe->op != KBP_SO_OP_RECVMSG)
+		return -EINVAL;
+	if ((sqe->msg_flags & (KBP_SO_MSG_SRC | KBP_SO_MSG_TOS)) && sqe->op != KBP_SO_OP_SENDMSG)
+		return -EINVAL;
 	return 0;
+}
+
+/*
+ * RECVMSG's rxmeta (KBP_SO_F_META): 64 bytes inside one range of the RAM
+ * map, apart from every segment (the payload never lands on it).
+ */
+static int meta_check(const struct sod_vm *vm, const struct kbp_so_sqe *sqe)
+{
+	const uint64_t a = sqe->arg1, n = sizeof(struct kbp_so_rxmeta);
+	uint32_t i;
+
+	if (!ram_ptr(vm, a, n))
+		return -EFAULT;
+	/* both ranges are inside the map: no sum below overflows */
+	for (i = 0; i < sqe->nr_segs; i++)
+		if (a < sqe->seg[i].gpa + sqe->seg[i].len && sqe->seg[i].gpa < a + n)
+			return -EINVAL;
+	return 0;
+}
+
+/* SENDMSG's source address (KBP_SO_MSG_SRC) in opt[], TOS (KBP_SO_MSG_TOS) in arg0 */
+static int send_check(const struct kbp_so_sqe *sqe, const struct sod_sock *s)
+{
+	if (sqe->arg1 || (sqe->msg_flags & KBP_SO_MSG_TOS ? sqe->arg0 > 255 : sqe->arg0 != 0))
+		return -EINVAL;
+	if ((sqe->msg_flags & KBP_SO_MSG_SRC) && s->family == KBP_SO_AF_INET &&
+	    !is_zero(sqe->opt + 4, KBP_SO_OPT_INLINE - 4))
+		return -EINVAL;
+	return 0;
+}
+
+static void sock_cap_reached(struct sod_vm *vm)
+{
+	if (vm->cap_logged)
+		return;
+	vm->cap_logged = true;
+	SOD_LOG("%s: max-sockets=%u reached: SOCKET answers EMFILE until one closes", vm->name,
+		vm->max_sockets);
 }
 
 /* Performs one checked request, or parks it.  Exactly one CQE, now or later. */
@@ -556,10 +877,11 @@ static void handle(struct sod_vm *vm, uint32_t qi, const struct kbp_so_sqe *sqe)
 		for (i = 0; i < vm->max_sockets && vm->socks[i].fd >= 0; i++)
 			;
 		if (i == vm->max_sockets) {
+			sock_cap_reached(vm);
 			res = -EMFILE;
 			break;
 		}
-		fd = sock_socket(vm, sqe->arg0 == KBP_SO_AF_INET ? AF_INET : AF_INET6);
+		fd = sock_socket(sqe->arg0 == KBP_SO_AF_INET ? AF_INET : AF_INET6);
 		if (fd < 0) {
 			res = fd;
 			break;
@@ -570,6 +892,7 @@ static void handle(struct sod_vm *vm, uint32_t qi, const struct kbp_so_sqe *sqe)
 		s->ev_mask = 0;
 		s->rd_shut = false;
 		s->parked = NULL;
+		vm->nr_socks++;
 		cqe.sock = sock_handle(vm, s);
 		break;
 	}
@@ -600,13 +923,18 @@ static void handle(struct sod_vm *vm, uint32_t qi, const struct kbp_so_sqe *sqe)
 		break;
 	case KBP_SO_OP_SENDMSG:
 	case KBP_SO_OP_RECVMSG:
-		if (sqe->arg0 || sqe->arg1 ||
-		    (sqe->op == KBP_SO_OP_RECVMSG && sqe->addr.family)) {
+		if (sqe->op == KBP_SO_OP_SENDMSG) {
+			res = send_check(sqe, s);
+		} else if (sqe->arg0 || sqe->addr.family ||
+			   (!(sqe->flags & KBP_SO_F_META) && sqe->arg1)) {
 			res = -EINVAL;
-			goto reject;
 		}
+		if (res)
+			goto reject;
 		/* every segment checked now, before any I/O */
 		res = sod_ram_iov(vm, sqe, iov, &total);
+		if (!res && (sqe->flags & KBP_SO_F_META))
+			res = meta_check(vm, sqe);
 		if (res)
 			goto reject;
 		if (try_io(vm, qi, sqe, s))
@@ -680,7 +1008,8 @@ static void handle(struct sod_vm *vm, uint32_t qi, const struct kbp_so_sqe *sqe)
 	return;
 
 reject:
-	count(&vm->q[qi].ctl->rejects, 1);
+	COUNT(&vm->q[qi], rejects, 1);
+	vm->total_rejects++;
 	post_res(vm, qi, sqe, res);
 }
 
@@ -696,28 +1025,40 @@ static void queue_fail(struct sod_vm *vm, uint32_t qi, uint32_t why)
 		why == KBP_SO_QERR_SQ_INDEX ? "bad sq_tail" : "bad cq_head");
 }
 
-void sod_queue_run(struct sod_vm *vm, uint32_t qi)
+/*
+ * Serves up to the VM's budget of one queue's SQEs.  Returns true when SQEs
+ * are left (the caller comes back after the other queues, sockets, timer).
+ */
+bool sod_queue_run(struct sod_vm *vm, uint32_t qi)
 {
 	struct sod_queue *q = &vm->q[qi];
-	uint32_t tail, budget = vm->entries;
+	uint32_t tail, budget = vm->budget;
 
+	q->more = false;
 	if (q->error)
-		return;
+		return false;
 	tail = load_acquire(&q->ctl->sq_tail);
 	if (tail - q->sq_head > vm->entries) {
 		queue_fail(vm, qi, KBP_SO_QERR_SQ_INDEX);
-		return;
+		return false;
 	}
-	while (q->sq_head != tail && budget--) {
+	while (q->sq_head != tail) {
 		uint32_t cq_head = load_acquire(&q->ctl->cq_head);
 		struct kbp_so_sqe sqe;
 
+		if (!budget--) {
+			q->more = true;
+			break;
+		}
 		if (q->cq_tail - cq_head > vm->entries) {
 			queue_fail(vm, qi, KBP_SO_QERR_CQ_INDEX);
-			return;
+			return false;
 		}
 		/* a CQE slot for this SQE whenever it completes */
 		if (q->inflight + (q->cq_tail - cq_head) >= vm->entries)
+			break;
+		/* the guest may have left since the last request */
+		if (!sod_guest_live(vm))
 			break;
 		memcpy(&sqe, &q->sq[q->sq_head & (vm->entries - 1)], sizeof(sqe));
 		/*
@@ -727,52 +1068,60 @@ void sod_queue_run(struct sod_vm *vm, uint32_t qi)
 		__atomic_signal_fence(__ATOMIC_SEQ_CST);
 		store_release(&q->ctl->sq_head, ++q->sq_head);
 		q->inflight++;
-		count(&q->ctl->requests, 1);
+		COUNT(q, requests, 1);
+		vm->total_requests++;
 		handle(vm, qi, &sqe);
 	}
 	__atomic_store_n(&q->ctl->inflight, q->inflight, __ATOMIC_RELAXED);
+	return q->more;
 }
 
 /* Zeroes every queue: the guest asked for it and is not writing meanwhile. */
 void sod_vm_reset_queues(struct sod_vm *vm)
 {
-	uint64_t req = 0, cpl = 0, copies = 0, in = 0, out = 0, rej = 0;
+	struct sod_counts sum = { 0 };
 	uint32_t qi;
 
 	sod_vm_drop_sockets(vm, 0);
 	/* the counters are zeroed below: the log keeps them (tests read it) */
 	for (qi = 0; qi < vm->nr_queues; qi++) {
-		const struct kbp_so_queue_ctl *c = vm->q[qi].ctl;
+		const struct sod_counts *c = &vm->q[qi].cnt;
 
-		req += c->requests;
-		cpl += c->completions;
-		copies += c->copies;
-		in += c->bytes_in;
-		out += c->bytes_out;
-		rej += c->rejects;
+		sum.requests += c->requests;
+		sum.completions += c->completions;
+		sum.copies += c->copies;
+		sum.bytes_in += c->bytes_in;
+		sum.bytes_out += c->bytes_out;
+		sum.rejects += c->rejects;
 	}
 	SOD_LOG("%s: reset: counters requests=%llu completions=%llu copies=%llu bytes_in=%llu bytes_out=%llu rejects=%llu",
-		vm->name, (unsigned long long)req, (unsigned long long)cpl,
-		(unsigned long long)copies, (unsigned long long)in,
-		(unsigned long long)out, (unsigned long long)rej);
+		vm->name, (unsigned long long)sum.requests, (unsigned long long)sum.completions,
+		(unsigned long long)sum.copies, (unsigned long long)sum.bytes_in,
+		(unsigned long long)sum.bytes_out, (unsigned long long)sum.rejects);
 	for (qi = 0; qi < vm->nr_queues; qi++) {
 		struct sod_queue *q = &vm->q[qi];
 
 		memset(q->ctl, 0, sizeof(*q->ctl));
+		memset(&q->cnt, 0, sizeof(q->cnt));
 		q->sq_head = 0;
 		q->cq_tail = 0;
 		q->inflight = 0;
 		q->error = 0;
 		q->kick = false;
-		__atomic_store_n(&q->ctl->host_polling, sod.poll_mode, __ATOMIC_RELAXED);
+		q->more = false;
+		__atomic_store_n(&q->ctl->host_polling, vm->poll_mode, __ATOMIC_RELAXED);
 	}
 }
 
-/* Handles a reset request, then serves the queues if the guest is attached. */
-void sod_vm_service(struct sod_vm *vm)
+/*
+ * Handles a reset request, then serves one budget of every queue if the
+ * guest is attached.  Returns true when a queue has SQEs left.
+ */
+bool sod_vm_service(struct sod_vm *vm)
 {
 	struct kbp_so_header *h = vm->hdr;
 	uint32_t state = __atomic_load_n(&h->guest_state, __ATOMIC_ACQUIRE);
+	bool more = false;
 	uint32_t qi;
 
 	if (state == KBP_SO_GUEST_RESET) {
@@ -783,14 +1132,15 @@ void sod_vm_service(struct sod_vm *vm)
 			vm->ack_gen = gen;
 			store_release(&h->host_ack_gen, gen);
 		}
-		return;
 	}
-	if (state != KBP_SO_GUEST_ATTACHED ||
-	    __atomic_load_n(&h->guest_epoch, __ATOMIC_ACQUIRE) != vm->epoch)
-		return;
-	for (qi = 0; qi < vm->nr_queues; qi++)
-		sod_queue_run(vm, qi);
+	if (!guest_gate(vm))
+		return false;
+	for (qi = 0; qi < vm->nr_queues; qi++) {
+		more |= sod_queue_run(vm, qi);
+		sod_heartbeat(vm, false);
+	}
 	sod_kick(vm);
+	return more;
 }
 
 /* Every heartbeat: retry what is parked (a wakeup lost to an epoll error). */
@@ -798,6 +1148,8 @@ void sod_vm_retry_parked(struct sod_vm *vm)
 {
 	uint32_t i;
 
+	if (!guest_gate(vm))
+		return;
 	for (i = 0; i < vm->max_sockets; i++)
 		if (vm->socks[i].fd >= 0 && vm->socks[i].parked)
 			sod_sock_event(vm, i);

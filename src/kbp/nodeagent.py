@@ -65,6 +65,15 @@ def _say(text: str) -> None:
     sys.stderr.flush()
 
 
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _term_with_parent() -> None:
+    """In the child before exec: SIGTERM when the agent (its parent) dies."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{PROG}: {message} (see '{PROG} --help')\n")
@@ -188,8 +197,11 @@ class Agent:
         a = self.args
         argv = kbpctl_argv("apply", "--watch", f"{a.watch:g}", "--config", str(a.config))
         _say(f"running kbpctl {' '.join(argv[3:])}")
-        # its own session: a terminal's Ctrl-C reaches the agent only, which stops it in order
-        apply = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
+        # its own session: a terminal's Ctrl-C reaches the agent only, which stops it in
+        # order; and SIGTERM if the agent dies without stopping it (SIGKILL, an OOM kill):
+        # no apply --watch left converging a node nothing watches
+        apply = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True,
+                                 preexec_fn=_term_with_parent)
         try:
             while not self.stop.wait(0.5):
                 if apply.poll() is not None:

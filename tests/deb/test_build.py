@@ -43,7 +43,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 
 def deb(out: Path, name: str) -> Path:
-    debs = sorted(out.glob(f"{name}_{VERSION}-*_all.deb"))
+    """The package `name` (architecture all, or the build's for kbp-sod)."""
+    debs = sorted(out.glob(f"{name}_{VERSION}-*_*.deb"))
     assert len(debs) == 1, sorted(p.name for p in out.iterdir())
     return debs[0]
 
@@ -90,6 +91,25 @@ def test_kbp_so_dkms_has_the_guest_module_source_and_its_abi_header(
     assert not header.is_symlink()
     assert header.read_bytes() == (REPO / "outsource/include/kbp_so_abi.h").read_bytes()
     assert 'BUILT_MODULE_NAME[0]="kbp_so"' in (header.parent / "dkms.conf").read_text()
+
+
+def test_kbp_sod_has_the_daemon_its_unit_user_and_man_page(built: tuple[Path, str],
+                                                          tmp_path: Path) -> None:
+    """kbp-sod: the confined host daemon, its unit template, its user (sysusers.d), the
+    example VM configuration and the man page; linked against libseccomp (shlibs)."""
+    out, _ = built
+    path = deb(out, "kbp-sod")
+    files = contents(path)
+    assert "/usr/sbin/kbp-sod" in files, sorted(files)
+    assert any(f.endswith("/kbp-sod@.service") for f in files), sorted(files)
+    assert any(f.startswith("/usr/lib/sysusers.d/") for f in files), sorted(files)
+    assert any("/man8/kbp-sod.8" in f for f in files), sorted(files)
+    assert any(f.startswith("/usr/share/doc/kbp-sod/examples/") for f in files), sorted(files)
+    assert "libseccomp" in field(path, "Depends")
+    subprocess.run(["dpkg-deb", "-x", str(path), str(tmp_path)], check=True)
+    ver = subprocess.run([str(tmp_path / "usr/sbin/kbp-sod"), "--version"],
+                         capture_output=True, text=True, check=False)
+    assert ver.returncode == 0 and VERSION in ver.stdout + ver.stderr, ver
 
 
 def test_kbpctl_has_the_command_units_config_profile_and_man_page(

@@ -233,6 +233,37 @@ def test_applies_serves_follows_edits_and_restores_on_sigterm(tmp_path: Path,
             assert not any(x.get("backend") for x in a.status()["devices"])
 
 
+def _apply_pids(config: Path) -> list[int]:
+    """kbpctl apply --watch processes converging to ``config``."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"apply" in argv and str(config).encode() in argv:
+            pids.append(int(d.name))
+    return pids
+
+
+@pytest.mark.root
+def test_apply_does_not_outlive_a_killed_agent(tmp_path: Path) -> None:
+    """An agent killed outright (SIGKILL, the OOM killer) takes its apply --watch with it
+    (PR_SET_PDEATHSIG): before, the child, in its own session, went on converging a node
+    that nothing watched any more (found orphaned on this machine after an interrupted
+    test run)."""
+    cfg = tmp_path / "kbp.toml"
+    cfg.write_text('backend = "stock"\n')
+    with agent(tmp_path, cfg, "--watch", "1") as a:
+        a.wait_for("running kbpctl apply")
+        pids = until(lambda: _apply_pids(cfg), 20, "kbpctl apply running")
+        a.proc.kill()
+        a.proc.wait()
+        until(lambda: not _apply_pids(cfg), 20, f"apply {pids} to exit with its agent")
+
+
 # -- the refusals ----------------------------------------------------------------------------
 def run_agent(tmp: Path, toml: str, *args: str, timeout: float = 30) -> tuple[int, str]:
     cfg = tmp / "kbp.toml"

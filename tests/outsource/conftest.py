@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -10,14 +11,42 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from .sodclient import Guest
 
+if TYPE_CHECKING:
+    from .sodproc import Daemon
+
 REPO = Path(__file__).resolve().parents[2]
 SOD_DIR = REPO / "outsource" / "sod"
 RAM_SIZE = 1 << 20
+
+
+def sod_user() -> str:
+    """Who kbp-sod serves as when a test starts it as root: the package's user, or nobody."""
+    try:
+        pwd.getpwnam("kbp-sod")
+        return "kbp-sod"
+    except KeyError:
+        return "nobody"
+
+
+#: run the host tests against another build (e.g. the code before a fix: a test written for
+#: a defect must fail there); KBP_SOD_TEST_LEGACY=1: that build predates the flags below
+OTHER_BIN = os.environ.get("KBP_SOD_TEST_BINARY", "")
+LEGACY = os.environ.get("KBP_SOD_TEST_LEGACY") == "1"
+
+
+def base_flags(netns: str = "") -> list[str]:
+    """What every test daemon is started with: a user to drop to (when root), and the
+    host's netns allowed when the test gives none (its peers are on the host's lo)."""
+    if LEGACY:
+        return []
+    flags = ["--user", sod_user()] if os.geteuid() == 0 else []
+    return flags + ([] if netns else ["--allow-host-netns"])
 
 
 def _make(target: str) -> Path:
@@ -32,11 +61,13 @@ def _make(target: str) -> Path:
 @pytest.fixture(scope="session")
 def sod_bin() -> Path:
     _make("abi_dump")
-    return _make("kbp-sod")
+    return Path(OTHER_BIN) if OTHER_BIN else _make("kbp-sod")
 
 
 @pytest.fixture(scope="session")
 def sod_asan_bin() -> Path:
+    if OTHER_BIN:
+        return Path(OTHER_BIN)
     probe = subprocess.run(["cc", "-fsanitize=address,undefined", "-x", "c", "-", "-o",
                             "/dev/null"], input="int main(void){return 0;}",
                            capture_output=True, text=True, check=False)
@@ -81,7 +112,7 @@ class Sod:
         self.log_path = self.dir / f"sod.{self.starts}.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [str(self.binary), "--vm", self.spec(), *self.extra],
+                [str(self.binary), "--vm", self.spec(), *base_flags(self.netns), *self.extra],
                 stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         if wait:
             end = time.monotonic() + 10
@@ -134,3 +165,12 @@ def guest(sod: Sod) -> Iterator[Guest]:
     g = sod.guest()
     yield g
     g.close()
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[Daemon]]:
+    """Daemons a test starts by hand (sodproc.Daemon): stopped at its end, whatever happened."""
+    ds: list[Daemon] = []
+    yield ds
+    for d in ds:
+        d.stop()

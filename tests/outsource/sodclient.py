@@ -82,12 +82,20 @@ ADDR_OFF = {"family": 0, "port": 2, "flowinfo": 4, "addr": 8, "scope_id": 24}
 OP = {"NOP": 0, "SOCKET": 1, "BIND": 2, "CONNECT": 3, "SENDMSG": 4, "RECVMSG": 5,
       "POLL": 6, "SETSOCKOPT": 7, "GETSOCKOPT": 8, "SHUTDOWN": 9, "CLOSE": 10,
       "CANCEL": 11, "GETNAME": 12}
-F_WAIT, F_ARM = 1, 2
-MSG_PEEK, MSG_TRUNC, MSG_DONTWAIT = 1, 2, 4
+F_WAIT, F_ARM, F_META = 1, 2, 4
+MSG_PEEK, MSG_TRUNC, MSG_DONTWAIT, MSG_SRC, MSG_TOS = 1, 2, 4, 8, 16
 OUT_TRUNC = 1
 POLL_IN, POLL_OUT, POLL_ERR, POLL_HUP = 1, 2, 4, 8
 OPT = {"RCVBUF": 1, "SNDBUF": 2, "REUSEADDR": 3, "REUSEPORT": 4, "PRIORITY": 5,
-       "IP_TOS": 6, "IP_TTL": 7, "V6ONLY": 8, "TCLASS": 9, "HOPS": 10, "ERROR": 11}
+       "IP_TOS": 6, "IP_TTL": 7, "V6ONLY": 8, "TCLASS": 9, "HOPS": 10, "ERROR": 11,
+       "INQ": 12, "OUTQ": 13}
+# ABI 1.1 (host_features)
+FEAT_POLL_ARM, FEAT_NEED_IRQ, FEAT_HOST_POLL, FEAT_META, FEAT_QUEUE_OPTS = 1, 2, 4, 8, 16
+# struct kbp_so_rxmeta: dst, tstamp_ns, drops, tos, ttl, valid, reserved[2]
+RXMETA = struct.Struct("<32sQIBBH16s")
+RXMETA_OFF = {"dst": 0, "tstamp_ns": 32, "drops": 40, "tos": 44, "ttl": 45, "valid": 46,
+              "reserved": 48}
+META_DST, META_TSTAMP, META_DROPS, META_TOS, META_TTL = 1, 2, 4, 8, 16
 AF_INET, AF_INET6 = 2, 10
 HOST_DOWN, HOST_UP, HOST_STOPPING = 0, 1, 2
 GUEST_ABSENT, GUEST_RESET, GUEST_ATTACHED = 0, 1, 2
@@ -157,6 +165,30 @@ class Cqe:
     def unpack(cls, raw: bytes) -> Cqe:
         tag, res, sock, msg_len, out_flags, epoch, op = CQE_HEAD.unpack_from(raw, 0)
         return cls(tag, res, sock, msg_len, out_flags, epoch, op, unpack_addr(raw[32:64]))
+
+
+@dataclass
+class RxMeta:
+    """What the host wrote at a RECVMSG's KBP_SO_F_META address (kbp_so_abi.h)."""
+
+    dst: tuple[int, str, int]
+    tstamp_ns: int
+    drops: int
+    tos: int
+    ttl: int
+    valid: int
+    reserved: bytes
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> RxMeta:
+        dst, ts, drops, tos, ttl, valid, reserved = RXMETA.unpack(raw)
+        return cls(unpack_addr(dst), ts, drops, tos, ttl, valid, reserved)
+
+
+def src_opt(family: int, host: str) -> bytes:
+    """SENDMSG's KBP_SO_MSG_SRC source address in opt[]: 4 bytes (IPv4) or 16, zero-padded."""
+    af = socket.AF_INET if family == AF_INET else socket.AF_INET6
+    return socket.inet_pton(af, host).ljust(16, b"\0")
 
 
 class ProtocolError(Exception):
@@ -347,3 +379,6 @@ class Guest:
 
     def peek(self, gpa: int, n: int) -> bytes:
         return bytes(self.ram[gpa:gpa + n])
+
+    def rxmeta(self, gpa: int) -> RxMeta:
+        return RxMeta.unpack(self.peek(gpa, RXMETA.size))

@@ -54,12 +54,25 @@ QUEUES = 2  # the rig's kbp-sod: one queue per vCPU
 #: "1", or the flavours (comma-separated) where a new kbp-sod starts on the same region
 #: after the kill: its epoch releases the guest's orphaned pages (make test: 6.12-rt)
 RESTART = os.environ.get("KBP_SO_VM_RESTART", "0")
+#: the flavours (comma-separated) whose boot starts with a receive parked across a kexec
+#: reboot into the same kernel (guest_reboot.py), where the rest then runs
+REBOOT = set(os.environ.get("KBP_SO_VM_REBOOT", "").split(","))
+GUEST_REBOOT = Path(__file__).with_name("guest_reboot.py")
+GUEST_SERVERS = Path(__file__).with_name("guest_servers.py")
+NTPSEC = REPO / ".cache" / "udp-servers" / "ntpsec"
 #: the rig's cache directory of each flavour's kernel (to skip rather than download)
 KERNEL_GLOB = {"6.12-amd64": "6.12.*+deb12-amd64", "6.12-rt-amd64": "6.12.*+deb12-rt-amd64",
                "6.1-amd64": "6.1.*-amd64", "7.2-amd64": "7.2.*+deb14-amd64",
                "7.2-rt-amd64": "7.2.*+deb14-rt-amd64"}
 
 GUEST_SCRIPT = Path(__file__).with_name("guest_sockets.py")
+GUEST_BOUNDARY = Path(__file__).with_name("guest_boundary.py")
+SERVERS = Path(__file__).with_name("servers")
+#: where the guest finds the C and Go servers (the guest sees the host's / read-only)
+BIN_DIR = REPO / ".cache" / "outsource-bin"
+#: the flavours' boundary scenarios (guest_boundary.py): all on the full ones; on the RT
+#: ones the close/POLL race (their interrupt threads are where it shows) and the policy
+BOUNDARY_LIGHT = "policy,et_python,close_poll_race"
 GUEST_ECHO = Path(__file__).with_name("guest_echo.py")
 GUEST_POLICY = Path(__file__).with_name("policy_scenario.py")
 GUEST_MB = 1024  # pc machine: all of it below the PCI hole, file offset = guest-physical
@@ -92,6 +105,33 @@ def _counters(region_path: str, queues: int) -> dict[str, int]:
             off, fmt = sc.Q[k]
             total[k] += struct.unpack_from(fmt, region, qoff + q * qstride + off)[0]
     return total
+
+
+def _go() -> str | None:
+    """Debian's golang (what the issue asks the Go server to be built with), else any."""
+    for go in ("/usr/lib/go/bin/go", shutil.which("go"), "/usr/local/go/bin/go"):
+        if go and os.access(go, os.X_OK):
+            return go
+    return None
+
+
+def build_servers() -> Path:
+    """The C and Go edge-triggered echo servers, for the guest: BIN_DIR."""
+    BIN_DIR.mkdir(parents=True, exist_ok=True)
+    cc = subprocess.run(["cc", "-O2", "-Wall", "-Wextra", "-Werror", "-o",
+                         str(BIN_DIR / "et_echo"), str(SERVERS / "et_echo.c")],
+                        capture_output=True, text=True, check=False)
+    assert cc.returncode == 0, cc.stderr
+    go = _go()
+    assert go, "no Go toolchain: scripts/setup.sh installs Debian's golang-go"
+    gocache = REPO / ".cache" / "go-build"
+    build = subprocess.run([go, "build", "-o", str(BIN_DIR / "et_echo_go"),
+                            str(SERVERS / "et_echo.go")], capture_output=True, text=True,
+                           check=False, cwd=SERVERS,
+                           env={**os.environ, "GO111MODULE": "off", "GOCACHE": str(gocache),
+                                "CGO_ENABLED": "0"})
+    assert build.returncode == 0, build.stderr
+    return BIN_DIR
 
 
 def _flavours() -> list[str]:
@@ -228,8 +268,30 @@ def _run_guest(flavour: str, sod_bin: Path, tmp_path: Path, cache: Path, ns: str
     # the daemon's counters after its death: a restarted one lays the queues out anew
     dead_counters: list[dict[str, int]] = []
     restarted: list[subprocess.Popen[bytes]] = []
+    # the daemon's counters when guest_boundary.py is done: its traffic, apart
+    boundary_counters: list[dict[str, int]] = []
+    # guest_reboot.py: the parked receive's page and port, kernel banners, the verdict
+    parked: dict[str, int] = {}
+    banners: list[str] = []
+    verdict: dict[str, object] = {}
+    checkers: list[threading.Thread] = []
 
     def on_line(line: str) -> None:
+        # the traffic of guest_boundary.py, then guest_servers.py: apart from the rest
+        if "KBP-SO-BOUNDARY-DONE" in line and not boundary_counters:
+            boundary_counters.append(_counters(str(d / "region"), QUEUES))
+        if line.strip() == "KBP-SO-SERVERS-OK":
+            boundary_counters.insert(0, _counters(str(d / "region"), QUEUES))
+        if "Linux version" in line:
+            banners.append(line)
+        if line.startswith("KBP-SO-PARKED "):
+            parked.update({k: int(v) for k, v in (kv.split("=") for kv in line.split()[1:])})
+        if line.strip() == "KBP-SO-SERVERS-READY":
+            threading.Thread(target=_query_servers, args=(ns, out_dir), daemon=True).start()
+        if line.strip() == "KBP-SO-KEXEC" and not checkers:
+            checkers.append(threading.Thread(target=_reboot_check, daemon=True, args=(
+                d, ns, out_dir, parked, len(banners), banners, verdict)))
+            checkers[0].start()
         # the guest's last scenario: the daemon dies mid-traffic (SIGKILL, no cleanup)
         if "KBP-SO-KILL-SOD" in line and not killed:
             os.kill(int((d / "sod.pid").read_text()), signal.SIGKILL)
@@ -248,6 +310,12 @@ def _run_guest(flavour: str, sod_bin: Path, tmp_path: Path, cache: Path, ns: str
         script = GUEST_SCRIPT.relative_to(REPO)  # the guest runs in the repository
         light = flavour in SOCKETS_ONLY
         restart = RESTART == "1" or flavour in RESTART.split(",")
+        boundary = GUEST_BOUNDARY.relative_to(REPO)
+        bin_dir = build_servers()
+        reboot = flavour in REBOOT
+        rb = GUEST_REBOOT.relative_to(REPO)
+        servers = GUEST_SERVERS.relative_to(REPO)
+        vmlinuz = sorted(cache.glob(f"kernels/{KERNEL_GLOB[flavour]}/root/boot/vmlinuz-*"))
         cmd = [sys.executable, "-m", "vm", "run", flavour, "--build",
                "--sod", ns, "--sod-tap", hostpeer.TAP, "--sod-dir", str(d),
                "--out", str(out_dir), "--timeout", "500", "--memory", str(GUEST_MB),
@@ -255,15 +323,30 @@ def _run_guest(flavour: str, sod_bin: Path, tmp_path: Path, cache: Path, ns: str
                "--env", f"KBP_SO_HOST_RMEM_MAX={rmem_max}",
                "--env", f"KBP_SO_RESTART={int(restart)}", "--env", "KBP_SO_POLICY_FAMILIES=inet6",
                "--env", f"KBP_SO_LIGHT={int(light)}",
+               "--env", f"KBP_SO_BIN_DIR={bin_dir}",
+               "--env", f"KBP_SO_BOUNDARY={BOUNDARY_LIGHT if light else ''}",
+               "--env", f"KBP_SO_VMLINUZ={vmlinuz[-1] if vmlinuz else ''}",
+               "--env", f"KBP_SO_OUT={out_dir}",
+               "--env", f"KBP_SO_NTPSEC={NTPSEC}",
                *(["--append", APPEND[flavour]] if flavour in APPEND else []),
                "--", "sh", "-c",
                # the policy without kbp_so (a redirected socket() fails: the proof), then
                # the module: an unmodified sockperf served through it by policy, then
                # every socket operation and fault, the daemon killed last
-               ("" if light else
-                f"if grep -qw update_socket_protocol /proc/kallsyms; then python3 {policy} "
-                "|| exit 3; fi; ")
+               # first, with the reboot: a receive parked across a kexec into the same
+               # kernel, which runs this command again (phase 2) and goes on from here
+               (f"if grep -qw kbp_so_phase=2 /proc/cmdline; then python3 {rb} phase2 || "
+                f'exit 4; else insmod "$KBP_SO_KO" && exec python3 {rb}; exit 5; fi; '
+                if reboot else "")
+               + ("" if light else
+                  f"if grep -qw update_socket_protocol /proc/kallsyms; then python3 {policy} "
+                  "|| exit 3; fi; ")
                + 'insmod "$KBP_SO_KO" && dmesg | grep kbp_so; '
+               + f"python3 {boundary} && "
+               # Debian's UDP servers by policy (6.6+: the hook; 6.1 has none)
+               + ("" if light else
+                  f"{{ ! grep -qw update_socket_protocol /proc/kallsyms || "
+                  f"python3 {servers}; }} && ")
                + ("" if light else f"python3 {echo} && ")
                + f"python3 {script} && rmmod kbp_so && echo KBP-SO-UNLOADED; "
                "dmesg | grep kbp_so | tail -6"]
@@ -284,21 +367,44 @@ def _run_guest(flavour: str, sod_bin: Path, tmp_path: Path, cache: Path, ns: str
         assert "attached: ivshmem ID 1, epoch 1" in out, out[-6000:]
         assert "NOP round trip ok" in out
         assert "KBP-SO-GUEST-OK" in out and "KBP-SO-UNLOADED" in out, out[-6000:]
+        assert "KBP-SO-BOUNDARY-DONE" in out, out[-6000:]
+        if not light and "KBP-SO-ECHO-NO-HOOK" not in out:
+            assert "KBP-SO-SERVERS-OK" in out, out[-6000:]
+        if reboot:
+            for t in checkers:
+                t.join(30)
+            # the module's .shutdown told the host (RESET, then ABSENT) before the new
+            # kernel ran, and the host wrote nothing into its RAM (before: the datagram,
+            # into the parked receive's page, with the guest still ATTACHED); then the
+            # new kernel's kbp_so attached to the same daemon and served all of the above
+            print("reboot verdict:", verdict)
+            assert "KBP-SO-PHASE2-DONE" in out, out[-6000:]
+            assert verdict.get("written") is False, verdict
+            assert verdict.get("guest_state") != sc.GUEST_ATTACHED, verdict
+        ran = {ln.split()[1] for ln in out.splitlines() if ln.startswith("KBP-SO-BOUNDARY-OK")}
+        assert ran >= set((BOUNDARY_LIGHT if light else
+                           "policy,privileged_port,reuseport_users,bpf_hooks,parked_share,"
+                           "et_python,et_c,et_go,close_poll_race").split(",")), ran
         assert "client connected" in (d / "sod.log").read_text()
         assert killed, "the guest never asked for the daemon's death"
         # the watchdog said so, and rmmod gave the orphaned pages back (and said how many)
         assert "kbp-sod is dead (no heartbeat)" in out, out[-6000:]
         if restart:  # the new epoch released them, rmmod had none left
-            assert "new epoch: released" in out and "dead kbp-sod" not in out, out[-6000:]
+            assert "new epoch: released" in out and "stay pinned" not in out, out[-6000:]
             assert dead_counters, "the guest never asked for a new daemon"
         else:
-            assert "orphaned page(s) of a dead kbp-sod" in out, out[-6000:]
+            # a dead daemon acks no reset: its pages stay pinned for good (before: given
+            # back to the allocator at unbind, while a stopped daemon could still write)
+            assert "did not ack the reset" in out and "stay pinned" in out, out[-6000:]
         data = json.loads(out.split("KBP-SO-DATA ", 1)[1].splitlines()[0])
         # the daemon died without a reset: its counters since the last reset are there
         # (guest_sockets.py's insmod... no: the module was loaded once; guest_echo's
         # traffic is in them too, which the guest reports as echo_copies)
         total = dead_counters[0] if dead_counters else _counters(str(d / "region"), QUEUES)
-        print("guest:", data, "host:", total)
+        print("guest:", data, "host:", total, "boundary:", boundary_counters)
+        assert boundary_counters, "guest_boundary.py never finished"
+        for k in ("copies", "bytes_in", "bytes_out"):
+            total[k] -= boundary_counters[0][k]
         # the echo server saw every datagram the guest sent it (through the host's netns)
         assert int(count_file.read_text()) == data["echo_sent"], (count_file.read_text(), data)
         # one copy per datagram each way, bytes as the guest counted them; a send in
@@ -324,6 +430,70 @@ def _run_guest(flavour: str, sod_bin: Path, tmp_path: Path, cache: Path, ns: str
         for proc in restarted:
             proc.terminate()
             proc.wait(10)
+
+
+def _reboot_check(d: Path, ns: str, out_dir: Path, parked: dict[str, int], seen: int,
+                  banners: list[str], verdict: dict[str, object]) -> None:
+    """After the guest's KBP-SO-KEXEC: once its kbp_so told the host it is going (the
+    region's guest_state leaves ATTACHED) or the new kernel prints its banner, send marked
+    datagrams to the parked receive's port and look for the marker in the guest's RAM at
+    the receive's page; write the verdict for phase 2, which waits for it."""
+    region = d / "region"
+    state_off = sc.H["guest_state"][0]
+    end = time.monotonic() + 90
+    state = sc.GUEST_ATTACHED
+    while time.monotonic() < end:
+        state = struct.unpack_from("<I", region.read_bytes()[:4096], state_off)[0]
+        if state != sc.GUEST_ATTACHED or len(banners) > seen:
+            break
+        time.sleep(0.05)
+    marker = os.urandom(16).hex().encode()
+    send = (f"import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            f"for _ in range(10): s.sendto({marker!r}, ('127.0.0.1', {parked['port']}))")
+    subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", send], check=True,
+                   timeout=60)
+    time.sleep(1.0)
+    with open((d / "ram.path").read_text().strip(), "rb") as ram:
+        ram.seek(parked["gpa"])
+        page = ram.read(4096)
+    verdict.update({"guest_state": state, "banner_first": len(banners) > seen,
+                    "written": marker in page})
+    (out_dir / "reboot.verdict").write_text(json.dumps(verdict) + "\n")
+
+
+#: run in the VM's netns: a DNS query for localhost's A record to dnsmasq, an NTP client
+#: request to ntpd, both at 127.0.0.1 there (the servers' outsourced wildcard sockets)
+QUERY = r"""
+import json, socket, struct, sys
+out = {}
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(10)
+q = struct.pack(">HHHHHH", 0x4b50, 0x0100, 1, 0, 0, 0) + b"\x09localhost\x00" + \
+    struct.pack(">HH", 1, 1)
+try:
+    s.sendto(q, ("127.0.0.1", 53))
+    d, _ = s.recvfrom(512)
+    assert d[:2] == q[:2] and struct.unpack(">H", d[6:8])[0] >= 1, d
+    out["dns"] = socket.inet_ntoa(d[-4:])
+except Exception as e:
+    out["dns_error"] = repr(e)
+try:
+    s.sendto(b"\x23" + b"\0" * 47, ("127.0.0.1", 123))
+    d, _ = s.recvfrom(512)
+    out["ntp_mode"] = d[0] & 7
+except Exception as e:
+    out["ntp_error"] = repr(e)
+print(json.dumps(out))
+"""
+
+
+def _query_servers(ns: str, out_dir: Path) -> None:
+    """guest_servers.py's servers, from the VM's netns; the verdict into the out dir."""
+    p = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", QUERY],
+                       capture_output=True, text=True, timeout=60, check=False)
+    verdict = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else json.dumps(
+        {"error": p.stderr[-500:]})
+    (out_dir / "servers.verdict").write_text(verdict + "\n")
 
 
 def _echo_line(out: str) -> str:

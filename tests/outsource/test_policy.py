@@ -491,7 +491,7 @@ def test_a_failure_half_way_undoes_what_set_made(fail: BaseException, tmp_path: 
         raise fail
 
     monkeypatch.setattr(sysaccess, "save_journal", save)
-    cg = policy.Cgroup("/sys/fs/cgroup/x", 42, 1)
+    cg = policy.Cgroup("/sys/fs/cgroup/x", 42, 1, "/x")
     want = OperationFailed if isinstance(fail, OSError) else KeyboardInterrupt
     with pytest.raises(want) as exc:
         policy._install(cg, (prog.AF_INET,), 1, -1, True, None)

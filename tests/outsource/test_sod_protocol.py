@@ -37,6 +37,18 @@ def test_abi_layout_matches_the_c_header(sod_bin: Path) -> None:
     assert c["sizeof.cqe"][1] == sc.CQE_SIZE == sc.CQE_HEAD.size + sc.ADDR.size
     assert c["const.QCTL_SIZE"][1] == sc.QCTL_SIZE
     assert c["const.MAGIC_LO"][1] == sc.MAGIC & 0xFFFFFFFF
+    # ABI 1.1
+    for name, off in sc.RXMETA_OFF.items():
+        assert c[f"kbp_so_rxmeta.{name}"][0] == off, name
+    assert c["sizeof.rxmeta"][1] == sc.RXMETA.size == 64
+    assert c["const.MINOR"][1] == 1
+    assert (c["const.FEAT_META"][1], c["const.FEAT_QUEUE_OPTS"][1]) == (
+        sc.FEAT_META, sc.FEAT_QUEUE_OPTS)
+    assert (c["const.F_META"][1], c["const.MSG_SRC"][1], c["const.MSG_TOS"][1]) == (
+        sc.F_META, sc.MSG_SRC, sc.MSG_TOS)
+    assert (c["const.OPT_INQ"][1], c["const.OPT_OUTQ"][1]) == (sc.OPT["INQ"], sc.OPT["OUTQ"])
+    assert c["const.META_VALID"][1] == (sc.META_DST | sc.META_TSTAMP | sc.META_DROPS
+                                        | sc.META_TOS | sc.META_TTL)
 
 
 def test_ivshmem_server_protocol_and_layout(sod: Sod) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pwd
 import shutil
 import subprocess
 from pathlib import Path
@@ -46,6 +47,19 @@ def test_qemu_arguments_share_ram_and_add_the_doorbell_and_tap(tmp_path: Path) -
                                                      1024, 2))
 
 
+def test_daemon_command_line(tmp_path: Path) -> None:
+    """What the rig (and test_guest_vm.py's restart) start kbp-sod with: the VM's netns,
+    ports below 1024 for the guest's root, a user to drop to."""
+    argv = outsource.daemon_argv(outsource.SodSpec("ns9"), Path("/b/kbp-sod"), tmp_path,
+                                 "/dev/shm/r.ram", 2, socket="s2")
+    assert argv[:2] == ["/b/kbp-sod", "--vm"]
+    spec = dict(kv.split("=", 1) for kv in argv[2].split(","))
+    assert spec["netns"] == "ns9" and spec["bind-low-ports"] == "yes"
+    assert spec["socket"] == str(tmp_path / "s2") and spec["queues"] == "2"
+    assert argv[3:] == ["--user", outsource.daemon_user()]
+    assert outsource.daemon_user() in ("kbp-sod", "nobody")
+
+
 def test_accel_and_guest_env() -> None:
     m = qemu.Machine(Path("/k"), Path("/i"), "", accel="kvm")
     assert m.argv()[m.argv().index("-accel") + 1] == "kvm"
@@ -74,6 +88,14 @@ def test_serve_starts_and_stops_the_daemon(tmp_path: Path) -> None:
             pid = int((d / "sod.pid").read_text())
             ram = Path((d / "ram.path").read_text())
             assert ram.stat().st_size == 64 << 20
+            assert ram.stat().st_mode & 0o777 == 0o600, oct(ram.stat().st_mode)
+            # confined: the daemon user, only CAP_NET_BIND_SERVICE, no_new_privs, seccomp
+            status = dict(line.split(":\t", 1) for line in
+                          Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line)
+            uid = pwd.getpwnam(outsource.daemon_user()).pw_uid
+            assert status["Uid"].split() == [str(uid)] * 4, status["Uid"]
+            assert int(status["CapEff"], 16) == 1 << 10, status["CapEff"]  # NET_BIND_SERVICE
+            assert status["NoNewPrivs"].strip() == "1" and status["Seccomp"].strip() == "2"
             assert Path(f"/proc/{pid}").exists()
             assert outsource.READY in (d / "sod.log").read_text()
         assert not Path(f"/proc/{pid}/cmdline").exists() or \

@@ -9,8 +9,13 @@ counters are used unchanged in kbpctl's output and JSON::
 
 Newer modules add, to the module line, how completions are found (``poll_us``, ``idle``,
 ``idle_poll_us``, ``irqs``, ``completions_irq|polled|syscall|idle|tick``, ``idle_poll_ns``,
-``idle_halts``, ``idle_races``); a key the module does not write is left out, not zeroed.
-:func:`summary` is what ``kbpctl status`` shows of it.
+``idle_halts``, ``idle_races``) and what its policy refused (``refused_netns``,
+``refused_user``: sockets refused EPERM because of their network namespace, or their
+creator; ``closes_pending``: closes the watchdog still owes the host); a key the module does
+not write is left out, not zeroed.  :func:`summary` is what ``kbpctl status`` shows of it.
+
+The file is root's (mode 0400) and lists the sockets of the reader's network namespace only;
+the module line is the whole guest's.
 """
 
 from __future__ import annotations
@@ -24,10 +29,13 @@ STATES = ("attached", "detached", "host-dead")
 #: :data:`SHARES` groups them), interrupts taken, and what idle vCPUs spent polling
 COMPLETION_SOURCES = ("completions_irq", "completions_polled", "completions_syscall",
                       "completions_idle", "completions_tick")
+#: the policy in the module (design.md 11.13): sockets refused, and closes still owed
+POLICY_COUNTERS = ("refused_netns", "refused_user", "closes_pending")
 MODULE_COUNTERS = ("epoch", "queues", "sockets", "pinned_pages", "orphan_pages", "fallbacks",
                    "host_timeout_ms", "poll_us", "idle_poll_us", "irqs", "irqs_sent",
                    *COMPLETION_SOURCES,
-                   "idle_poll_ns", "idle_halts", "idle_races")
+                   "idle_poll_ns", "idle_halts", "idle_races",
+                   *POLICY_COUNTERS)
 #: ``idle``: ``on``, ``off`` or ``unavailable:<reason>``
 MODULE_TEXT = ("idle",)
 #: :func:`summary`'s ``share`` of the completions: who found them (syscall = the calling

@@ -1216,10 +1216,28 @@ void kbp_reconcile_soon(void)
 		mod_delayed_work(kbp_wq(), &kbp_reconcile_work, 0);
 }
 
+/*
+ * A stopped poller is still listed: its thread has not left kbp's code.
+ * The thread kicks the reconcile work just before it exits, so that pass
+ * can miss the exit; the reaper looks again next period.  kbp_lock held.
+ */
+static bool kbp_pollers_stopping(void)
+{
+	struct kbp_poller *p;
+	unsigned int slot;
+
+	lockdep_assert_held(&kbp_lock);
+	for (slot = 0; slot < kbp_nr_slots(); slot++)
+		list_for_each_entry(p, &kbp_slots[slot], slot_node)
+			if (!kbp_poller_live(p))
+				return true;
+	return false;
+}
+
 static void kbp_reconcile_later(void)
 {
 	lockdep_assert_held(&kbp_lock);
-	if (!kbp_exiting && !list_empty(&kbp_devs))
+	if (!kbp_exiting && (!list_empty(&kbp_devs) || kbp_pollers_stopping()))
 		queue_delayed_work(kbp_wq(), &kbp_reconcile_work,
 				   msecs_to_jiffies(max(reconcile_ms, 10U)));
 }

@@ -2121,11 +2121,19 @@ static void kbp_so_poll_done(struct kbp_so_req *req)
 
 		atomic_set(&ks->revents, rev);
 		key = kbp_so_poll_mask(rev);
-		/* the host's error (ECONNREFUSED...) becomes sk_err, off this context */
-		if (req->cqe.res >= 0 && (rev & KBP_SO_POLL_ERR) &&
-		    !test_and_set_bit(KBP_SO_ERR_FETCH, &ks->flags)) {
-			sock_hold(sk);
-			queue_work(system_wq, &ks->err_work);
+		/*
+		 * The host's error (ECONNREFUSED...) becomes sk_err, off this
+		 * context.  Until it has, POLLERR is not shown (SO_ERROR would
+		 * read 0): err_work's sk_error_report() wakes with it.
+		 */
+		if (req->cqe.res >= 0 && (rev & KBP_SO_POLL_ERR)) {
+			key &= ~EPOLLERR;
+			if (!test_and_set_bit(KBP_SO_ERR_FETCH, &ks->flags)) {
+				sock_hold(sk);
+				queue_work(system_wq, &ks->err_work);
+			}
+			if (!key)
+				return;
 		}
 	}
 	rcu_read_lock();
@@ -2250,6 +2258,7 @@ static __poll_t kbp_so_poll(struct file *file, struct socket *sock,
 			    poll_table *wait)
 {
 	struct kbp_so_sock *ks = kbp_so_sk(sock->sk);
+	__poll_t mask;
 	u32 rev, want;
 
 	sock_poll_wait(file, sock, wait);
@@ -2264,7 +2273,10 @@ static __poll_t kbp_so_poll(struct file *file, struct socket *sock,
 	if (want && !(rev & KBP_SO_POLL_ERR))
 		kbp_so_poll_arm(ks, want);
 	rev = atomic_read(&ks->revents);	/* the host may have answered */
-	return kbp_so_poll_mask(rev) | (READ_ONCE(sock->sk->sk_err) ? EPOLLERR : 0);
+	mask = kbp_so_poll_mask(rev);
+	if (test_bit(KBP_SO_ERR_FETCH, &ks->flags))
+		mask &= ~EPOLLERR;	/* not yet in sk_err: kbp_so_poll_done() */
+	return mask | (READ_ONCE(sock->sk->sk_err) ? EPOLLERR : 0);
 }
 
 /*

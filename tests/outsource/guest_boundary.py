@@ -10,6 +10,8 @@ prefix): socket outsourcing as a boundary (issue 37).  Guest users are hostile t
 * edge-triggered epoll: a Python, a C and a Go (its netpoller) echo server, each on an
   outsourced socket, answer every datagram of a spaced stream (before: the first EAGAIN
   armed nothing and the next datagram woke nobody);
+* the calls of outsource/README.md's table (recvmmsg, EPOLLEXCLUSIVE, control messages,
+  SO_ERROR, ioctls, refusals, fork/dup): guest_udpcalls.py;
 * close against a POLL completing (RT: the interrupt thread preempted between the POLL's
   callback and its complete()): no write into a freed socket (slub_debug poisons it).
 
@@ -504,10 +506,16 @@ def scenario_close_poll_race() -> None:
     print(f"close/POLL race: {iters} rounds", flush=True)
 
 
+def scenario_udp_calls() -> None:
+    """What unmodified UDP servers ask (outsource/README.md's table): guest_udpcalls.py."""
+    import guest_udpcalls  # beside this file (sys.path[0])
+    guest_udpcalls.run()
+
+
 SCENARIOS: list[Callable[[], None]] = [
     scenario_policy, scenario_privileged_port, scenario_reuseport_users, scenario_bpf_hooks,
     scenario_parked_share, scenario_et_python, scenario_et_c, scenario_et_go,
-    scenario_close_poll_race]
+    scenario_close_poll_race, scenario_udp_calls]
 
 
 def main() -> None:

@@ -384,7 +384,7 @@ def _run_guest(flavour: str, sod_bin: Path, tmp_path: Path, cache: Path, ns: str
         ran = {ln.split()[1] for ln in out.splitlines() if ln.startswith("KBP-SO-BOUNDARY-OK")}
         assert ran >= set((BOUNDARY_LIGHT if light else
                            "policy,privileged_port,reuseport_users,bpf_hooks,parked_share,"
-                           "et_python,et_c,et_go,close_poll_race").split(",")), ran
+                           "et_python,et_c,et_go,close_poll_race,udp_calls").split(",")), ran
         assert "client connected" in (d / "sod.log").read_text()
         assert killed, "the guest never asked for the daemon's death"
         # the watchdog said so, and rmmod gave the orphaned pages back (and said how many)

@@ -91,8 +91,11 @@ def test_rt_and_non_rt_pollers_share_a_cpu(kmod, flow: Flow) -> None:
         assert b["non-rt"].packets - a["non-rt"].packets >= (k1 - k0) // 2
         woke = b["rt"].wakeups - a["rt"].wakeups
         assert woke > 0
-        assert b["rt"].wake_delay_ns > a["rt"].wake_delay_ns, "no wake-up delay accounted"
-        assert 0 < b["rt"].wake_delay_max_ns <= b["rt"].wake_delay_ns
+        # the scheduler's run_delay: a lower bound that stays put for wake-ups that preempt
+        # at once (design.md, "Classes": wake_delay_ns); consistent, and the longest within the sum
+        assert b["rt"].wake_delay_ns >= a["rt"].wake_delay_ns
+        assert b["rt"].wake_delay_max_ns <= b["rt"].wake_delay_ns
+        assert (b["rt"].wake_delay_max_ns > 0) == (b["rt"].wake_delay_ns > 0)
         assert_in_order(dev)
 
 

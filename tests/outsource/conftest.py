@@ -6,6 +6,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,6 +24,16 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[2]
 SOD_DIR = REPO / "outsource" / "sod"
 RAM_SIZE = 1 << 20
+
+
+@pytest.fixture
+def peer() -> Iterator[socket.socket]:
+    """The host-side client: a plain UDP socket on loopback (5 s receive timeout)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    s.settimeout(5)
+    yield s
+    s.close()
 
 
 def sod_user() -> str:

@@ -277,6 +277,16 @@ class Guest:
         return {k: self.qctl(q, k) for k in ("requests", "completions", "rejects", "bytes_in",
                                              "bytes_out", "copies", "irqs", "doorbells")}
 
+    def expect(self, cases: list[tuple[str, Sqe, int]]) -> tuple[dict[str, int],
+                                                              dict[str, int]]:
+        """Each (what, request, the result it must get) called in turn; the counters before
+        and after, for the caller's checks of what moved."""
+        before = self.counters()
+        for what, sqe, want in cases:
+            cqe = self.call(sqe)
+            assert cqe.res == want, f"{what}: {cqe.res} != {want}"
+        return before, self.counters()
+
     # doorbells and interrupts
     def ring(self, q: int = 0) -> None:
         os.write(self.doorbells[q], struct.pack("<Q", 1))

@@ -28,14 +28,6 @@ from .sodclient import OP, Sqe
 POISON = b"\x5a" * 4096
 
 
-@pytest.fixture
-def peer() -> Iterator[socket.socket]:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
-    yield s
-    s.close()
-
-
 def port_free(port: int) -> bool:
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:

@@ -10,7 +10,6 @@ import shutil
 import socket
 import struct
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,16 +20,6 @@ from . import sodclient as sc
 from .conftest import make_sod
 from .netns import netns
 from .sodclient import OP, Sqe
-
-
-@pytest.fixture
-def peer() -> Iterator[socket.socket]:
-    """The host-side client: a plain UDP socket on loopback."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
-    s.settimeout(5)
-    yield s
-    s.close()
 
 
 def bound(g: sc.Guest) -> tuple[int, int]:

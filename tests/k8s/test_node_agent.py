@@ -19,14 +19,13 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from kbpctl.promclient import DEBIAN_PYTHON, Samples, debian_python_reason, scrape
 
 from kbp.snapshot import snapshot
 from kbp.sysinfo import online_cpus
@@ -47,7 +46,6 @@ def _skip_reason() -> str | None:
 
 pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
 
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 @dataclass
@@ -96,20 +94,7 @@ class Agent:
         return json.loads(p.stdout)  # type: ignore[no-any-return]
 
 
-DEBIAN_PYTHON = "/usr/bin/python3"
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-
-
-def debian_python_reason() -> str | None:
-    """Why Debian 12's python3 with its python3-pyroute2, -rich and -prometheus-client (what
-    the image runs kbpctl on) cannot run the agent here; None when it can."""
-    p = subprocess.run([DEBIAN_PYTHON, "-c", "import prometheus_client, pyroute2, rich; "
-                        "print(prometheus_client.__file__)"], capture_output=True, text=True,
-                       timeout=60)
-    if p.returncode != 0 or not p.stdout.startswith("/usr/lib/python3/"):
-        return ("Debian's python3-prometheus-client, -pyroute2 and -rich are not installed "
-                "(scripts/setup.sh installs them)")
-    return None
 
 
 @contextlib.contextmanager
@@ -134,14 +119,6 @@ def agent(tmp: Path, config: Path, *args: str, python: str = "venv") -> Iterator
             proc.kill()
             proc.wait()
         subprocess.run([*KBPCTL, "disable", "--all"], env=env, capture_output=True, timeout=120)
-
-
-def scrape(url: str) -> Samples:
-    with urllib.request.urlopen(url, timeout=30) as r:
-        assert r.status == 200
-        text = r.read().decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples}
 
 
 def one(samples: Samples, name: str, **labels: str) -> float:

@@ -397,13 +397,11 @@ def test_serves_with_debians_prometheus_client(tmp_path: Path) -> None:
     contrib/kubernetes runs)."""
     import shutil
     import signal
-    debian = "/usr/bin/python3"
-    probe = subprocess.run([debian, "-c", "import prometheus_client, pyroute2, rich; "
-                            "print(prometheus_client.__file__)"],
-                           capture_output=True, text=True, timeout=60)
-    if probe.returncode != 0 or not probe.stdout.startswith("/usr/lib/python3/"):
-        pytest.skip("Debian's python3-prometheus-client, -pyroute2 and -rich are not "
-                    "installed (scripts/setup.sh installs them)")
+
+    from .promclient import DEBIAN_PYTHON as debian
+    from .promclient import debian_python_reason
+    if why := debian_python_reason():
+        pytest.skip(why)
     assert shutil.which("ip")
     env = {"PYTHONPATH": SRC, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONNOUSERSITE": "1",
            "KBP_RUN_DIR": str(tmp_path / "run")}

@@ -10,22 +10,18 @@ import select
 import shutil
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import UserKbpctl, netns_skip_reason
+from .promclient import Samples, scrape
 from .test_integration import KBPCTL, Bed, new_bed
 
 pytestmark = [pytest.mark.netns, pytest.mark.root,
               pytest.mark.skipif(netns_skip_reason() is not None,
                                  reason=netns_skip_reason() or "")]
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
 
 @pytest.fixture
 def kbpx_bed() -> Iterator[Bed]:
@@ -59,14 +55,6 @@ def exporter(bed: Bed, user: UserKbpctl | None = None,
         _, err = p.communicate(timeout=30)
         assert p.returncode == 0, err
         assert "Traceback" not in err, err
-
-
-def scrape(url: str) -> Samples:
-    with urllib.request.urlopen(url, timeout=30) as r:
-        assert r.status == 200
-        text = r.read().decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples}
 
 
 def pick(samples: Samples, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:

@@ -298,6 +298,10 @@ def _result(spec: RunSpec, kver: str, w: console.ConsoleWatcher, o: qemu.Outcome
                      "ok" if rc == 0 else f"command exited {rc}")
 
 
+#: The oops a stale INT3 of the kernel's text patching gives under multi-threaded TCG.
+INT3_OOPS = re.compile(r"\bOops: int3\b")
+
+
 def report(result: RunResult) -> None:
     """Say on stderr how the run went (splat lines included)."""
     if result.quiet and not result.ok and result.tail:
@@ -308,6 +312,10 @@ def report(result: RunResult) -> None:
         warn(f"kernel splat ({s.label}) at {s.host_time:.1f} s: {s.line}")
     if len(result.splats) > 20:
         warn(f"... and {len(result.splats) - 20} more splat lines")
+    if any(INT3_OOPS.search(s.line) for s in result.splats):
+        note("an int3 trap in kernel text: if the RIP is a static branch or tracepoint site "
+             "that was being patched, this is QEMU 7.2 TCG racing the kernel's text patching, "
+             "not the code under test (vm/README.md, \"Oops: int3\")")
     boot = f"{result.boot_s:.1f} s" if result.boot_s is not None else "-"
     note(f"{result.kver}: {result.reason} (boot {boot}, total {result.total_s:.1f} s, "
          f"exit {result.rc})")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from vm import cli, qemu, run
+import pytest
+
+from vm import cli, console, qemu, run
 
 
 def _spec(**kw: object) -> run.RunSpec:
@@ -62,3 +64,20 @@ def test_split_dashdash() -> None:
     assert cli.split_dashdash(["run", "f", "--", "ip", "--", "x"]) == (
         ["run", "f"], ["ip", "--", "x"])
     assert cli.split_dashdash(["run", "f", "true"]) == (["run", "f", "true"], None)
+
+
+def test_report_names_the_tcg_text_patching_race_on_an_int3_oops(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The console line of the panic CI saw on 7.2-rt: the report points at vm/README.md."""
+    line = "[   85.082413] Oops: int3: 0000 [#1] SMP NOPTI"
+    oops = run.RunResult("7.2", 125, None, 4.0, 86.3, [console.Splat("Oops", line, 86.2)],
+                         "the guest kernel panicked (see the console)")
+    run.report(oops)
+    err = capsys.readouterr().err
+    assert "QEMU 7.2 TCG racing the kernel's text patching" in err
+    assert 'vm/README.md, "Oops: int3"' in err
+    other = run.RunResult("7.2", 125, None, 4.0, 86.3,
+                          [console.Splat("Oops", "[ 1.0] Oops: general protection fault", 1.0)],
+                          "the guest kernel panicked (see the console)")
+    run.report(other)
+    assert "text patching" not in capsys.readouterr().err

@@ -2045,6 +2045,7 @@ out:
 }
 
 #define KBP_SO_ERR_FETCH	0	/* ks->flags: err_work queued */
+#define KBP_SO_POLL_ANSWERED	1	/* ks->flags: the POLL's done_fn has run */
 
 /*
  * After a POLL said POLLERR: the host socket's SO_ERROR (which reading
@@ -2113,6 +2114,8 @@ static void kbp_so_poll_done(struct kbp_so_req *req)
 	__poll_t key;
 
 	kbp_so_count_done(ks, req);
+	/* before the wake: kbp_so_poll_rearm() must see it (see there) */
+	set_bit(KBP_SO_POLL_ANSWERED, &ks->flags);
 	if (req->cqe.res == -ECANCELED) {
 		key = EPOLLIN | EPOLLRDNORM | EPOLLOUT | EPOLLWRNORM;
 	} else {
@@ -2185,6 +2188,7 @@ static u32 kbp_so_poll_arm(struct kbp_so_sock *ks, u32 want)
 		goto out_up;
 	}
 	q = kbp_so_this_queue(kbp_so_cur);
+	clear_bit(KBP_SO_POLL_ANSWERED, &ks->flags);
 	ks->poll_req.done_fn = kbp_so_poll_done;
 	slot = kbp_so_submit(kbp_so_cur, q, &sqe, &ks->poll_req, false,
 			     KBP_SO_SLOTS_SHARED);
@@ -2218,6 +2222,20 @@ static void kbp_so_poll_rearm(struct kbp_so_sock *ks, u32 want)
 	struct kbp_so_sqe c = { .op = KBP_SO_OP_CANCEL };
 	struct kbp_so_cqe cqe;
 
+	/*
+	 * The POLL is answered (its done_fn set revents and woke the waiters)
+	 * but its complete(), which follows in the interrupt handler, has not
+	 * returned: it still counts as out, and arming now would do nothing.
+	 * A waiter woken by that answer that drained the socket to EAGAIN in
+	 * the window would go back to its edge-triggered epoll with no POLL
+	 * out, and hang.  Wait for the complete() (at once, or when a
+	 * threaded handler runs again), then arm anew.  Not
+	 * wait_for_completion(): it would consume the done count that
+	 * kbp_so_poll_pending() and kbp_so_poll_disarm() read.
+	 */
+	while (test_bit(KBP_SO_POLL_ANSWERED, &ks->flags) &&
+	       !completion_done(&ks->poll_req.done))
+		usleep_range(10, 50);
 	if (!kbp_so_poll_arm(ks, want))
 		return;
 	spin_lock(&ks->poll_lock);

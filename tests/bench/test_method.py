@@ -7,7 +7,6 @@ results files still rendered."""
 
 from __future__ import annotations
 
-import bisect
 import random
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ def test_k_th_largest_of_the_tails() -> None:
 
 def test_tail_summary_discloses_n_k_and_few() -> None:
     xs = list(range(1, 6001))
+    random.Random(2).shuffle(xs)          # in the order taken: a stationary sequence
     t = stats.tail_summary(xs, seed=3)
     assert t["n"] == 6000 and t["lost"] == 0
     assert t["p99"]["value"] == 5940 and t["p99"]["k"] == 61 and not t["p99"]["few"]
@@ -43,7 +43,9 @@ def test_tail_summary_discloses_n_k_and_few() -> None:
     for key in ("p99", "p99.9", "max"):
         lo, hi = t[key]["ci95"]
         assert lo <= t[key]["value"] <= hi and lo in xs and hi in xs
+        assert t[key]["by_rep"] == [t[key]["k"]]
     assert t["max"]["ci95"][1] == 6000
+    assert t["reps"] == [6000] and t["blocks"] == [78]
     assert stats.tail_summary(xs, seed=3) == t                        # seeded
     assert stats.tail_summary([], lost=2)["p99"] is None
 
@@ -57,17 +59,71 @@ def test_losses_count_as_infinite_round_trips() -> None:
     assert t["p99"]["value"] == 990
 
 
-def test_beta_bootstrap_matches_resampling() -> None:
-    """The one-draw-per-resample bootstrap of an order statistic against resampling the
-    samples themselves: the same distribution (quantiles of the bootstrap values agree)."""
-    rng = random.Random(7)
-    xs = sorted(rng.expovariate(1.0) for _ in range(400))
-    n, rank = len(xs), stats.rank_of(len(xs), 99.0)
-    fast = sorted(xs[r - 1] for r in stats.boot_ranks(n, rank, random.Random(1), 4000))
-    slow = sorted(sorted(rng.choice(xs) for _ in range(n))[rank - 1] for _ in range(4000))
-    for q in (5.0, 25.0, 50.0, 75.0, 95.0):
-        f, s = stats.percentile(fast, q), stats.percentile(slow, q)
-        assert abs(bisect.bisect_left(xs, f) - bisect.bisect_left(xs, s)) <= 2, (q, f, s)
+def _bursty(seed: int, n: int, start: float = 0.0015) -> list[float]:
+    """Round trips with bursts: ~100 µs, and with probability ``start`` per sample a burst
+    of 5-30 slow ones (~1.4 ms): a slow round trip is mostly followed by another."""
+    rng = random.Random(seed)
+    out: list[float] = []
+    burst = 0
+    while len(out) < n:
+        if not burst and rng.random() < start:
+            burst = rng.randint(5, 30)
+        if burst:
+            out.append(1000 + rng.expovariate(1 / 400))
+            burst -= 1
+        else:
+            out.append(100 + rng.expovariate(1 / 30))
+    return out
+
+
+def test_block_bootstrap_shortcut_is_the_full_resample() -> None:
+    """Looking only at the samples that can reach the tail gives exactly the statistic of
+    the whole resample (same seed, same draws)."""
+    xs = _bursty(4, 3000)
+    reps = [xs[:1000], xs[1000:2200], xs[2200:]]
+    for ks in ([1, 3, 30], [1]):
+        boot = stats.BlockBootstrap(reps, max(ks))
+        fast = boot.kth_largest(ks, random.Random(9), 200)
+        full = boot.kth_largest(ks, random.Random(9), 200, exact=True)
+        assert fast == full
+
+
+def _width(reps: list[list[float]], p: float, block: int | None) -> float:
+    n = sum(map(len, reps))
+    k = stats.kth_largest(n, p)
+    lo, hi = stats._ci(stats.BlockBootstrap(reps, k, block=block).kth_largest(
+        [k], random.Random(1), 150)[k])
+    return hi - lo
+
+
+def test_block_ci_widens_when_tails_cluster_and_not_otherwise() -> None:
+    """On bursty samples the i.i.d. bootstrap (blocks of 1) treats a burst's 20 slow round
+    trips as 20 independent chances: its p99 interval is far narrower than the block
+    bootstrap's.  Shuffle the same samples (no clustering) and the two agree."""
+    xs = _bursty(11, 6000)
+    reps = [xs[:2000], xs[2000:4000], xs[4000:]]
+    assert _width(reps, 99.0, None) > 2 * _width(reps, 99.0, 1)
+    flat = list(xs)
+    random.Random(3).shuffle(flat)
+    mixed = [flat[:2000], flat[2000:4000], flat[4000:]]
+    assert 0.5 < _width(mixed, 99.0, None) / _width(mixed, 99.0, 1) < 2.0
+
+
+def test_tail_episodes_count_bursts_per_repetition() -> None:
+    rep1 = [1.0] * 100
+    rep2 = [1.0] * 100
+    for j in (10, 11, 12, 14):            # one burst (gaps below EPISODE_GAP)
+        rep1[j] = 9.0
+    rep1[80] = 9.0                        # a second one
+    rep2[50] = 9.0                        # and one in the second repetition
+    e = stats.tail_episodes([rep1, rep2], 9.0)
+    assert e["by_rep"] == [5, 1] and e["episodes"] == 3 and e["largest_episode"] == 4
+    assert e["next_above"] == 2 / 6       # 10->11, 11->12 of six samples with a successor
+    t = stats.tail_summary(rep1 + rep2, sizes=[100, 100], tails=(100.0,))
+    assert t["max"]["by_rep"] == [5, 1] and t["max"]["few_episodes"]
+    assert t["reps"] == [100, 100] and t["blocks"] == [10, 10]
+    clustered = stats.tail_summary(_bursty(11, 6000))["p99"]
+    assert clustered["next_above"] > 0.2          # independent samples: about 0.01
 
 
 # -- order and settle -----------------------------------------------------------------------
@@ -201,10 +257,10 @@ def test_report_discloses_tails_order_lateness_and_the_rt_cpu_check() -> None:
     md = report.markdown(res)
     assert "(k=2 of n=100)†" in md                 # p99 of a run of 100 samples
     assert "(k=1 of n=100)†" in md                 # its max
-    assert "(k=7 of n=6,000)†" in md               # pooled p99.9
-    assert "(k=61 of n=6,000) |" in md             # pooled p99: 60 above, no mark
+    assert "(k=7 of n=6,000, 1 burst‡)†" in md     # pooled p99.9 (ascending: one burst)
+    assert "(k=61 of n=6,000, 1 burst‡) |" in md   # pooled p99: 60 above, no † mark
     assert "∞ (k=1 of n=6,002)" not in md          # p99.9 with 2 losses: rank 5996
-    assert "bootstrap CI" in md
+    assert "moving-block bootstrap within each repetition" in md
     assert "**The tester's lateness**" in md and "| napi | 3 | 20 | 90 |" in md
     assert "**RT CPU check**" in md and "| load-off | napi | 1/1 | 1.05 |" in md
     assert "- repetition 1: stock-hybrid, napi" in md and "1 s settle" in md

@@ -177,11 +177,34 @@ def test_which_device_gets_which_request(enabled_requests: list[Any],
                                     "rt_prio": heavy_prio, "nice": None}
     assert d["part"]["heavy_napi"] == {"gro": True, "gro_max_size": pt.PER_PACKET_GRO_MAX}
     assert m.threads() == {7: "kbp/rt"}      # the RT poller's only
+    assert m.nonrt_threads() == {4242: "napi/heavy-s-ab-9"}   # the heavy device's, non-rt
     assert [t["pid"] for t in d["part"]["nonrt_threads"]] == [4242]
     m.teardown()
     assert gro[-1] == ("restore", {"gro": False, "gro_max_size": 65536})
     m.teardown()                             # twice: nothing more
     assert len(gro) == 3
+
+
+def test_the_nonrt_pollers_cpu_is_recorded_beside_the_rt_pollers() -> None:
+    """Issue 38: a -part mode's non-rt polling thread (kbpn/<cpu>, or the heavy device's
+    napi/<dev>-<id>) is in the run's thread CPU time with its role, apart from the RT
+    poller's and the app's; modes without one have none."""
+    from kbp.bench import sysstat
+    a = sysstat.Snapshot(t=0.0, stat={}, irqs={}, softirqs={},
+                         threads={7: (0, 0, 0), 4242: (0, 0, 0), 900: (0, 0, 0)})
+    b = sysstat.Snapshot(t=2.0, stat={}, irqs={}, softirqs={},
+                         threads={7: (200_000_000, 0, 5), 4242: (900_000_000, 0, 9),
+                                  900: (20_000_000, 0, 3)})
+    d = sysstat.delta(a, b, {7: "kbp/1:rt-s-ab", 4242: "kbpn/1:heavy-s-ab", 900: "sockperf"},
+                      {7: sysstat.ROLE_POLLER, 4242: sysstat.ROLE_NONRT_POLLER,
+                       900: sysstat.ROLE_APP})
+    assert d["threads"]["4242"]["role"] == "nonrt_poller"
+    assert d["threads"]["4242"]["cpu_pct"] == pytest.approx(45.0)
+    assert d["threads_cpu_pct"] == pytest.approx({"poller": 10.0, "nonrt_poller": 45.0,
+                                                  "app": 1.0})
+    assert "threads_cpu_pct" not in sysstat.delta(a, b)   # no roles given: as before
+    assert modes.nonrt_threads(_own()["exclusive"]) == {}
+    assert modes.nonrt_threads(object()) == {}
 
 
 def test_app_placement_and_fresh_device_are_the_inner_modes() -> None:
@@ -339,3 +362,12 @@ def test_one_distinct_colour_per_mode() -> None:
     assert [plots.style(m) for m in ("napi", "exclusive", "hybrid-excl", "busy-part")] == [
         "-", "--", "--", "-."]
     assert set(modes.standard_modes()) <= pal.keys()
+
+
+def test_a_settle_follows_the_part_modes_and_the_exclusive_ones_only() -> None:
+    """Issue 38: -part reconfigures the heavy device under the flood (GRO, RPS, threaded),
+    so the next mode waits settle_s after it as after a mode that moves load."""
+    from kbp.bench.context import settles_after
+    ms = modes.make_modes(["stock-hybrid-part", "exclusive", "napi", "stock-hybrid"])
+    assert settles_after(ms["stock-hybrid-part"]) and settles_after(ms["exclusive"])
+    assert not settles_after(ms["napi"]) and not settles_after(ms["stock-hybrid"])

@@ -217,5 +217,5 @@ def test_runner_records_the_search_state_in_its_runs() -> None:
     import inspect
 
     from kbp.bench.measure import idle, latency
-    src = inspect.getsource(latency.latency_run) + inspect.getsource(idle.idle_run)
+    src = inspect.getsource(latency._attempt) + inspect.getsource(idle.idle_run)
     assert src.count("search_state(mode)") == 2

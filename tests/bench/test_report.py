@@ -111,8 +111,9 @@ def test_parse_bpftrace_maps() -> None:
     assert x["mean"] == pytest.approx(74000 / 11)
     assert x["p50"] == 2850.0                     # bucket 2800..2900, mid-point
     assert x["p99"] == 45500.0
-    napi_id, s, other = trace.rt_napi(r)
-    assert napi_id == "312" and s is x and other == 2
+    s, match = trace.xmit_to_poll(r, [312])      # keyed on the RT NAPI, not the busiest
+    assert s is not None and s["n"] == 11 and s["max"] == 46491
+    assert match["foreign_napis"] == {"99": 2}
     assert set(r["netrx_raise_to_entry"]) == {"0", "1"}
     m = trace.merged(r, "netrx_raise_to_entry")
     assert m is not None and m["n"] == 6 and m["max"] == 12345
@@ -120,12 +121,15 @@ def test_parse_bpftrace_maps() -> None:
 
 
 def test_program_filters() -> None:
-    p = trace.program(poller_pids=[11, 12], app_pids=[20])
-    assert 'comm == "kbp-rtt"' in p
+    p = trace.program(poller_pids=[11, 12], app_pids=[20], tx_dev="rt-c-ab", rx_dev="rt-s-ab",
+                      rt_napi_ids=[312])
+    assert 'str(args->name) == "rt-c-ab"' in p and "comm" not in p
+    assert "args->napi_id == 312" in p
     assert "args->pid == 11 || args->pid == 12" in p
     assert "@wa[args->pid]" in p and "clear(@wp)" in p
     bare = trace.program()
     assert "sched_waking" not in bare and "clear(@wp)" not in bare
+    assert "net_dev_start_xmit" not in bare        # no RT client device: not traced
 
 
 def test_proc_parsers(tmp_path: Path) -> None:

@@ -187,3 +187,64 @@ def test_softnet_and_softirqs_parsing(tmp_path: Path) -> None:
     assert rps.cpu_mask(1) == "2" and rps.cpu_mask(12) == "1000"
     assert rps.masks_cpus({"rx-0": "00000000,00000002"}) == [1]
     assert rps.masks_cpus({"rx-0": "0"}) == []
+
+
+def _tails(idle: tuple[float, float, float], flood: tuple[float, float, float],
+           ) -> dict[str, Any]:
+    def stat(v: tuple[float, float, float]) -> dict[str, Any]:
+        return {"p99": {"value": v[0], "ci95": [v[1], v[2]], "k": 301, "n": 30_000}}
+    return {"rtt|idle|napi": stat(idle), "rtt|flood|napi": stat(flood)}
+
+
+def test_acceptance_on_pooled_p99_with_an_inconclusive_outcome() -> None:
+    """Issue 38: the verdict comes from the pooled p99's intervals, not from the median of
+    three ratios of 7-sample tails, and says INCONCLUSIVE when the ratio's interval
+    straddles the factor."""
+    f = shared_cpu.ACCEPT_FACTOR
+    ok = shared_cpu.acceptance({}, _tails((100e3, 90e3, 110e3), (1000e3, 900e3, 1100e3)))
+    assert ok["verdict"] == "PASS" and ok["passed"] is True
+    assert ok["factor"] == pytest.approx(10.0)
+    assert ok["ratio_ci"] == pytest.approx([900 / 110, 1100 / 90])
+    fail = shared_cpu.acceptance({}, _tails((100e3, 90e3, 110e3), (200e3, 180e3, 220e3)))
+    assert fail["verdict"] == "FAIL" and fail["passed"] is False
+    # the point estimate passes, the interval does not: no verdict either way
+    unsure = shared_cpu.acceptance({}, _tails((100e3, 60e3, 140e3),
+                                              (f * 110e3, f * 70e3, f * 200e3)))
+    assert unsure["verdict"] == "INCONCLUSIVE" and unsure["passed"] is None
+    assert unsure["factor"] > f
+    line = shared_cpu.acceptance_line(unsure)
+    assert line.startswith("**Acceptance check: INCONCLUSIVE**") and "straddles" in line
+    assert "k=301 and 301 of n=30,000 and 30,000" in line
+    # older results (no pooled tails): the per-repetition rule, labelled as such
+    old = shared_cpu.acceptance({"napi": {"p99.9_ratio": {"median": 7.0, "min": 6.0,
+                                                          "max": 8.0, "n": 3}}})
+    assert old["verdict"] == "PASS" and "results without pooled tails" in old["check"]
+
+
+def _ew_run(mode: str, rep: int, busy_s: float, pkts: int) -> dict[str, Any]:
+    return {"mode": mode, "rep": rep, "condition": "flood", "heavy": {"rx_packets": pkts},
+            "sys": {"cpu": {"1": {"seconds": {"user": 0.1, "system": busy_s - 0.1,
+                                              "softirq": 0.0, "idle": 3.0 - busy_s,
+                                              "iowait": 0.0}}}}}
+
+
+def test_equal_work_flags_modes_with_other_heavy_work_on_the_rt_cpu() -> None:
+    """Issue 38, item 1: busy µs per heavy packet on the RT CPU per mode; a mode outside 10 %
+    of napi's is not equal work, and its heavy-flow ratio is marked in the headline."""
+    runs = [_ew_run("napi", r, 2.7, 2_700_000) for r in range(3)]          # 1.0 µs
+    runs += [_ew_run("stock-hybrid", r, 2.8, 2_700_000) for r in range(3)]  # 1.04: equal
+    runs += [_ew_run("stock-hybrid-part", r, 2.9, 1_600_000) for r in range(3)]   # 1.81
+    runs.append({"mode": "napi", "rep": 0, "condition": "idle"})           # not counted
+    ew = shared_cpu.equal_work(runs, 1)
+    assert ew["napi"]["us_per_heavy_packet"]["median"] == pytest.approx(1.0)
+    assert ew["stock-hybrid"]["equal"] is True
+    assert ew["stock-hybrid-part"]["equal"] is False
+    assert ew["stock-hybrid-part"]["ratio_to_napi"]["median"] == pytest.approx(1.8125 / 1.0,
+                                                                              rel=1e-3)
+    md = "\n".join(shared_cpu.equal_work_section(ew))
+    assert "Not so for stock-hybrid-part" in md and "| stock-hybrid-part |" in md
+    assert "| stock-hybrid | 1.04 x1.04 | yes |" in md
+    pm = {"stock-hybrid-part": {"heavy_gbit_s": {"median": 6.0, "n": 1, "min": 6.0,
+                                                 "max": 6.0, "ratio_to_napi": {"median": 0.65}}}}
+    row = report.per_mode_section(pm, "flood", "t", other_work=["stock-hybrid-part"])
+    assert any("| 6 x0.65 ≠ |" in ln for ln in row), row

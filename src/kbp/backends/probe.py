@@ -10,8 +10,8 @@ after each run).  These two calls read just that::
 * ``stock``: the device's threaded-NAPI kthreads (netdev napi-get's pid where the kernel
   reports it, else by name ``napi/<dev>-<id>``); counters from the scheduler: ``poll_ns``
   (run time) and ``sleeps`` (voluntary context switches), as ``kbpctl status`` shows them.
-* ``kmod``: the module's pollers ``kbp/<cpu>`` on the CPUs that poll the device (or ``cpu``);
-  counters as the module reports them.
+* ``kmod``: the module's pollers ``kbp/<cpu>`` (``kbpn/<cpu>`` in class non-rt) on the CPUs
+  that poll the device (or ``cpu``); counters as the module reports them.
 
 Read-only; nothing here changes the system.
 """
@@ -60,6 +60,7 @@ def poller_counters(backend: str, threads: Mapping[int, str], cpus: Sequence[int
 
 def _kmod_threads(dev: str, netns: str | None, cpu: int | None) -> dict[int, str]:
     from kbp import kmod
+    from kbp.backends import poller_comm  # kbp/<cpu>; kbpn/<cpu> for class non-rt
     with kmod.Client() as c:
         d = c.device(dev, netns)
         cpus = {n.cpu for n in (d.napis if d else []) if n.cpu is not None}
@@ -70,7 +71,8 @@ def _kmod_threads(dev: str, netns: str | None, cpu: int | None) -> dict[int, str
         # the device's own pollers: the module runs one per CPU and device
         ours = [p for p in c.pollers() if p.cpu in cpus and p.pid and
                 (p.ifindex is None or d is None or p.ifindex == d.ifindex)]
-        return {p.pid: f"kbp/{p.cpu}" + (f":{p.ifname}" if p.ifname else "") for p in ours}
+        return {p.pid: poller_comm(p.cpu, p.cls) + (f":{p.ifname}" if p.ifname else "")
+                for p in ours}
 
 
 def _stock_threads(dev: str, netns: str | None) -> dict[int, str]:

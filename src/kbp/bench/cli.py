@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -210,7 +211,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "in all); runs still record the load they saw")
     p.add_argument("--seed", type=int, metavar="N",
                    help="seed of the request arrivals, the modes' random order in each "
-                        "repetition and the tails' bootstrap (default 1)")
+                        "repetition and the tails' bootstrap (default: a fresh one per "
+                        "invocation, printed and recorded as config.seed in results.json; "
+                        "give it to repeat a run's arrivals and orders)")
     p.add_argument("--settle", type=float, metavar="SECONDS",
                    help="after a mode that moves load (the exclusive CPU modes), wait this "
                         "long before the next mode (default 1)")
@@ -262,8 +265,8 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         cfg.trace = False
     if a.wait_quiet is not None:
         cfg.wait_quiet_s = a.wait_quiet
-    if a.seed is not None:
-        cfg.seed = a.seed
+    # a fresh seed per invocation: reruns do not all replay the same three orders
+    cfg.seed = a.seed if a.seed is not None else secrets.randbelow(2**31 - 1) + 1
     if a.settle is not None:
         if a.settle < 0:
             raise Aborted("--settle must not be negative")
@@ -343,6 +346,8 @@ def run_bench(a: argparse.Namespace) -> int:
         con.print(f"[yellow]deprecated:[/] {d}")
     assert bench.scenario is not None
     con.print(f"scenario {bench.scenario.name}: {bench.scenario.title}")
+    con.print(f"seed {bench.cfg.seed} (rerun with --seed {bench.cfg.seed} for the same arrivals "
+              "and orders)")
     con.print(f"{place.summary()}\n  " + "\n  ".join(place.lines()))
     cfg.command = getattr(a, "_command", None) or shlex.join([Path(sys.argv[0]).name,
                                                               *sys.argv[1:]])

@@ -302,7 +302,7 @@ class RunContext:
                 finally:
                     self._use_app(names.APP_SOCKPERF)
                     self.server.place(home)
-            if mode.moves_load and self.cfg.settle_s > 0:
+            if settles_after(mode) and self.cfg.settle_s > 0:
                 time.sleep(self.cfg.settle_s)      # the moved load settles back first
 
     def _fresh_rt_link(self) -> None:
@@ -381,3 +381,9 @@ def open_testbed(links: tuple[str, ...],
         yield tb
     finally:
         tb.__exit__(None, None, None)
+
+
+def settles_after(mode: Any) -> bool:
+    """Whether the next mode waits ``settle_s`` after ``mode``: it moved load (the exclusive
+    CPU modes) or reconfigured the heavy device under the flood (the -part modes)."""
+    return bool(mode.moves_load or getattr(mode, "reconfigures_heavy", False))

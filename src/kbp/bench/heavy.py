@@ -279,6 +279,9 @@ class PartMode(_Wrapper):
         self.spins = inner.spins
         self.backend: str = inner.backend
         self.moves_load = False
+        # it reconfigures the heavy device (GRO, RPS, threaded NAPI) under the flood: the
+        # runner lets the flood settle after it as after a mode that moves load
+        self.reconfigures_heavy = True
         self.heavy: HeavySide | None = None
         self.request_made: Any = None          # the heavy device's EnableRequest while on
         self._before: dict[str, Any] | None = None   # the heavy device's GRO before setup
@@ -361,6 +364,12 @@ class PartMode(_Wrapper):
             finally:
                 self.request_made = None
                 self.inner.teardown()
+
+    def nonrt_threads(self) -> dict[int, str]:
+        """The heavy device's polling threads in class non-rt on the RT CPU (kbp.ko: the
+        CPU's kbpn/<cpu> poller; stock: its napi/<dev>-<id> threads): {pid: comm}.  Not in
+        ``threads()``, which is what serves the RT device."""
+        return dict(self._nonrt)
 
     def counters(self) -> dict[str, int | None]:
         """The RT poller's counters, and the non-rt class's as ``nonrt_<counter>``."""

@@ -93,6 +93,8 @@ A mode owns its quirks; the runner only asks:
   refuses such a NAPI: EBUSY); the runner then recreates the RT veth pair.
 * ``threads()`` / ``counters()``: read through :mod:`kbp.backends.probe` (the polling threads
   of one device once after setup, their counters around each run), not ``status()``.
+  ``nonrt_threads()``: the mode's polling threads of other devices on the RT CPU (the -part
+  modes' class non-rt; none elsewhere): their CPU time is recorded beside the pollers'.
 """
 
 from __future__ import annotations
@@ -197,6 +199,11 @@ class Mode(Protocol):
     def threads(self) -> dict[int, str]:
         """The poller threads serving the device now: {pid: comm}."""
 
+    def nonrt_threads(self) -> dict[int, str]:
+        """The mode's other polling threads on the RT CPU, serving other devices (the -part
+        modes' class non-rt: kbpn/<cpu> pollers, the heavy device's napi/<dev>-<id> threads):
+        {pid: comm}; empty for every other mode."""
+
     def counters(self) -> dict[str, int | None]:
         """Poller counters (names.POLLER_COUNTERS) where the mode has them."""
 
@@ -251,6 +258,15 @@ class _Defaults:
 
     def needs_fresh_device(self, t: Target) -> bool:
         return False
+
+    def nonrt_threads(self) -> dict[int, str]:
+        return {}
+
+
+def nonrt_threads(mode: Any) -> dict[int, str]:
+    """``mode.nonrt_threads()``; {} for a mode without that method."""
+    get = getattr(mode, "nonrt_threads", None)
+    return dict(get()) if get is not None else {}
 
 
 # -- napi ------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any
 from kbp import names
 from kbp.bench import modes, schema
 from kbp.bench import parts as parts_
+from kbp.bench.foreign import FOREIGN_MAX_FRACTION
 from kbp.bench.modes import BASELINE
 from kbp.bench.placement import Placement
 from kbp.bench.schema import (
@@ -35,7 +36,14 @@ from kbp.bench.schema import (
     config_of,
     summary_of,
 )
-from kbp.bench.stats import FEW_ABOVE, aggregate, kth_largest, pct_key, ratios_to_baseline
+from kbp.bench.stats import (
+    FEW_ABOVE,
+    FEW_EPISODES,
+    aggregate,
+    kth_largest,
+    pct_key,
+    ratios_to_baseline,
+)
 
 Column = tuple[str, str, str]      # (metric key, heading, unit)
 
@@ -385,8 +393,12 @@ def per_mode(summary: schema.Summary, tails: dict[str, TailSummary], cond: str,
     return out
 
 
+#: marks a heavy-flow ratio between modes that did different heavy-flow work on the RT CPU
+OTHER_WORK_MARK = "≠"
+
+
 def per_mode_section(pm: dict[str, Any], cond: str, title: str, idle: str | None = None,
-                     ) -> list[str]:
+                     other_work: Iterable[str] = ()) -> list[str]:
     """The per-mode table (:func:`per_mode`'s rows): the README's headline table's shape,
     with the heavy flow's throughput beside the RT flow's statistics."""
     if not pm:
@@ -397,8 +409,7 @@ def per_mode_section(pm: dict[str, Any], cond: str, title: str, idle: str | None
             f"RT p99.9 {cond}, pooled [95 % CI] (µs)"]
     rows = [f"**{title}** (condition `{cond}`; cells: median of the repetitions [min-max] "
             "xratio to napi (median of per-repetition ratios); tails: k-th largest of a run's "
-            f"n; pooled: the repetitions' samples together, seeded bootstrap CI; {FEW_MARK}: "
-            f"fewer than {FEW_ABOVE} samples above it)", "",
+            f"n; pooled: the repetitions' samples together, {_ci_words(pm.values())}", "",
             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for mode, r in pm.items():
         cells = [mode, str(r.get("reps") or "-")]
@@ -407,6 +418,8 @@ def per_mode_section(pm: dict[str, Any], cond: str, title: str, idle: str | None
                 tail_note(r.get("idle_n"), 99.9) if r.get("idle_rtt_p99.9_us") else ""))
         for k, _, _ in PER_MODE_COLUMNS:
             c = cell(r.get(k))
+            if k == "heavy_gbit_s" and mode in set(other_work) and c != "-":
+                c += f" {OTHER_WORK_MARK}"
             if k in TAIL_COLUMNS and r.get(k):
                 c += tail_note(r.get("n"), TAIL_COLUMNS[k])
             cells.append(c)
@@ -515,7 +528,30 @@ def method_sections(results: Results) -> list[str]:
     """What the numbers rest on: the pooled tails with bootstrap CIs, the tester's lateness,
     the RT CPU check, the modes' order (each only when the results have it)."""
     return [*tails_section(results), *lateness_section(results), *rt_cpu_section(results),
-            *order_section(results)]
+            *foreign_section(results), *order_section(results)]
+
+
+FEW_EPISODES_MARK = "‡"
+
+
+def _episodes_note(d: dict[str, Any]) -> str:
+    """", 3 bursts: 1+0+6" -- how many separate bursts make the tail and how its samples
+    split over the repetitions (results before the block bootstrap have neither)."""
+    if d.get("episodes") is None:
+        return ""
+    reps = d.get("by_rep") or []
+    split = f": {'+'.join(map(str, reps))}" if len(reps) > 1 else ""
+    mark = FEW_EPISODES_MARK if d.get("few_episodes") else ""
+    return f", {d['episodes']} burst{'s' if d['episodes'] != 1 else ''}{split}{mark}"
+
+
+def _ci_words(rows: Iterable[dict[str, Any]]) -> str:
+    """How the pooled CIs were made, as the rows say (older results: an i.i.d. bootstrap)."""
+    if any((r.get("p99.9_pooled") or {}).get("episodes") is not None for r in rows):
+        return ("seeded moving-block bootstrap CI, the bursts at or above it per repetition; "
+                f"{FEW_MARK}: fewer than {FEW_ABOVE} samples above it; {FEW_EPISODES_MARK}: "
+                f"fewer than {FEW_EPISODES} bursts)")
+    return f"seeded bootstrap CI; {FEW_MARK}: fewer than {FEW_ABOVE} samples above it)"
 
 
 def _tail_cell(d: dict[str, Any] | None) -> str:
@@ -524,7 +560,7 @@ def _tail_cell(d: dict[str, Any] | None) -> str:
     lo, hi = d.get("ci95") or (None, None)
     mark = FEW_MARK if d.get("few") else ""
     return (f"{fmt(_us(d['value']))} [{fmt(_us(lo))}-{fmt(_us(hi))}] "
-            f"(k={d['k']} of n={d['n']:,}){mark}")
+            f"(k={d['k']} of n={d['n']:,}{_episodes_note(d)}){mark}")
 
 
 def _lost_cell(d: dict[str, Any] | None) -> str:
@@ -539,10 +575,20 @@ def tails_section(results: Results) -> list[str]:
     tails = results.get("tails") or {}
     if not tails:
         return []
-    rows = ["**Tails of the samples pooled over repetitions** (µs): value [95 % bootstrap CI, "
-            "seeded, 1000 resamples] (k-th largest of n); with losses: the lost requests "
-            f"counted as infinite round trips. {FEW_MARK}: fewer than {FEW_ABOVE} samples "
-            "above it: that statistic rests on a handful of round trips", "",
+    if any("ci_method" in d for d in tails.values()):
+        head = ("**Tails of the samples pooled over repetitions** (µs): value [95 % CI: "
+                "seeded moving-block bootstrap within each repetition, 1000 resamples] (k-th "
+                "largest of n, separate bursts at or above it: per repetition); with losses: "
+                f"the lost requests counted as infinite round trips. {FEW_MARK}: fewer than "
+                f"{FEW_ABOVE} samples above it; {FEW_EPISODES_MARK}: fewer than {FEW_EPISODES} "
+                "bursts: that statistic rests on a handful of round trips or events, and its "
+                "CI understates the uncertainty")
+    else:           # results before the block bootstrap
+        head = ("**Tails of the samples pooled over repetitions** (µs): value [95 % bootstrap "
+                "CI, seeded, 1000 resamples] (k-th largest of n); with losses: the lost "
+                f"requests counted as infinite round trips. {FEW_MARK}: fewer than {FEW_ABOVE} "
+                "samples above it: that statistic rests on a handful of round trips")
+    rows = [head, "",
             "| part | condition | mode | runs | lost | p99 | p99.9 | max | p99 with losses | "
             "p99.9 with losses |", "|---|---|---|---|---|---|---|---|---|---|"]
     for key in sorted(tails):
@@ -600,6 +646,26 @@ def rt_cpu_section(results: Results) -> list[str]:
     return [*rows, ""]
 
 
+def foreign_section(results: Results) -> list[str]:
+    """The foreign-CPU check: attempts run again, and kept runs still disturbed."""
+    runs = [r for r in results.get("runs") or [] if r.get("foreign_cpu")]
+    if not runs:
+        return []
+    redone = results.get("disturbed_runs") or []
+    kept = [r for r in runs if r["foreign_cpu"].get("disturbed")]
+    worst = max(float(r["foreign_cpu"].get("foreign_user_s") or 0.0) for r in runs)
+    out = [f"**Foreign CPU check** (user time on the RT CPU from processes the benchmark did "
+           f"not start, per run; more than {FOREIGN_MAX_FRACTION:.0%} of the run's wall "
+           f"time: disturbed, run again): {len(redone)} attempt(s) "
+           f"discarded and run again, {len(kept)} kept run(s) still disturbed, at most "
+           f"{worst:.2f} s foreign in a kept run.", ""]
+    out += [f"- discarded: rep {d['rep'] + 1} {d['condition']} {d['mode']}: "
+            f"{d['foreign_cpu']['foreign_user_s']:.2f} s foreign" for d in redone]
+    out += [f"- kept, disturbed: rep {r['rep'] + 1} {r['condition']} {r['mode']}: "
+            f"{r['foreign_cpu']['foreign_user_s']:.2f} s foreign" for r in kept]
+    return [*out, ""] if redone or kept else out
+
+
 def order_section(results: Results) -> list[str]:
     order = results.get("mode_order") or {}
     if not order:
@@ -608,7 +674,9 @@ def order_section(results: Results) -> list[str]:
     settle = results.get("settle_after_move_s")
     lines = [f"**Order of the modes**: {rule}"
              + (f"; {settle:g} s settle after a mode that moves load (the exclusive CPU "
-                "modes)" if settle else "") + ".", ""]
+                "modes)" + (" or reconfigures the heavy device under the flood (the -part "
+                            "modes)" if results.get("settle_after_part") else "")
+                if settle else "") + ".", ""]
     lines += [f"- repetition {int(r) + 1}: {', '.join(ms)}"
               for r, ms in sorted(order.items(), key=lambda x: int(x[0]))]
     return [*lines, ""]
@@ -637,9 +705,9 @@ def add_summary(results: Results | dict[str, Any]) -> Results:
     results["percentile_definition"] = (
         "nearest rank: the smallest sample with at least p% of samples <= it; SD is the "
         "sample SD (n-1); across repetitions: median, min-max, nearest-rank quartiles; ratios "
-        "to napi per repetition, then median; tails: k-th largest of n, seeded bootstrap "
-        "95 % CIs (1000 resamples), losses as infinite round trips in the with-losses "
-        "variant")
+        "to napi per repetition, then median; tails: k-th largest of n, seeded moving-block "
+        "bootstrap 95 % CIs within each repetition (1000 resamples), the bursts that make "
+        "them, losses as infinite round trips in the with-losses variant")
     return results
 
 

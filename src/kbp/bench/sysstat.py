@@ -18,6 +18,10 @@ PROC = Path("/proc")
 POWERCAP = Path("/sys/class/powercap")
 CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 NO_POWER_METER = "no power meter"
+# a thread's role in a run (delta()'s ``thread_roles``): a polling thread serving the RT
+# device (Mode.threads()), one of the mode's polling threads serving another device on the
+# RT CPU (Mode.nonrt_threads(): the -part modes' class non-rt), the RT application
+ROLE_POLLER, ROLE_NONRT_POLLER, ROLE_APP = "poller", "nonrt_poller", "app"
 
 
 def read_stat(proc: Path = PROC) -> dict[int, dict[str, int]]:
@@ -123,8 +127,10 @@ def _rapl_range(zone: str) -> int | None:
 
 
 def delta(a: Snapshot, b: Snapshot, thread_names: dict[int, str] | None = None,
-          ) -> dict[str, Any]:
-    """What happened between two snapshots, per CPU."""
+          thread_roles: dict[int, str] | None = None) -> dict[str, Any]:
+    """What happened between two snapshots, per CPU.  With ``thread_roles`` ({pid: ROLE_*})
+    each thread carries its ``role`` and ``threads_cpu_pct`` sums their ``cpu_pct`` by role
+    (every role given, 0.0 when its threads ran none or were gone)."""
     wall = max(b.t - a.t, 1e-9)
     hz = os.sysconf("SC_CLK_TCK")
     cpu: dict[str, Any] = {}
@@ -155,6 +161,8 @@ def delta(a: Snapshot, b: Snapshot, thread_names: dict[int, str] | None = None,
                              "run_ns": s1[0] - s0[0], "wait_ns": s1[1] - s0[1],
                              "timeslices": s1[2] - s0[2],
                              "cpu_pct": 100.0 * (s1[0] - s0[0]) / 1e9 / wall}
+        if thread_roles and pid in thread_roles:
+            threads[str(pid)]["role"] = thread_roles[pid]
     energy: dict[str, Any]
     if a.energy_uj and b.energy_uj:
         energy = {}
@@ -169,6 +177,13 @@ def delta(a: Snapshot, b: Snapshot, thread_names: dict[int, str] | None = None,
             energy[k] = {"joules": d_uj / 1e6, "watts": d_uj / 1e6 / wall}
     else:
         energy = {"meter": NO_POWER_METER}
-    return {"wall_s": wall, "cpu": cpu, "hardirqs_total": irq_total, "hardirqs": irq_named,
-            "softirqs": sirqs, "net_rx": sirqs.get("NET_RX", []), "threads": threads,
-            "energy": energy}
+    out = {"wall_s": wall, "cpu": cpu, "hardirqs_total": irq_total, "hardirqs": irq_named,
+           "softirqs": sirqs, "net_rx": sirqs.get("NET_RX", []), "threads": threads,
+           "energy": energy}
+    if thread_roles:
+        by_role = dict.fromkeys(sorted(set(thread_roles.values())), 0.0)
+        for t in threads.values():
+            if "role" in t:
+                by_role[t["role"]] += t["cpu_pct"]
+        out["threads_cpu_pct"] = by_role
+    return out

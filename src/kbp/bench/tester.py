@@ -24,7 +24,7 @@ from typing import Any
 
 from kbp import sysaccess
 
-TESTER_COMM = "kbp-rtt"   # the process name (comm) the kernel trace filters on
+TESTER_COMM = "kbp-rtt"   # the tester's process name (comm)
 SOURCE = "kbp_rtt.c"
 ECHO_SOURCE = "kbp_echo.c"  # kbp-echo, the irq-suspend mode's RT application
 

@@ -4,12 +4,36 @@ Four delays, each aggregated in the kernel into log-linear buckets (two signific
 >= 100 ns wide; see :func:`kbp.bench.stats.bucket_width`) with the exact maximum and sum:
 
 ``xmit_to_poll``  (every mode; the delay the seeds attack, end to end in the kernel)
-    ``net:net_dev_start_xmit`` of a request sent by the tester (comm ``kbp-rtt``) on the
-    client veth -> ``net:napi_gro_receive_entry`` of the same skb, i.e. the moment the server
-    veth's NAPI poll hands that packet to the stack.  This spans the NAPI being scheduled
-    (veth_xmit -> napi_schedule, the veth analogue of the hardIRQ), the wait for the poll
-    (softirq or kthread) and the poll up to that packet.  Keyed by napi_id; the RT NAPI is the
-    one with the most matches (others are reported as ``xmit_to_poll_other``).
+    ``net:net_dev_start_xmit`` on the RT client device (the veth end the tester sends on,
+    matched by the tracepoint's device name, whoever the running task is) ->
+    ``net:napi_gro_receive_entry`` of the same skb on one of the RT server device's NAPIs,
+    i.e. the moment that NAPI's poll hands the packet to the stack.  This spans the NAPI
+    being scheduled (veth_xmit -> napi_schedule, the veth analogue of the hardIRQ), the wait
+    for the poll (softirq or kthread) and the poll up to that packet.  The RT NAPIs are the
+    ids netdev ``napi-get`` lists for the RT server device when the run starts
+    (:func:`kbp.bench.modes.rt_napi_ids`); without napi-get (before 6.9) or with none listed
+    the receive side is keyed on the RT server device's name in the tracepoint instead.  The
+    RT pair's names carry the testbed's tag, so no other device in any namespace has them.
+    Matching rule: a transmit records its skb address and time; the first
+    ``napi_gro_receive_entry`` of that address on *any* NAPI consumes the entry (deletes it)
+    and is
+
+    * a sample when the NAPI is an RT one and the transmit is at most :data:`STALE_NS` old;
+    * ``stale`` when the NAPI is an RT one and the transmit is older than that: the entry's
+      skb never reached a NAPI (veth handed it to the backlog, or dropped it) and its address
+      was reused, so the time is not a delay of that packet (one of these gave a 2.9 s max);
+    * ``foreign`` when the NAPI is not an RT one (an RT skb's address reused by another
+      device's packet: the RT skb itself went elsewhere).
+
+    Transmits never consumed are ``unmatched`` (transmits - samples - stale - foreign): a
+    request that took the backlog path (veth_xmit -> __netif_rx, not the NAPI), was dropped,
+    or was transmitted again before a poll saw it.  :data:`STALE_NS` is 1 s: far above any
+    genuine xmit -> poll seen so far (p99 up to 68 ms, round trips up to ~0.2 s in
+    docs/results.md), far below the stale matches it removes; a genuine delay longer than
+    that would be counted as stale, not lost silently.  :func:`xmit_to_poll` /
+    :meth:`KernelTrace.xmit_record` return the summary over the RT NAPIs and these counts.
+    Only over a veth pair is the skb the NAPI polls the one transmitted: with ``--nic-pair``
+    the run does not trace xmit_to_poll (:func:`kbp.bench.measure.latency.latency_run`).
 ``netrx_raise_to_entry``  (napi mode's mechanism, per CPU)
     ``irq:softirq_raise`` (vec NET_RX) -> ``irq:softirq_entry`` (NET_RX) on the same CPU: the
     softirq scheduling delay.  It covers every NET_RX on the CPU (the competing flood too).
@@ -47,7 +71,6 @@ from typing import Any
 
 from kbp import sysaccess
 from kbp.bench.stats import hist_summary
-from kbp.bench.tester import TESTER_COMM
 
 TRACEFS = Path("/sys/kernel/tracing")
 NET_RX_VEC = 3
@@ -55,6 +78,14 @@ NET_RX_VEC = 3
 KIND_XMIT, KIND_NETRX, KIND_POLLER, KIND_APP = 0, 1, 2, 3
 KIND_NAMES = {KIND_XMIT: "xmit_to_poll", KIND_NETRX: "netrx_raise_to_entry",
               KIND_POLLER: "poller_wake_to_run", KIND_APP: "app_wake_to_run"}
+#: an RT transmit older than this when its skb reaches an RT NAPI is stale, not a sample
+STALE_NS = 1_000_000_000
+# @xn[what, napi_id]: the xmit_to_poll matching's counts (XN_XMITS under napi_id 0)
+XN_XMITS, XN_STALE, XN_FOREIGN = 0, 1, 2
+#: parse()'s entry for the @xn counts: {"xmits": n, "stale": {napi: n}, "foreign": {napi: n}}
+XMIT_COUNTS = "xmit_to_poll_counts"
+KEYED_NAPI, KEYED_RX_DEV = "napi_id", "rx_dev"
+_DEV_NAME = re.compile(r"[A-Za-z0-9_.:@+-]{1,15}")    # IFNAMSIZ - 1, nothing to escape
 
 # log-linear bucket of $d (ns): 100 ns wide below 10 us, then two significant digits
 _BUCKET = """
@@ -75,15 +106,44 @@ def _pid_pred(field_: str, pids: Sequence[int]) -> str:
     return " || ".join(f"{field_} == {int(p)}" for p in pids)
 
 
-def program(poller_pids: Sequence[int] = (), app_pids: Sequence[int] = (),
-            comm: str = TESTER_COMM) -> str:
-    """The bpftrace program for one run."""
-    parts = [
-        'BEGIN { printf("READY\\n"); }',
-        f'tracepoint:net:net_dev_start_xmit /comm == "{comm}"/ {{ @x[args->skbaddr] = nsecs; }}',
+def _dev(name: str) -> str:
+    if not _DEV_NAME.fullmatch(name):
+        raise ValueError(f"device name {name!r} cannot go into the bpftrace program as is")
+    return name
+
+
+def xmit_probes(tx_dev: str, rx_dev: str | None, rt_napi_ids: Sequence[int] = (),
+                stale_ns: int = STALE_NS) -> list[str]:
+    """The xmit_to_poll probes (see the module docstring for the matching rule): transmits
+    on ``tx_dev``, polled by one of ``rt_napi_ids`` (none: by any NAPI of ``rx_dev``)."""
+    if rt_napi_ids:
+        rt = " || ".join(f"args->napi_id == {int(i)}" for i in rt_napi_ids)
+    elif rx_dev:
+        rt = f'str(args->name) == "{_dev(rx_dev)}"'
+    else:
+        raise ValueError("xmit_to_poll needs the RT device's NAPI ids or its name")
+    return [
+        f'tracepoint:net:net_dev_start_xmit /str(args->name) == "{_dev(tx_dev)}"/ {{'
+        f" @x[args->skbaddr] = nsecs; @xn[{XN_XMITS}, 0] = count(); }}",
         "tracepoint:net:napi_gro_receive_entry /@x[args->skbaddr]/ {\n"
-        "  $d = nsecs - @x[args->skbaddr]; delete(@x[args->skbaddr]);"
-        + _record(KIND_XMIT, "args->napi_id") + "\n}",
+        "  $d = nsecs - @x[args->skbaddr]; delete(@x[args->skbaddr]);\n"
+        f"  if ({rt}) {{\n"
+        f"    if ($d <= {int(stale_ns)}) {{"
+        + _record(KIND_XMIT, "args->napi_id") + "\n"
+        f"    }} else {{ @xn[{XN_STALE}, args->napi_id] = count(); }}\n"
+        f"  }} else {{ @xn[{XN_FOREIGN}, args->napi_id] = count(); }}\n}}",
+    ]
+
+
+def program(poller_pids: Sequence[int] = (), app_pids: Sequence[int] = (), *,
+            tx_dev: str | None = None, rx_dev: str | None = None,
+            rt_napi_ids: Sequence[int] = (), stale_ns: int = STALE_NS) -> str:
+    """The bpftrace program for one run (xmit_to_poll only with ``tx_dev``, the RT client
+    device, and ``rt_napi_ids`` or ``rx_dev``: :func:`xmit_probes`)."""
+    parts = ['BEGIN { printf("READY\\n"); }']
+    if tx_dev:
+        parts += xmit_probes(tx_dev, rx_dev, rt_napi_ids, stale_ns)
+    parts += [
         f"tracepoint:irq:softirq_raise /args->vec == {NET_RX_VEC} && @r[cpu] == 0/"
         " { @r[cpu] = nsecs; }",
         f"tracepoint:irq:softirq_entry /args->vec == {NET_RX_VEC} && @r[cpu] != 0/ {{\n"
@@ -105,12 +165,13 @@ def program(poller_pids: Sequence[int] = (), app_pids: Sequence[int] = (),
             "  $d = nsecs - @wa[args->next_pid]; delete(@wa[args->next_pid]);"
             + _record(KIND_APP, "0") + "\n}",
         ]
-    clears = ["@x", "@r"] + (["@wp"] if poller_pids else []) + (["@wa"] if app_pids else [])
+    clears = (["@x"] if tx_dev else []) + ["@r"] + (["@wp"] if poller_pids else []) + (
+        ["@wa"] if app_pids else [])
     parts.append("END { " + " ".join(f"clear({m});" for m in clears) + " }")
     return "\n".join(parts) + "\n"
 
 
-_LINE = re.compile(r"^@(h|mx|sm)\[([^\]]*)\]:\s*(-?\d+)\s*$")
+_LINE = re.compile(r"^@(h|mx|sm|xn)\[([^\]]*)\]:\s*(-?\d+)\s*$")
 
 
 def _entries(output: str) -> list[tuple[str, list[int], int]]:
@@ -156,10 +217,13 @@ def is_ready(line: str) -> bool:
 
 
 def parse(output: str) -> dict[str, Any]:
-    """Parse bpftrace's maps into {delay name: {key: summary}} (key: napi_id / cpu / 0)."""
+    """Parse bpftrace's maps into {delay name: {key: summary}} (key: napi_id / cpu / 0), and
+    the xmit_to_poll matching's counts into ``XMIT_COUNTS``: {"xmits": n, "stale": {napi_id:
+    n}, "foreign": {napi_id: n}} (only when the program traced xmit_to_poll)."""
     hist: dict[tuple[int, int], dict[int, int]] = defaultdict(dict)
     mx: dict[tuple[int, int], int] = {}
     sm: dict[tuple[int, int], int] = {}
+    xn: dict[tuple[int, int], int] = {}
     for name, keys, val in _entries(output):
         if name == "h" and len(keys) == 3:
             hist[(keys[0], keys[1])][keys[2]] = val
@@ -167,12 +231,19 @@ def parse(output: str) -> dict[str, Any]:
             mx[(keys[0], keys[1])] = val
         elif name == "sm" and len(keys) == 2:
             sm[(keys[0], keys[1])] = val
+        elif name == "xn" and len(keys) == 2:
+            xn[(keys[0], keys[1])] = val
     out: dict[str, Any] = {}
     for (kind, key), buckets in sorted(hist.items()):
         name = KIND_NAMES.get(kind, f"kind{kind}")
         s = hist_summary(buckets, exact_max=mx.get((kind, key)), total_ns=sm.get((kind, key)))
         s["buckets"] = {str(k): v for k, v in sorted(buckets.items())}
         out.setdefault(name, {})[str(key)] = s
+    if xn:
+        out[XMIT_COUNTS] = {
+            "xmits": sum(v for (w, _), v in xn.items() if w == XN_XMITS),
+            "stale": {str(k): v for (w, k), v in sorted(xn.items()) if w == XN_STALE},
+            "foreign": {str(k): v for (w, k), v in sorted(xn.items()) if w == XN_FOREIGN}}
     return out
 
 
@@ -192,14 +263,53 @@ def merged(result: dict[str, Any], name: str) -> dict[str, Any] | None:
     return hist_summary(buckets, exact_max=mx, total_ns=total)
 
 
-def rt_napi(result: dict[str, Any]) -> tuple[str | None, dict[str, Any] | None, int]:
-    """The RT NAPI's xmit_to_poll summary: (napi_id, summary, matches on other NAPIs)."""
-    per_key = result.get(KIND_NAMES[KIND_XMIT]) or {}
-    if not per_key:
-        return None, None, 0
-    best = max(per_key, key=lambda k: per_key[k]["n"])
-    others = sum(s["n"] for k, s in per_key.items() if k != best)
-    return best, per_key[best], others
+def _nobuckets(s: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in s.items() if k != "buckets"}
+
+
+def xmit_to_poll(result: dict[str, Any], napi_ids: Sequence[int] = (),
+                 ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The RT flow's xmit_to_poll from :func:`parse`'s ``result``: (its summary over the RT
+    NAPIs ``napi_ids``, with their histograms added as ``buckets``, None without a sample;
+    the matching's counts).
+
+    ``napi_ids`` empty: the program was keyed on the RT server device's name, and every
+    NAPI in the histogram is one of that device's.  Otherwise a histogram of another NAPI
+    (none from :func:`program`, which keys in the kernel; an older program's output) is not
+    the RT flow's: its samples are counted as foreign.  Counts: ``napi_ids`` (the ids keyed,
+    sorted), ``xmits`` (transmits on the RT client device), ``matched`` (the summary's n),
+    ``stale``, ``foreign`` (both summed over NAPIs), ``foreign_napis`` ({napi_id: n}),
+    ``unmatched`` (xmits - matched - stale - foreign, >= 0; None when the output has no
+    transmit count) and ``per_napi`` ({napi_id: summary without buckets}, the RT NAPIs')."""
+    per_key: dict[str, Any] = result.get(KIND_NAMES[KIND_XMIT]) or {}
+    counts: dict[str, Any] = result.get(XMIT_COUNTS) or {}
+    keyed = {str(int(i)) for i in napi_ids}
+    rt = {k: s for k, s in per_key.items() if not keyed or k in keyed}
+    foreign_napis: dict[str, int] = defaultdict(int)
+    for k, n in (counts.get("foreign") or {}).items():
+        foreign_napis[str(k)] += int(n)
+    for k, s in per_key.items():
+        if k not in rt:
+            foreign_napis[k] += int(s["n"])
+    summary = None
+    if rt:
+        summary = merged({KIND_NAMES[KIND_XMIT]: rt}, KIND_NAMES[KIND_XMIT])
+        buckets: dict[int, int] = defaultdict(int)
+        for s in rt.values():
+            for b, n in s["buckets"].items():
+                buckets[int(b)] += int(n)
+        if summary is not None:
+            summary["buckets"] = {str(b): n for b, n in sorted(buckets.items())}
+    matched = int(summary["n"]) if summary else 0
+    stale = sum(int(n) for n in (counts.get("stale") or {}).values())
+    foreign = sum(foreign_napis.values())
+    xmits = counts.get("xmits")
+    return summary, {
+        "napi_ids": sorted(int(i) for i in napi_ids),
+        "xmits": xmits, "matched": matched, "stale": stale, "foreign": foreign,
+        "foreign_napis": dict(sorted(foreign_napis.items())),
+        "unmatched": None if xmits is None else max(0, int(xmits) - matched - stale - foreign),
+        "per_napi": {k: _nobuckets(s) for k, s in sorted(rt.items())}}
 
 
 def unavailable() -> str | None:
@@ -317,6 +427,14 @@ class KernelTrace:
     poller_pids: Sequence[int] = ()
     app_pids: Sequence[int] = ()
     cpu: int | None = None            # where bpftrace's user-space part runs
+    # xmit_to_poll (see the module docstring): the RT client device the tester sends on
+    # (None: not traced), the RT server device and its NAPI ids (napi-get; empty: keyed on
+    # rx_dev's name), why napi-get gave none if it failed, and the stale bound
+    tx_dev: str | None = None
+    rx_dev: str | None = None
+    rt_napi_ids: Sequence[int] = ()
+    napi_error: str | None = None
+    stale_ns: int = STALE_NS
     proc: subprocess.Popen[str] | None = None
     output: str = ""
     error: str = ""
@@ -324,8 +442,13 @@ class KernelTrace:
     stopped_ns: int = 0
     script: str = field(default="", repr=False)
 
+    def program(self) -> str:
+        """This run's bpftrace program (:func:`program`)."""
+        return program(self.poller_pids, self.app_pids, tx_dev=self.tx_dev, rx_dev=self.rx_dev,
+                       rt_napi_ids=self.rt_napi_ids, stale_ns=self.stale_ns)
+
     def start(self, timeout: float = 60.0) -> None:
-        self.script = program(self.poller_pids, self.app_pids)
+        self.script = self.program()
         argv = ["bpftrace", "-f", "json", "-e", self.script]
         if shutil.which("nice"):
             # a large CFS weight: loading the program took > 20 s with both CPUs saturated
@@ -370,6 +493,19 @@ class KernelTrace:
         self.stopped_ns = time.monotonic_ns()
         self.output, self.error = out, err
         return parse(out)
+
+    def xmit_record(self, result: dict[str, Any],
+                    ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """:func:`xmit_to_poll` of :meth:`stop`'s result for this run's RT devices, the
+        counts completed with how they were keyed: ``keyed_by`` ("napi_id": the RT server
+        device's NAPI ids from napi-get; "rx_dev": its name in the tracepoint), ``tx_dev``,
+        ``rx_dev``, ``stale_ns`` and, when napi-get failed, ``napi_error``."""
+        summary, rec = xmit_to_poll(result, self.rt_napi_ids)
+        out = {"keyed_by": KEYED_NAPI if self.rt_napi_ids else KEYED_RX_DEV,
+               "tx_dev": self.tx_dev, "rx_dev": self.rx_dev, "stale_ns": self.stale_ns, **rec}
+        if self.napi_error:
+            out["napi_error"] = self.napi_error
+        return summary, out
 
     def abort(self) -> None:
         """Kill bpftrace if it runs and wait until it has exited."""

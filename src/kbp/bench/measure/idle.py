@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from kbp.bench import machine, parts, sysstat
+from kbp.bench import machine, modes, parts, sysstat
 from kbp.bench.modes import search_state
 from kbp.bench.schema import IdleRun
 
@@ -27,21 +27,27 @@ def idle_run(bench: Bench, mode_name: str) -> IdleRun:
                     "quiet": machine.quiet_report()}
     with bench._mode(mode):
         threads = mode.threads()
+        nonrt = modes.nonrt_threads(mode)
         app = bench.server.pids()
         rec["app"] = bench.server.name
         rec["mode_setup"] = mode.describe()
         time.sleep(parts.IDLE_SETTLE_S)       # setup's own work out of the window
         c0 = mode.counters()
-        s0 = sysstat.Snapshot.take(list(threads) + app)
+        s0 = sysstat.Snapshot.take(list(threads) + list(nonrt) + app)
         time.sleep(cfg.idle_duration)
-        s1 = sysstat.Snapshot.take(list(threads) + app)
+        s1 = sysstat.Snapshot.take(list(threads) + list(nonrt) + app)
         c1 = mode.counters()
         state = search_state(mode)
         if state is not None:
             rec["search"] = state
     rec["poller_threads"] = {str(p): n for p, n in threads.items()}
+    if nonrt:
+        rec["nonrt_threads"] = {str(p): n for p, n in nonrt.items()}
     rec["app_threads"] = [str(p) for p in app]
-    rec["sys"] = sysstat.delta(s0, s1, {**threads, **dict.fromkeys(app, rec["app"])})
+    rec["sys"] = sysstat.delta(s0, s1, {**threads, **nonrt, **dict.fromkeys(app, rec["app"])},
+                               {**dict.fromkeys(threads, sysstat.ROLE_POLLER),
+                                **dict.fromkeys(nonrt, sysstat.ROLE_NONRT_POLLER),
+                                **dict.fromkeys(app, sysstat.ROLE_APP)})
     rec["poller"] = {k: (c1[k] - (c0.get(k) or 0)) for k in c1 if c1[k] is not None}
     bench.results["idle"].append(rec)
     bench.advance(parts.idle_seconds(cfg), desc)

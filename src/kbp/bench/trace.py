@@ -252,18 +252,25 @@ def merged(result: dict[str, Any], name: str) -> dict[str, Any] | None:
     per_key = result.get(name)
     if not per_key:
         return None
-    buckets: dict[int, int] = defaultdict(int)
+    buckets = _added_buckets(per_key.values())
     total = 0.0
     mx = 0.0
     for s in per_key.values():
-        for k, v in s["buckets"].items():
-            buckets[int(k)] += int(v)
         total += (s["mean"] or 0.0) * s["n"]
         mx = max(mx, s["max"] or 0.0)
     return hist_summary(buckets, exact_max=mx, total_ns=total)
 
 
-def _nobuckets(s: dict[str, Any]) -> dict[str, Any]:
+def _added_buckets(summaries: Any) -> dict[int, int]:
+    """The histograms of several summaries added together."""
+    buckets: dict[int, int] = defaultdict(int)
+    for s in summaries:
+        for k, v in s["buckets"].items():
+            buckets[int(k)] += int(v)
+    return buckets
+
+
+def without_buckets(s: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in s.items() if k != "buckets"}
 
 
@@ -294,12 +301,9 @@ def xmit_to_poll(result: dict[str, Any], napi_ids: Sequence[int] = (),
     summary = None
     if rt:
         summary = merged({KIND_NAMES[KIND_XMIT]: rt}, KIND_NAMES[KIND_XMIT])
-        buckets: dict[int, int] = defaultdict(int)
-        for s in rt.values():
-            for b, n in s["buckets"].items():
-                buckets[int(b)] += int(n)
         if summary is not None:
-            summary["buckets"] = {str(b): n for b, n in sorted(buckets.items())}
+            summary["buckets"] = {str(b): n for b, n in
+                                  sorted(_added_buckets(rt.values()).items())}
     matched = int(summary["n"]) if summary else 0
     stale = sum(int(n) for n in (counts.get("stale") or {}).values())
     foreign = sum(foreign_napis.values())
@@ -309,7 +313,7 @@ def xmit_to_poll(result: dict[str, Any], napi_ids: Sequence[int] = (),
         "xmits": xmits, "matched": matched, "stale": stale, "foreign": foreign,
         "foreign_napis": dict(sorted(foreign_napis.items())),
         "unmatched": None if xmits is None else max(0, int(xmits) - matched - stale - foreign),
-        "per_napi": {k: _nobuckets(s) for k, s in sorted(rt.items())}}
+        "per_napi": {k: without_buckets(s) for k, s in sorted(rt.items())}}
 
 
 def unavailable() -> str | None:

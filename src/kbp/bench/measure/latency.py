@@ -155,7 +155,7 @@ def _attempt(bench: Bench, mode_name: str, rep: int, *, part: str, condition: st
         xs, match = xmit_match(kt, kd, res.summary)
         rec["kernel_delay"] = {
             "xmit_to_poll": xs, "xmit_to_poll_match": match,
-            "netrx_raise_to_entry": {k: _nobuckets(v) for k, v in
+            "netrx_raise_to_entry": {k: trace.without_buckets(v) for k, v in
                                      (kd.get("netrx_raise_to_entry") or {}).items()},
             "poller_wake_to_run": trace.merged(kd, "poller_wake_to_run"),
             "app_wake_to_run": trace.merged(kd, "app_wake_to_run"),
@@ -220,5 +220,3 @@ def _foreign_mark(cpu: int) -> foreign.Mark | None:
         return None
 
 
-def _nobuckets(s: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in s.items() if k != "buckets"}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,13 @@ NO_POWER_METER = "no power meter"
 # device (Mode.threads()), one of the mode's polling threads serving another device on the
 # RT CPU (Mode.nonrt_threads(): the -part modes' class non-rt), the RT application
 ROLE_POLLER, ROLE_NONRT_POLLER, ROLE_APP = "poller", "nonrt_poller", "app"
+
+
+def thread_roles(threads: Iterable[int], nonrt: Iterable[int], app: Iterable[int],
+                 ) -> dict[int, str]:
+    """{pid: ROLE_*} of a mode's pollers, its non-rt pollers and the RT app's threads."""
+    return {**dict.fromkeys(threads, ROLE_POLLER), **dict.fromkeys(nonrt, ROLE_NONRT_POLLER),
+            **dict.fromkeys(app, ROLE_APP)}
 
 
 def read_stat(proc: Path = PROC) -> dict[int, dict[str, int]]:

@@ -45,9 +45,7 @@ def idle_run(bench: Bench, mode_name: str) -> IdleRun:
         rec["nonrt_threads"] = {str(p): n for p, n in nonrt.items()}
     rec["app_threads"] = [str(p) for p in app]
     rec["sys"] = sysstat.delta(s0, s1, {**threads, **nonrt, **dict.fromkeys(app, rec["app"])},
-                               {**dict.fromkeys(threads, sysstat.ROLE_POLLER),
-                                **dict.fromkeys(nonrt, sysstat.ROLE_NONRT_POLLER),
-                                **dict.fromkeys(app, sysstat.ROLE_APP)})
+                               sysstat.thread_roles(threads, nonrt, app))
     rec["poller"] = {k: (c1[k] - (c0.get(k) or 0)) for k in c1 if c1[k] is not None}
     bench.results["idle"].append(rec)
     bench.advance(parts.idle_seconds(cfg), desc)

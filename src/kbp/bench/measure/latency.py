@@ -133,9 +133,7 @@ def _attempt(bench: Bench, mode_name: str, rep: int, *, part: str, condition: st
         finally:
             kd = kt.stop() if kt is not None else {}
     names_ = {**threads, **nonrt, **dict.fromkeys(app, rec["app"])}
-    roles = {**dict.fromkeys(threads, sysstat.ROLE_POLLER),
-             **dict.fromkeys(nonrt, sysstat.ROLE_NONRT_POLLER),
-             **dict.fromkeys(app, sysstat.ROLE_APP)}
+    roles = sysstat.thread_roles(threads, nonrt, app)
     rec["tester"] = res.summary
     rec["rtt_ns"] = summarize(res.kernel_ns)
     rec["rtt_user_ns"] = summarize(res.user_ns)

@@ -1,5 +1,5 @@
 # kbp: the two commands of the README
-#   make demo    the main job: a short benchmark of every mode against NAPI (<= 5 min)
+#   make demo    the main job: a short benchmark of every mode against NAPI (about 6 min)
 #   make test    every test: lint, host tests (real kernel, netns), VM suite on 5 kernels
 # and their parts:
 #   make setup       install packages, .venv, checkpatch (scripts/setup.sh)

@@ -169,15 +169,27 @@ def test_exclusive_modes_move_load() -> None:
 
 
 # -- the RT CPU check -----------------------------------------------------------------------
-def test_rt_cpu_check_margin() -> None:
+def test_rt_cpu_check_slack_is_absolute_and_tied_to_the_requests() -> None:
+    """Issue 38, item 7: the slack is packets + a share of the requests, not 10 % of the
+    heavy flow (which hid 7,000 replies under 3 million heavy packets), and the -excl
+    modes expect no heavy packets on the RT CPU."""
     ok = steer.rt_cpu_check(processed=2100, heavy_packets=0, requests=2000)
     assert ok["passed"] and ok["per_request"] == pytest.approx(1.05)
-    # one reply per request processed there too: twice the requests
-    bad = steer.rt_cpu_check(processed=4000, heavy_packets=0, requests=2000)
-    assert not bad["passed"] and bad["limit"] == pytest.approx(2000 * 1.1 + 500)
-    # the issue's napi run: 772k processed against 561k heavy + requests
-    assert not steer.rt_cpu_check(772_000, 559_000, 2_000)["passed"]
-    assert steer.rt_cpu_check(600_000, 559_000, 2_000)["passed"]
+    assert ok["sees_replies"] is False           # 2,000 requests: replies within the slack
+    # one reply per request processed there too, under the heaviest flood of the demo:
+    # 2,988,977 heavy packets + 6,977 requests, and the 6,977 replies on top
+    bad = steer.rt_cpu_check(2_988_977 + 2 * 6_977, 2_988_977, 6_977)
+    assert not bad["passed"] and bad["sees_replies"] is True
+    assert bad["limit"] == pytest.approx(2_988_977 + 6_977 + 1500 + 6_977 * 0.5)
+    assert bad["extra"] == 6_977
+    # the demo's napi run as it was (processed == heavy + requests): passes
+    assert steer.rt_cpu_check(2_995_954, 2_988_977, 6_977)["passed"]
+    # exclusive: the heavy flow moved away, so its 1.46 M packets are not expected here
+    moved = steer.rt_cpu_check(2 * 6_986, 1_453_434, 6_986, heavy_moved=True)
+    assert not moved["passed"] and moved["expected_at_most"] == 6_986
+    assert steer.rt_cpu_check(6_986, 1_453_434, 6_986, heavy_moved=True)["passed"]
+    assert "moved away" in steer.rt_cpu_expected_words(moved)
+    assert steer.rt_cpu_expected_words(bad) == "2,988,977 heavy packets + 6,977 RT requests"
 
 
 # -- busypoll: RPS off on the RT device -----------------------------------------------------
@@ -262,7 +274,8 @@ def test_report_discloses_tails_order_lateness_and_the_rt_cpu_check() -> None:
     assert "∞ (k=1 of n=6,002)" not in md          # p99.9 with 2 losses: rank 5996
     assert "moving-block bootstrap within each repetition" in md
     assert "**The tester's lateness**" in md and "| napi | 3 | 20 | 90 |" in md
-    assert "**RT CPU check**" in md and "| load-off | napi | 1/1 | 1.05 |" in md
+    assert "**RT CPU check**" in md and "| load-off | napi | 1/1 | 1.05 | 100 | 2,500 |" in md
+    assert "too few requests" in md
     assert "- repetition 1: stock-hybrid, napi" in md and "1 s settle" in md
     assert "single run per mode" in md             # RFC 2544 with --rfc-reps 1
 

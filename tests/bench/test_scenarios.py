@@ -107,6 +107,28 @@ def test_veth_inline_plan() -> None:
     assert s.tools(cfg) == [] and s.roles(cfg) == ("tester", "rt")
 
 
+def test_shared_cpu_plan_counts_what_the_modes_took() -> None:
+    """Issue 38, item 7: the plan assumed 5.1 s per run where a -part run under the flood
+    took 9.4-10.4 s; the demo's nine modes and three repetitions now plan about what the
+    2026-11-29 demos took (5 min 48 s, ~340 s of runs), and the demo's budget keeps 3 reps."""
+    from kbp.bench import cli
+    s = scenarios.get("shared-cpu")
+    cfg = BenchConfig(parts=["rtt"], loads=["off", "on"], reps=3, duration=3.0, warmup=0.5,
+                      settle_s=1.0)
+    assert s.modes_overhead_s(cfg, ["napi"]) == pytest.approx(3 * 1.0)
+    assert s.modes_overhead_s(cfg, ["exclusive"]) == pytest.approx(3 * (1.0 + 2 * 1.0))
+    # -part under the flood: 5.1 planned + 1 flood + 1 settle + 0.8 kbpctl + 2.5 enable
+    part = s.modes_overhead_s(cfg, ["stock-hybrid-part"])
+    assert part == pytest.approx(3 * (1.0 + 2 * 1.0 + 0.8 + 2.5))
+    # its idle and flood runs per repetition: measured 6.4-6.6 + 9.4-10.4 s
+    assert 15.8 <= 2 * 5.1 + part / 3 <= 17.0
+    demo = ["napi", "threaded", "busypoll", "defer", "irq-suspend", "stock-hybrid",
+            "exclusive", "stock-hybrid-excl", "stock-hybrid-part"]
+    planned = s.plan_seconds(cfg, len(demo)) + s.modes_overhead_s(cfg, demo)
+    assert 320 <= planned <= cli.PRESETS["demo"]["budget_s"]
+    assert s.modes_overhead_s(BenchConfig(parts=["rfc2544"]), demo) == 0.0
+
+
 def test_modes_own_their_quirks() -> None:
     modes = all_modes()
     home, env = AppPlace(1), AppEnv(spin_app="fifo", elsewhere_cpu=0, rt_prio=50)

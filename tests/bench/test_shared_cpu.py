@@ -221,30 +221,54 @@ def test_acceptance_on_pooled_p99_with_an_inconclusive_outcome() -> None:
     assert old["verdict"] == "PASS" and "results without pooled tails" in old["check"]
 
 
-def _ew_run(mode: str, rep: int, busy_s: float, pkts: int) -> dict[str, Any]:
+def _ew_run(mode: str, rep: int, busy_s: float, pkts: int, softirq_s: float = 0.0,
+            sender_busy: float = 60.0, nonrt_pct: float = 0.0) -> dict[str, Any]:
     return {"mode": mode, "rep": rep, "condition": "flood", "heavy": {"rx_packets": pkts},
-            "sys": {"cpu": {"1": {"seconds": {"user": 0.1, "system": busy_s - 0.1,
-                                              "softirq": 0.0, "idle": 3.0 - busy_s,
-                                              "iowait": 0.0}}}}}
+            "sys": {"wall_s": 3.0, "threads_cpu_pct": {"nonrt_poller": nonrt_pct},
+                    "cpu": {"1": {"seconds": {"user": 0.1, "system": busy_s - 0.1 - softirq_s,
+                                              "softirq": softirq_s, "idle": 3.0 - busy_s,
+                                              "iowait": 0.0},
+                                  "busy_pct": 100 * busy_s / 3.0},
+                            "0": {"seconds": {"user": 1.0, "idle": 1.0},
+                                  "busy_pct": sender_busy}}}}
 
 
 def test_equal_work_flags_modes_with_other_heavy_work_on_the_rt_cpu() -> None:
-    """Issue 38, item 1: busy µs per heavy packet on the RT CPU per mode; a mode outside 10 %
-    of napi's is not equal work, and its heavy-flow ratio is marked in the headline."""
-    runs = [_ew_run("napi", r, 2.7, 2_700_000) for r in range(3)]          # 1.0 µs
-    runs += [_ew_run("stock-hybrid", r, 2.8, 2_700_000) for r in range(3)]  # 1.04: equal
-    runs += [_ew_run("stock-hybrid-part", r, 2.9, 1_600_000) for r in range(3)]   # 1.81
+    """Issue 38, item 1: busy µs per heavy packet on the RT CPU per mode, by context; a mode
+    outside 10 % of napi's is not equal work, and the headline prints its heavy-flow rate
+    without a ratio; the CPU that bounded the heavy flow is named per mode."""
+    runs = [_ew_run("napi", r, 2.7, 2_700_000, softirq_s=2.0, sender_busy=99.0)
+            for r in range(3)]                                               # 1.0 µs
+    runs += [_ew_run("stock-hybrid", r, 2.8, 2_700_000, softirq_s=2.1) for r in range(3)]
+    runs += [_ew_run("stock-hybrid-part", r, 2.9, 1_600_000, nonrt_pct=50.0)
+             for r in range(3)]                                              # 1.81
     runs.append({"mode": "napi", "rep": 0, "condition": "idle"})           # not counted
-    ew = shared_cpu.equal_work(runs, 1)
+    ew = shared_cpu.equal_work(runs, 1, 0)
     assert ew["napi"]["us_per_heavy_packet"]["median"] == pytest.approx(1.0)
+    assert ew["napi"]["softirq_us"]["median"] == pytest.approx(2.0 / 2.7)
+    assert ew["napi"]["task_us"]["median"] == pytest.approx(0.7 / 2.7)
+    assert ew["napi"]["bound_by"] == ["sender"]    # RT CPU 90 % busy (2.7 of 3 s), sender 99 %
     assert ew["stock-hybrid"]["equal"] is True
-    assert ew["stock-hybrid-part"]["equal"] is False
-    assert ew["stock-hybrid-part"]["ratio_to_napi"]["median"] == pytest.approx(1.8125 / 1.0,
-                                                                              rel=1e-3)
+    assert ew["stock-hybrid"]["bound_by"] == ["neither"]
+    part = ew["stock-hybrid-part"]
+    assert part["equal"] is False and part["bound_by"] == ["RT CPU"]
+    assert part["ratio_to_napi"]["median"] == pytest.approx(1.8125 / 1.0, rel=1e-3)
+    assert part["pollers_us"]["median"] == pytest.approx(0.5 * 3.0 / 1.6)   # 1.5 s / 1.6 M
+    assert part["softirq_us"]["median"] == 0.0
     md = "\n".join(shared_cpu.equal_work_section(ew))
     assert "Not so for stock-hybrid-part" in md and "| stock-hybrid-part |" in md
-    assert "| stock-hybrid | 1.04 x1.04 | yes |" in md
+    assert "| stock-hybrid | 1.04 x1.04 | 0.78 | 0.26 | 0 | 93.3 | 60 | neither | yes |" in md
     pm = {"stock-hybrid-part": {"heavy_gbit_s": {"median": 6.0, "n": 1, "min": 6.0,
                                                  "max": 6.0, "ratio_to_napi": {"median": 0.65}}}}
     row = report.per_mode_section(pm, "flood", "t", other_work=["stock-hybrid-part"])
-    assert any("| 6 x0.65 ≠ |" in ln for ln in row), row
+    assert any("| 6 ≠ |" in ln for ln in row), row       # the rate, no ratio of other work
+    assert not any("x0.65" in ln for ln in row), row
+    plain = report.per_mode_section(pm, "flood", "t")
+    assert any("| 6 x0.65 |" in ln for ln in plain), plain
+
+
+def test_bound_by_names_the_saturated_cpu() -> None:
+    assert shared_cpu.bound_by(99.0, 60.0) == "RT CPU"
+    assert shared_cpu.bound_by(70.0, 99.5) == "sender"
+    assert shared_cpu.bound_by(96.0, 97.0) == "both"
+    assert shared_cpu.bound_by(None, None) == "neither"

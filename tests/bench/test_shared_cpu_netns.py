@@ -228,3 +228,49 @@ def test_heavy_device_gets_a_per_packet_napi_and_it_is_put_back() -> None:
         assert pt.napi_state(ns, "pb") == before
     finally:
         sysaccess.cmd(["ip", "netns", "del", ns], check=False)
+
+
+def test_heavy_napi_on_the_rt_cpu_in_every_mode(tmp_path: Path) -> None:
+    """--heavy-napi rt-cpu (issue 38, item 1's variant): the heavy device gets a per-packet
+    NAPI, threaded and pinned to the RT CPU with RPS off, in napi as in the -part mode (whose
+    kbpctl enable re-creates the NAPI: its new thread is pinned again before the next run),
+    and exclusive moves that thread to the other CPU; the threads' CPU time is recorded per
+    run, and every setting is put back."""
+    _skip_unless_ready()
+    from kbp.bench import heavy
+    modes = ["napi", "exclusive"]
+    if not heavy.nonrt_refusal("stock"):
+        modes.append("stock-hybrid-part")
+    before_ns, before_set, before_rps = _ours(), _settings(), _host_rps()
+    cfg = BenchConfig(scenario="shared-cpu", modes=modes, reps=2, duration=1.5, warmup=0.2,
+                      parts=["rtt"], loads=["on"], trace=False, out=tmp_path,
+                      command="pytest", heavy_napi="rt-cpu")
+    res = Bench(cfg).run()
+    report.add_summary(res)
+    res = json.loads(json.dumps(res))
+    assert not res["interrupted"] and "restore_problems" not in res
+    rt = res["placement"]["cpus"]["rt"]
+    hn = res["heavy_napi"]
+    assert hn["where"] == "rt-cpu" and hn["gro"] is True and hn["gro_max_size"] == 1600
+    assert hn["rps"] == [] and hn["threads"], hn
+    assert all(t["cpus"] == [rt] and t["policy"] == "SCHED_OTHER" for t in hn["threads"]), hn
+    assert [d for d in res["steering"]["devices"] if d.startswith("flood-")] == []
+    for r in res["runs"]:
+        nt = r["heavy_napi_threads"]
+        assert nt["cpu"] == (rt if r["mode"] != "exclusive" else
+                             r["mode_setup"]["nonrt_cpu"]), (r["mode"], nt)
+        assert nt["threads"] and nt["cpu_pct"] > 1.0, (r["mode"], nt)   # it polled
+        assert all(t["cpus"] == [nt["cpu"]] for t in nt["placement"]), (r["mode"], nt)
+        assert r["heavy"]["gbit_s"] > 0.01 and r["rt_cpu_check"]["passed"], r["rt_cpu_check"]
+        if r["mode"] == "exclusive":
+            assert r["rt_cpu_check"]["heavy_moved"] is True
+            assert r["rt_cpu_rx"]["processed_per_s"] < 0.2 * r["heavy"]["rx_pps"]
+        else:           # the heavy packets went up the stack on the RT CPU, from the thread
+            assert r["rt_cpu_rx"]["processed_per_s"] > 0.5 * r["heavy"]["rx_pps"]
+    ew = res["summary"]["equal_work"]
+    assert ew["napi"]["pollers_us"]["median"] > 0          # the pinned thread, in napi too
+    md = report.markdown(res)
+    assert "Heavy NAPI: on the RT CPU in every mode (--heavy-napi rt-cpu" in md
+    assert _ours() == before_ns and _settings() == before_set
+    assert _host_rps() == before_rps
+    assert _procs() == [] and _iperf() == []

@@ -20,7 +20,7 @@ for ``--idle-duration`` s, CPU time per poller thread) and ``rtt-tcp`` (RT laten
 iperf3 TCP heavy sender, condition load-tcp).
 
 Presets (explicit options override them; demo runs the shared-cpu scenario, and fewer
-repetitions (not below 2) when the modes this machine runs would not fit in 5 minutes):
+repetitions (not below 2) when the modes this machine runs would not fit in 6 minutes):
 
 =========  =====================================================================================
 full       every mode and part, 5 repetitions of 10 s runs, load off/on and TCP, Table 2 (5 s
@@ -29,7 +29,7 @@ full       every mode and part, 5 repetitions of 10 s runs, load off/on and TCP,
            (a sixth, on 6.13+)
 demo       the scenario's default modes (unrunnable ones are reported as skipped), 5
            repetitions of 3 s runs, load off/on (shared-cpu: idle, and the TCP heavy
-           sender as the flood), no RFC 2544; under 5 minutes (``make demo``)
+           sender as the flood), no RFC 2544; about 6 minutes (``make demo``)
 smoke      {smoke}, 1 repetition of 1 s runs, coarse RFC 2544: a functional check
 =========  =====================================================================================
 
@@ -85,7 +85,7 @@ from kbp.bench.testbed import remove_stale, stale_namespaces
 
 PRESETS: dict[str, dict[str, Any]] = {
     "full": {},
-    "demo": {"scenario": "shared-cpu", "budget_s": 290.0,
+    "demo": {"scenario": "shared-cpu", "budget_s": 350.0,
              "reps": 5, "duration": 3.0, "parts": ["rtt"]},
     "smoke": {"modes": [modes.NAPI, modes.STOCK_HYBRID], "reps": 1, "duration": 1.0, "warmup": 0.2,
               "parts": ["rtt", "rfc2544"], "rfc_frames": [64], "rfc_reps": 1,
@@ -166,6 +166,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "TCP stream at full speed with TSO off at the sender and GRO off at "
                         "the receiver, so its receive work is per MTU packet and fills the RT "
                         "CPU (default: tcp in shared-cpu, udp in veth-inline)")
+    p.add_argument("--heavy-napi", choices=("sender", "rt-cpu"),
+                   help="shared-cpu: where the heavy device's NAPI polls. sender (default): "
+                        "veth's way, no NAPI for it (GRO off) and RPS queues its packets to "
+                        "the RT CPU's backlog from the sender's CPU, so napi's RT CPU does "
+                        "less heavy-flow work than the -part modes'; rt-cpu: in every mode a "
+                        "per-packet NAPI, threaded and pinned to the RT CPU (RPS off), as a "
+                        "NIC with its interrupt there polls it: the same heavy-flow work on "
+                        "the RT CPU in napi and the -part modes")
     p.add_argument("--flood-len", type=int, help="UDP payload of the competing flood")
     p.add_argument("--table2-scale", type=float,
                    help="factor applied to EE-KBP Table 2's bit rates (default 0.02)")
@@ -232,7 +240,8 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
     except scenarios.UnknownScenario:
         pass
     simple = ("scenario", "modes", "reps", "parts", "loads", "duration", "rate", "frame",
-              "flood", "flood_len", "idle_duration", "tcp_len", "table2_scale", "table2_duration",
+              "flood", "heavy_napi", "flood_len", "idle_duration", "tcp_len", "table2_scale",
+              "table2_duration",
               "rfc_frames", "rfc_trial", "rfc_reps", "rfc_resolution", "rfc_max_pps",
               "tester_prio", "rt_prio", "periodic_round_ms", "periodic_interval_us",
               "stream_warmup", "udp_len", "uniform_us")

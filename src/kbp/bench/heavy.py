@@ -32,18 +32,33 @@ from kbp.bench.modes import (
     EXCLUSIVE,
     NAPI,
     PART,
+    SYSFS_THREADED,
     AppEnv,
     AppPlace,
     Target,
     _Defaults,
     catalog,
     require_softirq_napi,
+    sysfs_net,
     thread_placement,
 )
 from kbp.bench.schema import Results
 
 if TYPE_CHECKING:
     from kbp.bench.runner import Bench
+
+
+#: --heavy-napi: where the heavy device's receive work starts.  ``sender`` (the default):
+#: as veth does it, the heavy device has no NAPI (GRO off) and RPS queues each packet to the
+#: RT CPU's backlog from the flood sender's CPU, so napi's RT CPU runs the backlog and the
+#: stack only, and the -part modes (which give the device a NAPI and poll it on the RT CPU)
+#: do more heavy-flow work there.  ``rt-cpu``: in every mode the heavy device has a
+#: per-packet NAPI (GRO on, gro_max_size 1600) that is threaded and pinned to the RT CPU
+#: (SCHED_OTHER), RPS off on it -- as a NIC whose interrupt is on the RT CPU polls it there
+#: (veth takes no interrupt: the NAPI thread is where the poll can be put); the exclusive
+#: CPU modes move that thread with the heavy receiver.
+HEAVY_NAPI_SENDER, HEAVY_NAPI_RT_CPU = "sender", "rt-cpu"
+HEAVY_NAPI = (HEAVY_NAPI_SENDER, HEAVY_NAPI_RT_CPU)
 
 
 class HeavyError(RuntimeError):
@@ -75,6 +90,7 @@ class HeavySide:
     nonrt_cpu: int
     flood: workloads.Flood
     cpu_now: int = -1
+    napi_pinned: bool = False       # --heavy-napi rt-cpu: the device's NAPI thread follows
 
     def receiver_pids(self) -> list[int]:
         srv = self.flood.server
@@ -93,17 +109,47 @@ class HeavySide:
         return []
 
     def place(self, cpu: int) -> None:
-        """The heavy device's RPS and the heavy receiver onto ``cpu`` (KnobError when the
-        mask does not stick)."""
-        rx = steer.read_rps(self.netns, self.dev)
-        steer.write_rps(self.netns, self.dev, dict.fromkeys(rx, rps.cpu_mask(cpu)))
-        got = rps.masks_cpus(steer.read_rps(self.netns, self.dev))
-        if got != [cpu]:
-            raise KnobError(f"{self.dev}: RPS to CPU {cpu} did not stick (reads {got})")
+        """The heavy device's receive work and the heavy receiver onto ``cpu``: its RPS, or
+        with ``napi_pinned`` its NAPI threads (KnobError when it does not stick)."""
+        if self.napi_pinned:
+            self.pin_napi(cpu)
+        else:
+            rx = steer.read_rps(self.netns, self.dev)
+            steer.write_rps(self.netns, self.dev, dict.fromkeys(rx, rps.cpu_mask(cpu)))
+            got = rps.masks_cpus(steer.read_rps(self.netns, self.dev))
+            if got != [cpu]:
+                raise KnobError(f"{self.dev}: RPS to CPU {cpu} did not stick (reads {got})")
         for tid in self.receiver_pids():
             with contextlib.suppress(OSError):
                 sysinfo.set_affinity(tid, [cpu])
         self.cpu_now = cpu
+
+    def napi_threads(self) -> dict[int, str]:
+        """The heavy device's NAPI threads now ({pid: comm}; none unless threaded)."""
+        from kbp.backends import probe
+        return probe.poller_threads(names.BACKEND_STOCK, self.dev, self.netns)
+
+    def pin_napi(self, cpu: int) -> list[dict[str, Any]]:
+        """Every NAPI thread of the heavy device onto ``cpu`` (KnobError when there is none
+        or it does not stick: the run would poll the heavy flow elsewhere); their placement."""
+        threads = self.napi_threads()
+        if not threads:
+            raise KnobError(f"{self.dev}: no NAPI thread to pin to CPU {cpu} (threaded off?)")
+        for pid in threads:
+            with contextlib.suppress(ProcessLookupError):
+                sysinfo.set_affinity(pid, [cpu])
+        got = [thread_placement(pid) for pid in threads]
+        bad = [g for g in got if not g.get("gone") and g.get("cpus") != [cpu]]
+        if bad:
+            raise KnobError(f"{self.dev}: NAPI threads not on CPU {cpu}: {bad}")
+        return got
+
+    def keep_placed(self) -> None:
+        """Before a run: with ``napi_pinned``, the device's NAPI threads where the heavy side
+        is now (a mode that re-created the NAPI, as the -part modes do, leaves its new
+        thread wherever the kernel started it)."""
+        if self.napi_pinned:
+            self.pin_napi(self.cpu_now)
 
 
 @dataclass
@@ -428,22 +474,48 @@ def bind_heavy(bench: Bench, heavy: HeavySide) -> None:
             mode.heavy = heavy
 
 
-def steer_to_rt_cpu(bench: Bench, heavy_link: str) -> steer.Steering:
+def steer_to_rt_cpu(bench: Bench, heavy_link: str, heavy_rps: bool = True,
+                    ) -> steer.Steering:
     """RPS of both server devices (the RT pair's and ``heavy_link``'s) to the RT CPU, put back
     when the testbed closes and applied again to an RT veth pair the runner recreates; with
     --nic-pair only the heavy device's (the RT port's interrupts are already on the RT
-    CPU)."""
+    CPU); without ``heavy_rps`` (--heavy-napi rt-cpu) not the heavy device's."""
     tb, place = bench.tb, bench.placement
     assert tb is not None and place is not None
     rt, hv = tb.link("rt"), tb.link(heavy_link)
     nic = rt.kind == "nic"
-    steering = steer.Steering(tb.server, [hv.dev_b] if nic else [rt.dev_b, hv.dev_b],
-                              place.cpu(pl.RT))
+    devs = ([] if nic else [rt.dev_b]) + ([hv.dev_b] if heavy_rps else [])
+    steering = steer.Steering(tb.server, devs, place.cpu(pl.RT))
     tb.defer(steering.undo)
     steering.apply()
     if not nic:
         bench.rt_link_hooks.append(lambda: steering.apply([rt.dev_b]))
     return steering
+
+
+def napi_on_rt_cpu(bench: Bench, heavy: HeavySide) -> dict[str, Any]:
+    """--heavy-napi rt-cpu: give the heavy device a per-packet NAPI, thread it (sysfs
+    ``threaded`` 1, SCHED_OTHER) and pin its thread to the RT CPU, RPS off on it, for every
+    mode of the run; each change undone when the testbed closes.  Returns what is in force,
+    read back from the kernel (for results.json)."""
+    tb = bench.tb
+    assert tb is not None
+    ns, dev = heavy.netns, heavy.dev
+    before = pt.napi_state(ns, dev)
+    tb.defer(pt.napi_restore, ns, dev, before)
+    state = pt.napi_per_packet(ns, dev)
+    rx = steer.read_rps(ns, dev)
+    tb.defer(steer.write_rps, ns, dev, rx)
+    steer.write_rps(ns, dev, dict.fromkeys(rx, "0"))
+    was = sysfs_net(ns, dev, SYSFS_THREADED)
+    tb.defer(sysfs_net, ns, dev, SYSFS_THREADED, was)
+    if sysfs_net(ns, dev, SYSFS_THREADED, "1") != "1":
+        raise HeavyError(f"{dev}: cannot turn threaded NAPI on for --heavy-napi rt-cpu")
+    heavy.napi_pinned = True
+    heavy.place(heavy.rt_cpu)
+    return {"where": HEAVY_NAPI_RT_CPU, **state, SYSFS_THREADED: "1",
+            "rps": rps.masks_cpus(steer.read_rps(ns, dev)),
+            "threads": [thread_placement(p) for p in heavy.napi_threads()]}
 
 
 def app_words(results: Results) -> str:

@@ -211,6 +211,10 @@ class Mode(Protocol):
 
 
 # -- helpers ---------------------------------------------------------------------------------
+#: the sysfs attribute that threads a device's NAPIs (/sys/class/net/DEV/threaded)
+SYSFS_THREADED: Final = "threaded"
+
+
 def sysfs_net(netns: str, dev: str, attr: str, value: str | None = None) -> str:
     """Read (or write, then read back) /sys/class/net/DEV/ATTR as seen inside ``netns``
     (OSError with the kernel's errno)."""

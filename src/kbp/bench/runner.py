@@ -129,6 +129,9 @@ class BenchConfig:
     # competing load: the flood's kind (--flood udp|tcp; None: the scenario's own, see
     # Scenario.flood), UDP payload and bitrate
     flood: str | None = None
+    # where the heavy device's NAPI polls (--heavy-napi, shared-cpu: kbp.bench.heavy's
+    # HEAVY_NAPI): "sender" (veth's way, no NAPI on the RT CPU) or "rt-cpu" (every mode)
+    heavy_napi: str = "sender"
     flood_len: int = 64
     flood_bitrate: str = "0"
     tcp_len: int = 0                 # rtt-tcp: iperf3 TCP write size (0: iperf3's 128 KiB)
@@ -287,6 +290,10 @@ class Bench(RunContext):
                                         *self.scenario.tools(self.cfg)}))
         if self.pair:
             self._check_nic_pair(self.pair)
+        if self.cfg.heavy_napi != "sender" and not self.scenario.heavy_napi_choices:
+            raise Aborted(f"--heavy-napi {self.cfg.heavy_napi}: scenario "
+                          f"{self.scenario.name} has no heavy device to poll elsewhere "
+                          "(shared-cpu has)")
 
     def _check_nic_pair(self, pair: tuple[str, str]) -> None:
         """--nic-pair: two usable ports, and no mode mix a NIC cannot serve in one run."""
@@ -348,7 +355,8 @@ class Bench(RunContext):
         """Planned duration of the whole benchmark (for the progress bar)."""
         assert self.scenario is not None
         n = max(len(self.runnable), 1)
-        return self.scenario.plan_seconds(self.cfg, n) + parts.common_seconds(self.cfg, n)
+        return (self.scenario.plan_seconds(self.cfg, n) + parts.common_seconds(self.cfg, n)
+                + self.scenario.modes_overhead_s(self.cfg, list(self.runnable)))
 
     def _fit_budget(self) -> None:
         """Fewer repetitions until the plan fits cfg.budget_s (the modes that run are known

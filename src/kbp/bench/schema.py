@@ -185,6 +185,7 @@ class LatencyRun(TypedDict, total=False):
     foreign_cpu: dict[str, Any]        # kbp.bench.foreign.check: another process on the RT CPU
     attempts: int                      # 1, or more when disturbed attempts were run again
     heavy: dict[str, Any]              # the heavy device over the run (shared-cpu, rt-split)
+    heavy_napi_threads: dict[str, Any]  # --heavy-napi rt-cpu: its NAPI threads' CPU share
     flood_block: dict[str, Any]        # the load's report over the block of runs
     table2: dict[str, Any]             # the Table 2 condition (part table2)
     steering: dict[str, Any]
@@ -279,6 +280,7 @@ class RunConfig(TypedDict, total=False):
     poisson: bool
     uniform_us: list[float] | None
     flood: str | None
+    heavy_napi: str                   # --heavy-napi: sender or rt-cpu (shared-cpu)
     flood_len: int
     flood_bitrate: str
     tcp_len: int
@@ -407,6 +409,7 @@ class Results(TypedDict, total=False):
     testbed_devices: dict[str, dict[str, Any]]
     client_ends: dict[str, Any]
     flood: dict[str, Any]
+    heavy_napi: dict[str, Any]          # shared-cpu: where the heavy NAPI polled
     steering: dict[str, Any]
     rt_split: dict[str, Any]
     stream_setup: dict[str, Any]

@@ -230,21 +230,41 @@ class ClientEnds:
 
 
 # -- the RT CPU check -------------------------------------------------------------------------
-RT_CPU_MARGIN = 0.10       # the RT CPU may process this share more than it should ...
-RT_CPU_SLACK = 500         # ... plus this many packets (the host's own traffic, iperf3's
-#                            control connection, ARP) over a run
+RT_CPU_SLACK = 1500        # packets over a run the check lets pass whatever the requests: the
+#                            host's own traffic (iperf3's control connection, ARP) and a
+#                            backlog's worth (netdev_max_backlog 1000) of heavy packets counted
+#                            on one side of the run's window and processed on the other
+RT_CPU_REQ_SLACK = 0.5     # ... plus this share of the RT requests: the replies are one packet
+#                            per request, so processing them on the RT CPU goes over the limit
 
 
-def rt_cpu_check(processed: int, heavy_packets: int, requests: int) -> dict[str, Any]:
+def rt_cpu_check(processed: int, heavy_packets: int, requests: int, *,
+                 heavy_moved: bool = False) -> dict[str, Any]:
     """Packets processed on the RT CPU over a run (softnet ``processed``) against what should
-    be processed there: the heavy device's packets (0 where the mode moved them away, but
-    they are an upper bound) plus the RT requests.  Replies and ACKs are the client ends'
-    (:class:`ClientEnds`); more than ``expected * (1 + RT_CPU_MARGIN) + RT_CPU_SLACK``
-    means some of them (or other work) was processed on the RT CPU: ``passed`` False."""
-    expected = heavy_packets + requests
-    limit = expected * (1.0 + RT_CPU_MARGIN) + RT_CPU_SLACK
+    be processed there: the heavy device's packets (none where the mode moved the heavy flow
+    to the non-RT CPU, ``heavy_moved``: the -excl modes and exclusive) plus the RT requests.
+    Replies and ACKs are the client ends' (:class:`ClientEnds`).  The slack is absolute and
+    tied to the request count, not a share of the heavy flow (a 10 % share of 3 million
+    heavy packets hid 7,000 replies): more than ``expected + RT_CPU_SLACK + requests x
+    RT_CPU_REQ_SLACK`` means the replies (or other work) were processed on the RT CPU:
+    ``passed`` False.  ``sees_replies``: the run had enough requests for their replies to
+    exceed the slack (fewer than ``RT_CPU_SLACK / (1 - RT_CPU_REQ_SLACK)`` cannot be told
+    from the noise).  Heavy packets dropped before they were processed make ``processed``
+    lower, so the check bounds the RT CPU's extra work from above only."""
+    expected = (0 if heavy_moved else heavy_packets) + requests
+    slack = RT_CPU_SLACK + requests * RT_CPU_REQ_SLACK
+    limit = expected + slack
     return {"processed": processed, "heavy_packets": heavy_packets, "requests": requests,
-            "expected_at_most": expected, "limit": limit,
-            "margin": RT_CPU_MARGIN, "slack": RT_CPU_SLACK,
+            "heavy_moved": heavy_moved, "expected_at_most": expected, "limit": limit,
+            "slack": slack, "extra": processed - expected,
+            "sees_replies": requests * (1.0 - RT_CPU_REQ_SLACK) > RT_CPU_SLACK,
             "per_request": processed / requests if requests else None,
             "passed": processed <= limit}
+
+
+def rt_cpu_expected_words(chk: dict[str, Any]) -> str:
+    """What the RT CPU should have processed in words: "559,000 heavy packets + 2,000 RT
+    requests", or "2,000 RT requests (the heavy flow moved away)"."""
+    if chk.get("heavy_moved"):
+        return f"{chk['requests']:,} RT requests (the heavy flow moved away)"
+    return f"{chk['heavy_packets']:,} heavy packets + {chk['requests']:,} RT requests"

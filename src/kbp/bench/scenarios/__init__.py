@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -132,6 +133,14 @@ class Scenario:
     def plan_seconds(self, cfg: BenchConfig, n_modes: int) -> float:
         """Planned run time (the progress bar's total)."""
         raise NotImplementedError
+
+    #: --heavy-napi values the scenario offers (empty: only the default, "sender")
+    heavy_napi_choices: tuple[str, ...] = ()
+
+    def modes_overhead_s(self, cfg: BenchConfig, mode_names: Sequence[str]) -> float:
+        """Planned seconds the named modes add over :meth:`plan_seconds`' per-run estimate
+        (their setup under load, settles): 0 unless a scenario measured them."""
+        return 0.0
 
     def run(self, bench: Bench) -> None:
         """Every repetition of every part; records land in bench.results / bench.samples."""

@@ -48,9 +48,11 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from kbp import sysinfo
 from kbp.bench import heavy as hs
 from kbp.bench import modes, plots, report, schema, steer
 from kbp.bench import parts as pt
@@ -74,6 +76,9 @@ NIC_CONDITIONS: dict[str, str] = {   # --nic-pair: the RT port's IRQ on the RT C
     "flood": "RT flow over the NIC pair with the heavy receiver's flood (RPS to the RT CPU)",
 }
 ACCEPT_FACTOR = 5.0
+FLOOD_RUN_S = 1.0       # modes_overhead_s: measured per-run costs over the plan (see there)
+KBPCTL_FLOOD_S = 0.8
+PART_FLOOD_S = 2.5
 ACCEPT_STAT = "p99"
 XMIT_NOTE = ("Note: xmit→poll ends where the RT device's veth NAPI poll hands the request "
              "up. In the modes that keep RPS on the RT device (napi, threaded, busypoll, "
@@ -98,6 +103,7 @@ class SharedCpu(Scenario):
     app_policy = "fifo"
     flood: str | None = "tcp"
     binds_heavy = True
+    heavy_napi_choices = hs.HEAVY_NAPI
     # every mode but the periodic ones: NetAP trades per-request latency for CPU on bulk
     # streams (scenario ``stream``); at 2000 RT requests/s its interval puts ms into every
     # round trip (measured: docs/results.md, "shared-cpu"). Named with --modes, they run here.
@@ -136,6 +142,28 @@ class SharedCpu(Scenario):
                                                                    (cfg.parts or []))
         return pt.plan_seconds(cfg, n_modes, len(cfg.loads)) + warm * 1.5
 
+    def modes_overhead_s(self, cfg: BenchConfig, mode_names: Sequence[str]) -> float:
+        """What the modes' runs took over the per-run plan in this host's demos (2026-11-29,
+        3 runs; planned 5.1 s a run): a flood run ~1 s more (napi 5.6-5.9 s), a mode that
+        settles after it (moves the heavy flow, or reconfigures the heavy device) its settle
+        in both conditions (exclusive 7.2-7.3 s under the flood), a kbpctl mode ~0.8 s more
+        under the flood (stock-hybrid 6.7-7.1 s), and a -part mode's enable of the heavy
+        device under the flood ~2.5 s more (9.4-10.4 s)."""
+        rtt = pt.RTT in (cfg.parts or [])
+        flood, idle = int("on" in cfg.loads), int("off" in cfg.loads)
+        if not rtt:
+            return 0.0
+        per_rep = 0.0
+        for name in mode_names:
+            info = modes.catalog().get(name)
+            if info is None:
+                continue
+            settles = info.moves_load or info.category == modes.PART
+            per_rep += flood * FLOOD_RUN_S + (flood + idle) * (cfg.settle_s if settles else 0)
+            per_rep += flood * (KBPCTL_FLOOD_S * (info.backend is not None)
+                                + PART_FLOOD_S * (info.category == modes.PART))
+        return cfg.reps * per_rep
+
     # -- the run --------------------------------------------------------------------------
     def run(self, bench: Bench) -> None:
         cfg, tb, place = bench.cfg, bench.tb, bench.placement
@@ -143,7 +171,8 @@ class SharedCpu(Scenario):
         rt_cpu = place.cpu(pl.RT)
         rt, fl = tb.link("rt"), tb.link("flood")
         nic = rt.kind == "nic"       # --nic-pair: its IRQ already lands on the RT CPU
-        steering = hs.steer_to_rt_cpu(bench, "flood")
+        pinned = cfg.heavy_napi == hs.HEAVY_NAPI_RT_CPU
+        steering = hs.steer_to_rt_cpu(bench, "flood", heavy_rps=not pinned)
         bench.results["steering"] = {
             "mechanism": "RT NIC IRQ + RPS of the flood" if nic else "RPS", "cpu": rt_cpu,
             "devices": steering.now(),
@@ -154,6 +183,8 @@ class SharedCpu(Scenario):
         flood = pt.start_flood(bench)
         heavy = hs.HeavySide(tb.server, fl.dev_b, rt_cpu, hs.nonrt_cpu(place), flood,
                              cpu_now=rt_cpu)
+        bench.results["heavy_napi"] = (hs.napi_on_rt_cpu(bench, heavy) if pinned else
+                                       {"where": hs.HEAVY_NAPI_SENDER})
         hs.bind_heavy(bench, heavy)
         load = pt.Patient(flood)
         irqs = tuple((bench.results.get("nic_pair") or {}).get("irqs", {}).get(rt.dev_b, ()))
@@ -175,7 +206,8 @@ class SharedCpu(Scenario):
         summ["rt_cpu_rx"] = rx_summary(runs)
         summ["flood_vs_idle"] = flood_vs_idle(runs)
         summ["acceptance"] = acceptance(summ["flood_vs_idle"], results.get("tails"))
-        summ["equal_work"] = equal_work(runs, report.placement_of(results).cpus.get(pl.RT))
+        place = report.placement_of(results)
+        summ["equal_work"] = equal_work(runs, place.cpus.get(pl.RT), place.cpus.get(pl.FLOOD))
         summ["per_mode"] = {"condition": "flood", "idle_condition": "idle",
                             "modes": report.per_mode(summ, results.get("tails") or {}, "flood",
                                                      idle="idle")}
@@ -184,7 +216,9 @@ class SharedCpu(Scenario):
     def render(self, results: Results) -> str:
         summ = summary_of(results)
         out = [acceptance_line(summ.get("acceptance") or {}), "",
-               f"RT app: {hs.app_words(results)}. Flood: {pt.flood_words(results)}.", ""]
+               " ".join(filter(None, [f"RT app: {hs.app_words(results)}. Flood: "
+                                      f"{pt.flood_words(results)}.",
+                                      heavy_napi_words(results)])), ""]
         ew = summ.get("equal_work") or {}
         other = [m for m, d in ew.items() if d.get("equal") is False]
         out += report.per_mode_section((summ.get("per_mode") or {}).get("modes") or {},
@@ -192,7 +226,8 @@ class SharedCpu(Scenario):
         if other:
             out += [f"{report.OTHER_WORK_MARK}: the RT CPU did other heavy-flow work per packet "
                     f"than in napi (by more than {EQUAL_WORK_TOLERANCE:.0%}; see \"Equal "
-                    "work?\" below): that heavy-flow ratio compares different work.", ""]
+                    "work?\" below): its heavy-flow rate is shown without a ratio to napi's, "
+                    "which would compare different work.", ""]
         out += equal_work_section(summ.get("equal_work") or {})
         out += flood_vs_idle_section(summ.get("flood_vs_idle") or {}, summ.get(pt.RTT))
         nic = bool(results.get("nic_pair"))
@@ -211,6 +246,21 @@ class SharedCpu(Scenario):
         return plots.standard(results, samples, out, conditions(results))
 
 
+def heavy_napi_words(results: Results) -> str:
+    """Where the heavy device's NAPI polled in the run (--heavy-napi), in words."""
+    hn = results.get("heavy_napi")
+    if not hn:
+        return ""                      # a run from before --heavy-napi: not recorded
+    if hn.get("where") == hs.HEAVY_NAPI_RT_CPU:
+        return ("Heavy NAPI: on the RT CPU in every mode (--heavy-napi rt-cpu: GRO on with "
+                f"gro_max_size {hn.get('gro_max_size')}, threaded, its thread pinned there, "
+                "RPS off; the exclusive CPU modes move it), as a NIC with its interrupt on "
+                "the RT CPU polls it.")
+    return ("Heavy NAPI: none on the RT CPU in napi (--heavy-napi sender: GRO off, the "
+            "sender's CPU hands each packet to RPS; the -part modes give it a NAPI polled "
+            "on the RT CPU).")
+
+
 def conditions(results: Results) -> dict[str, str]:
     """The conditions' titles: the RT device is a NIC port with --nic-pair, else RPS-steered."""
     return NIC_CONDITIONS if results.get("nic_pair") else CONDITIONS
@@ -223,6 +273,10 @@ def _probe(steering: steer.Steering, cpu: int, irqs: tuple[int, ...] = (),
     runner's RT CPU check) and bytes: the heavy flow's Gbit/s in this run, per mode (rt-split's
     :func:`~kbp.bench.heavy.heavy_rate`)."""
     def begin() -> Any:
+        if heavy is not None:
+            heavy.keep_placed()           # --heavy-napi rt-cpu: its NAPI thread where it goes
+        napi0 = _run_ns(heavy.napi_threads()) if heavy is not None and heavy.napi_pinned \
+            else None
         c0 = hs.heavy_counters(heavy) if heavy is not None else None
         t0 = time.monotonic()
         rx = steer.CpuRx(cpu, irqs=irqs)
@@ -233,10 +287,34 @@ def _probe(steering: steer.Steering, cpu: int, irqs: tuple[int, ...] = (),
             rec["rt_cpu_rx"] = rx.stop()
             rec["steering"] = masks
             c1 = hs.heavy_counters(heavy) if heavy is not None else None
+            wall = time.monotonic() - t0
             if c0 is not None and c1 is not None:
-                rec["heavy"] = hs.heavy_rate(c0, c1, time.monotonic() - t0)
+                rec["heavy"] = hs.heavy_rate(c0, c1, wall)
+            if napi0 is not None and heavy is not None:
+                rec["heavy_napi_threads"] = _napi_cpu(napi0, _run_ns(heavy.napi_threads()),
+                                                      wall, heavy.cpu_now)
         return end
     return begin
+
+
+def _run_ns(threads: dict[int, str]) -> dict[int, int]:
+    """Each thread's CPU time so far (ns, /proc/PID/schedstat); gone threads left out."""
+    out: dict[int, int] = {}
+    for pid in threads:
+        got = sysinfo.task_counters(pid).poll_ns
+        if got is not None:
+            out[pid] = got
+    return out
+
+
+def _napi_cpu(r0: dict[int, int], r1: dict[int, int], wall: float, cpu: int,
+              ) -> dict[str, Any]:
+    """The heavy device's NAPI threads over a run: their CPU share (% of the run's wall
+    time, threads present at both ends), the CPU they were pinned to and their placement
+    read back at the run's end."""
+    ns = sum(r1[p] - r0[p] for p in r1 if p in r0)
+    return {"cpu_pct": 100.0 * ns / 1e9 / max(wall, 1e-9), "threads": sorted(r1),
+            "cpu": cpu, "placement": [modes.thread_placement(p) for p in sorted(r1)]}
 
 
 def _rfc_under_flood(bench: Bench, rep: int, flood: pt.Patient) -> None:
@@ -286,36 +364,81 @@ def rx_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 EQUAL_WORK_TOLERANCE = 0.10     # per-packet RT-CPU work within this of napi's: equal work
+BOUND_PCT = 95.0                # a CPU this busy over a run bounds the heavy flow's rate
+#: the equal-work record's per-packet fields (µs per heavy packet on the RT CPU): all busy
+#: time, then by context: softirq (at IRQ exit or in ksoftirqd: NET_RX, /proc/stat's softirq)
+#: and task context (the NAPI threads', kbp pollers' and the apps' system time), and the
+#: polling threads' own run time (the mode's RT poller and the heavy device's non-rt one)
+EW_FIELDS = ("us_per_heavy_packet", "softirq_us", "task_us", "pollers_us")
 
 
-def equal_work(runs: list[dict[str, Any]], rt_cpu: int | None) -> dict[str, Any]:
+def _ew_rep(r: dict[str, Any], rt_cpu: int, flood_cpu: int | None) -> dict[str, float] | None:
+    """One flood run's equal-work numbers, None without CPU times or heavy packets."""
+    sys_ = r.get("sys") or {}
+    cpus = sys_.get("cpu") or {}
+    secs = (cpus.get(str(rt_cpu)) or {}).get("seconds") or {}
+    pkts = int((r.get("heavy") or {}).get("rx_packets") or 0)
+    if not secs or not pkts:
+        return None
+    per = 1e6 / pkts
+    busy = sum(v for k, v in secs.items() if k not in ("idle", "iowait"))
+    roles = sys_.get("threads_cpu_pct") or {}
+    wall = float(sys_.get("wall_s") or 0)
+    # the heavy device's NAPI thread: the non-rt poller in the -part modes; with
+    # --heavy-napi rt-cpu the pinned NAPI thread in every mode (the same thread in -part)
+    heavy_thread = max(float(roles.get("nonrt_poller") or 0),
+                       float((r.get("heavy_napi_threads") or {}).get("cpu_pct") or 0))
+    polling = float(roles.get("poller") or 0) + heavy_thread
+    out = {"us_per_heavy_packet": busy * per, "softirq_us": float(secs.get("softirq") or 0) * per,
+           "task_us": sum(float(secs.get(k) or 0) for k in ("user", "nice", "system")) * per,
+           "pollers_us": polling / 100 * wall * per,
+           "rt_cpu_busy_pct": float((cpus.get(str(rt_cpu)) or {}).get("busy_pct") or 0)}
+    if flood_cpu is not None and flood_cpu != rt_cpu and str(flood_cpu) in cpus:
+        out["sender_cpu_busy_pct"] = float(cpus[str(flood_cpu)].get("busy_pct") or 0)
+    return out
+
+
+def bound_by(rt_busy: float | None, sender_busy: float | None) -> str:
+    """Which CPU limited the heavy flow's rate in a run: the one ≥ BOUND_PCT busy (the
+    sender's when the flood sender's CPU is saturated: the RT CPU then had time to spare)."""
+    rt = rt_busy is not None and rt_busy >= BOUND_PCT
+    snd = sender_busy is not None and sender_busy >= BOUND_PCT
+    return {(True, True): "both", (True, False): "RT CPU", (False, True): "sender",
+            (False, False): "neither"}[(rt, snd)]
+
+
+def equal_work(runs: list[dict[str, Any]], rt_cpu: int | None,
+               flood_cpu: int | None = None) -> dict[str, Any]:
     """Per mode under the flood: the RT CPU's busy time per heavy-device packet (µs; all of
-    the CPU's non-idle time over the run, over the heavy device's received packets), its
-    ratio to napi's (median of per-repetition ratios) and whether it is within
-    EQUAL_WORK_TOLERANCE of napi's: only then does a heavy-flow ratio to napi compare the
-    same work (issue 38: napi's heavy device runs no NAPI on the RT CPU, GRO off; the -part
-    modes turn GRO on and poll the veth NAPI there; the -excl modes move it away)."""
+    the CPU's non-idle time over the run, over the heavy device's received packets), split
+    by context (:data:`EW_FIELDS`), its ratio to napi's (median of per-repetition ratios),
+    whether it is within EQUAL_WORK_TOLERANCE of napi's (only then does a heavy-flow ratio
+    to napi compare the same work: napi's heavy device runs no NAPI on the RT CPU, GRO off;
+    the -part modes turn GRO on and poll the veth NAPI there; the -excl modes move it away),
+    and which CPU bounded the heavy flow (:func:`bound_by`, per repetition)."""
     if rt_cpu is None:
         return {}
-    per: dict[str, dict[int, float]] = defaultdict(dict)
+    per: dict[str, dict[int, dict[str, float]]] = defaultdict(dict)
     for r in runs:
         if r.get("condition") != "flood":
             continue
-        cpu = ((r.get("sys") or {}).get("cpu") or {}).get(str(rt_cpu)) or {}
-        secs = cpu.get("seconds") or {}
-        pkts = int((r.get("heavy") or {}).get("rx_packets") or 0)
-        if secs and pkts:
-            busy = sum(v for k, v in secs.items() if k not in ("idle", "iowait"))
-            per[r["mode"]][int(r["rep"])] = busy / pkts * 1e6
+        rec = _ew_rep(r, rt_cpu, flood_cpu)
+        if rec is not None:
+            per[r["mode"]][int(r["rep"])] = rec
     base = per.get(modes.BASELINE) or {}
     out: dict[str, Any] = {}
     for mode, by_rep in per.items():
-        ratios = [v / base[k] for k, v in by_rep.items() if base.get(k)]
+        ratios = [v["us_per_heavy_packet"] / base[k]["us_per_heavy_packet"]
+                  for k, v in by_rep.items() if base.get(k, {}).get("us_per_heavy_packet")]
         r = aggregate(ratios)
         med = r.get("median")
-        out[mode] = {"us_per_heavy_packet": aggregate(by_rep.values()), "ratio_to_napi": r,
-                     "equal": None if med is None else
-                     abs(med - 1.0) <= EQUAL_WORK_TOLERANCE}
+        d: dict[str, Any] = {f: aggregate(v[f] for v in by_rep.values()) for f in EW_FIELDS}
+        for f in ("rt_cpu_busy_pct", "sender_cpu_busy_pct"):
+            d[f] = aggregate(v[f] for v in by_rep.values() if f in v)
+        bounds = sorted({bound_by(v.get("rt_cpu_busy_pct"), v.get("sender_cpu_busy_pct"))
+                         for v in by_rep.values()})
+        out[mode] = {**d, "ratio_to_napi": r, "bound_by": bounds,
+                     "equal": None if med is None else abs(med - 1.0) <= EQUAL_WORK_TOLERANCE}
     return out
 
 
@@ -323,22 +446,32 @@ def equal_work_section(ew: dict[str, Any]) -> list[str]:
     if not ew:
         return []
     unequal = [m for m in report._modes_in(ew) if ew[m].get("equal") is False]
+    sender = [m for m in report._modes_in(ew) if "sender" in (ew[m].get("bound_by") or [])]
     rows = ["**Equal work?** The RT CPU's busy time per heavy-flow packet under the flood "
             "(µs; median of repetitions [min-max] x ratio to napi, median of per-repetition "
-            f"ratios). Within {EQUAL_WORK_TOLERANCE:.0%} of napi's: the modes do the same "
-            "heavy-flow work on the RT CPU, and their heavy-flow and tail ratios compare like "
-            "with like. "
-            + (f"Not so for {', '.join(unequal)}: their heavy-flow ratio to napi compares "
-               "different work (another GRO setting, the veth poll on the RT CPU, or the heavy "
-               "flow moved away), read it as such." if unequal else
-               "Every mode is within it."), "",
-            "| mode | RT CPU µs per heavy packet | equal work |", "|---|---|---|"]
+            "ratios), split by context: softirq (NET_RX at IRQ exit or in ksoftirqd), task "
+            "(NAPI threads, kbp pollers, apps: system and user time), and the polling threads' "
+            f"own run time (RT poller + non-rt poller). Within {EQUAL_WORK_TOLERANCE:.0%} of "
+            "napi's: the modes do the same heavy-flow work on the RT CPU, and their heavy-flow "
+            "ratios compare like with like. "
+            + (f"Not so for {', '.join(unequal)}: the headline shows their heavy-flow rate "
+               "without a ratio (another GRO setting, the veth poll on the RT CPU, or the heavy "
+               "flow moved away)." if unequal else "Every mode is within it.")
+            + (f" Bound by: the CPU ≥ {BOUND_PCT:g} % busy in a repetition; sender-bound "
+               f"({', '.join(sender)}): the flood sender's CPU, not the RT CPU, set the heavy "
+               "rate, so the RT CPU had time to spare." if sender else ""), "",
+            "| mode | RT CPU µs per heavy packet | softirq µs | task µs | polling threads µs "
+            "| RT CPU busy % | sender CPU busy % | bound by | equal work |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for mode in report._modes_in(ew):
         d = ew[mode]
         us = dict(d.get("us_per_heavy_packet") or {})
         us["ratio_to_napi"] = d.get("ratio_to_napi") or {}
         eq = {True: "yes", False: "**no**", None: "-"}[d.get("equal")]
-        rows.append(f"| {mode} | {report.cell(us)} | {eq} |")
+        ctx = " | ".join(report.cell(d.get(f)) for f in (*EW_FIELDS[1:], "rt_cpu_busy_pct",
+                                                          "sender_cpu_busy_pct"))
+        rows.append(f"| {mode} | {report.cell(us)} | {ctx} | "
+                    f"{', '.join(d.get('bound_by') or []) or '-'} | {eq} |")
     return [*rows, ""]
 
 

@@ -267,6 +267,19 @@ def test_equal_work_flags_modes_with_other_heavy_work_on_the_rt_cpu() -> None:
     assert any("| 6 x0.65 |" in ln for ln in plain), plain
 
 
+def test_equal_work_counts_the_pinned_heavy_napi_thread_only_on_the_rt_cpu() -> None:
+    """--heavy-napi rt-cpu: the heavy device's NAPI thread is a polling thread of the RT CPU
+    in napi too, but not in exclusive, which moves it to the other CPU (its 1.7 µs per
+    packet there were counted as the RT CPU's in the first variant run)."""
+    napi = _ew_run("napi", 0, 2.9, 1_500_000)
+    napi["heavy_napi_threads"] = {"cpu_pct": 40.0, "cpu": 1}
+    excl = _ew_run("exclusive", 0, 0.1, 1_500_000)
+    excl["heavy_napi_threads"] = {"cpu_pct": 60.0, "cpu": 0}
+    ew = shared_cpu.equal_work([napi, excl], 1, 0)
+    assert ew["napi"]["pollers_us"]["median"] == pytest.approx(0.4 * 3.0 / 1.5)
+    assert ew["exclusive"]["pollers_us"]["median"] == 0.0
+
+
 def test_bound_by_names_the_saturated_cpu() -> None:
     assert shared_cpu.bound_by(99.0, 60.0) == "RT CPU"
     assert shared_cpu.bound_by(70.0, 99.5) == "sender"

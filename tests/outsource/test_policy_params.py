@@ -388,7 +388,7 @@ def test_set_is_refused_by_an_older_module_unless_forced(
     assert kernel.record()["module_params"]["written"] is False     # type: ignore[index]
     assert sorted(p.name for p in kernel.params.iterdir()) == ["idle_poll_us"]
     st = policy.status()
-    assert any("it predates issue 37" in w for w in st["warnings"])
+    assert any("an older kbp_so without the guest-user policy" in w for w in st["warnings"])
     assert _cli(capsys, "clear")[0] == 0
 
 

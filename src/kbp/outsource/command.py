@@ -187,7 +187,8 @@ def cmd_set(args: argparse.Namespace) -> int:
                              "attaches\n")
         if not mp["written"]:
             sys.stderr.write("kbpctl: warning (--force): this kbp_so has no policy "
-                             "parameters (it predates issue 37): nothing written, it serves "
+                             "parameters (an older kbp_so without the guest-user policy): "
+                             "nothing written, it serves "
                              "protocol 253 to any guest user\n")
     _out(textwrap.fill(FILTERS_SEE, 100, break_on_hyphens=False))
     return EXIT_OK

@@ -403,9 +403,9 @@ def check_params(mod: procfile.Module | None, force: bool) -> bool:
         return True
     if not force:
         raise Unavailable(f"this kbp_so does not enforce a policy itself (no {PARAMS}/cgroup: "
-                          "it predates issue 37 and serves protocol 253 to any guest user): "
-                          "load the current kbp_so, or give --force to set the BPF redirect "
-                          "alone")
+                          "an older kbp_so without the guest-user policy, which serves "
+                          "protocol 253 to any guest user): load the current kbp_so, or give "
+                          "--force to set the BPF redirect alone")
     return False
 
 
@@ -731,9 +731,9 @@ def status() -> dict[str, Any]:
     elif not readable:
         module = {"state": "unknown"}
     if mod is not None and params is None:
-        warnings.append(f"kbp_so has no policy parameters (no {PARAMS}/cgroup: it predates "
-                        "issue 37): it serves protocol 253 to any guest user; load the "
-                        "current kbp_so")
+        warnings.append(f"kbp_so has no policy parameters (no {PARAMS}/cgroup: an older "
+                        "kbp_so without the guest-user policy): it serves protocol 253 to "
+                        "any guest user; load the current kbp_so")
     warnings += policy_warnings(st if policy and policy.get("cgroup") else None, params)
     return {"schema": "kbpctl-outsource/1", "policy": policy, "module": module,
             "sockets": socks,

@@ -386,8 +386,10 @@ def _ew_rep(r: dict[str, Any], rt_cpu: int, flood_cpu: int | None) -> dict[str, 
     wall = float(sys_.get("wall_s") or 0)
     # the heavy device's NAPI thread: the non-rt poller in the -part modes; with
     # --heavy-napi rt-cpu the pinned NAPI thread in every mode (the same thread in -part)
+    # (counted only while pinned to the RT CPU: the exclusive CPU modes move it away)
+    hn = r.get("heavy_napi_threads") or {}
     heavy_thread = max(float(roles.get("nonrt_poller") or 0),
-                       float((r.get("heavy_napi_threads") or {}).get("cpu_pct") or 0))
+                       float(hn.get("cpu_pct") or 0) if hn.get("cpu") == rt_cpu else 0.0)
     polling = float(roles.get("poller") or 0) + heavy_thread
     out = {"us_per_heavy_packet": busy * per, "softirq_us": float(secs.get("softirq") or 0) * per,
            "task_us": sum(float(secs.get(k) or 0) for k in ("user", "nice", "system")) * per,

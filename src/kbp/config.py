@@ -361,7 +361,8 @@ def converge(cfg: Config, dry_run: bool = False, state: Any = None) -> list[Acti
         cfg.rt_class.validate()
         classes = rtclass.scan(cfg.rt_class)
     status = backends.status(state=st)
-    problems = {(d.name, d.netns): d.problems for d in status.devices if d.backend}
+    problems = {(d.name, d.netns): [str(p) for p in d.problems]
+                for d in status.devices if d.backend}
     actions = plan(cfg, st.records(), backend_for, problems, classes)
     if dry_run:
         return actions

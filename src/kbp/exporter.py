@@ -41,7 +41,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from kbp import config, names
+from kbp import config, names, problems
 from kbp.backends import DeviceStatus, NapiStatus, PollerStatus, Status
 from kbp.errors import InvalidInput, NotRoot, OperationFailed
 
@@ -58,37 +58,9 @@ THREAD_LABELS = (*NAPI_LABELS, "comm")
 SECTIONS = ("status", "backends", "kernel", "pollers", "periodic", "devices", "napis",
             "threads", "problems")
 
-# Problem kinds: what kbp_problems{kind} counts. status reports problems as sentences (one
-# line, with what to do); each kind is recognized by words its sentences share. The first
-# match wins; "other" is a sentence no pattern knows (a new one: add it here).
-PROBLEM_KINDS: tuple[tuple[str, str], ...] = (
-    ("interrupted", r"enable was interrupted"),
-    ("device_gone", r" is gone: |^no device "),
-    ("needs_root", r"needs root|CAP_NET_ADMIN only"),
-    ("module_not_loaded", r"the kbp module is not loaded"),
-    ("module_silent", r"the kbp module did not say"),
-    ("detached", r"is not attached to the module any more"),
-    ("device_down", r" is down \(or its NAPIs cannot be hooked\)"),
-    ("no_napi", r"has no NAPI now"),
-    ("not_threaded", r"is not threaded"),
-    ("no_thread", r"has no thread"),
-    ("sched_drift", r"thread \d+ (\(class non-rt\) )?runs "),
-    ("periodic_drift", r"^poller kbp/\d+(:\S+)? runs "),
-    ("poller_stuck", r"^poller kbp/\d+:\S+ is stuck: "),
-    ("misplaced", r"^NAPI #\d+ \(id \d+\) is served on CPU \d+, (not CPU |which the "
-                  r"queue map)"),
-    ("periodic_service", r"periodic service"),
-    ("rps_on", r"^RPS is on "),
-    ("preempt", r"preemption model "),
-)
-PROBLEM_OTHER = "other"
-PROBLEM_KIND_NAMES = (*(k for k, _ in PROBLEM_KINDS), PROBLEM_OTHER)
-_PROBLEM_RES = tuple((k, re.compile(p)) for k, p in PROBLEM_KINDS)
-
-
-def problem_kind(text: str) -> str:
-    """The short kind of one of status's problem sentences (:data:`PROBLEM_KINDS`)."""
-    return next((k for k, rx in _PROBLEM_RES if rx.search(text)), PROBLEM_OTHER)
+# Problem kinds: what kbp_problems{kind} counts. Each problem status reports carries its kind,
+# given where it is found (kbp.problems.Problem); no sentence is read for it.
+PROBLEM_KIND_NAMES = problems.KINDS
 
 
 def metric_name(counter: str) -> str:
@@ -394,10 +366,11 @@ def problem_metrics(st: Status) -> Iterator[Metric]:
         if not d.backend:  # status shows problems of served devices only
             continue
         for p in d.problems:
-            counts[problem_kind(p)] += 1
+            counts[p.kind] += 1
         per_dev.add_metric(_device_labels(d), len(d.problems))
+    note: problems.Problem
     for note in (st.preempt or {}).get("notes") or []:
-        counts[problem_kind(str(note))] += 1
+        counts[note.kind] += 1
     fam = GaugeMetricFamily(f"{PREFIX}_problems", "problems kbpctl status reports now, by "
                             "kind (docs/kbpctl.md, Monitoring); 'kbpctl status' says what to "
                             "do about each", labels=["kind"])

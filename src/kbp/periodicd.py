@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from kbp import names, netap, sysinfo
+from kbp.problems import PERIODIC_SERVICE, Problem
 from kbp.state import Record, StateDir, TargetGone, read_record
 
 KIND = "periodicd"
@@ -213,7 +214,7 @@ def params(periodic: Mapping[str, Any]) -> netap.Params:
                         int(periodic.get("max_round") or d["max_round"]))
 
 
-def describe(root: Path, rec: Record) -> tuple[dict[str, Any], list[str]]:
+def describe(root: Path, rec: Record) -> tuple[dict[str, Any], list[Problem]]:
     """A stock periodic device's ``periodic`` status and its problems."""
     per = dict(rec.request.get("periodic") or {})
     out: dict[str, Any] = {"interval_us": per.get("interval_us"), "search": None,
@@ -226,8 +227,8 @@ def describe(root: Path, rec: Record) -> tuple[dict[str, Any], list[str]]:
     problems = []
     if info is None or info.get("journal") != rec.started:
         if rec.complete:
-            problems.append(f"the periodic service of {rec.dev} was never started: "
-                            "'kbpctl apply' or enable again starts it")
+            problems.append(Problem(PERIODIC_SERVICE, f"the periodic service of {rec.dev} was "
+                                    "never started: 'kbpctl apply' or enable again starts it"))
         return out, problems
     running = alive(info)
     svc = {k: info.get(k) for k in ("pid", "status", "reason", "rounds", "idle_rounds",
@@ -241,10 +242,11 @@ def describe(root: Path, rec: Record) -> tuple[dict[str, Any], list[str]]:
             " (killed, or crashed: see " \
             f"{log_file(root, rec.dev, rec.netns)})"
         stays = f" stays at {info['applied_us']} us" if info.get("applied_us") else " stays"
-        problems.append(f"the periodic service (pid {info.get('pid')}) is not running{why}: "
-                        f"the interval{stays} and no longer adapts; 'kbpctl disable "
-                        f"{rec.dev}' restores the device, 'kbpctl apply' or enable again "
-                        "restarts the search")
+        problems.append(Problem(
+            PERIODIC_SERVICE,
+            f"the periodic service (pid {info.get('pid')}) is not running{why}: the "
+            f"interval{stays} and no longer adapts; 'kbpctl disable {rec.dev}' restores the "
+            "device, 'kbpctl apply' or enable again restarts the search"))
     return out, problems
 
 

@@ -28,6 +28,7 @@ import contextlib
 from dataclasses import dataclass, field
 
 from kbp.netdev import NetFS
+from kbp.problems import RPS_ON, Problem
 from kbp.sysinfo import HOST, Host, format_cpulist
 
 RPS_CPUS = "rps_cpus"
@@ -198,7 +199,8 @@ def kept_warning(dev: str, netns: str | None, rps: Rps) -> str:
             "enable without --keep-rps turns it off")
 
 
-def drift_problem(dev: str, rps: Rps) -> str:
+def drift_problem(dev: str, rps: Rps) -> Problem:
     """A ``status`` problem: RPS came back on after ``enable`` turned it off."""
-    return (f"RPS is on ({rps.summary()}): the poller's packets are re-queued to the backlog "
-            f"softirq of {rps.where()}; 'kbpctl apply' or enable again turns it off")
+    return Problem(RPS_ON, f"RPS is on ({rps.summary()}): the poller's packets are re-queued "
+                   f"to the backlog softirq of {rps.where()}; 'kbpctl apply' or enable again "
+                   "turns it off")

@@ -32,6 +32,7 @@ from kbp.backends import (
 )
 from kbp.backends.stock import StockBackend
 from kbp.errors import InvalidInput, NotRoot
+from kbp.problems import PREEMPT, Problem
 from kbp.render import cpu_poller_lines, preempt_lines
 from kbp.state import Change, Record
 from kbp.sysinfo import FreqReport, PreemptModel
@@ -181,8 +182,10 @@ def test_preempt_note_only_for_stock_rt_and_non_rt_on_one_cpu_without_preemption
     both = _cpu(1, ("rt", "stock"), ("non-rt", "stock"))
     cpus = [both, _cpu(2, ("rt", "stock")), _cpu(3, ("rt", "kmod"), ("non-rt", "kmod"))]
     (note,) = preempt_notes(PreemptModel("none", "debugfs"), cpus)
-    assert note.startswith("CPU 1: preemption model none: the rt NAPI thread t0 (SCHED_FIFO) "
-                           "may wait for a whole 64-packet poll of the non-rt thread t1")
+    assert note.kind == PREEMPT
+    assert note.text.startswith("CPU 1: preemption model none: the rt NAPI thread t0 "
+                                "(SCHED_FIFO) may wait for a whole 64-packet poll of the "
+                                "non-rt thread t1")
     assert preempt_notes(PreemptModel("full", "debugfs"), cpus) == []
 
 
@@ -193,8 +196,9 @@ def test_status_shows_classes_pollers_per_cpu_and_the_model() -> None:
         CpuPoller("non-rt", "stock", 101, "napi/eth2-9", "SCHED_OTHER", 0, 5, ["eth2"])])
     st = Status("6.18", "stock", {}, [d], [], FreqReport(False, [], ""), [cpu],
                 preempt={"model": "none", "source": "debugfs", "preempts_kernel": False,
-                         "notes": ["CPU 1: ..."]})
+                         "notes": [Problem(PREEMPT, "CPU 1: ...")]})
     js = st.to_json()
+    assert js["preempt"]["notes"] == ["CPU 1: ..."]   # the sentences, as before
     assert js["devices"][0]["class"] == "non-rt" and js["devices"][0]["nice"] == 5
     assert "cls" not in js["devices"][0]
     assert [p["class"] for p in js["polling_cpus"][0]["pollers"]] == ["rt", "non-rt"]

@@ -7,6 +7,7 @@ stock-backend device over HTTP)."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import socket
@@ -20,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from kbp import cli, exporter, names, periodicd, rps
+from kbp import cli, exporter, names, periodicd, problems, rps
 from kbp.backends import (
     BackendInfo,
     CpuPoller,
@@ -38,6 +39,7 @@ from kbp.backends.stock import StockBackend
 from kbp.errors import EXIT_FAILED, EXIT_USAGE
 from kbp.exporter import KbpCollector, metric_name
 from kbp.kmod import NapiInfo
+from kbp.problems import Problem
 from kbp.state import Record, StateDir
 from kbp.sysinfo import FreqReport, PreemptModel
 
@@ -88,10 +90,11 @@ def make_status() -> Status:
                              [rps.RpsQueue("rx-0", "3", 0)], 0))])
     gone = DeviceStatus(name="veth9", netns="blue", ifindex=None, kind=None, backend="stock",
                         mode="hybrid", complete=False,
-                        problems=["veth9 is gone: 'kbpctl disable veth9' restores the rest "
-                                  "and forgets it",
-                                  "enable was interrupted after 2 change(s): 'kbpctl disable "
-                                  "veth9' restores, 'kbpctl enable' or 'kbpctl apply' redoes it"])
+                        problems=[Problem(problems.DEVICE_GONE, "veth9 is gone: 'kbpctl "
+                                          "disable veth9' restores the rest and forgets it"),
+                                  Problem(problems.INTERRUPTED, "enable was interrupted after 2 "
+                                          "change(s): 'kbpctl disable veth9' restores, 'kbpctl "
+                                          "enable' or 'kbpctl apply' redoes it")])
     eth0 = DeviceStatus(name="eth0", netns=None, ifindex=2, kind=None, backend=None,
                         managed=False, counters={"packets": 77, "polls": None})
     return Status(kernel="6.18.0-test", auto="kmod",
@@ -100,7 +103,7 @@ def make_status() -> Status:
                   devices=[eth0, eth1, veth0, gone], pollers=[busy, nonrt, per],
                   cpufreq=FreqReport(False),
                   preempt={"model": "none", "source": "uname -v", "preempts_kernel": False,
-                           "notes": [PREEMPT_NOTE]})
+                           "notes": [Problem(problems.PREEMPT, PREEMPT_NOTE)]})
 
 
 def scrape(collector: KbpCollector) -> dict[str, Sample | object]:
@@ -235,11 +238,12 @@ def test_problem_kinds_of_the_sentences_status_writes(tmp_path: Path) -> None:
 
     km = KmodBackend(state=state)
     st = StockBackend(state=state)
-    said: dict[str, list[str]] = {
+    said: dict[str, list[Problem]] = {
         "module_not_loaded": km._status("kbpx-nodev", None, rec(), None, False).problems,
         "module_silent": km._status("kbpx-nodev", None, rec(), None, True, "EIO").problems,
         "detached": km._status("kbpx-nodev", None, rec(), None, True).problems,
-        "needs_root": st._describe_unprivileged("kbpx-nodev", "kbpx-ns", rec()).problems,
+        "needs_root": st._describe_unprivileged("kbpx-nodev", "kbpx-ns", rec()).problems
+        + km._status("kbpx-nodev", None, rec(), None, True, "EPERM", needs_root=True).problems,
         "periodic_service": periodicd.describe(tmp_path, rec(periodic={"interval_us": None}))[1],
         "rps_on": [rps.drift_problem("x", rps.Rps([rps.RpsQueue("rx-0", "3", 0)], 0))],
         "no_napi": st._problems(rec(), DeviceStatus("x", None, 1, None, "stock")),
@@ -277,12 +281,70 @@ def test_problem_kinds_of_the_sentences_status_writes(tmp_path: Path) -> None:
         CpuPoller("rt", "stock", 1, "napi/a-1", "SCHED_FIFO", 50, None),
         CpuPoller("non-rt", "stock", 2, "napi/b-2", "SCHED_OTHER", 0, 0)])]
     said["preempt"] = preempt_notes(PreemptModel("none", "uname -v"), cpus)
-    for kind, sentences in said.items():
-        assert sentences, kind
-        assert {exporter.problem_kind(s) for s in sentences} == {kind}, sentences
-    assert exporter.problem_kind("something nobody wrote yet") == "other"
+    for kind, found in said.items():
+        assert found, kind
+        assert {p.kind for p in found} == {kind}, found
     assert set(said) | {"other", "device_gone", "device_down"} == \
         set(exporter.PROBLEM_KIND_NAMES)
+
+
+def _problem_kinds_made(tree: ast.AST) -> set[str]:
+    """The kinds kbp.problems' constants name in the kind argument of the ``Problem(KIND,
+    ...)`` calls in ``tree`` (``Problem(p.kind, ...)`` passes one on: not counted)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id == "Problem" and node.args:
+            for n in ast.walk(node.args[0]):
+                kind = getattr(problems, n.id, None) if isinstance(n, ast.Name) else None
+                if kind in problems.KINDS:
+                    out.add(kind)
+    return out
+
+
+def test_every_kind_is_given_where_the_problem_is_found() -> None:
+    """Issue 39: each kind kbp_problems{kind} reports is set by the code that finds the
+    problem (a Problem made there), and the exporter reads the kind, never the sentence: no
+    pattern over problem texts is left in it."""
+    made: set[str] = set()
+    for path in sorted((REPO / "src/kbp").rglob("*.py")):
+        made |= _problem_kinds_made(ast.parse(path.read_text(), str(path)))
+    assert made == set(problems.KINDS) - {problems.OTHER}, made
+    assert exporter.PROBLEM_KIND_NAMES == problems.KINDS
+    assert len(set(problems.KINDS)) == len(problems.KINDS)
+    assert not hasattr(exporter, "problem_kind") and not hasattr(exporter, "PROBLEM_KINDS")
+    tree = ast.parse(Path(exporter.__file__).read_text())
+    uses_re = {getattr(top, "name", "<module>") for top in tree.body for n in ast.walk(top)
+               if isinstance(n, ast.Name) and n.id == "re"}
+    assert uses_re == {"parse_listen"}, uses_re   # --listen ADDR:PORT, not problems
+    with pytest.raises(ValueError, match="unknown problem kind"):
+        Problem("misplace", "a kind nobody counts")
+
+
+def test_a_reworded_problem_keeps_its_kind() -> None:
+    """The regression issue 39 names: a sentence reworded so that none of the exporter's old
+    patterns matches it is still counted under its own kind, never as other; status prints
+    the sentence as written, in text and JSON."""
+    new = {problems.MISPLACED: "queue 1 polled elsewhere",
+           problems.POLLER_STUCK: "kbp/3 hangs on to its NAPIs",
+           problems.RPS_ON: "steering is back",
+           problems.NEEDS_ROOT: "ask again as the superuser"}
+    st = make_status()
+    eth1 = next(d for d in st.devices if d.name == "eth1")
+    eth1.problems = [Problem(k, t) for k, t in new.items()]
+    st.preempt = dict(st.preempt or {}, notes=[Problem(problems.PREEMPT, "CPU 1 may wait")])
+    fams = scrape(KbpCollector(lambda: st))
+    probs = {s.labels["kind"]: s.value for s in samples(fams, "kbp_problems")}
+    assert {k: v for k, v in probs.items() if v} == {
+        problems.MISPLACED: 1, problems.POLLER_STUCK: 1, problems.RPS_ON: 2,
+        problems.NEEDS_ROOT: 1, problems.DEVICE_GONE: 1, problems.INTERRUPTED: 1,
+        problems.PREEMPT: 1}
+    assert probs[problems.OTHER] == 0
+    assert value(fams, "kbp_device_problems", device="eth1") == 4
+    js = json.loads(json.dumps(st.to_json()))
+    (d,) = [d for d in js["devices"] if d["name"] == "eth1"]
+    assert d["problems"] == list(new.values())
+    assert js["preempt"]["notes"] == ["CPU 1 may wait"]
 
 
 # -- faults ----------------------------------------------------------------------------------

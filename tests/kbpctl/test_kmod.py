@@ -23,6 +23,7 @@ from kbp.backends import EnableRequest
 from kbp.backends import kmod as kmod_backend
 from kbp.errors import EXIT_UNAVAILABLE, Unavailable
 from kbp.netdev import Link
+from kbp.problems import DETACHED, MISPLACED, MODULE_SILENT, NEEDS_ROOT, Problem
 from kbp.state import StateDir
 
 from .conftest import REPO
@@ -489,14 +490,14 @@ def test_kmod_enable_reports_where_the_module_placed_each_queue(
     be.enable(EnableRequest(["eth1"], cpus=[0, 1]))
     mod.ignore_map = True           # the module changed its mind behind kbpctl's back
     devs, _ = be.describe(None, None, be.state.records())
-    assert any("NAPI #1 (id 8194) is served on CPU 0, not CPU 1" in p
-               for p in devs[0].problems), devs[0].problems
+    assert any("NAPI #1 (id 8194) is served on CPU 0, not CPU 1" in p.text
+               and p.kind == MISPLACED for p in devs[0].problems), devs[0].problems
     assert kmod_backend.placement_problems(None, []) == []
     # the module's numbering is not kbpctl's (TX NAPIs counted: RX queue 1 is #2)
     odd = [kmod.NapiInfo(index=0, id=8193, cpu=0), kmod.NapiInfo(index=2, id=8195, cpu=0)]
-    assert kmod_backend.placement_problems([[0, 0], [1, 1]], odd) == [
-        "NAPI #2 (id 8195) is served on CPU 0, which the queue map it was enabled with does "
-        "not name (it names NAPIs #0, #1)"]
+    assert kmod_backend.placement_problems([[0, 0], [1, 1]], odd) == [Problem(
+        MISPLACED, "NAPI #2 (id 8195) is served on CPU 0, which the queue map it was enabled "
+        "with does not name (it names NAPIs #0, #1)")]
     # fewer queues than when it was enabled (ethtool -L): nothing wrong
     assert kmod_backend.placement_problems([[0, 0], [1, 1]], odd[:1]) == []
 
@@ -618,18 +619,19 @@ def test_unmanaged_device_of_another_netns(tmp_path: Path,
 def test_status_says_why_the_module_cannot_answer(tmp_path: Path) -> None:
     st = journaled(tmp_path)
     (d,) = describe(NetnsModule(error=errno.EPERM), st, "blue", ["eth1"])
-    assert d.napis == [] and len(d.problems) == 1
-    assert d.problems[0].startswith("the kbp module did not say how it serves eth1: "
-                                    "dev-get eth1: Operation not permitted")
+    assert d.napis == [] and len(d.problems) == 1 and d.problems[0].kind == MODULE_SILENT
+    assert d.problems[0].text.startswith("the kbp module did not say how it serves eth1: "
+                                         "dev-get eth1: Operation not permitted")
     class Unprivileged(NetnsModule):
         def devices(self) -> list[kmod.Device]:
             raise kmod.KbpError(errno.EPERM, "", "dev-get")
 
     (d,) = describe(Unprivileged(), st, None, None)
-    assert "'sudo kbpctl status'" in d.problems[0] and "EPERM" in d.problems[0]
+    assert "'sudo kbpctl status'" in d.problems[0].text and "EPERM" in d.problems[0].text
+    assert d.problems[0].kind == NEEDS_ROOT
     (d,) = describe(NetnsModule(), journaled(tmp_path, "eth9"), "blue", ["eth9"])
-    assert d.problems == ["eth9 is not attached to the module any more: 'kbpctl apply' or "
-                          "enable again"]
+    assert d.problems == [Problem(DETACHED, "eth9 is not attached to the module any more: "
+                                  "'kbpctl apply' or enable again")]
 
 
 # -- enable: a busy poller owns its CPU -----------------------------------------------

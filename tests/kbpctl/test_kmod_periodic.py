@@ -16,6 +16,7 @@ from kbp.backends import EnableRequest, Periodic
 from kbp.backends import kmod as kmod_backend
 from kbp.errors import OperationFailed, Unavailable
 from kbp.netdev import Link
+from kbp.problems import PERIODIC_DRIFT, Problem
 from kbp.state import StateDir
 from kbp.sysinfo import FreqReport
 
@@ -196,11 +197,12 @@ def test_status_says_when_the_poller_drifted(fake: tuple[PeriodicModule, Any]) -
                             periodic=Periodic(interval_us=500)))
     mod.override = {"interval_us": 700}          # kmod.poller_set behind kbpctl's back
     (d,), _ = be.describe(None, None, be.state.records())
-    assert d.problems == ["poller kbp/1 runs interval_us 700 (enabled with 500): 'kbpctl "
-                          "apply' or enable again"]
+    assert d.problems == [Problem(PERIODIC_DRIFT, "poller kbp/1 runs interval_us 700 (enabled "
+                                  "with 500): 'kbpctl apply' or enable again")]
     mod.override = {"netap": 1, **{k: v for k, v in SEARCH.items() if k != "netap"}}
     (d,), _ = be.describe(None, None, be.state.records())
-    assert len(d.problems) == 1 and "netap 1 (enabled with 0)" in d.problems[0]
+    assert len(d.problems) == 1 and "netap 1 (enabled with 0)" in d.problems[0].text
+    assert d.problems[0].kind == PERIODIC_DRIFT
 
 
 # -- refusals -------------------------------------------------------------------------

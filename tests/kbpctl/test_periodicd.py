@@ -13,6 +13,7 @@ import pytest
 from kbp import names, netap, periodicd
 from kbp.backends import stock
 from kbp.periodicd import Sample, ServiceHandler, objective_value
+from kbp.problems import PERIODIC_SERVICE
 from kbp.state import Record, StateDir
 
 
@@ -73,7 +74,8 @@ def test_handler_and_status_follow_the_state_file(tmp_path: Path) -> None:
     periodicd.write_state(path, {"pid": None, "journal": 1.0})
     assert h.get(key) is None
     info, problems = periodicd.describe(root, _record(root, 123.5))
-    assert info["service"] is None and "never started" in problems[0]
+    assert info["service"] is None and "never started" in problems[0].text
+    assert [p.kind for p in problems] == [PERIODIC_SERVICE]
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -92,7 +94,8 @@ def test_handler_and_status_follow_the_state_file(tmp_path: Path) -> None:
         periodicd.write_state(path, {"pid": child.pid, "starttime": st.starttime + 1,
                                      "journal": 123.5, "applied_us": 1590})
         _, problems = periodicd.describe(root, _record(root, 123.5))
-        assert "is not running" in problems[0] and "stays at 1590 us" in problems[0]
+        assert "is not running" in problems[0].text and "stays at 1590 us" in problems[0].text
+        assert [p.kind for p in problems] == [PERIODIC_SERVICE]
         _, problems = periodicd.describe(root, _record(root, 123.5, complete=False))
         assert problems == []  # the interrupted enable is the problem to report
         periodicd.write_state(path, {"pid": child.pid, "starttime": st.starttime,

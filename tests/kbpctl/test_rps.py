@@ -13,6 +13,7 @@ import pytest
 from kbp import cli, config, rps
 from kbp.backends import DeviceStatus, EnableRequest, show_rps
 from kbp.netdev import NetFS
+from kbp.problems import RPS_ON
 from kbp.render import rps_cell
 from kbp.rps import Rps, RpsQueue
 from kbp.sysinfo import Host
@@ -108,7 +109,8 @@ def test_status_fields_and_drift() -> None:
     assert ds.problems == [] and rps_cell(ds) == "on: CPU 1"
     ds = _ds(backend="stock")
     show_rps(ds, on, EnableRequest(["veth0"]).settings(), True)  # came back after enable
-    assert ds.keep_rps is False and len(ds.problems) == 1 and "RPS is on" in ds.problems[0]
+    assert ds.keep_rps is False and len(ds.problems) == 1 and "RPS is on" in ds.problems[0].text
+    assert ds.problems[0].kind == RPS_ON
     ds = _ds(backend="stock")
     show_rps(ds, on, EnableRequest(["veth0"], keep_rps=True).settings(), True)
     assert ds.keep_rps is True and ds.problems == [] and rps_cell(ds) == "kept on: CPU 1"

@@ -26,6 +26,7 @@ from kbp.backends import (
 )
 from kbp.backends import kmod as kmod_backend
 from kbp.errors import EXIT_USAGE, InvalidInput
+from kbp.problems import SCHED_DRIFT
 from kbp.state import Change, Record
 
 BUSY, HYBRID = names.MODE_BUSY, names.MODE_HYBRID
@@ -229,13 +230,13 @@ def test_drift_check_accepts_sched_normal_for_stock_busy() -> None:
     busy = _stock_rec(mode=BUSY, rt_prio=0)
     assert be._problems(busy, _status("SCHED_OTHER", 0)) == []
     (p,) = be._problems(busy, _status("SCHED_FIFO", 50))
-    assert "runs SCHED_FIFO/50, not SCHED_OTHER/0" in p
+    assert "runs SCHED_FIFO/50, not SCHED_OTHER/0" in p.text and p.kind == SCHED_DRIFT
     # a journal without rt_prio: the mode's default
     assert be._problems(_stock_rec(mode=BUSY), _status("SCHED_OTHER", 0)) == []
     hybrid = _stock_rec(mode=HYBRID, rt_prio=50)
     assert be._problems(hybrid, _status("SCHED_FIFO", 50)) == []
     (p,) = be._problems(hybrid, _status("SCHED_OTHER", 0))
-    assert "not SCHED_FIFO/50" in p
+    assert "not SCHED_FIFO/50" in p.text and p.kind == SCHED_DRIFT
 
 
 # -- kbp.toml and apply ----------------------------------------------------------------------

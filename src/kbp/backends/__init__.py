@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from kbp import _spec, modespec, names
 from kbp.errors import InvalidInput, KbpctlError, NotRoot, OperationFailed
 from kbp.netdev import get_link
+from kbp.problems import PREEMPT, Problem, texts
 from kbp.rps import Rps, RpsStatus
 from kbp.state import StateDir
 from kbp.sysinfo import (
@@ -438,7 +439,8 @@ class DeviceStatus:
     napis: list[NapiStatus] = field(default_factory=list)
     counters: dict[str, int | None] = field(default_factory=dict)
     rps: RpsStatus | None = None  # None: no RPS in this kernel, or it could not be read
-    problems: list[str] = field(default_factory=list)
+    #: what is wrong, one line each with what to do (JSON: the sentences)
+    problems: list[Problem] = field(default_factory=list)
     #: stock mode periodic: interval, defer, and the service's search (kbp.periodicd.describe)
     periodic: dict[str, Any] | None = None
     #: the [rt_class] rule's verdict when ``kbpctl apply`` runs one (kbp.rtclass.DeviceClass
@@ -518,7 +520,7 @@ class Status:
     polling_cpus: list[PollingCpu] = field(default_factory=list)
     rt_class: dict[str, Any] | None = None  # the [rt_class] rule apply last converged to
     #: the kernel's preemption model (sysinfo.PreemptModel.to_json()) and, in "notes", where
-    #: it limits an RT poller of this set-up (one line each)
+    #: it limits an RT poller of this set-up (Problems of kind preempt; JSON: the sentences)
     preempt: dict[str, Any] | None = None
     #: socket outsourcing, the guest module kbp_so (:func:`outsource_status`): None when
     #: /proc/kbp_so does not exist (JSON null)
@@ -528,10 +530,11 @@ class Status:
         return {
             "schema": "kbpctl-status/1",
             "kernel": self.kernel,
-            "preempt": self.preempt,
+            "preempt": _preempt_json(self.preempt),
             "auto_backend": self.auto,
             "backends": {k: asdict(v) for k, v in self.backends.items()},
-            "devices": [_class_key(asdict(d)) for d in self.devices],
+            "devices": [_class_key(dict(asdict(d), problems=texts(d.problems)))
+                        for d in self.devices],
             "pollers": [_class_key(asdict(p)) for p in self.pollers],
             "cpufreq": self.cpufreq.to_json(),
             "polling_cpus": [dict(asdict(c), pollers=[_class_key(asdict(p))
@@ -540,6 +543,13 @@ class Status:
             "rt_class": self.rt_class,
             "outsource": self.outsource,
         }
+
+
+def _preempt_json(p: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Status's ``preempt`` as JSON: its notes as their sentences."""
+    if p is None or "notes" not in p:
+        return p
+    return dict(p, notes=texts(p["notes"] or []))
 
 
 def _class_key(d: dict[str, Any]) -> dict[str, Any]:
@@ -686,7 +696,7 @@ def cpu_pollers(devs: Sequence[DeviceStatus], pollers: Sequence[PollerStatus]
     return out
 
 
-def preempt_notes(model: PreemptModel, cpus: Sequence[PollingCpu]) -> list[str]:
+def preempt_notes(model: PreemptModel, cpus: Sequence[PollingCpu]) -> list[Problem]:
     """Where the preemption model limits an RT poller here: under none/voluntary a stock
     NAPI thread of class non-rt keeps its CPU for a whole poll loop iteration (up to 64
     packets with BH off; cond_resched() only after a full-budget poll), so a woken FIFO
@@ -700,12 +710,13 @@ def preempt_notes(model: PreemptModel, cpus: Sequence[PollingCpu]) -> list[str]:
         rt = [p for p in stock if p.cls == names.CLASS_RT]
         non_rt = [p for p in stock if p.cls == names.CLASS_NON_RT]
         if rt and non_rt:
-            out.append(
+            out.append(Problem(
+                PREEMPT,
                 f"CPU {c.cpu}: preemption model {model.model}: the rt NAPI thread "
                 f"{rt[0].comm} (SCHED_FIFO) may wait for a whole 64-packet poll of the non-rt "
                 f"thread {non_rt[0].comm}: a stock NAPI thread neither caps its poll nor "
                 "gives way between polls; the kbp module's non-rt poller does (--backend "
-                "kmod), or boot with preempt=full")
+                "kmod), or boot with preempt=full"))
     return out
 
 

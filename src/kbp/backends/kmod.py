@@ -43,6 +43,18 @@ from kbp.backends.stock import _safe, sysfs_key, thread_status
 from kbp.effects import IrqHandler, SysfsHandler
 from kbp.errors import InvalidInput, KbpctlError, OperationFailed, Unavailable
 from kbp.netdev import NETNS_DIR, NetdevClient, NetFS, check_netns, link_names, named_netns
+from kbp.problems import (
+    DETACHED,
+    DEVICE_DOWN,
+    INTERRUPTED,
+    MISPLACED,
+    MODULE_NOT_LOADED,
+    MODULE_SILENT,
+    NEEDS_ROOT,
+    PERIODIC_DRIFT,
+    POLLER_STUCK,
+    Problem,
+)
 from kbp.state import (
     MISSING,
     Executor,
@@ -191,7 +203,7 @@ def attachment(req: EnableRequest, cpus: Sequence[int], napi_count: int | None
 
 
 def placement_problems(queue_map: Sequence[Sequence[int]] | None,
-                       napis: Sequence[Any]) -> list[str]:
+                       napis: Sequence[Any]) -> list[Problem]:
     """Where the module serves a NAPI on another CPU than the queue map kbpctl sent
     (``[[index, cpu], ...]``) says: one line each.  kbpctl and the module number a
     device's NAPIs alike (its RX queues: the queue a driver links to a NAPI, else the order
@@ -203,12 +215,12 @@ def placement_problems(queue_map: Sequence[Sequence[int]] | None,
         if not want or n.cpu is None:
             continue
         if n.index not in want:
-            out.append(f"NAPI #{n.index} (id {n.id}) is served on CPU {n.cpu}, which the "
-                       f"queue map it was enabled with does not name (it names NAPIs "
-                       f"{', '.join(f'#{i}' for i in sorted(want))})")
+            out.append(Problem(MISPLACED, f"NAPI #{n.index} (id {n.id}) is served on CPU "
+                               f"{n.cpu}, which the queue map it was enabled with does not "
+                               f"name (it names NAPIs {', '.join(f'#{i}' for i in sorted(want))})"))
         elif n.cpu != want[n.index]:
-            out.append(f"NAPI #{n.index} (id {n.id}) is served on CPU {n.cpu}, not CPU "
-                       f"{want[n.index]} as enabled")
+            out.append(Problem(MISPLACED, f"NAPI #{n.index} (id {n.id}) is served on CPU "
+                               f"{n.cpu}, not CPU {want[n.index]} as enabled"))
     return out
 
 
@@ -399,7 +411,7 @@ class KmodBackend:
             wrong = placement_problems(value["queue_map"], served)
             if wrong:
                 raise InvalidInput(f"{dev}: the module did not place its queues as asked: "
-                                   + "; ".join(wrong))
+                                   + "; ".join(map(str, wrong)))
             journal.done()
         finally:
             journal.close()
@@ -468,7 +480,8 @@ class KmodBackend:
             if e.errno != errno.EPERM:
                 raise
             why = f"{e}: the module answers CAP_NET_ADMIN only ('sudo kbpctl status')"
-            return [self._status(r.dev, r.netns, r, None, True, why) for r in wanted], []
+            return [self._status(r.dev, r.netns, r, None, True, why, needs_root=True)
+                    for r in wanted], []
         finally:
             client.close()
 
@@ -531,7 +544,11 @@ class KmodBackend:
         return out
 
     def _status(self, dev: str, netns: str | None, rec: Record | None, d: Any,
-                loaded: bool, why: str | None = None) -> DeviceStatus:
+                loaded: bool, why: str | None = None, needs_root: bool = False
+                ) -> DeviceStatus:
+        """A device's status from the module's answer ``d`` (None: not attached, or, with
+        ``why``, the module could not be asked; ``needs_root``: it answers CAP_NET_ADMIN
+        only)."""
         req = rec.request if rec else {}
         ds = DeviceStatus(name=dev, netns=netns, ifindex=d.ifindex if d else None, kind=None,
                           backend=NAME, mode=(d.mode if d else None) or req.get("mode"),
@@ -549,35 +566,37 @@ class KmodBackend:
                     ns_.thread = thread_status(n.pid, self.host)
                 ds.napis.append(ns_)
             if d.state == "standby":
-                ds.problems.append(f"{dev} is down (or its NAPIs cannot be hooked): stock NAPI "
-                                   "serves it until it is up")
+                ds.problems.append(Problem(DEVICE_DOWN, f"{dev} is down (or its NAPIs cannot be "
+                                           "hooked): stock NAPI serves it until it is up"))
             cpus = sorted({n.cpu for n in d.napis if n.cpu is not None})
             ds.cpus = cpus or ([d.cpu] if d.cpu is not None else ds.cpus)
-            ds.problems += [f"{p}: 'kbpctl enable {dev}' again places them"
+            ds.problems += [Problem(p.kind, f"{p.text}: 'kbpctl enable {dev}' again places them")
                             for p in placement_problems(_asked_map(rec), d.napis)]
         elif not loaded:
-            ds.problems.append("the kbp module is not loaded: 'kbpctl disable "
-                               f"{dev}' forgets this device")
+            ds.problems.append(Problem(MODULE_NOT_LOADED, "the kbp module is not loaded: "
+                                       f"'kbpctl disable {dev}' forgets this device"))
         elif why:
-            ds.problems.append(f"the kbp module did not say how it serves {dev}: {why}")
+            ds.problems.append(Problem(NEEDS_ROOT if needs_root else MODULE_SILENT,
+                                       f"the kbp module did not say how it serves {dev}: {why}"))
         else:
-            ds.problems.append(f"{dev} is not attached to the module any more: 'kbpctl "
-                               "apply' or enable again")
+            ds.problems.append(Problem(DETACHED, f"{dev} is not attached to the module any "
+                                       "more: 'kbpctl apply' or enable again"))
         if rec is not None and not rec.complete:
-            ds.problems.append(f"enable was interrupted after {rec.steps} change(s): "
-                               f"'kbpctl disable {dev}' restores")
+            ds.problems.append(Problem(INTERRUPTED, f"enable was interrupted after {rec.steps} "
+                                       f"change(s): 'kbpctl disable {dev}' restores"))
         show_rps(ds, read_rps(NetFS, dev, netns, self.host), rec.request if rec else None,
                  rec.complete if rec else True)
         return ds
 
 
-def stuck_pollers(ds: DeviceStatus, pollers: Sequence[PollerStatus]) -> list[str]:
+def stuck_pollers(ds: DeviceStatus, pollers: Sequence[PollerStatus]) -> list[Problem]:
     """A problem for each poller of ``ds`` the module reports stuck: it did not give a
     NAPI back in time, because a task of higher priority hogs its CPU; until it runs again
     it takes no new NAPI, and its device's NAPIs wait."""
-    return [f"poller kbp/{p.cpu}:{p.device} is stuck: it did not give a NAPI back in time "
-            f"(a task of higher priority hogs CPU {p.cpu}); find it with 'kbpctl status' "
-            "(tasks on polling CPUs) or 'top -H' and move or stop it"
+    return [Problem(POLLER_STUCK, f"poller kbp/{p.cpu}:{p.device} is stuck: it did not give a "
+                    f"NAPI back in time (a task of higher priority hogs CPU {p.cpu}); find it "
+                    "with 'kbpctl status' (tasks on polling CPUs) or 'top -H' and move or stop "
+                    "it")
             for p in pollers if p.state == "stuck" and p.device == ds.name]
 
 
@@ -595,7 +614,7 @@ def _served(client: Any, dev: str, netns: str | None) -> list[Any]:
     return list(d.napis) if d is not None else []
 
 
-def periodic_drift(ds: DeviceStatus, pollers: Sequence[PollerStatus]) -> list[str]:
+def periodic_drift(ds: DeviceStatus, pollers: Sequence[PollerStatus]) -> list[Problem]:
     """Problems when a poller serving ``ds`` runs other periodic knobs than kbpctl enabled
     (changed behind kbpctl's back, e.g. kbp.kmod.poller_set): ``apply`` re-enables."""
     if not ds.managed or not ds.periodic_request or not ds.cpus:
@@ -614,8 +633,8 @@ def periodic_drift(ds: DeviceStatus, pollers: Sequence[PollerStatus]) -> list[st
                 if have.get(k) != v]
         if diff:
             who = f"kbp/{p.cpu}" + (f":{p.device}" if p.device else "")
-            out.append(f"poller {who} runs {', '.join(diff)}: 'kbpctl apply' or "
-                       "enable again")
+            out.append(Problem(PERIODIC_DRIFT, f"poller {who} runs {', '.join(diff)}: "
+                               "'kbpctl apply' or enable again"))
     return out
 
 

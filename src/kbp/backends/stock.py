@@ -90,6 +90,16 @@ from kbp.netdev import (
     list_links,
     probe_napi_sysfs,
 )
+from kbp.problems import (
+    DEVICE_GONE,
+    INTERRUPTED,
+    NEEDS_ROOT,
+    NO_NAPI,
+    NO_THREAD,
+    NOT_THREADED,
+    SCHED_DRIFT,
+    Problem,
+)
 from kbp.state import (
     Executor,
     PauseHook,
@@ -709,10 +719,10 @@ class StockBackend:
             link = None
         if link is None:
             if rec:
-                ds.problems.append(f"{dev} is gone: 'kbpctl disable {dev}' restores the rest "
-                                   "and forgets it")
+                ds.problems.append(Problem(DEVICE_GONE, f"{dev} is gone: 'kbpctl disable "
+                                           f"{dev}' restores the rest and forgets it"))
             else:
-                ds.problems.append(f"no device {dev}")
+                ds.problems.append(Problem(DEVICE_GONE, f"no device {dev}"))
             return ds
         ds.ifindex, ds.kind = link.ifindex, link.kind
         ds.counters = {"packets": link.rx_packets, "polls": None}
@@ -759,8 +769,8 @@ class StockBackend:
                           cpus=req.get("cpus"), complete=rec.complete if rec else True,
                           managed=rec is not None,
                           keep_rps=bool(req.get("keep_rps", False)) if rec else None)
-        ds.problems.append(f"looking into netns {ns} needs root: run 'sudo kbpctl status' "
-                           "for its NAPIs and threads")
+        ds.problems.append(Problem(NEEDS_ROOT, f"looking into netns {ns} needs root: run "
+                                   "'sudo kbpctl status' for its NAPIs and threads"))
         if rec:
             self._describe_periodic(ds, rec)
         return ds
@@ -772,10 +782,11 @@ class StockBackend:
         ds.periodic, problems = periodicd.describe(self.state.root, rec)
         ds.problems += problems
 
-    def _problems(self, rec: Record, ds: DeviceStatus) -> list[str]:
+    def _problems(self, rec: Record, ds: DeviceStatus) -> list[Problem]:
         if not rec.complete:
-            return [f"enable was interrupted after {rec.steps} change(s): 'kbpctl disable "
-                    f"{ds.name}' restores, 'kbpctl enable' or 'kbpctl apply' redoes it"]
+            return [Problem(INTERRUPTED, f"enable was interrupted after {rec.steps} change(s): "
+                            f"'kbpctl disable {ds.name}' restores, 'kbpctl enable' or 'kbpctl "
+                            "apply' redoes it")]
         mode = rec.request.get("mode") or names.MODE_HYBRID
         want = _threaded_value(mode)
         prio = rec.request.get("rt_prio")
@@ -784,20 +795,23 @@ class StockBackend:
         nice = (rec.request.get("nice") or 0) if non_rt else None
         out = []
         if not ds.napis:
-            out.append(f"{ds.name} has no NAPI now: enable it again (kbpctl apply)")
+            out.append(Problem(NO_NAPI, f"{ds.name} has no NAPI now: enable it again (kbpctl "
+                               "apply)"))
         for n in ds.napis:
             if n.threaded is not None and n.threaded != want:
-                out.append(f"NAPI {n.id} is not threaded (the driver re-created its NAPIs?): "
-                           "run 'kbpctl apply' or enable again")
+                out.append(Problem(NOT_THREADED, f"NAPI {n.id} is not threaded (the driver "
+                                   "re-created its NAPIs?): run 'kbpctl apply' or enable again"))
             elif n.thread is None:
-                out.append(f"NAPI {n.id} has no thread: run 'kbpctl apply' or enable again")
+                out.append(Problem(NO_THREAD, f"NAPI {n.id} has no thread: run 'kbpctl apply' "
+                                   "or enable again"))
             elif (n.thread.policy, n.thread.priority) != (policy, priority):
-                out.append(f"NAPI {n.id} thread {n.thread.pid} runs {n.thread.policy}/"
-                           f"{n.thread.priority}, not {policy}/{priority}: "
-                           "run 'kbpctl apply' or enable again")
+                out.append(Problem(SCHED_DRIFT, f"NAPI {n.id} thread {n.thread.pid} runs "
+                                   f"{n.thread.policy}/{n.thread.priority}, not "
+                                   f"{policy}/{priority}: run 'kbpctl apply' or enable again"))
             elif nice is not None and n.thread.nice is not None and n.thread.nice != nice:
-                out.append(f"NAPI {n.id} thread {n.thread.pid} (class non-rt) runs at nice "
-                           f"{n.thread.nice}, not {nice}: run 'kbpctl apply' or enable again")
+                out.append(Problem(SCHED_DRIFT, f"NAPI {n.id} thread {n.thread.pid} (class "
+                                   f"non-rt) runs at nice {n.thread.nice}, not {nice}: run "
+                                   "'kbpctl apply' or enable again"))
         return out
 
 

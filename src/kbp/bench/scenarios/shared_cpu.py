@@ -394,18 +394,23 @@ def _ew_rep(r: dict[str, Any], rt_cpu: int, flood_cpu: int | None) -> dict[str, 
     out = {"us_per_heavy_packet": busy * per, "softirq_us": float(secs.get("softirq") or 0) * per,
            "task_us": sum(float(secs.get(k) or 0) for k in ("user", "nice", "system")) * per,
            "pollers_us": polling / 100 * wall * per,
-           "rt_cpu_busy_pct": float((cpus.get(str(rt_cpu)) or {}).get("busy_pct") or 0)}
+           "rt_cpu_busy_pct": float((cpus.get(str(rt_cpu)) or {}).get("busy_pct") or 0),
+           "heavy_moved": float(bool((r.get("rt_cpu_check") or {}).get("heavy_moved")))}
     if flood_cpu is not None and flood_cpu != rt_cpu and str(flood_cpu) in cpus:
         out["sender_cpu_busy_pct"] = float(cpus[str(flood_cpu)].get("busy_pct") or 0)
     return out
 
 
-def bound_by(rt_busy: float | None, sender_busy: float | None) -> str:
+def bound_by(rt_busy: float | None, sender_busy: float | None,
+             heavy_moved: bool = False) -> str:
     """Which CPU limited the heavy flow's rate in a run: the one ≥ BOUND_PCT busy (the
-    sender's when the flood sender's CPU is saturated: the RT CPU then had time to spare)."""
+    sender's when the flood sender's CPU is saturated: the RT CPU then had time to spare).
+    Where the mode moved the heavy flow to the sender's CPU (``heavy_moved``: exclusive,
+    the -excl modes) that CPU does the sender's and the receiver's work: "non-RT CPU"."""
     rt = rt_busy is not None and rt_busy >= BOUND_PCT
     snd = sender_busy is not None and sender_busy >= BOUND_PCT
-    return {(True, True): "both", (True, False): "RT CPU", (False, True): "sender",
+    other = "non-RT CPU" if heavy_moved else "sender"
+    return {(True, True): "both", (True, False): "RT CPU", (False, True): other,
             (False, False): "neither"}[(rt, snd)]
 
 
@@ -437,7 +442,8 @@ def equal_work(runs: list[dict[str, Any]], rt_cpu: int | None,
         d: dict[str, Any] = {f: aggregate(v[f] for v in by_rep.values()) for f in EW_FIELDS}
         for f in ("rt_cpu_busy_pct", "sender_cpu_busy_pct"):
             d[f] = aggregate(v[f] for v in by_rep.values() if f in v)
-        bounds = sorted({bound_by(v.get("rt_cpu_busy_pct"), v.get("sender_cpu_busy_pct"))
+        bounds = sorted({bound_by(v.get("rt_cpu_busy_pct"), v.get("sender_cpu_busy_pct"),
+                                  bool(v.get("heavy_moved")))
                          for v in by_rep.values()})
         out[mode] = {**d, "ratio_to_napi": r, "bound_by": bounds,
                      "equal": None if med is None else abs(med - 1.0) <= EQUAL_WORK_TOLERANCE}

@@ -18,7 +18,7 @@ from kbp.errors import InvalidInput, NotRoot, OperationFailed, Unavailable
 from kbp.outsource import procfile
 
 PARAMS = Path("/sys/module/kbp_so/parameters")
-MAX_US = 2000   # KBP_SO_IDLE_POLL_US_MAX in kbp_so_main.c
+MAX_US = 2000   # KBP_SO_IDLE_POLL_US_MAX in kbp_so.h
 
 #: /proc/kbp_so's ``idle=unavailable:<why>``, said for an operator
 WHY = {

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from kbp.bench import (
     foreign,
+    heavy,
     machine,
     modes,
     parts,
@@ -147,7 +148,7 @@ def _attempt(bench: Bench, mode_name: str, rep: int, *, part: str, condition: st
             int(rec["rt_cpu_rx"].get("packets_processed") or 0),
             int((rec.get("heavy") or {}).get("rx_packets") or 0),
             int(tsum.get("sent") or 0) + int(tsum.get("warmup_sent") or 0),
-            heavy_moved=_moves_heavy(mode_name))
+            heavy_moved=heavy.exclusive_like(mode_name))
     rec["sys"] = sysstat.delta(s0, s1, names_, roles)
     rec["poller"] = {k: (c1[k] - (c0.get(k) or 0)) for k in c1 if c1[k] is not None}
     if kt is not None:
@@ -217,9 +218,3 @@ def _foreign_mark(cpu: int) -> foreign.Mark | None:
         return foreign.Mark.take(cpu)
     except OSError:
         return None
-
-
-def _moves_heavy(mode_name: str) -> bool:
-    """The mode processes the heavy flow on the non-RT CPU (exclusive, the -excl modes)."""
-    info = modes.catalog().get(mode_name)
-    return bool(info is not None and info.moves_load)

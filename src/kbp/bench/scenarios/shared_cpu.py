@@ -394,8 +394,7 @@ def _ew_rep(r: dict[str, Any], rt_cpu: int, flood_cpu: int | None) -> dict[str, 
     out = {"us_per_heavy_packet": busy * per, "softirq_us": float(secs.get("softirq") or 0) * per,
            "task_us": sum(float(secs.get(k) or 0) for k in ("user", "nice", "system")) * per,
            "pollers_us": polling / 100 * wall * per,
-           "rt_cpu_busy_pct": float((cpus.get(str(rt_cpu)) or {}).get("busy_pct") or 0),
-           "heavy_moved": float(bool((r.get("rt_cpu_check") or {}).get("heavy_moved")))}
+           "rt_cpu_busy_pct": float((cpus.get(str(rt_cpu)) or {}).get("busy_pct") or 0)}
     if flood_cpu is not None and flood_cpu != rt_cpu and str(flood_cpu) in cpus:
         out["sender_cpu_busy_pct"] = float(cpus[str(flood_cpu)].get("busy_pct") or 0)
     return out
@@ -443,7 +442,7 @@ def equal_work(runs: list[dict[str, Any]], rt_cpu: int | None,
         for f in ("rt_cpu_busy_pct", "sender_cpu_busy_pct"):
             d[f] = aggregate(v[f] for v in by_rep.values() if f in v)
         bounds = sorted({bound_by(v.get("rt_cpu_busy_pct"), v.get("sender_cpu_busy_pct"),
-                                  bool(v.get("heavy_moved")))
+                                  hs.exclusive_like(mode))
                          for v in by_rep.values()})
         out[mode] = {**d, "ratio_to_napi": r, "bound_by": bounds,
                      "equal": None if med is None else abs(med - 1.0) <= EQUAL_WORK_TOLERANCE}

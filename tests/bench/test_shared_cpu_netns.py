@@ -274,3 +274,50 @@ def test_heavy_napi_on_the_rt_cpu_in_every_mode(tmp_path: Path) -> None:
     assert _ours() == before_ns and _settings() == before_set
     assert _host_rps() == before_rps
     assert _procs() == [] and _iperf() == []
+
+
+def test_anatomy_cuts_every_round_trip_into_its_kernel_events(tmp_path: Path) -> None:
+    """--anatomy on the equal-work testbed (--heavy-napi rt-cpu), under the flood: nearly
+    every request traced from its xmit to its reply, the events explaining the measured
+    round trip, napi's request taken up the stack by the RT CPU's NET_RX after RPS and
+    stock-hybrid's polled by its poller there, the heavy NAPI thread and its polls seen on
+    the RT CPU meanwhile; a table and a plot from it.  bpftrace prints ~14,000 lines a
+    second here: its output must not stall it (a pipe nobody read did)."""
+    _skip_unless_ready()
+    from kbp.bench import anatomy
+    from kbp.bench.context import Aborted
+    cfg = BenchConfig(scenario="shared-cpu", modes=["napi", "stock-hybrid"], reps=1,
+                      duration=1.5, warmup=0.2, parts=["rtt"], loads=["on"], out=tmp_path,
+                      command="pytest", heavy_napi="rt-cpu", anatomy=True)
+    try:
+        res = Bench(cfg).run()
+    except Aborted as e:         # a kernel without the tracepoints (before 6.3), no bpftrace
+        if not str(e).startswith("--anatomy:"):
+            raise
+        pytest.skip(str(e))
+    report.add_summary(res)
+    res = json.loads(json.dumps(res))
+    assert not res["interrupted"] and "restore_problems" not in res
+    rt = res["placement"]["cpus"]["rt"]
+    for r in res["runs"]:
+        a = r["anatomy"]
+        assert a["samples"] > 1000 and a["traced"] >= 0.9 * a["samples"], (r["mode"], a)
+        assert a["lost_events"] == 0 and a["tail"], (r["mode"], a["missing_from"])
+        for s in a["tail"]:
+            seg = s["segments_us"]
+            assert min(seg.values()) >= 0 and sum(seg.values()) == pytest.approx(
+                s["traced_us"], abs=0.01)
+            assert 0.9 <= s["explained"] <= 1.1, (r["mode"], s)
+            assert s["stack"]["cpu"] == rt, (r["mode"], s)
+            if r["mode"] == "stock-hybrid":
+                assert s["poll"] == {"cpu": rt, "napi_id": s["poll"]["napi_id"],
+                                     "context": "poller"} or s["poll"]["context"] == "xmit path"
+            else:
+                assert s["stack"]["context"] == "softirq" and s["poll"]["cpu"] != rt
+        assert sum(s["meanwhile"]["heavy_napi"] for s in a["tail"]) > 0, r["mode"]
+        assert a["poll_sizes"] and max(int(k) for k in a["poll_sizes"]) <= 64
+    summ = res["summary"]["anatomy"]["flood"]
+    assert set(summ) == {"napi", "stock-hybrid"}
+    md = report.markdown(res)
+    assert "**Tail anatomy**" in md and "| napi |" in md
+    assert anatomy.plot(res["summary"]["anatomy"], tmp_path, "t") is not None

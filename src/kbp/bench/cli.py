@@ -205,6 +205,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "on its CPU at SCHED_FIFO rt-prio+1, so it preempts the spinner; "
                         "elsewhere = on the tester's CPU; same = unchanged (starves)")
     p.add_argument("--no-trace", action="store_true", help="skip the bpftrace kernel delays")
+    p.add_argument("--anatomy", action="store_true",
+                   help="cut every RT round trip into its kernel events (request xmit, "
+                        "poll, stack, socket, app, reply) and say what the RT CPU did "
+                        "meanwhile: a table and plot of the slowest round trips per mode. "
+                        "Adds probes on every packet (the run says so); veth pairs only, "
+                        "Linux 6.3+")
     p.add_argument("--emulated", action="store_true",
                    help="label results as emulated (VM rig guest); detected under QEMU")
     p.add_argument("--out", type=Path, help="output directory (default out/bench-<time>)")
@@ -272,6 +278,13 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         cfg.poisson = False
     if a.no_trace:
         cfg.trace = False
+    if a.anatomy:
+        if a.no_trace:
+            raise Aborted("--anatomy traces the kernel: it cannot go with --no-trace")
+        if cfg.nic_pair:
+            raise Aborted("--anatomy follows each request's skb from the client to the "
+                          "server device, which only a veth pair keeps: not with --nic-pair")
+        cfg.anatomy = True
     if a.wait_quiet is not None:
         cfg.wait_quiet_s = a.wait_quiet
     # a fresh seed per invocation: reruns do not all replay the same three orders

@@ -30,6 +30,7 @@ from kbp.bench.schema import Results, Samples
 from kbp.bench.testbed import Testbed, VethLink
 
 if TYPE_CHECKING:
+    from kbp.bench.heavy import HeavySide
     from kbp.bench.runner import BenchConfig, Progress
 
 
@@ -127,6 +128,9 @@ class RunContext:
     # a scenario's own measurements of each latency run: called right before the tester
     # starts (inside the mode), each returns the function that adds what it saw to the record
     probes: list[RunProbe] = field(default_factory=list)
+    # the heavy receiver and its device, once a scenario started one (heavy.bind_heavy):
+    # --anatomy names its threads on the RT CPU
+    heavy: HeavySide | None = None
     # called after the runner recreated the RT veth pair (a scenario re-applies its settings)
     rt_link_hooks: list[Callable[[], None]] = field(default_factory=list)
     _tcp: workloads.Flood | None = None

@@ -469,6 +469,7 @@ def nonrt_cpu(place: pl.Placement) -> int:
 def bind_heavy(bench: Bench, heavy: HeavySide) -> None:
     """Tell the run's exclusive CPU modes which heavy receiver and device they move, and the
     part modes which heavy device they put in class non-rt."""
+    bench.heavy = heavy
     for mode in bench.modes.values():
         if isinstance(mode, ExclusiveMode | KbpExclusiveMode | PartMode):
             mode.heavy = heavy

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kbp.bench import modes, schema
+from kbp.bench import anatomy, modes, schema
 from kbp.bench.placement import Placement
-from kbp.bench.report import _modes_in, placement_of
+from kbp.bench.report import _modes_in, mode_order, placement_of
 from kbp.bench.schema import Results, Samples, Summary, sample_key, summary_of
 
 CPU_PARTS = ("user", "system", "softirq", "irq", "steal")
@@ -203,7 +203,8 @@ def standard(results: Results, samples: Samples, out: Path,
     made = [latency_cdf(samples, out, title, "rtt", titles),
             throughput_bars(summ, out, title),
             cpu_bars(summ, placement_of(results), out, title),
-            kernel_delay_bars(summ, out, title)]
+            kernel_delay_bars(summ, out, title),
+            anatomy.plot(summ.get("anatomy") or {}, out, title, mode_order())]
     return [p for p in made if p is not None]
 
 

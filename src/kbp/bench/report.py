@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kbp import names
-from kbp.bench import modes, schema, steer
+from kbp.bench import anatomy, modes, schema, steer
 from kbp.bench import parts as parts_
 from kbp.bench.foreign import FOREIGN_MAX_FRACTION
 from kbp.bench.modes import BASELINE
@@ -528,8 +528,10 @@ def common_sections(results: Results) -> list[str]:
 def method_sections(results: Results) -> list[str]:
     """What the numbers rest on: the pooled tails with bootstrap CIs, the tester's lateness,
     the RT CPU check, the modes' order (each only when the results have it)."""
-    return [*tails_section(results), *lateness_section(results), *rt_cpu_section(results),
-            *foreign_section(results), *order_section(results)]
+    anat = summary_of(results).get("anatomy") or {}
+    return [*anatomy.section(anat, mode_order()), *tails_section(results),
+            *lateness_section(results), *rt_cpu_section(results), *foreign_section(results),
+            *order_section(results)]
 
 
 FEW_EPISODES_MARK = "‡"
@@ -694,6 +696,9 @@ def summarize(results: Results) -> schema.Summary:
     summ: schema.Summary = summarize_runs(results.get("runs") or [], pl)
     if results.get("rfc2544"):
         summ["rfc2544"] = summarize_rfc(results["rfc2544"], pl)
+    anat = anatomy.summarize(results.get("runs") or [])
+    if anat:
+        summ["anatomy"] = anat
     return summ
 
 

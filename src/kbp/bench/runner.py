@@ -60,6 +60,7 @@ from pathlib import Path
 
 from kbp import sysinfo
 from kbp.bench import (
+    anatomy,
     machine,
     nicpair,
     parts,
@@ -174,6 +175,8 @@ class BenchConfig:
     # tester's CPU; "same" = nothing changes (the app only runs in RT-throttling windows)
     spin_app: str = "fifo"
     trace: bool = True
+    # every latency run cut into its kernel events, request by request (kbp.bench.anatomy)
+    anatomy: bool = False
     wait_quiet_s: float = 0.0        # before each run, wait up to this long while QEMU runs
     # after a mode that moves load (the exclusive CPU modes: the heavy receiver and its RPS
     # back onto the RT CPU on teardown), seconds before the next mode starts
@@ -458,6 +461,10 @@ class Bench(RunContext):
             stack.push(self._mark_interrupted)
             if not self.trace_reason:
                 tfs.ensure()
+            if cfg.anatomy:
+                why = self.trace_reason or anatomy.unavailable(tfs.path)
+                if why:
+                    raise Aborted(f"--anatomy: {why}")
             os.sched_setaffinity(0, {pl.cpu(placement_.HARNESS)})
             for line in nicpair.recover():
                 self.note(line)

@@ -192,6 +192,9 @@ class LatencyRun(TypedDict, total=False):
     sys: SysDelta
     poller: dict[str, float]           # the poller's counters over the run
     kernel_delay: KernelDelay | None
+    # --anatomy: where the run's round trips went, request by request (kbp.bench.anatomy)
+    anatomy: dict[str, Any]
+    anatomy_error: str
     kernel_delay_error: str
     kernel_delay_skipped: str | None
     took_s: float
@@ -306,6 +309,7 @@ class RunConfig(TypedDict, total=False):
     budget_s: float | None
     spin_app: str
     trace: bool
+    anatomy: bool
     wait_quiet_s: float
     settle_s: float
     seed: int
@@ -357,6 +361,7 @@ class Summary(TypedDict, total=False):
     rt_cpu_rx: dict[str, Any]
     flood_vs_idle: dict[str, Any]
     acceptance: dict[str, Any]
+    anatomy: dict[str, Any]
 
 
 class Budget(TypedDict, total=False):

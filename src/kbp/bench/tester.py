@@ -102,6 +102,9 @@ class RttResult:
     # send time, by the kernel's TX stamp and by the user-space clock before send()
     late_ns: list[int] = field(default_factory=list)
     late_user_ns: list[int] = field(default_factory=list)
+    # {sequence number: kernel round trip (ns)} of every measured request with one (the
+    # anatomy's key: kbp.bench.anatomy)
+    kernel_by_seq: dict[int, int] = field(default_factory=dict)
 
 
 def check_busy_poll(summary: dict[str, Any]) -> None:
@@ -174,7 +177,7 @@ def run_rtt(binary: Path, ns: str | None, ip: str, *, port: int, size: int, rate
         check_busy_poll(summary)
         res = RttResult(summary)
         for line in samples.read_text().splitlines():
-            _seq, k, u, *late = line.split()      # late_kernel late_user (older: none)
+            seq, k, u, *late = line.split()       # late_kernel late_user (older: none)
             for v, dst in zip(late, (res.late_ns, res.late_user_ns), strict=False):
                 if int(v) >= 0:
                     dst.append(int(v))
@@ -184,6 +187,7 @@ def run_rtt(binary: Path, ns: str | None, ip: str, *, port: int, size: int, rate
             res.user_ns.append(int(u))
             if int(k) >= 0:
                 res.kernel_ns.append(int(k))
+                res.kernel_by_seq[int(seq)] = int(k)
         return res
     finally:
         samples.unlink(missing_ok=True)

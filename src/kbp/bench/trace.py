@@ -58,10 +58,10 @@ import errno
 import json
 import os
 import re
-import selectors
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -137,9 +137,11 @@ def xmit_probes(tx_dev: str, rx_dev: str | None, rt_napi_ids: Sequence[int] = ()
 
 def program(poller_pids: Sequence[int] = (), app_pids: Sequence[int] = (), *,
             tx_dev: str | None = None, rx_dev: str | None = None,
-            rt_napi_ids: Sequence[int] = (), stale_ns: int = STALE_NS) -> str:
+            rt_napi_ids: Sequence[int] = (), stale_ns: int = STALE_NS,
+            extra: Sequence[str] = (), extra_clears: Sequence[str] = ()) -> str:
     """The bpftrace program for one run (xmit_to_poll only with ``tx_dev``, the RT client
-    device, and ``rt_napi_ids`` or ``rx_dev``: :func:`xmit_probes`)."""
+    device, and ``rt_napi_ids`` or ``rx_dev``: :func:`xmit_probes`), plus ``extra`` probes
+    whose maps ``extra_clears`` END clears (:mod:`kbp.bench.anatomy`'s)."""
     parts = ['BEGIN { printf("READY\\n"); }']
     if tx_dev:
         parts += xmit_probes(tx_dev, rx_dev, rt_napi_ids, stale_ns)
@@ -165,8 +167,9 @@ def program(poller_pids: Sequence[int] = (), app_pids: Sequence[int] = (), *,
             "  $d = nsecs - @wa[args->next_pid]; delete(@wa[args->next_pid]);"
             + _record(KIND_APP, "0") + "\n}",
         ]
+    parts += list(extra)
     clears = (["@x"] if tx_dev else []) + ["@r"] + (["@wp"] if poller_pids else []) + (
-        ["@wa"] if app_pids else [])
+        ["@wa"] if app_pids else []) + list(extra_clears)
     parts.append("END { " + " ".join(f"clear({m});" for m in clears) + " }")
     return "\n".join(parts) + "\n"
 
@@ -439,7 +442,12 @@ class KernelTrace:
     rt_napi_ids: Sequence[int] = ()
     napi_error: str | None = None
     stale_ns: int = STALE_NS
+    # more probes in the same program (one bpftrace process): kbp.bench.anatomy's, and the
+    # maps its END clears
+    extra_probes: Sequence[str] = ()
+    extra_clears: Sequence[str] = ()
     proc: subprocess.Popen[str] | None = None
+    out_path: Path | None = None      # bpftrace's output file while it runs
     output: str = ""
     error: str = ""
     started_ns: int = 0
@@ -449,7 +457,8 @@ class KernelTrace:
     def program(self) -> str:
         """This run's bpftrace program (:func:`program`)."""
         return program(self.poller_pids, self.app_pids, tx_dev=self.tx_dev, rx_dev=self.rx_dev,
-                       rt_napi_ids=self.rt_napi_ids, stale_ns=self.stale_ns)
+                       rt_napi_ids=self.rt_napi_ids, stale_ns=self.stale_ns,
+                       extra=self.extra_probes, extra_clears=self.extra_clears)
 
     def start(self, timeout: float = 60.0) -> None:
         self.script = self.program()
@@ -462,41 +471,58 @@ class KernelTrace:
         if self.cpu is not None and shutil.which("taskset"):
             argv = ["taskset", "-c", str(self.cpu), *argv]
         env_argv = ["env", "BPFTRACE_MAP_KEYS_MAX=65536", *argv]
-        self.proc = sysaccess.popen(env_argv, session=True)
-        assert self.proc.stdout is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        # its output goes to a file, not a pipe: a program that prints during the run
+        # (kbp.bench.anatomy's lines) would fill a pipe nobody reads until stop() and block
+        fd, name = tempfile.mkstemp(prefix="kbp-bpftrace-", suffix=".json")
+        self.out_path = Path(name)
+        try:
+            with os.fdopen(fd, "w") as out:
+                self.proc = sysaccess.popen(env_argv, session=True, stdout=out)
+        except BaseException:
+            self.out_path.unlink(missing_ok=True)
+            self.out_path = None
+            raise
         deadline = time.monotonic() + timeout
         buf = ""
         try:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     break
-                if sel.select(timeout=0.2):
-                    line = self.proc.stdout.readline()
-                    buf += line
-                    if is_ready(line):
-                        self.started_ns = time.monotonic_ns()
-                        return
+                buf = self.out_path.read_text(errors="replace")
+                if any(is_ready(line) for line in buf.splitlines()):
+                    self.started_ns = time.monotonic_ns()
+                    return
+                time.sleep(0.05)
         except BaseException:
             # Ctrl-C (or anything else) while bpftrace loads: it runs in its own session, so
             # nobody else stops it; left running it would hold tracefs (and the CPU)
             self.abort()
             raise
-        finally:
-            sel.close()
-        out, err = sysaccess.stop(self.proc, signal.SIGKILL, timeout=2)
+        _out, err = sysaccess.stop(self.proc, signal.SIGKILL, timeout=2)
         self.proc = None
-        raise RuntimeError(f"bpftrace did not start: {(buf + out + err).strip()[-600:]}")
+        buf = self._take_output()
+        raise RuntimeError(f"bpftrace did not start: {(buf + err).strip()[-600:]}")
+
+    def _take_output(self) -> str:
+        """What bpftrace wrote to its output file, which is then removed."""
+        if self.out_path is None:
+            return ""
+        try:
+            return self.out_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        finally:
+            self.out_path.unlink(missing_ok=True)
+            self.out_path = None
 
     def stop(self) -> dict[str, Any]:
         if self.proc is None:
             return {}
-        out, err = sysaccess.stop(self.proc, signal.SIGINT, timeout=20)
+        _out, err = sysaccess.stop(self.proc, signal.SIGINT, timeout=20)
         self.proc = None
         self.stopped_ns = time.monotonic_ns()
-        self.output, self.error = out, err
-        return parse(out)
+        self.output, self.error = self._take_output(), err
+        return parse(self.output)
 
     def xmit_record(self, result: dict[str, Any],
                     ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
@@ -517,3 +543,4 @@ class KernelTrace:
             with contextlib.suppress(Exception):
                 sysaccess.stop(self.proc, signal.SIGKILL, timeout=2)
             self.proc = None
+        self._take_output()

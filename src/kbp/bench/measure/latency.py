@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from kbp.bench import (
+    anatomy,
     foreign,
     heavy,
     machine,
@@ -105,9 +106,11 @@ def _attempt(bench: Bench, mode_name: str, rep: int, *, part: str, condition: st
         rec["app_cpu"] = bench.server.cpu_now
         rec["app_fifo"] = bench.server.fifo_now
         if not bench.trace_reason:
+            devs = xmit_devices(bench)
+            extra = anatomy_probes(bench, devs, threads, nonrt, app) if cfg.anatomy else {}
             kt = bench.tfs.track(trace.KernelTrace(poller_pids=list(threads), app_pids=app,
-                                                  cpu=pl.cpu(placement_.HARNESS),
-                                                  **xmit_devices(bench)))
+                                                  cpu=pl.cpu(placement_.HARNESS), **devs,
+                                                  **extra))
             try:
                 kt.start()
             except (RuntimeError, ValueError) as e:   # ValueError: a device name to refuse
@@ -160,9 +163,14 @@ def _attempt(bench: Bench, mode_name: str, rep: int, *, part: str, condition: st
             "poller_wake_to_run": trace.merged(kd, "poller_wake_to_run"),
             "app_wake_to_run": trace.merged(kd, "app_wake_to_run"),
         }
+        if cfg.anatomy:
+            rec["anatomy"] = anatomy.run_record(kt.output, res.kernel_by_seq,
+                                                pl.cpu(placement_.RT))
     else:
         rec["kernel_delay"] = None
         rec["kernel_delay_skipped"] = bench.trace_reason or rec.get("kernel_delay_error")
+        if cfg.anatomy:
+            rec["anatomy_error"] = str(rec["kernel_delay_skipped"])
     rt_cpu = pl.cpu(placement_.RT)
     user = ((rec["sys"].get("cpu") or {}).get(str(rt_cpu)) or {}).get("seconds") or {}
     if f0 is not None and f1 is not None and user:
@@ -194,6 +202,32 @@ def xmit_devices(bench: Bench) -> dict[str, Any]:
     except Exception as e:            # no netdev family, the device gone: keyed by name
         ids, err = [], f"napi-get: {e}"
     return {"tx_dev": rt.dev_a, "rx_dev": rt.dev_b, "rt_napi_ids": ids, "napi_error": err}
+
+
+def anatomy_probes(bench: Bench, devs: dict[str, Any], threads: dict[int, str],
+                   nonrt: dict[int, str], app: list[int]) -> dict[str, Any]:
+    """The :class:`kbp.bench.trace.KernelTrace` arguments that add --anatomy's probes
+    (:mod:`kbp.bench.anatomy`) for this run: the RT pair, the RT CPU and who is who on it
+    (the mode's pollers and non-rt pollers, the app, the heavy receiver and its device's
+    NAPI threads, the RT CPU's ksoftirqd; a thread keeps the first of these it has)."""
+    assert bench.placement is not None
+    rt_cpu = bench.placement.cpu(placement_.RT)
+    roles: dict[int, str] = {}
+    heavy_side = bench.heavy
+    groups: list[tuple[str, Any]] = [("app", app), ("poller", threads),
+                                     ("nonrt_poller", nonrt)]
+    if heavy_side is not None:
+        groups += [("heavy_receiver", heavy_side.receiver_pids()),
+                   ("heavy_napi", heavy_side.napi_threads())]
+    ks = steer.ksoftirqd(rt_cpu)
+    groups.append(("ksoftirqd", [ks] if ks else []))
+    for role, pids in groups:
+        for pid in pids:
+            roles.setdefault(int(pid), role)
+    spec = anatomy.Spec(tx_dev=devs["tx_dev"], rx_dev=devs["rx_dev"],
+                        port=workloads.SOCKPERF_PORT, rt_cpu=rt_cpu,
+                        rt_napi_ids=tuple(devs.get("rt_napi_ids") or ()), roles=roles)
+    return {"extra_probes": anatomy.probes(spec), "extra_clears": anatomy.CLEARED}
 
 
 def xmit_match(kt: trace.KernelTrace, kd: dict[str, Any], sent: dict[str, Any],

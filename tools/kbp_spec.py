@@ -562,6 +562,9 @@ def _validate(spec: Spec) -> None:
         claim(c.c_name, f"const {c.name}")
     for o in spec.ops:
         claim(o.c_name, f"operation {o.name}")
+        if len(set(o.reply.values())) > 1:
+            raise SpecError(f"operation {o.name}: do and dump replies differ: not rendered "
+                            "(kbpctl reads one reply per command)")
         if not o.reserved:
             s = spec.set(o.attr_set)
             for lst in (*o.request.values(), *o.reply.values()):
@@ -833,6 +836,53 @@ def _q(v: Any) -> str:
     return json.dumps(v) if isinstance(v, str) else repr(v)
 
 
+def one_line(doc: str) -> str:
+    """A doc on one line, its whitespace collapsed (as the C header's comments have it)."""
+    return " ".join(doc.split())
+
+
+PY_WIDTH = 100    # ruff's line-length (pyproject.toml): _spec.py is linted as src/ is
+
+
+def _py_wrapped(indent: str, items: Sequence[str], sep: str = " ") -> list[str]:
+    """items joined by sep on lines of at most PY_WIDTH columns, each at indent."""
+    out: list[str] = []
+    line = ""
+    for it in items:
+        if line and len(indent + line + sep + it) > PY_WIDTH:
+            out.append(indent + line)
+            line = it
+        else:
+            line = f"{line}{sep}{it}" if line else it
+    return [*out, indent + line] if line else out
+
+
+def _py_call(indent: str, func: str, args: Sequence[str], doc: str) -> list[str]:
+    """``func(args, doc="...")`` within PY_WIDTH columns: a doc that does not fit goes on
+    the next line, a long one as adjacent string literals there."""
+    head = f"{indent}{func}({', '.join(args)}"
+    if not doc:
+        return [f"{head}),"]
+    text = one_line(doc)
+    if len(f"{head}, doc={_q(text)}),") <= PY_WIDTH:
+        return [f"{head}, doc={_q(text)}),"]
+    cont = " " * (len(indent) + len(func) + 1)
+    if len(f"{cont}doc={_q(text)}),") <= PY_WIDTH:
+        return [f"{head},", f"{cont}doc={_q(text)}),"]
+    pad = f"{cont}doc=("
+    parts = textwrap.wrap(text, PY_WIDTH - len(pad) - 8, break_long_words=False,
+                          break_on_hyphens=False)
+    lits = [_q(x + " ") for x in parts[:-1]] + [_q(parts[-1])]
+    return [f"{head},", f"{pad}{lits[0]}", *(" " * len(pad) + x for x in lits[1:-1]),
+            " " * len(pad) + f"{lits[-1]})),"]
+
+
+def replies(spec: Spec) -> dict[str, tuple[str, ...]]:
+    """The attributes of each command's reply (its do reply; a dump reply is the same,
+    _validate says), for the commands that have one."""
+    return {o.name: o.reply.get("do", o.reply.get("dump", ())) for o in spec.ops if o.reply}
+
+
 def render_python(spec: Spec) -> str:
     o = ['"""The generic netlink family "kbp" as module/netlink/kbp.yaml describes it, for '
          "kbpctl.",
@@ -841,8 +891,8 @@ def render_python(spec: Spec) -> str:
          "The",
          "constants carry their C names (module/uapi/kbp.h, module/kbp_spec.h); the tables "
          "below",
-         "give kmod.py its message classes, names.py its ids, ranges and defaults, netap.py its",
-         'constants.',
+         "give kmod.py its message classes, names.py its ids, ranges, defaults and poller",
+         "counters (the attributes' docs, REPLIES), netap.py its constants.",
          '"""',
          "",
          "from __future__ import annotations",
@@ -860,6 +910,7 @@ def render_python(spec: Spec) -> str:
          "    nested: str = \"\"       # nest: the attribute set inside",
          "    enum: str = \"\"         # the enum of its values (ENUMS)",
          "    multi: bool = False    # it may come more than once",
+         "    doc: str = \"\"          # the spec's doc, on one line (counters: \"counter: ...\")",
          "",
          "",
          f"FAMILY: Final = {_q(spec.name)}",
@@ -905,7 +956,13 @@ def render_python(spec: Spec) -> str:
                 args.append(_q(a.enum))
             if a.multi:
                 args.append("True")
-            o.append(f"        Attr({', '.join(args)}),")
+            o += _py_call("        ", "Attr", args, a.doc)
+        o.append("    ),")
+    o += ["}", "#: the attributes of each command's reply, in their order (a do and a dump "
+          "reply alike)", "REPLIES: Final[dict[str, tuple[str, ...]]] = {"]
+    for op, attrs in replies(spec).items():
+        o.append(f"    {_q(op)}: (")
+        o += _py_wrapped("        ", [f"{_q(a)}," for a in attrs])
         o.append("    ),")
     o += ["}", "#: the knobs' accepted ranges (their attributes' checks): knob -> (min, max)",
           "RANGES: Final[dict[str, tuple[int, int]]] = {"]

@@ -116,6 +116,24 @@ def test_the_generator_refuses_what_it_does_not_render(raw: dict[str, Any]) -> N
     bad["attribute-sets"][0]["attributes"][2]["checks"] = {"max": "no-such-const"}
     with pytest.raises(tool.SpecError, match="no-such-const"):
         tool.parse(bad)
+    bad = json.loads(json.dumps(raw))       # REPLIES holds one reply per command
+    bad["operations"]["list"][1]["dump"]["reply"] = {"attributes": ["cpu"]}
+    with pytest.raises(tool.SpecError, match="poller-get: do and dump replies differ"):
+        tool.parse(bad)
+
+
+def test_python_lines_fit_ruffs_width() -> None:
+    """_spec.py is linted with src/: the attributes' docs wrap within PY_WIDTH, and what
+    the wrapping gives back is each doc on one line."""
+    spec = tool.load(REPO)
+    text = tool.render_python(spec)
+    assert max(len(line) for line in text.split("\n")) <= tool.PY_WIDTH
+    assert re.search(r'\n +doc=\("', text), "no doc long enough to wrap: test another way"
+    ns: dict[str, Any] = {}
+    exec(compile(text, "_spec.py", "exec"), ns)
+    assert {(s, a.name): a.doc for s, attrs in ns["ATTRIBUTE_SETS"].items() for a in attrs} \
+        == {(s.name, a.name): " ".join(a.doc.split()) for s in spec.sets
+            for a in spec.members(s)}
 
 
 # -- what the generated files say is what the spec says ----------------------------------
@@ -156,7 +174,7 @@ def _spec_tables(raw: dict[str, Any]) -> dict[str, Any]:
             v = a.get("value", v)
             out.append((v, a["name"], _c(s["name-prefix"] + a["name"]), a["type"],
                         a.get("nested-attributes", ""), a.get("enum", ""),
-                        a.get("multi-attr", False)))
+                        a.get("multi-attr", False), " ".join(a.get("doc", "").split())))
             ch = a.get("checks", {})
             if "min" in ch or "max" in ch:
                 ranges[a["name"].replace("-", "_")] = (
@@ -168,8 +186,13 @@ def _spec_tables(raw: dict[str, Any]) -> dict[str, Any]:
         if "subset-of" in s:
             parent = {a[1]: a for a in sets[s["subset-of"]]}
             sets[s["name"]] = [parent[a["name"]] for a in s["attributes"]]
+    replies = {}
+    for op in raw["operations"]["list"]:
+        got = [op[m]["reply"]["attributes"] for m in ("do", "dump") if "reply" in op.get(m, {})]
+        if got:
+            replies[op["name"]] = tuple(got[0])
     return {"consts": consts, "enums": enums, "commands": cmds, "sets": sets,
-            "ranges": ranges}
+            "ranges": ranges, "replies": replies}
 
 
 def test_python_tables_are_the_spec(raw: dict[str, Any]) -> None:
@@ -178,6 +201,7 @@ def test_python_tables_are_the_spec(raw: dict[str, Any]) -> None:
     assert want["commands"] == _spec.COMMANDS
     assert {k: [tuple(a) for a in v] for k, v in _spec.ATTRIBUTE_SETS.items()} == want["sets"]
     assert want["ranges"] == _spec.RANGES
+    assert want["replies"] == _spec.REPLIES
     for d in raw["definitions"]:
         if d["type"] == "const":
             cname = _c(d["name"]) if "header" in d else _c(f"kbp-{d['name']}")

@@ -135,23 +135,25 @@ enum kbp_attr {
 	KBP_A_EMPTY_PASSES,	/* u64, counter: passes that found no work
 				 * (output)
 				 */
-	KBP_A_PACKETS,		/* u64, counter: packets polled (output) */
+	KBP_A_PACKETS,		/* u64, counter: packets (work units) returned
+				 * by NAPI poll functions (output)
+				 */
 	KBP_A_WAKEUPS,		/* u64, counter: times the poller was woken from
-				 * sleep (output)
+				 * sleep (hybrid, periodic) (output)
 				 */
 	KBP_A_SLEEPS,		/* u64, counter: times the poller went to sleep
-				 * (output)
+				 * (hybrid, periodic) (output)
 				 */
-	KBP_A_SLEEP_NS,		/* u64, counter: time asleep (output) */
-	KBP_A_POLL_NS,		/* u64, counter: time inside
-				 * NAPI poll (output)
+	KBP_A_SLEEP_NS,		/* u64, counter: time spent asleep (output) */
+	KBP_A_POLL_NS,		/* u64, counter: time spent inside NAPI poll
+				 * (protocol processing included) (output)
 				 */
 	KBP_A_POLLS,		/* u64, counter: NAPI polls (output) */
-	KBP_A_RESPAWNS,		/* u64, counter: poller threads replaced
-				 * (output)
+	KBP_A_RESPAWNS,		/* u64, counter: poller threads replaced after a
+				 * driver deleted a NAPI under it (output)
 				 */
 	KBP_A_REPAIRS,		/* u64, counter: NAPIs put back on the poller
-				 * (output)
+				 * after a driver's napi_disable/enable (output)
 				 */
 	KBP_A_RT_PRIO,		/* u32, 0 = SCHED_NORMAL, 1..99 = SCHED_FIFO
 				 * priority
@@ -162,11 +164,12 @@ enum kbp_attr {
 	KBP_A_FREQ_CTL,		/* u32, 0/1: hybrid lowers the CPU frequency
 				 * while asleep (userspace governor needed)
 				 */
-	KBP_A_FREQ_CHANGES,	/* u64, counter: frequency
-				 * changes made (output)
+	KBP_A_FREQ_CHANGES,	/* u64, counter: CPU frequency changes made by
+				 * freq_ctl (hybrid) (output)
 				 */
-	KBP_A_YIELDS,		/* u64, counter: times a polling thread gave its
-				 * CPU to other runnable tasks there (output)
+	KBP_A_YIELDS,		/* u64, counter: times a poller that was not
+				 * going to sleep gave its CPU to other tasks
+				 * (output)
 				 */
 	KBP_A_INTERVAL_US,	/* u32, periodic: polling interval while the
 				 * search is off
@@ -203,19 +206,19 @@ enum kbp_attr {
 	KBP_A_NICE,		/* s32, non-rt poller's nice (-20..19; below 0
 				 * needs CAP_SYS_NICE)
 				 */
-	KBP_A_GAVE_WAY,		/* u64, counter, non-rt: polls after which the
-				 * poller gave its CPU to a woken task at once
+	KBP_A_GAVE_WAY,		/* u64, counter, non-rt: polls after which it
+				 * gave the CPU to a woken task at once (output)
+				 */
+	KBP_A_WAKE_DELAY_NS,	/* u64, counter: sum of wake-up-to-running
+				 * delays of the poller's thread (run_delay)
 				 * (output)
 				 */
-	KBP_A_WAKE_DELAY_NS,	/* u64, counter: the poller thread's wake-up to
-				 * running delays, summed (sched_info run_delay)
-				 * (output)
-				 */
-	KBP_A_WAKE_DELAY_MAX_NS,	/* u64, the longest of them (output) */
-	KBP_A_TAKEOVERS,	/* u64, counter: NAPIs the softirq kept
-				 * scheduled (a load that never let them go
-				 * idle), asked to hand over to the poller
-				 * (output)
+	KBP_A_WAKE_DELAY_MAX_NS,	/* u64, counter: the longest of those
+					 * wake-up-to-running delays (output)
+					 */
+	KBP_A_TAKEOVERS,	/* u64, counter: NAPIs a load kept scheduled in
+				 * softirq (never idle) that the poller asked to
+				 * hand over at attach or reconcile (output)
 				 */
 	__KBP_A_MAX,
 };

@@ -2,10 +2,12 @@
 
 The kernel module's generic netlink attributes (module/uapi/kbp.h) carry the same
 names: KBP_A_<NAME upper-case> for knobs and counters, KBP_MODE_<MODE> for modes. The
-module's ids of modes, classes and objectives and the knobs' ranges and defaults come from
-the family's spec (module/netlink/kbp.yaml, through the generated :mod:`kbp._spec`).
+module's ids of modes, classes and objectives, the knobs' ranges and defaults and the poller
+counters with their help texts come from the family's spec (module/netlink/kbp.yaml, through
+the generated :mod:`kbp._spec`).
 """
 
+import re
 from typing import Final
 
 from kbp import _spec
@@ -62,26 +64,36 @@ CLASS_NAMES: Final = {v: k for k, v in CLASS_IDS.items()}
 NONRT_DEFAULT_QUOTA: Final = _spec.KBP_NONRT_QUOTA_DEF  # packets per NAPI per poll, non-rt
 NICE_RANGE: Final = _spec.RANGES["nice"]  # non-rt: the poller's nice (< 0 needs CAP_SYS_NICE)
 
-# Per-poller counters (read-only), with what each counts (docs, the exporter's HELP text).
+# Per-poller counters (read-only), with what each counts (docs, the exporter's HELP text):
+# the attributes of the module's poller-get reply that the spec marks as counters, in the
+# reply's order, their docs without the mark (module/netlink/kbp.yaml: a counter's doc is
+# "counter: <help>" or "counter, <where it counts>: <help>"). A counter added to the spec
+# and to the reply is one here, in kbp.kmod.Poller, kbpctl status and the exporter.
 # A name ending in _ns counts nanoseconds.
+_COUNTER_DOC: Final = re.compile(r"counter(?:, ([^:]+))?: (.+)")
+
+
+def counter_help(doc: str) -> str | None:
+    """A counter's help text from its attribute's doc in the spec ("counter: X" -> X,
+    "counter, non-rt: X" -> "non-rt: X"); None when the doc does not mark a counter."""
+    m = _COUNTER_DOC.fullmatch(doc)
+    if m is None:
+        return None
+    return f"{m[1]}: {m[2]}" if m[1] else m[2]
+
+
+_KBP_DOCS: Final = {a.name: a.doc for a in _spec.ATTRIBUTE_SETS["kbp"]}
+#: every counter of the module's pollers (kbp.kmod.Poller's), with its help text
+MODULE_POLLER_COUNTER_HELP: Final[dict[str, str]] = {
+    a.replace("-", "_"): h for a in _spec.REPLIES["poller-get"]
+    if (h := counter_help(_KBP_DOCS[a])) is not None}
+# The module's poller counters that count the work of one mode and are shown with that
+# mode's state (kbpctl status's "periodic", the exporter's kbp_poller_periodic_*), not as
+# poller counters (a stock backend's thread has none of them): the one rule that keeps a
+# counter of the spec out of POLLER_COUNTERS.
+PERIODIC_COUNTERS: Final[tuple[str, ...]] = ("handbacks",)
 POLLER_COUNTER_HELP: Final[dict[str, str]] = {
-    "passes": "loop iterations over the poller's NAPIs",
-    "empty_passes": "passes that found no work",
-    "packets": "packets (work units) returned by NAPI poll functions",
-    "wakeups": "times the poller was woken from sleep (hybrid)",
-    "sleeps": "times the poller went to sleep (hybrid)",
-    "sleep_ns": "time spent asleep",
-    "poll_ns": "time spent inside NAPI poll (protocol processing included)",
-    "freq_changes": "CPU frequency changes made by freq_ctl (hybrid)",
-    "yields": "times a poller that was not going to sleep gave its CPU to other tasks",
-    "respawns": "poller threads replaced after a driver deleted a NAPI under it",
-    "repairs": "NAPIs put back on the poller after a driver's napi_disable/enable",
-    "gave_way": "non-rt: polls after which it gave the CPU to a woken task at once",
-    "wake_delay_ns": "sum of wake-up-to-running delays of the poller's thread (run_delay)",
-    "wake_delay_max_ns": "the longest of those wake-up-to-running delays",
-    "takeovers": ("NAPIs a load kept scheduled in softirq (never idle) that the poller asked "
-                  "to hand over at attach or reconcile"),
-}
+    c: h for c, h in MODULE_POLLER_COUNTER_HELP.items() if c not in PERIODIC_COUNTERS}
 POLLER_COUNTERS: Final[tuple[str, ...]] = tuple(POLLER_COUNTER_HELP)
 # The POLLER_COUNTERS that are the largest value seen, not a running sum (a gauge to Prometheus).
 POLLER_MAXIMA: Final[tuple[str, ...]] = ("wake_delay_max_ns",)

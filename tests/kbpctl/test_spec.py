@@ -282,6 +282,57 @@ def test_vocabulary_ranges_and_defaults_are_the_old_ones() -> None:
         (10, 100_000, 1, 1000, 20, 1_000_000)
 
 
+# -- the poller counters: the spec's ----------------------------------------------------
+def test_poller_counters_and_their_help_are_the_specs(raw: dict[str, Any]) -> None:
+    """Every attribute of poller-get's reply whose doc the spec marks "counter" is a module
+    poller counter, named and ordered as the reply has it, with its doc (the mark off) as
+    its help text; a u64 there is always marked (a new counter cannot go unlisted)."""
+    attrs = {a["name"]: a for a in raw["attribute-sets"][0]["attributes"]}
+    reply = next(op for op in raw["operations"]["list"]
+                 if op["name"] == "poller-get")["do"]["reply"]["attributes"]
+    want = {}
+    for name in reply:
+        doc = " ".join(attrs[name].get("doc", "").split())
+        if attrs[name]["type"] == "u64":
+            assert doc.startswith("counter"), (name, "a u64 of the reply not marked counter")
+        if doc.startswith("counter: "):
+            want[name.replace("-", "_")] = doc.removeprefix("counter: ")
+        elif doc.startswith("counter, "):
+            want[name.replace("-", "_")] = doc.removeprefix("counter, ")
+    assert want == names.MODULE_POLLER_COUNTER_HELP
+    assert list(want) == list(names.MODULE_POLLER_COUNTER_HELP)
+    assert all(want.values())
+    # the periodic ones (status's "periodic", kbp_poller_periodic_*) are not poller counters
+    assert names.PERIODIC_COUNTERS == ("handbacks",)
+    poller = {k: v for k, v in want.items() if k not in names.PERIODIC_COUNTERS}
+    assert poller == names.POLLER_COUNTER_HELP
+    assert tuple(poller) == names.POLLER_COUNTERS
+    assert set(names.POLLER_MAXIMA) <= set(names.POLLER_COUNTERS)
+
+
+def test_poller_counters_are_the_old_ones() -> None:
+    """The exporter's metric names and order, and kbpctl status's counters, unchanged."""
+    assert names.POLLER_COUNTERS == (
+        "passes", "empty_passes", "packets", "wakeups", "sleeps", "sleep_ns", "poll_ns",
+        "freq_changes", "yields", "respawns", "repairs", "gave_way", "wake_delay_ns",
+        "wake_delay_max_ns", "takeovers")
+    assert names.POLLER_COUNTER_HELP["poll_ns"] == \
+        "time spent inside NAPI poll (protocol processing included)"     # docs/kbpctl.md
+    assert names.POLLER_COUNTER_HELP["gave_way"] == \
+        "non-rt: polls after which it gave the CPU to a woken task at once"
+
+
+@pytest.mark.parametrize(("doc", "help_"), [
+    ("counter: passes that found no work", "passes that found no work"),
+    ("counter, non-rt: polls after which", "non-rt: polls after which"),
+    ("number of NAPIs", None),
+    ("the longest of them", None),
+    ("counters: no", None),
+])
+def test_counter_help(doc: str, help_: str | None) -> None:
+    assert names.counter_help(doc) == help_
+
+
 def test_defaults_lie_in_their_ranges() -> None:
     r = _spec.RANGES
     for knob, default in names.PERIODIC_DEFAULTS.items():

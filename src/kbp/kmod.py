@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyroute2.netlink import NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, genlmsg, nla
 from pyroute2.netlink.exceptions import NetlinkError
@@ -209,11 +209,46 @@ class NetapState:
         return self.last_objective
 
 
+#: the module's poller counters (names.MODULE_POLLER_COUNTER_HELP: the counters of the
+#: spec's poller-get reply) and their attributes: Poller's counter fields
+_C_NAMES = {a.name.replace("-", "_"): a.c_name for a in _spec.ATTRIBUTE_SETS["kbp"]}
+POLLER_COUNTER_ATTRS: dict[str, str] = {c: _C_NAMES[c] for c in names.MODULE_POLLER_COUNTER_HELP}
+
+_C = TypeVar("_C", bound=type)
+
+
+def _with_counters(after: str) -> Callable[[_C], _C]:
+    """A class decorator, under ``@dataclass``: every POLLER_COUNTER_ATTRS becomes a field
+    ``int | None = None`` right after the field ``after``, in the spec's order."""
+    def add(cls: _C) -> _C:
+        own = dict(cls.__annotations__)
+        if after not in own:
+            raise TypeError(f"{cls.__name__}: no field {after!r}")
+        if set(own) & set(POLLER_COUNTER_ATTRS):
+            raise TypeError(f"{cls.__name__}: a field named as a counter of the spec: "
+                            f"{', '.join(sorted(set(own) & set(POLLER_COUNTER_ATTRS)))}")
+        ann: dict[str, Any] = {}
+        for k, v in own.items():
+            ann[k] = v
+            if k == after:
+                ann.update(dict.fromkeys(POLLER_COUNTER_ATTRS, "int | None"))
+        cls.__annotations__ = ann
+        for c in POLLER_COUNTER_ATTRS:
+            setattr(cls, c, None)
+        return cls
+    return add
+
+
 @dataclass
+@_with_counters(after="napis")
 class Poller:
     """One poller kthread (``kbp/<cpu>:<dev>``, or ``kbpn/<cpu>:<dev>`` for class non-rt):
     the module runs one per CPU, class and device; the pollers of a CPU and class share
-    its knobs and take turns."""
+    its knobs and take turns.
+
+    After ``napis`` come its counters (passes, ..., takeovers), a field ``int | None``
+    each: the spec's, POLLER_COUNTER_ATTRS (module/netlink/kbp.yaml; what each counts:
+    names.MODULE_POLLER_COUNTER_HELP)."""
 
     cpu: int
     cls: str | None = None  # names.CLASS_RT or names.CLASS_NON_RT
@@ -225,22 +260,7 @@ class Poller:
     rt_prio: int | None = None  # 0: SCHED_NORMAL, 1..99: SCHED_FIFO priority
     freq_ctl: bool | None = None  # hybrid: CPU frequency to min while asleep, max awake
     napis: int | None = None
-    passes: int | None = None
-    empty_passes: int | None = None
-    packets: int | None = None
-    wakeups: int | None = None
-    sleeps: int | None = None
-    sleep_ns: int | None = None
-    poll_ns: int | None = None
-    freq_changes: int | None = None
-    yields: int | None = None
-    respawns: int | None = None
-    repairs: int | None = None
-    handbacks: int | None = None  # periodic: NAPIs handed back to interrupts
-    gave_way: int | None = None  # non-rt: polls after which it gave the CPU at once
-    wake_delay_ns: int | None = None  # wake-up-to-running delays of its thread, summed
-    wake_delay_max_ns: int | None = None  # the longest of them
-    takeovers: int | None = None  # NAPIs asked out of the softirq's poll list
+    # (the counters: _with_counters)
     interval_us: int | None = None  # periodic: the interval while netap is off
     netap: bool | None = None  # periodic: search the interval
     round_ms: int | None = None
@@ -256,6 +276,9 @@ class Poller:
     #: active (its thread runs), stopping (told to stop, listed until its thread exits),
     #: stuck (did not give a NAPI back in time: a higher-priority task hogs its CPU)
     state: str | None = None
+
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> int | None: ...  # a counter (_with_counters)
 
     def counters(self) -> dict[str, int | None]:
         return {c: getattr(self, c) for c in names.POLLER_COUNTERS}
@@ -303,15 +326,7 @@ def _poller_from(msg: Any) -> Poller:
                   linger_us=g("KBP_A_LINGER_US"), quota=g("KBP_A_QUOTA"),
                   rt_prio=g("KBP_A_RT_PRIO"), freq_ctl=_bool(g("KBP_A_FREQ_CTL")),
                   napis=g("KBP_A_NAPIS"),
-                  passes=g("KBP_A_PASSES"), empty_passes=g("KBP_A_EMPTY_PASSES"),
-                  packets=g("KBP_A_PACKETS"), wakeups=g("KBP_A_WAKEUPS"), sleeps=g("KBP_A_SLEEPS"),
-                  sleep_ns=g("KBP_A_SLEEP_NS"), poll_ns=g("KBP_A_POLL_NS"),
-                  freq_changes=g("KBP_A_FREQ_CHANGES"), yields=g("KBP_A_YIELDS"),
-                  respawns=g("KBP_A_RESPAWNS"), repairs=g("KBP_A_REPAIRS"),
-                  handbacks=g("KBP_A_HANDBACKS"), gave_way=g("KBP_A_GAVE_WAY"),
-                  wake_delay_ns=g("KBP_A_WAKE_DELAY_NS"),
-                  wake_delay_max_ns=g("KBP_A_WAKE_DELAY_MAX_NS"),
-                  takeovers=g("KBP_A_TAKEOVERS"),
+                  **{c: g(attr) for c, attr in POLLER_COUNTER_ATTRS.items()},
                   interval_us=g("KBP_A_INTERVAL_US"),
                   netap=_bool(g("KBP_A_NETAP")), round_ms=g("KBP_A_ROUND_MS"),
                   min_interval_us=g("KBP_A_MIN_INTERVAL_US"),

@@ -8,6 +8,7 @@ dataclasses, errors carry errno + extack, and an absent module is an explicit er
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import re
 import struct
@@ -209,6 +210,54 @@ def test_decode_poller() -> None:
                             "wake_delay_ns": 3_000_000, "wake_delay_max_ns": 90_000,
                             "takeovers": 2}
     assert list(p.counters()) == list(names.POLLER_COUNTERS)
+
+
+#: kmod.Poller's fields before its counters came from the spec (issue 39 item 4): the
+#: attributes kbpctl, the bench and the guest tests read, in their order
+POLLER_FIELDS = (
+    "cpu", "cls", "nice", "pid", "mode", "linger_us", "quota", "rt_prio", "freq_ctl", "napis",
+    "passes", "empty_passes", "packets", "wakeups", "sleeps", "sleep_ns", "poll_ns",
+    "freq_changes", "yields", "respawns", "repairs", "handbacks", "gave_way", "wake_delay_ns",
+    "wake_delay_max_ns", "takeovers", "interval_us", "netap", "round_ms", "min_interval_us",
+    "max_interval_us", "min_change", "max_round", "objective", "search", "ifindex", "ifname",
+    "netns_inum", "state")
+
+
+def test_poller_fields_are_the_specs_counters() -> None:
+    fields = dataclasses.fields(kmod.Poller)
+    assert tuple(f.name for f in fields) == POLLER_FIELDS
+    # the counters: the spec's (names.MODULE_POLLER_COUNTER_HELP), after napis
+    at = POLLER_FIELDS.index("napis") + 1
+    counters = tuple(names.MODULE_POLLER_COUNTER_HELP)
+    assert tuple(kmod.POLLER_COUNTER_ATTRS) == counters == POLLER_FIELDS[at:at + len(counters)]
+    for f in fields[at:at + len(counters)]:
+        assert (f.type, f.default) == ("int | None", None), f.name
+        assert kmod.POLLER_COUNTER_ATTRS[f.name] == "KBP_A_" + f.name.upper()
+    assert kmod.Poller(cpu=1).takeovers is None
+    assert kmod.Poller(cpu=1, handbacks=3).handbacks == 3
+
+
+def test_decode_every_counter_of_the_spec() -> None:
+    """_poller_from reads each counter the spec's poller-get reply has into its field."""
+    want = {c: (i + 1) << 33 for i, c in enumerate(kmod.POLLER_COUNTER_ATTRS)}
+    raw = genl(kmod.KBP_CMD_POLLER_GET, u32(kmod.KBP_A_CPU, 1) + b"".join(
+        PAD + u64(getattr(kmod, a), want[c]) for c, a in kmod.POLLER_COUNTER_ATTRS.items()))
+    p = kmod._poller_from(decode(raw))
+    assert {c: getattr(p, c) for c in want} == want
+    assert p.counters() == {c: want[c] for c in names.POLLER_COUNTERS}
+    assert (p.cpu, p.napis, p.interval_us) == (1, None, None)
+
+
+def test_a_field_named_as_a_counter_is_refused() -> None:
+    with pytest.raises(TypeError, match="a field named as a counter of the spec: packets"):
+        @kmod._with_counters(after="napis")
+        class Twice:
+            napis: int | None = None
+            packets: int | None = None
+    with pytest.raises(TypeError, match="no field 'napis'"):
+        @kmod._with_counters(after="napis")
+        class NoAnchor:
+            cpu: int | None = None
 
 
 def test_encode_periodic_knobs() -> None:

@@ -9,8 +9,10 @@ generator's own reader does, and the kernel's YNL library reads it and speaks kb
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -320,6 +322,51 @@ def test_poller_counters_are_the_old_ones() -> None:
         "time spent inside NAPI poll (protocol processing included)"     # docs/kbpctl.md
     assert names.POLLER_COUNTER_HELP["gave_way"] == \
         "non-rt: polls after which it gave the CPU to a woken task at once"
+
+
+_NEW_COUNTER = """
+import dataclasses, json
+from kbp import kmod, names
+m = kmod._msg(kmod.KBP_CMD_POLLER_GET, [["KBP_A_CPU", 1], ["KBP_A_FROBS", 7]])
+m.encode()
+reply = kmod.kbpmsg(bytes(m.data))
+reply.decode()
+p = kmod._poller_from(reply)
+print(json.dumps({"counters": names.POLLER_COUNTERS, "help": names.POLLER_COUNTER_HELP,
+                  "fields": [f.name for f in dataclasses.fields(kmod.Poller)],
+                  "read": p.counters()}))
+"""
+
+
+def test_a_counter_added_to_the_spec_needs_no_second_edit(tmp_path: Path) -> None:
+    """A counter added to the kbp set and to poller-get's reply, and the generator run: it is
+    a poller counter with its help text (kbpctl status, the exporter), a field of
+    kmod.Poller after the others, and _poller_from reads it."""
+    shutil.copytree(REPO / "src/kbp", tmp_path / "src/kbp",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    spec = tmp_path / tool.SPEC
+    spec.parent.mkdir(parents=True)
+    text = SPEC.read_text()
+    for old, new in (("\n  - name: queue-map\n",
+                      '\n      - name: frobs\n        type: u64\n'
+                      '        doc: "counter, hybrid: frobs made"\n  - name: queue-map\n'),
+                     ("\n            - takeovers\n",       # poller-get's reply
+                      "\n            - takeovers\n            - frobs\n")):
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    spec.write_text(text)
+    assert tool.PY in tool.generate(tmp_path)
+    p = subprocess.run([sys.executable, "-c", _NEW_COUNTER], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": str(tmp_path / "src")})
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)
+    assert got["counters"] == [*names.POLLER_COUNTERS, "frobs"]
+    assert got["help"] == {**names.POLLER_COUNTER_HELP, "frobs": "hybrid: frobs made"}
+    at = got["fields"].index("takeovers") + 1
+    assert got["fields"][:at] + got["fields"][at + 1:] == \
+        [f.name for f in dataclasses.fields(kmod.Poller)]
+    assert got["fields"][at] == "frobs"
+    assert got["read"] == {**dict.fromkeys(names.POLLER_COUNTERS), "frobs": 7}
 
 
 @pytest.mark.parametrize(("doc", "help_"), [

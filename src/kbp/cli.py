@@ -194,8 +194,8 @@ def _int(text: str) -> int:
 
 def _mode_help() -> str:
     """"hybrid (default), busy or periodic"."""
-    others = [s for s in modespec.SPECS.values() if s.name != names.MODE_HYBRID]
-    return f"{names.MODE_HYBRID} (default), {modespec.modes_text(others)}"
+    others = [s for s in modespec.SPECS.values() if s is not modespec.DEFAULT]
+    return f"{modespec.DEFAULT.name} (default), {modespec.modes_text(others)}"
 
 
 class _VersionAction(argparse.Action):
@@ -242,7 +242,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     e = sub.add_parser("enable", help="serve devices' NAPIs with kbp",
                        epilog=ENABLE_EPILOG, formatter_class=fmt)
     e.add_argument("devices", nargs="+", metavar="DEV")
-    e.add_argument("--mode", choices=names.MODES, default=names.MODE_HYBRID,
+    e.add_argument("--mode", choices=names.MODES, default=modespec.DEFAULT.name,
                    help=_mode_help())
     e.add_argument("--cpus", type=_cpulist, metavar="LIST",
                    help="CPUs for the polling threads, e.g. 2-3,6 (default: all online)")
@@ -493,10 +493,11 @@ def _periodic_args(args: argparse.Namespace) -> backends.Periodic | None:
     given = {k: getattr(args, k) for k in names.PERIODIC_KNOBS}
     if all(v is None for v in given.values()):
         return None
-    if args.mode != names.MODE_PERIODIC:
-        flags = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None]
-        raise InvalidInput(f"{flags[0]} applies to --mode periodic only, not {args.mode}: "
-                           "drop it or use --mode periodic")
+    if not modespec.periodic(args.mode):
+        knob = next(k for k, v in given.items() if v is not None)
+        modes = modespec.modes_text(modespec.taking(knob))
+        raise InvalidInput(f"--{knob.replace('_', '-')} applies to --mode {modes} only, not "
+                           f"{args.mode}: drop it or use --mode {modes}")
     from kbp import backends
     return backends.Periodic.from_args(**given)
 

@@ -64,7 +64,7 @@ class DeviceConfig:
     name: str
     netns: str | None = None
     backend: str = "auto"
-    mode: str = names.MODE_HYBRID
+    mode: str = modespec.DEFAULT.name
     cpus: list[int] | None = None
     rt_prio: int | None = None  # None: the backend's default for the mode (resolved in plan)
     linger_us: int | None = None

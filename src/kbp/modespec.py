@@ -1,5 +1,8 @@
 """One entry per kbpctl mode (issue 10 item 0): what a mode is, read by validation, both
-backends, kbpctl's help and the bench, so no other code compares mode names.
+backends, kbpctl's help and the bench, so no other code compares mode names: it asks the
+small predicates below (:func:`spins`, :func:`periodic`, :func:`serves_non_rt`,
+:func:`takes`) or reads :data:`DEFAULT` (tests/kbpctl/test_modespec.py scans src/kbp for
+a comparison with a mode's name).
 
 The module has the same table on its side (``kbp_modes[]`` in module/kbp_poller.c: name,
 whether it sleeps, why ``freq_ctl`` does not apply); :mod:`kbp.names` keeps the names.
@@ -48,6 +51,9 @@ class ModeSpec:
     knobs: frozenset[str]     # the knobs of MODE_KNOBS that apply to it
     stock: StockEquivalent
     why_no_freq_ctl: str = ""  # why --freq-ctl does not apply (appended to the refusal)
+    #: a poller of class non-rt may run it (names.CLASS_NON_RT: it must sleep when idle and
+    #: give way to the CPU's rt poller between polls)
+    serves_non_rt: bool = False
 
     @property
     def id(self) -> int:
@@ -57,6 +63,12 @@ class ModeSpec:
     @property
     def spins(self) -> bool:
         return not self.sleeps
+
+    @property
+    def periodic(self) -> bool:
+        """It polls at an interval (NetAP): the periodic knobs (names.PERIODIC_KNOBS) apply,
+        with their defaults when none is given, and status shows its interval and search."""
+        return self.knobs >= frozenset(names.PERIODIC_KNOBS)
 
     def takes(self, knob: str) -> bool:
         return knob in self.knobs
@@ -82,7 +94,8 @@ HYBRID: Final = ModeSpec(
     stock=StockEquivalent(
         how="threaded NAPI (threaded=1) at SCHED_FIFO, pinned with its IRQ; linger through "
             "napi_defer_hard_irqs + gro_flush_timeout",
-        since=(5, 12, 0), threaded=1, fifo=True))
+        since=(5, 12, 0), threaded=1, fifo=True),
+    serves_non_rt=True)
 
 PERIODIC: Final = ModeSpec(
     name=names.MODE_PERIODIC, paper="NetAP",
@@ -104,27 +117,53 @@ PERIODIC: Final = ModeSpec(
 SPECS: Final = {s.name: s for s in (BUSY, HYBRID, PERIODIC)}
 assert tuple(SPECS) == names.MODES, "a mode of names.MODES has no spec"
 
+#: the mode kbpctl enables when none is asked for (--mode)
+DEFAULT: Final = HYBRID
+
 
 def get(mode: str) -> ModeSpec:
     """The spec of ``mode`` (KeyError: not a mode; validate_common says so first)."""
     return SPECS[mode]
 
 
+# The predicates on a mode by name, for the rest of kbpctl: each is False for None (a journal
+# or a module that does not say) and for a name that is not a mode.
+def _find(mode: str | None) -> ModeSpec | None:
+    return SPECS.get(mode or "")
+
+
 def spins(mode: str | None) -> bool:
-    """``mode`` never sleeps while it has NAPIs (False for None or an unknown mode)."""
-    spec = SPECS.get(mode or "")
+    """``mode`` never sleeps while it has NAPIs."""
+    spec = _find(mode)
     return spec is not None and spec.spins
 
 
+def periodic(mode: str | None) -> bool:
+    """``mode`` polls at an interval (NetAP): :attr:`ModeSpec.periodic`."""
+    spec = _find(mode)
+    return spec is not None and spec.periodic
+
+
+def serves_non_rt(mode: str | None) -> bool:
+    """A poller of class non-rt may run ``mode``: :attr:`ModeSpec.serves_non_rt`."""
+    spec = _find(mode)
+    return spec is not None and spec.serves_non_rt
+
+
 def takes(mode: str | None, knob: str) -> bool:
-    """``knob`` applies to ``mode`` (False for None or an unknown mode)."""
-    spec = SPECS.get(mode or "")
+    """``knob`` applies to ``mode``."""
+    spec = _find(mode)
     return spec is not None and spec.takes(knob)
 
 
 def taking(knob: str) -> list[ModeSpec]:
     """The modes ``knob`` applies to."""
     return [s for s in SPECS.values() if s.takes(knob)]
+
+
+def non_rt_modes() -> list[ModeSpec]:
+    """The modes a poller of class non-rt may run."""
+    return [s for s in SPECS.values() if s.serves_non_rt]
 
 
 def modes_text(modes: Iterable[ModeSpec]) -> str:
@@ -141,7 +180,7 @@ def help_text(width: int = 90) -> str:
     """The modes paragraph of ``kbpctl enable --help``."""
     lines = ["modes:"]
     for s in SPECS.values():
-        default = ", the default" if s.name == names.MODE_HYBRID else ""
+        default = ", the default" if s is DEFAULT else ""
         per_napi = (f" (per NAPI on {_version(s.stock.per_napi_since)}+)"
                     if s.stock.per_napi_since else "")
         stock = (f"Stock backend: {s.stock.how}; Linux {_version(s.stock.since)}+{per_napi}."

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
 from kbp import modespec, names
 from kbp.backends import EnableRequest, Periodic, validate_common
 from kbp.backends import stock as stock_backend
 from kbp.errors import InvalidInput
+
+from .conftest import REPO
 
 
 def test_one_entry_per_mode_with_the_module_ids() -> None:
@@ -62,3 +67,67 @@ def test_help_lists_every_mode() -> None:
         assert f"  {s.name} ({s.paper}" in text
     assert "Linux 6.19+" in text and "Linux 5.12+" in text
     assert cli._mode_help() == "hybrid (default), busy or periodic"
+
+
+# -- the predicates: the one place that knows mode names (issue 39 item 4) -----------------
+@pytest.mark.parametrize("mode", [*names.MODES, None, "", "turbo"])
+def test_predicates_answer_as_the_name_comparisons_did(mode: str | None) -> None:
+    """Each predicate says what the comparison it replaced said, for every mode, for None (a
+    journal or a module that does not say) and for a name that is not a mode."""
+    assert modespec.periodic(mode) == (mode == names.MODE_PERIODIC)
+    assert modespec.serves_non_rt(mode) == (mode == names.MODE_HYBRID)
+    assert modespec.spins(mode) == (mode == names.MODE_BUSY)
+
+
+def test_default_and_the_mode_lists() -> None:
+    assert modespec.DEFAULT is modespec.HYBRID and modespec.DEFAULT.name == names.MODE_HYBRID
+    assert [s.name for s in modespec.non_rt_modes()] == [names.MODE_HYBRID]
+    assert [s.name for s in modespec.SPECS.values() if s.periodic] == [names.MODE_PERIODIC]
+    # the periodic mode is the one that takes every periodic knob
+    assert all(modespec.taking(k) == [modespec.PERIODIC] for k in names.PERIODIC_KNOBS)
+    from kbp import cli, config
+    from kbp.backends import EnableRequest
+    assert EnableRequest(["eth1"]).mode == config.DeviceConfig("eth1").mode == \
+        cli.build_parser().parse_args(["enable", "eth1"]).mode == modespec.DEFAULT.name
+
+
+def _mode_name_comparisons(path: Path) -> list[str]:
+    """Where a file compares a mode by name: with names.MODE_*, or with a mode's name as a
+    string (==, !=, or in a literal tuple, list or set)."""
+    def is_mode(node: ast.expr) -> bool:
+        if isinstance(node, ast.Attribute) and node.attr.startswith("MODE_") and \
+                isinstance(node.value, ast.Name) and node.value.id == "names":
+            return True
+        return isinstance(node, ast.Constant) and node.value in names.MODES
+
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Compare):
+            continue
+        for left, op, right in zip([node.left, *node.comparators[:-1]], node.ops,
+                                   node.comparators, strict=True):
+            if isinstance(op, ast.Eq | ast.NotEq | ast.Is | ast.IsNot):
+                hit = is_mode(left) or is_mode(right)
+            elif isinstance(op, ast.In | ast.NotIn):
+                hit = isinstance(right, ast.Tuple | ast.List | ast.Set) and \
+                    any(is_mode(e) for e in right.elts)
+            else:
+                hit = False
+            if hit:
+                out.append(f"{path}:{node.lineno}")
+    return out
+
+
+def test_no_other_code_compares_mode_names() -> None:
+    """modespec's promise: kbpctl, its backends and the bench ask its predicates."""
+    src = REPO / "src/kbp"
+    found = [hit for p in sorted(src.rglob("*.py")) if p.name not in ("modespec.py",)
+             for hit in _mode_name_comparisons(p)]
+    assert found == []
+
+
+def test_the_scan_finds_a_comparison(tmp_path: Path) -> None:
+    f = tmp_path / "x.py"
+    f.write_text("a = mode == names.MODE_PERIODIC\nb = m != 'hybrid'\nc = m in ('busy', 'x')\n"
+                 "d = 'busy' in text\ne = m == names.BACKEND_KMOD\n")
+    assert _mode_name_comparisons(f) == [f"{f}:1", f"{f}:2", f"{f}:3"]

@@ -128,7 +128,7 @@ class EnableRequest:
 
     devices: list[str]
     netns: str | None = None
-    mode: str = names.MODE_HYBRID
+    mode: str = modespec.DEFAULT.name
     cpus: list[int] | None = None  # None: all online CPUs, NAPIs round-robin
     rt_prio: int | None = None  # None: the backend's default for the mode (resolved())
     linger_us: int | None = None  # None: leave defer/gro settings as they are
@@ -148,7 +148,7 @@ class EnableRequest:
         for the mode (:func:`default_rt_prio`). Backends resolve a request before they check
         or journal it, so journals, status and ``apply`` see the priority the threads get."""
         req = self
-        if req.mode == names.MODE_PERIODIC and req.periodic is None:
+        if modespec.periodic(req.mode) and req.periodic is None:
             req = dataclasses.replace(req, periodic=Periodic())
         if req.cls == names.CLASS_NON_RT:  # SCHED_NORMAL at nice (0 when not given)
             return dataclasses.replace(req, rt_prio=0 if req.rt_prio is None else req.rt_prio,
@@ -247,10 +247,11 @@ def validate_class(req: EnableRequest) -> None:
                                f"only (the {names.CLASS_RT} pollers run SCHED_FIFO at "
                                "--rt-prio): drop --nice or add --class non-rt")
         return
-    if req.mode != names.MODE_HYBRID:
+    if not modespec.serves_non_rt(req.mode):
+        ok = modespec.modes_text(modespec.non_rt_modes())
         raise InvalidInput(f"--class non-rt with --mode {req.mode}: the non-rt poller is "
-                           "hybrid only: it sleeps when idle and gives way to the RT poller; "
-                           "use --mode hybrid")
+                           f"{ok} only: it sleeps when idle and gives way to the RT poller; "
+                           f"use --mode {ok}")
     if req.rt_prio:
         raise InvalidInput(f"--class non-rt with --rt-prio {req.rt_prio}: non-rt pollers run "
                            "SCHED_NORMAL; drop --rt-prio or use --nice")

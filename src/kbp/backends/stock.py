@@ -571,7 +571,7 @@ class StockBackend:
             lids = [n.id for n in napis] if (napis and ok) else None
             if req.linger_us is not None:
                 run(plan_linger(p.netns, p.dev, p.link.ifindex, lids, req.linger_us))
-            if req.mode == names.MODE_PERIODIC:
+            if modespec.periodic(req.mode):
                 assert req.periodic is not None  # resolved
                 per = dataclasses.asdict(req.periodic)
                 run(plan_periodic(p.netns, p.dev, p.link.ifindex, lids,
@@ -777,7 +777,7 @@ class StockBackend:
 
     def _describe_periodic(self, ds: DeviceStatus, rec: Record) -> None:
         """Mode periodic: the interval, and the service's search state (or why it stopped)."""
-        if rec.request.get("mode") != names.MODE_PERIODIC:
+        if not modespec.periodic(rec.request.get("mode")):
             return
         ds.periodic, problems = periodicd.describe(self.state.root, rec)
         ds.problems += problems

@@ -1023,7 +1023,7 @@ class ModeInfo:
     @property
     def periodic(self) -> bool:
         """Mode periodic (NetAP): the bench's periodic knobs apply."""
-        return self.kbp_mode == names.MODE_PERIODIC
+        return modespec.periodic(self.kbp_mode)
 
     @property
     def moves_load(self) -> bool:
@@ -1037,7 +1037,7 @@ def _kbpctl(backend: str, kbp_mode: str, colour: str, summary: str,
     :func:`backend_mode`, spinning where kbpctl's mode does (modespec); ``adapter``: the
     adapter's own settings (BackendMode's since, feature, own_prio)."""
     name, spins = backend_mode(backend, kbp_mode), modespec.spins(kbp_mode)
-    cls = PeriodicMode if kbp_mode == names.MODE_PERIODIC else BackendMode
+    cls = PeriodicMode if modespec.periodic(kbp_mode) else BackendMode
     return ModeInfo(name, KBPCTL, summary, colour,
                     partial(cls, name, backend, kbp_mode, spins=spins, **adapter),
                     backend=backend, kbp_mode=kbp_mode, spins=spins,

@@ -227,9 +227,11 @@ def test_run_record_summary_section_and_plot(tmp_path: Path) -> None:
     assert napi["runs"] == 2 and napi["tail_n"] == 6
     assert napi["tail_segments_us"]["app_recv"] == pytest.approx(16.0)
     assert napi["explained_ok"] == 0.0            # the slow ones are mostly unexplained
+    assert napi["polled_in"] == {"poller, stack in poller on the RT CPU": 6}
     md = "\n".join(anatomy.section(summ, report.mode_order()))
     assert "**Tail anatomy**" in md and "| napi | 6 |" in md and "| stock-hybrid | 3 |" in md
     assert "slowest named" in md and "seq " in md
+    assert "napi: 6 polled in poller, stack in poller on the RT CPU" in md
     png = anatomy.plot(summ, tmp_path, "test", report.mode_order())
     assert png is not None and png.stat().st_size > 1000
     assert anatomy.section({}) == [] and anatomy.plot({}, tmp_path, "t") is None

@@ -671,8 +671,22 @@ def pooled(recs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "heavy_poll_mean": (sum(k * v for k, v in sizes.items()) / polls) if polls else None,
         "other_tasks_ms": {c: round(us / 1e3, 2) for c, us in
                            sorted(others.items(), key=lambda kv: -kv[1])[:5]},
+        "polled_in": _contexts(tail),
         "stack_off_rt_cpu": sum(1 for s in tail if not (s.get("stack") or {}).get("on_rt_cpu")),
     }
+
+
+def _contexts(tail: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """How many tail samples were handed up in each context ("softirq on the RT CPU": n)."""
+    out: dict[str, int] = defaultdict(int)
+    for s in tail:
+        p = s.get("poll") or {}
+        st = s.get("stack") or {}
+        where = f"{p.get('context')}, stack in {st.get('context')}"
+        if st.get("on_rt_cpu"):
+            where += " on the RT CPU"
+        out[where] += 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def _median_of(xs: Sequence[Any]) -> float | None:
@@ -757,6 +771,11 @@ def section(summary: dict[str, dict[str, dict[str, Any]]], order: Sequence[str] 
         others = [f"{m}: " + ", ".join(f"{c} {ms:,.1f} ms" for c, ms in
                                       (summary[cond][m].get("other_tasks_ms") or {}).items())
                   for m in modes if summary[cond][m].get("other_tasks_ms")]
+        ctx = [f"{m}: " + ", ".join(f"{n} polled in {w}" for w, n in
+                                    (summary[cond][m].get("polled_in") or {}).items())
+               for m in modes if summary[cond][m].get("polled_in")]
+        if ctx:
+            out += ["", "Where the tail's requests were handed up: " + "; ".join(ctx) + "."]
         if others:
             out += ["", "Tasks of no benchmark role that ran on the RT CPU (\"other\", whole "
                     "runs, summed over the repetitions): " + "; ".join(others) + "."]

@@ -74,8 +74,12 @@ def test_probes_key_on_the_devices_port_cpu_and_roles() -> None:
     spec = anatomy.Spec("rt-c-1", "rt-s-1", 11111, 3, (4711, 4712),
                         {100: "app", 200: "poller", 300: "heavy_receiver", 9: "ksoftirqd"})
     prog = "\n".join(anatomy.probes(spec))
-    assert 'str(args->name) == "rt-c-1"' in prog and 'str(args->name) == "rt-s-1"' in prog
-    assert "== 26411" in prog and "cpu == 3" in prog
+    assert '$nm == "rt-c-1" && $dport == 26411' in prog       # X: requests on the client
+    assert '$nm == "rt-s-1" && $sport == 26411' in prog       # Y: replies on the server
+    assert "cpu == 3" in prog
+    # one program per tracepoint: each one costs every packet, the flood's too
+    heads = [p.split("{")[0].split("/")[0].strip() for p in anatomy.probes(spec)]
+    assert len(heads) == len(set(heads)), heads
     assert "$n->napi_id == 4711 || $n->napi_id == 4712" in prog
     assert "if ($q == 100) { $k = 1; }" in prog and "if ($q == 300) { $k = 4; }" in prog
     assert "if ($q == 9) { $k = 6; }" in prog
@@ -86,7 +90,7 @@ def test_probes_key_on_the_devices_port_cpu_and_roles() -> None:
     # one program with the delays' probes; END clears the anatomy's state maps
     full = trace.program([200], [100], tx_dev="rt-c-1", rx_dev="rt-s-1",
                          extra=anatomy.probes(spec), extra_clears=anatomy.CLEARED)
-    assert full.count("tracepoint:net:net_dev_start_xmit") == 3
+    assert full.count("tracepoint:net:net_dev_start_xmit") == 2    # xmit_to_poll's + ours
     assert "clear(@rq);" in full and "clear(@c);" in full and "clear(@hw)" not in full
 
 

@@ -50,6 +50,12 @@ def test_plan_seconds_count_the_common_parts() -> None:
                idle_duration=10.0)
     b.runnable = ["napi", "defer", "busypoll"]
     assert b.plan_seconds() == pytest.approx(3 * (10.0 + 0.5 + 1.0) + 2 * 3 * (1.0 + 1.6))
+    # --anatomy's trace costs each latency run its own seconds (kbp.bench.parts)
+    b = _bench([0, 1], parts=["idle", "rtt-tcp"], reps=2, duration=1.0, warmup=0.0,
+               idle_duration=10.0, anatomy=True)
+    b.runnable = ["napi", "defer", "busypoll"]
+    assert b.plan_seconds() == pytest.approx(3 * (10.0 + 0.5 + 1.0) + 2 * 3 * (
+        1.0 + 1.6 + parts.ANATOMY_RUN_S))
 
 
 def test_cli_options() -> None:

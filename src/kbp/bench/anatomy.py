@@ -162,22 +162,31 @@ def _pred(var: str, pids: Iterable[int]) -> str:
     return " || ".join(f"{var} == {p}" for p in ps) if ps else "0"
 
 
-def _udp(skb_expr: str, port_off: int, be: int) -> str:
-    """Statements that set $tag from an IPv4 UDP skb at xmit whose port at ``port_off`` (0:
-    source, 2: destination) is the RT port, else leave it 0."""
-    return (f"  $a = {skb_expr}; $skb = (struct sk_buff *)$a; $tag = (uint64)0;\n"
-            "  $p = $skb->head + $skb->network_header;\n"
-            "  if ((*(uint8 *)$p >> 4) == 4 && *(uint8 *)($p + 9) == 17) {\n"
-            "    $u = $p + (*(uint8 *)$p & 15) * 4;\n"
-            f"    if (*(uint16 *)($u + {port_off}) == {be}) {{"
-            " $tag = *(uint64 *)($u + 8) + 1; }\n  }\n")
+def _udp(skb: str, be: int) -> str:
+    """Statements that read an IPv4 UDP skb at xmit: $sport, $dport (as a little-endian
+    load reads them: compare with :func:`port_be`) and $tag (the payload's first 8 bytes,
+    plus one), all 0 for anything else."""
+    return (f"    $skb = (struct sk_buff *){skb}; $tag = (uint64)0;"
+            " $sport = (uint16)0; $dport = (uint16)0;\n"
+            "    $p = $skb->head + $skb->network_header;\n"
+            "    if ((*(uint8 *)$p >> 4) == 4 && *(uint8 *)($p + 9) == 17) {\n"
+            "      $u = $p + (*(uint8 *)$p & 15) * 4;\n"
+            "      $sport = *(uint16 *)$u; $dport = *(uint16 *)($u + 2);\n"
+            "      $tag = *(uint64 *)($u + 8) + 1;\n    }\n")
 
 
-def _ctx(pollers: str) -> str:
+def _ctx(pollers: str, indent: str = "  ") -> str:
     """Statements that set $ctx and $start: who runs this receive work and since when."""
-    return ("  $ctx = 2; $start = (uint64)0;\n"
-            f"  if ({pollers}) {{ $ctx = 1; $start = @on[tid]; }}\n"
-            "  else { if (@sx[cpu] != 0) { $ctx = 0; $start = @sx[cpu]; } }\n")
+    return (f"{indent}$ctx = 2; $start = (uint64)0;\n"
+            f"{indent}if ({pollers}) {{ $ctx = 1; $start = @on[tid]; }}\n"
+            f"{indent}else {{ if (@sx[cpu] != 0) {{ $ctx = 0; $start = @sx[cpu]; }} }}\n")
+
+
+def _reply_arrives(indent: str) -> str:
+    """Statements that print Z when the skb $a is a reply's (and forget it)."""
+    return (f"{indent}$z = @rp[$a];\n"
+            f'{indent}if ($z != 0) {{ printf("{TAG} Z %llu %llu %d\\n", $z, nsecs, cpu);'
+            " delete(@rp[$a]); }\n")
 
 
 def _snapshot() -> tuple[str, str]:
@@ -239,24 +248,35 @@ def probes(spec: Spec) -> list[str]:
         f"  else {{ @c[{C_POLLS_OTHER}] = @c[{C_POLLS_OTHER}] + 1;"
         f" @c[{C_PKTS_OTHER}] = @c[{C_PKTS_OTHER}] + $w;"
         " @hw[$w] = count(); }\n}",
-        # X: the request leaves the client
-        f'tracepoint:net:net_dev_start_xmit /str(args->name) == "{spec.tx_dev}"/ {{\n'
-        + _udp("args->skbaddr", 2, be) +
-        "  if ($tag != 0) {\n    @rq[$a] = $tag; @rs[$tag] = $a;\n"
-        f'    printf("{TAG} X %llu %llu %d {fmt}\\n", $tag, nsecs, cpu, {snap});\n  }}\n}}',
-        # G: a NAPI poll (or the xmit path into a backlog) hands it up
-        "tracepoint:net:napi_gro_receive_entry /@rq[args->skbaddr]/ {\n"
-        "  $a = args->skbaddr; $id = args->napi_id; $t = @rq[$a];\n" + _ctx(pollers) +
-        f'  if ($t != 0) {{ printf("{TAG} G %llu %llu %d %u %d %llu %llu\\n", $t, nsecs, cpu,'
-        " $id, $ctx, $start, @wk[tid]); }\n}",
-        "tracepoint:net:netif_rx /@rq[args->skbaddr]/ {\n  $t = @rq[args->skbaddr];\n"
+        # X: the request leaves the client; Y: the reply leaves the server.  One probe per
+        # tracepoint (each program run costs every packet, the flood's too)
+        "tracepoint:net:net_dev_start_xmit {\n  $a = args->skbaddr; $nm = str(args->name);\n"
+        f'  if ($nm == "{spec.tx_dev}" || $nm == "{spec.rx_dev}") {{\n'
+        + _udp("$a", be) +
+        f'    if ($nm == "{spec.tx_dev}" && $dport == {be}) {{\n'
+        "      @rq[$a] = $tag; @rs[$tag] = $a;\n"
+        f'      printf("{TAG} X %llu %llu %d {fmt}\\n", $tag, nsecs, cpu, {snap});\n    }}\n'
+        f'    if ($nm == "{spec.rx_dev}" && $sport == {be}) {{\n'
+        "      @rp[$a] = $tag;\n"
+        # the request is answered: forget its skb unless a newer request has that address
+        "      $o = @rs[$tag]; if ($o != 0) { if (@rq[$o] == $tag) { delete(@rq[$o]); }"
+        " delete(@rs[$tag]); }\n"
+        f'      printf("{TAG} Y %llu %llu %d %d\\n", $tag, nsecs, cpu, tid);\n    }}\n  }}\n}}',
+        # G: a NAPI poll (or the xmit path into a backlog) hands the request up; Z: the
+        # reply reaches the client device
+        "tracepoint:net:napi_gro_receive_entry {\n"
+        "  $a = args->skbaddr; $id = args->napi_id; $t = @rq[$a];\n"
+        "  if ($t != 0) {\n" + _ctx(pollers, "    ") +
+        f'    printf("{TAG} G %llu %llu %d %u %d %llu %llu\\n", $t, nsecs, cpu, $id, $ctx,'
+        " $start, @wk[tid]);\n  }\n" + _reply_arrives("  ") + "}",
+        "tracepoint:net:netif_rx {\n  $a = args->skbaddr; $t = @rq[$a];\n"
         f'  if ($t != 0) {{ printf("{TAG} G %llu %llu %d 0 {CTX_XMIT} 0 0\\n", $t, nsecs,'
-        " cpu); }\n}",
+        " cpu); }\n" + _reply_arrives("  ") + "}",
         # R: the stack takes it; D: in the socket
         "tracepoint:net:netif_receive_skb /@rq[args->skbaddr]/ {\n"
-        "  $a = args->skbaddr; $t = @rq[$a];\n" + _ctx(pollers) +
-        f'  if ($t != 0) {{ printf("{TAG} R %llu %llu %d %d %llu\\n", $t, nsecs, cpu, $ctx,'
-        " $start);\n    @cur[cpu] = $t; delete(@rq[$a]); }\n}",
+        "  $a = args->skbaddr; $t = @rq[$a];\n  if ($t != 0) {\n" + _ctx(pollers, "    ") +
+        f'    printf("{TAG} R %llu %llu %d %d %llu\\n", $t, nsecs, cpu, $ctx, $start);\n'
+        "    @cur[cpu] = $t; delete(@rq[$a]);\n  }\n}",
         "tracepoint:sock:sk_data_ready /args->protocol == 17 && @cur[cpu] != 0/ {\n"
         f'  printf("{TAG} D %llu %llu %d\\n", @cur[cpu], nsecs, cpu); delete(@cur[cpu]);\n}}',
         # V: the app's recvfrom() returned (which request: the reply it sends next says)
@@ -264,22 +284,6 @@ def probes(spec: Spec) -> list[str]:
         " args->ret > 0/ {\n"
         f'  printf("{TAG} V %d %llu %d %llu %llu {fmt}\\n", tid, nsecs, cpu, @on[tid],'
         f" @wk[tid], {snap});\n}}",
-        # Y: the reply leaves the server; Z: it reaches the client device
-        f'tracepoint:net:net_dev_start_xmit /str(args->name) == "{spec.rx_dev}"/ {{\n'
-        + _udp("args->skbaddr", 0, be) +
-        "  if ($tag != 0) {\n    @rp[$a] = $tag;\n"
-        # the request is answered: forget its skb unless a newer request has that address
-        "    $o = @rs[$tag]; if ($o != 0) { if (@rq[$o] == $tag) { delete(@rq[$o]); }"
-        " delete(@rs[$tag]); }\n"
-        f'    printf("{TAG} Y %llu %llu %d %d\\n", $tag, nsecs, cpu, tid);\n  }}\n}}',
-        "tracepoint:net:netif_rx /@rp[args->skbaddr]/ {\n"
-        "  $a = args->skbaddr; $t = @rp[$a];\n"
-        f'  if ($t != 0) {{ printf("{TAG} Z %llu %llu %d\\n", $t, nsecs, cpu); }}'
-        " delete(@rp[$a]);\n}",
-        "tracepoint:net:napi_gro_receive_entry /@rp[args->skbaddr]/ {\n"
-        "  $a = args->skbaddr; $t = @rp[$a];\n"
-        f'  if ($t != 0) {{ printf("{TAG} Z %llu %llu %d\\n", $t, nsecs, cpu); }}'
-        " delete(@rp[$a]);\n}",
     ]
 
 

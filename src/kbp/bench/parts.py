@@ -53,9 +53,16 @@ class Load(Protocol):
     def stop(self) -> dict[str, Any]: ...
 
 
+#: what --anatomy adds to a latency run: bpftrace loading ~24 probes and stopping, and the
+#: parsing of ~4 lines a request (per-run median 10.6 s against 6.7 s without, 3 s runs,
+#: this host, 2026-11-29)
+ANATOMY_RUN_S = 4.0
+
+
 def latency_seconds(cfg: BenchConfig, duration: float) -> float:
-    """Planned seconds of one latency run (run, warm-up, start and stop)."""
-    return duration + cfg.warmup + 1.6
+    """Planned seconds of one latency run (run, warm-up, start and stop; with --anatomy its
+    trace's cost)."""
+    return duration + cfg.warmup + 1.6 + (ANATOMY_RUN_S if cfg.anatomy else 0.0)
 
 
 def rfc_seconds(cfg: BenchConfig) -> float:

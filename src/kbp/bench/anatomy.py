@@ -663,6 +663,7 @@ def pooled(recs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "tail_traced_mean_us": _mean([float(s["traced_us"]) for s in tail]),
         "explained_min": expl[0] if expl else None,
         "explained_median": expl[len(expl) // 2] if expl else None,
+        "explained_max": expl[-1] if expl else None,
         "explained_ok": (sum(1 for e in expl if e >= EXPLAINED_TARGET) / len(expl)
                          if expl else None),
         "named_explained_min": min((float(s["explained"]) for s in named_samples
@@ -751,14 +752,15 @@ def section(summary: dict[str, dict[str, dict[str, Any]]], order: Sequence[str] 
         modes = [m for m in order if m in summary[cond]] + sorted(
             m for m in summary[cond] if m not in order)
         out += [f"*{cond}* — the tail's segments:", "",
-                f"| mode | tail n | RTT mean | {seg_head} | explained (min / ≥95 %) |",
+                f"| mode | tail n | RTT mean | {seg_head} | explained (min to max / ≥95 %) |",
                 "|" + "---|" * (4 + len(SEGMENTS))]
         for m in modes:
             d = summary[cond][m]
             seg = d.get("tail_segments_us") or {}
             out.append(f"| {m} | {d['tail_n']} | {_f(d.get('tail_rtt_mean_us'))} | "
                        + " | ".join(_f(seg.get(k)) for k in SEGMENTS)
-                       + f" | {_pc(d.get('explained_min'))} / {_pc(d.get('explained_ok'))} |")
+                       + f" | {_pc(d.get('explained_min'))} to {_pc(d.get('explained_max'))} / "
+                       f"{_pc(d.get('explained_ok'))} |")
         out += ["", f"*{cond}* — what the RT CPU did meanwhile (request xmit → app's recv; "
                 "µs of task time by role net of softirqs, softirq time, and the other NAPIs' "
                 "polls there):", "",

@@ -381,8 +381,8 @@ class Request:
         return self.v_snap.minus(self.x_snap)
 
 
-def lines(output: str) -> Iterable[list[str]]:
-    """The anatomy's ``KA`` lines of bpftrace's output (JSON or text), split."""
+def _objects(output: str) -> Iterable[dict[str, Any]]:
+    """The JSON objects of bpftrace's ``-f json`` output, one a line."""
     for raw in output.splitlines():
         raw = raw.strip()
         if raw.startswith("{"):
@@ -390,69 +390,53 @@ def lines(output: str) -> Iterable[list[str]]:
                 obj = json.loads(raw)
             except json.JSONDecodeError:
                 continue
-            if not isinstance(obj, dict) or obj.get("type") != "printf":
-                continue
+            if isinstance(obj, dict):
+                yield obj
+
+
+def _map(output: str, name: str) -> dict[str, Any]:
+    """One map bpftrace printed at exit ({key text: value}; {} when it printed none)."""
+    out: dict[str, Any] = {}
+    for obj in _objects(output):
+        data = (obj.get("data") or {}).get(name) if obj.get("type") == "map" else None
+        if isinstance(data, dict):
+            out.update(data)
+    return out
+
+
+def lines(output: str) -> Iterable[list[str]]:
+    """The anatomy's ``KA`` lines of bpftrace's output (JSON or text), split."""
+    for raw in output.splitlines():
+        if raw.strip().startswith(TAG + " "):
+            yield raw.split()
+    for obj in _objects(output):
+        if obj.get("type") == "printf":
             for text in str(obj.get("data") or "").splitlines():
                 if text.startswith(TAG + " "):
                     yield text.split()
-        elif raw.startswith(TAG + " "):
-            yield raw.split()
 
 
 def lost_events(output: str) -> int:
     """Events bpftrace reported lost (its perf buffer overran)."""
-    n = 0
-    for raw in output.splitlines():
-        raw = raw.strip()
-        if raw.startswith("{") and "lost" in raw:
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(obj, dict) and obj.get("type") == "lost_events":
-                n += int((obj.get("data") or {}).get("events") or 0)
-    return n
+    return sum(int((obj.get("data") or {}).get("events") or 0) for obj in _objects(output)
+               if obj.get("type") == "lost_events")
 
 
 def poll_sizes(output: str) -> dict[int, int]:
     """The histogram of the non-RT NAPI polls' work on the RT CPU ({packets: polls})."""
-    out: dict[int, int] = {}
-    for raw in output.splitlines():
-        raw = raw.strip()
-        if not raw.startswith("{") or "@hw" not in raw:
-            continue
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError:
-            continue
-        data = (obj.get("data") or {}).get("@hw") if isinstance(obj, dict) else None
-        if isinstance(data, dict):
-            for k, v in data.items():
-                out[int(k)] = out.get(int(k), 0) + int(v)
-    return dict(sorted(out.items()))
+    return dict(sorted((int(k), int(v)) for k, v in _map(output, "@hw").items()))
 
 
 def other_tasks(output: str, top: int = 5) -> list[dict[str, Any]]:
     """The tasks of no known role that ran longest on the RT CPU over the run (from the
     ``@ot`` map: µs net of softirqs), longest first."""
     got: dict[tuple[int, str], int] = {}
-    for raw in output.splitlines():
-        raw = raw.strip()
-        if not raw.startswith("{") or "@ot" not in raw:
-            continue
+    for key, v in _map(output, "@ot").items():
+        pid, _, comm = str(key).partition(",")
         try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError:
+            got[(int(pid), comm.strip())] = int(v)
+        except ValueError:
             continue
-        data = (obj.get("data") or {}).get("@ot") if isinstance(obj, dict) else None
-        if not isinstance(data, dict):
-            continue
-        for key, v in data.items():
-            pid, _, comm = str(key).partition(",")
-            try:
-                got[(int(pid), comm.strip())] = int(v)
-            except ValueError:
-                continue
     ranked = sorted(got.items(), key=lambda kv: -kv[1])[:top]
     return [{"pid": pid, "comm": comm, "run_us": round(ns / 1e3, 1)}
             for (pid, comm), ns in ranked]
@@ -481,17 +465,17 @@ def parse(output: str) -> dict[int, Request]:
                 q.x_snap = Snapshot.of(q.x, [int(v) for v in f[5:]])
             elif kind == "G":
                 q = req(f[2])
-                if q.g is None:          # the first poll that handed it up
+                if q.g is None or int(f[3]) < q.g:     # the first poll that handed it up
                     q.g, q.g_cpu, q.g_napi = int(f[3]), int(f[4]), int(f[5])
                     q.g_ctx, q.g_start = int(f[6]), int(f[7])
             elif kind == "R":
                 q = req(f[2])
-                if q.r is None:
+                if q.r is None or int(f[3]) < q.r:
                     q.r, q.r_cpu = int(f[3]), int(f[4])
                     q.r_ctx, q.r_start = int(f[5]), int(f[6])
             elif kind == "D":
                 q = req(f[2])
-                if q.d is None:
+                if q.d is None or int(f[3]) < q.d:
                     q.d = int(f[3])
             elif kind == "V":
                 t = int(f[3])
@@ -503,7 +487,7 @@ def parse(output: str) -> dict[int, Request]:
                     replies[int(f[5])].append((q.y, q))
             elif kind == "Z":
                 q = req(f[2])
-                if q.z is None:
+                if q.z is None or int(f[3]) < q.z:
                     q.z = int(f[3])
         except (IndexError, ValueError):
             continue
@@ -797,7 +781,7 @@ def plot(summary: dict[str, dict[str, dict[str, Any]]], out: Path, title: str,
     """Stacked bars: the tail's mean segments per mode, one panel per condition."""
     if not summary:
         return None
-    from kbp.bench.plots import _plt
+    from kbp.bench.plots import _plt, save
     plt = _plt()
     conds = sorted(summary)
     fig, axes = plt.subplots(1, len(conds), figsize=(7 * len(conds), 4.5), squeeze=False)
@@ -824,9 +808,4 @@ def plot(summary: dict[str, dict[str, dict[str, Any]]], out: Path, title: str,
         ax.set_title(f"{cond}: where the tail's round trip went")
         ax.grid(True, axis="x", alpha=0.3)
     axes[0][-1].legend(fontsize=7, loc="lower right")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path = out / "anatomy.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, out / "anatomy.png", title)

@@ -34,6 +34,15 @@ def style(mode: str) -> str:
     return STYLES.get(info.category, "-") if info is not None else "-"
 
 
+def save(fig: Any, path: Path, title: str) -> Path:
+    """Title, lay out, write and close a figure; its path."""
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+    return path
+
+
 def _plt() -> Any:
     import matplotlib
     matplotlib.use("Agg")
@@ -78,12 +87,7 @@ def latency_cdf(samples: Samples, out: Path, title: str, part: str = "rtt",
         axes[1][j].set_ylabel("fraction > x")
         axes[1][j].grid(True, which="both", alpha=0.3)
         axes[1][j].legend(loc="lower left", fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path = out / "latency_cdf.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, out / "latency_cdf.png", title)
 
 
 def throughput_bars(summary: Summary, out: Path, title: str) -> Path | None:
@@ -107,12 +111,7 @@ def throughput_bars(summary: Summary, out: Path, title: str) -> Path | None:
         ax.set_title(f"RFC 2544 zero-loss rate, {frame} B frames")
         ax.set_ylabel("kpkt/s (median, min-max)")
         ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path = out / "throughput.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, out / "throughput.png", title)
 
 
 def cpu_bars(summary: Summary, pl: Placement, out: Path, title: str) -> Path | None:
@@ -156,12 +155,7 @@ def cpu_bars(summary: Summary, pl: Placement, out: Path, title: str) -> Path | N
         ax.set_title(f"{cond}: CPU time by kind (/proc/stat)")
         ax.legend(fontsize=7, loc="upper right")
         ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path = out / "cpu.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, out / "cpu.png", title)
 
 
 def kernel_delay_bars(summary: Summary, out: Path, title: str) -> Path | None:
@@ -186,12 +180,7 @@ def kernel_delay_bars(summary: Summary, out: Path, title: str) -> Path | None:
         ax.set_title(f"{cond}: request xmit → RT NAPI poll (bpftrace)")
         ax.legend(fontsize=8)
         ax.grid(True, axis="y", which="both", alpha=0.3)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path = out / "kernel_delay.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, out / "kernel_delay.png", title)
 
 
 def standard(results: Results, samples: Samples, out: Path,

@@ -343,8 +343,10 @@ class Request:
     # no R of its own: GRO merged it into this earlier request's skb in the same poll, and
     # it went up the stack with that one (:func:`resolve`)
     merged_with: int | None = None
-    # no sk_data_ready: the socket already held data (since Linux 6.12 UDP wakes only an
-    # empty queue's reader) -- D is then taken as R, and "stack" is 0
+    # no sk_data_ready seen (mostly under the flood on this 6.18 host; Linux 6.12's UDP
+    # calls it for every datagram, so a later kernel's skipping the wake of a reader whose
+    # queue holds data is our reading, not checked in its source) -- D is taken as R, and
+    # "stack" is 0
     no_data_ready: bool = False
 
     def complete(self) -> bool:

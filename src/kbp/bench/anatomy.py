@@ -60,7 +60,6 @@ preempted, which this accounting does not follow.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -69,7 +68,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from kbp.bench import trace
+from kbp.bench import stats, trace
 
 #: the tracepoints the anatomy needs (tracefs event directories)
 EVENTS = ("net/net_dev_start_xmit", "net/napi_gro_receive_entry", "net/netif_rx",
@@ -386,14 +385,9 @@ class Request:
 def _objects(output: str) -> Iterable[dict[str, Any]]:
     """The JSON objects of bpftrace's ``-f json`` output, one a line."""
     for raw in output.splitlines():
-        raw = raw.strip()
-        if raw.startswith("{"):
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(obj, dict):
-                yield obj
+        obj = trace.json_object(raw)
+        if obj is not None:
+            yield obj
 
 
 def _map(output: str, name: str) -> dict[str, Any]:
@@ -539,12 +533,9 @@ def resolve(reqs: Mapping[int, Request]) -> None:
 
 # -- one run's record ----------------------------------------------------------------------
 def _pct(values: Sequence[float], p: float) -> float:
-    """The p-th percentile, nearest rank (the tail's threshold)."""
-    s = sorted(values)
-    if not s:
-        return math.nan
-    k = max(0, min(len(s) - 1, math.ceil(p / 100.0 * len(s)) - 1))
-    return s[k]
+    """The p-th percentile as the report defines it (:func:`kbp.bench.stats.percentile`,
+    nearest rank); NaN of no values."""
+    return stats.percentile(sorted(values), p) if values else math.nan
 
 
 def sample(q: Request, measured_ns: int, rt_cpu: int) -> dict[str, Any]:
@@ -590,8 +581,9 @@ def run_record(output: str, measured: Mapping[int, int], rt_cpu: int) -> dict[st
     tail = sorted((pair for pair in whole if pair[1] > p99), key=lambda p: -p[1])
     median = {}
     if whole:
+        segs = [q.segments() for q, _ in whole]
         for name in SEGMENTS:
-            median[name] = round(_pct([q.segments()[name] for q, _ in whole], 50.0) / 1e3, 3)
+            median[name] = round(_pct([s[name] for s in segs], 50.0) / 1e3, 3)
     return {
         "samples": len(measured), "traced": len(whole), "missing_from": dict(missing),
         "gro_merged": sum(1 for q, _ in whole if q.merged_with is not None),

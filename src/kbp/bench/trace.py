@@ -177,6 +177,18 @@ def program(poller_pids: Sequence[int] = (), app_pids: Sequence[int] = (), *,
 _LINE = re.compile(r"^@(h|mx|sm|xn)\[([^\]]*)\]:\s*(-?\d+)\s*$")
 
 
+def json_object(line: str) -> dict[str, Any] | None:
+    """One line of bpftrace's ``-f json`` output as its object (None: not a JSON object)."""
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
 def _entries(output: str) -> list[tuple[str, list[int], int]]:
     """(map name without @, key ints, value) of every map entry bpftrace printed, from its
     JSON lines (``-f json``: {"type": "map", "data": {"@h": {"0,312,2800": 10}}}) or its text
@@ -185,11 +197,8 @@ def _entries(output: str) -> list[tuple[str, list[int], int]]:
     for line in output.splitlines():
         line = line.strip()
         if line.startswith("{"):
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if not isinstance(obj, dict) or obj.get("type") != "map":
+            obj = json_object(line)
+            if obj is None or obj.get("type") != "map":
                 continue
             for name, entries in (obj.get("data") or {}).items():
                 if not isinstance(entries, dict):
@@ -209,14 +218,10 @@ def _entries(output: str) -> list[tuple[str, list[int], int]]:
 
 def is_ready(line: str) -> bool:
     """The program's BEGIN line ("READY"), as text or as a JSON printf object."""
-    line = line.strip()
-    if line == "READY":
+    if line.strip() == "READY":
         return True
-    if line.startswith("{"):
-        with contextlib.suppress(json.JSONDecodeError, AttributeError):
-            obj = json.loads(line)
-            return bool(obj.get("type") == "printf" and str(obj.get("data")).strip() == "READY")
-    return False
+    obj = json_object(line)
+    return bool(obj and obj.get("type") == "printf" and str(obj.get("data")).strip() == "READY")
 
 
 def parse(output: str) -> dict[str, Any]:

@@ -17,7 +17,9 @@
  * true and the limits in scaling_min_freq/scaling_max_freq are honoured.
  * Any other governor owns the frequency: freq_ctl is refused at configure
  * time, and if the governor changes later the pollers leave the frequency
- * alone (store_setspeed is NULL) and forget what they saved.
+ * alone (store_setspeed is NULL) and forget what they saved.  What kbp saved
+ * belongs to the policy it came from: when that policy is freed (its driver
+ * unregistered), a policy notifier flags the CPU and kbp forgets it too.
  *
  * Locking.  struct kbp_cpufreq's @lock (a mutex per CPU) orders kbp's own
  * changes of the CPU's frequency and guards @saved and @low; the poller
@@ -33,7 +35,8 @@
  * kbp_lock and takes policy->rwsem for reading: order rtnl -> kbp_lock ->
  * kbp_cpufreq.lock -> policy->rwsem; cpufreq never takes the others.
  * @ctl and @pollers are written under kbp_lock; @awake is an atomic count
- * the threads keep.
+ * the threads keep; @gone is set by the policy notifier, which takes no
+ * lock of ours, and consumed under @lock.
  */
 #include <linux/cpufreq.h>
 #include <linux/slab.h>
@@ -48,6 +51,7 @@ struct kbp_cpufreq {
 	bool ctl;		/* the CPU's rt pollers run freq_ctl (kbp_lock) */
 	atomic_t awake;		/* poller threads of the CPU not asleep */
 	unsigned int pollers;	/* pollers on the CPU (kbp_lock) */
+	atomic_t gone;		/* the policy went away since @saved (notifier) */
 };
 
 static struct kbp_cpufreq *kbp_cpufreq;	/* [nr_cpu_ids] */
@@ -72,15 +76,20 @@ static bool kbp_freq_set(struct kbp_poller *p, int cpu, struct kbp_cpufreq *c,
 	bool done = false;
 
 	lockdep_assert_held(&c->lock);
-	if (!pol)
-		return false;
+	if (atomic_xchg(&c->gone, 0)) {
+		/* saved from a policy that is gone: not ours to restore */
+		WRITE_ONCE(c->saved, 0);
+		WRITE_ONCE(c->low, false);
+	}
+	if (!pol || (to == KBP_FREQ_SAVED && !c->saved))
+		goto out;
 	if (block)
 		down_write(&pol->rwsem);
 	else if (!down_write_trylock(&pol->rwsem))
 		goto out;
 
 	if (policy_is_inactive(pol) || !kbp_freq_settable(pol)) {
-		c->saved = 0;		/* not ours to restore any more */
+		WRITE_ONCE(c->saved, 0);	/* not ours to restore any more */
 		WRITE_ONCE(c->low, false);
 		goto unlock;
 	}
@@ -103,7 +112,8 @@ static bool kbp_freq_set(struct kbp_poller *p, int cpu, struct kbp_cpufreq *c,
 unlock:
 	up_write(&pol->rwsem);
 out:
-	cpufreq_cpu_put(pol);
+	if (pol)
+		cpufreq_cpu_put(pol);
 	return done;
 }
 
@@ -117,9 +127,40 @@ static void kbp_freq_put_back(struct kbp_poller *p, int cpu,
 	}
 }
 
+/*
+ * A policy is freed (its driver unregistered, or its last CPU removed):
+ * the frequency kbp saved from it means nothing to the policy a driver
+ * registers next, which starts at its own.  Only flagged here, with no lock
+ * taken in the cpufreq core's context: the next change under @c->lock
+ * forgets @saved and @low (kbp_freq_set()).  Without this, a poller asleep
+ * while the driver was replaced "restored" the old policy's frequency at
+ * detach, over the operator's new one.
+ */
+static int kbp_freq_policy_event(struct notifier_block *nb,
+				 unsigned long event, void *data)
+{
+	struct cpufreq_policy *pol = data;
+	unsigned int cpu;
+
+	if (event != CPUFREQ_REMOVE_POLICY)
+		return NOTIFY_DONE;
+	for_each_cpu(cpu, pol->related_cpus)
+		if (cpu < nr_cpu_ids)
+			atomic_set(&kbp_cpufreq[cpu].gone, 1);
+	return NOTIFY_OK;
+}
+
+static struct notifier_block kbp_freq_policy_nb = {
+	.notifier_call = kbp_freq_policy_event,
+};
+
+/* cpufreq.off=1: no policy will ever exist, so none can go away. */
+static bool kbp_freq_notified;
+
 int kbp_freq_init(void)
 {
 	unsigned int cpu;
+	int err;
 
 	kbp_cpufreq = kcalloc(nr_cpu_ids, sizeof(*kbp_cpufreq), GFP_KERNEL);
 	if (!kbp_cpufreq)
@@ -127,7 +168,15 @@ int kbp_freq_init(void)
 	for (cpu = 0; cpu < nr_cpu_ids; cpu++) {
 		mutex_init(&kbp_cpufreq[cpu].lock);
 		atomic_set(&kbp_cpufreq[cpu].awake, 0);
+		atomic_set(&kbp_cpufreq[cpu].gone, 0);
 	}
+	err = cpufreq_register_notifier(&kbp_freq_policy_nb,
+					CPUFREQ_POLICY_NOTIFIER);
+	if (err && err != -EINVAL) {	/* -EINVAL: cpufreq disabled */
+		kfree(kbp_cpufreq);
+		return err;
+	}
+	kbp_freq_notified = !err;
 	return 0;
 }
 
@@ -136,6 +185,9 @@ void kbp_freq_exit(void)
 {
 	unsigned int cpu;
 
+	if (kbp_freq_notified)
+		cpufreq_unregister_notifier(&kbp_freq_policy_nb,
+					    CPUFREQ_POLICY_NOTIFIER);
 	for (cpu = 0; cpu < nr_cpu_ids; cpu++) {
 		struct kbp_cpufreq *c = &kbp_cpufreq[cpu];
 

@@ -184,7 +184,7 @@ static int kbp_conf_check(int cpu, u32 cls, const struct kbp_conf *c,
 			return err;
 	}
 	if (c->nice && cls != KBP_CLASS_NON_RT) {
-		kbp_refuse(extack, "nice is a non-rt knob",
+		kbp_refuse(extack, "nice applies to the non-rt poller only",
 			   "%s: nice applies to the non-rt poller only",
 			   kbp_cpu_label(cpu, where));
 		return -EINVAL;

@@ -162,6 +162,33 @@ def test_governor_change_and_driver_removal_under_freq_ctl(kmod, flow: Flow,
     sh(f"insmod {KO}")          # for the fixture's teardown
 
 
+def test_driver_replaced_under_a_sleeping_poller_forgets_the_old_frequency(
+        kmod, flow: Flow, cpufreq: None) -> None:
+    """What kbp saved belongs to the policy it saved it from.  The poller lowers the CPU
+    (saving the operator's MAX), the cpufreq driver is replaced while the poller sleeps (no
+    kbp code runs meanwhile), the operator sets MID under the new policy.  Before, kbp.ko
+    kept the old policy's MAX and 'restored' it at detach: the CPU ended at 2.4 GHz
+    instead of the operator's 1.6 GHz (seen intermittently in CI after the previous test
+    left such a value behind)."""
+    set_governor("userspace")
+    (CPUFREQ / "scaling_setspeed").write_text(f"{MAX}\n")
+    kmod.attach(flow.t.nic0, cpu=POLL_CPU, mode="hybrid", freq_ctl=True)
+    wait_for(lambda: int(rd("scaling_cur_freq")) == MIN, 5, what="the CPU at its minimum")
+    sh("rmmod kbp_test_cpufreq")           # the policy kbp saved MAX from goes away
+    sh(f"insmod {KO}")
+    set_governor("userspace")
+    (CPUFREQ / "scaling_setspeed").write_text(f"{MID}\n")   # the operator's, new policy
+    assert int(rd("scaling_cur_freq")) == MID
+    flow.start_sink(expect=40)             # wake the poller: it raises, then lowers again
+    flow.send(40, rate=400, burst=4)
+    assert flow.result()["unique"] == 40
+    wait_for(lambda: int(rd("scaling_cur_freq")) == MIN, 5, what="the CPU at its minimum")
+    kmod.detach(flow.t.nic0)
+    wait_for(lambda: not kmod.pollers(), 10, what="the poller to stop")
+    wait_for(lambda: int(rd("scaling_cur_freq")) == MID, 5,
+             what=f"the new policy's operator frequency {MID} (not the old policy's {MAX})")
+
+
 def test_kbpctl_reports_cpufreq_and_drives_freq_ctl(kmod, topo: Topo, cpufreq: None) -> None:
     st = json.loads(kbpctl("status", "--json").stdout)["cpufreq"]
     row = next(c for c in st["cpus"] if c["cpu"] == POLL_CPU)
@@ -190,15 +217,7 @@ def test_kbpctl_reports_cpufreq_and_drives_freq_ctl(kmod, topo: Topo, cpufreq: N
     kbpctl("disable", topo.nic0)
     assert kmod.device(topo.nic0) is None
     wait_for(lambda: not kmod.pollers(), 10, what="the poller to stop")
-    try:
-        wait_for(lambda: int(rd("scaling_cur_freq")) == MID, 5,
-                 what="the operator's frequency back")
-    except AssertionError:
-        # a known kbp.ko defect, open: two fresh-clone runs on 2026-11-29 (6.12, slub_debug)
-        # and one 7.2-rt run left the CPU at kbp's raised frequency after disable; reported,
-        # not hidden: the run says XFAIL with this reason
-        pytest.xfail(f"kbp.ko did not put back the operator's frequency after disable "
-                     f"(reads {rd('scaling_cur_freq')} kHz, want {MID}): known defect, open")
+    wait_for(lambda: int(rd("scaling_cur_freq")) == MID, 5, what="the operator's frequency back")
 
 
 def test_non_rt_sibling_keeps_the_cpu_up(kmod, topo: Topo, cpufreq: None) -> None:

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kbp import names, rps
-from kbp.backends import DeviceStatus, PollerStatus, PollingCpu, Status
+from kbp.backends import DeviceStatus, PollerLoad, PollerStatus, PollingCpu, Status
 from kbp.sysinfo import CpuTask, format_cpulist
 
 
@@ -255,7 +255,29 @@ def cpu_poller_lines(cpus: list[PollingCpu]) -> list[Text]:
             devs = f" ({', '.join(p.devices)})" if p.devices else ""
             parts.append(f"{p.cls} {p.comm} {sched_cell(p.policy, p.priority, p.nice)}{devs}")
         out.append(Text(f"CPU {c.cpu} pollers: {'; '.join(parts)}"))
+        out += [Text(f"  {p.cls} {p.comm}: {load_cell(p.load)}")
+                for p in c.pollers if p.load is not None and load_cell(p.load)]
     return out
+
+
+def _us(v: float | None) -> str:
+    return "-" if v is None else f"{v:,.1f} us"
+
+
+def load_cell(ld: PollerLoad) -> str:
+    """A polling thread's poll sizes and waits, in the counters' words ('' if none known):
+    what its class costs the other class on a CPU both share."""
+    parts = []
+    if ld.packets_per_poll is not None:
+        gave = f", gave way {ld.gave_way:,} times" if ld.gave_way else ""
+        parts.append(f"{ld.packets_per_poll:,.1f} packets per poll (quota {_n(ld.quota)}){gave}")
+    if ld.wake_delay_mean_us is not None:
+        parts.append(f"wake-up to running {_us(ld.wake_delay_mean_us)} mean, "
+                     f"{_us(ld.wake_delay_max_us)} max over {ld.wakeups:,} wake-ups")
+    if ld.wait_mean_us is not None:
+        parts.append(f"runnable but waiting {_us(ld.wait_mean_us)} per run "
+                     f"(schedstat, {ld.runs:,} runs)")
+    return "; ".join(parts)
 
 
 def preempt_lines(st: Status) -> list[Text]:

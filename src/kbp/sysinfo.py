@@ -339,17 +339,23 @@ class TaskCounters:
 
     poll_ns: int | None  # CPU time the thread ran (NAPI poll + protocol processing)
     sleeps: int | None   # voluntary context switches: times it went to sleep
+    #: time it waited runnable for its CPU (schedstat run_delay) over ``runs`` times it ran
+    wait_ns: int | None = None
+    runs: int | None = None
 
 
 def task_counters(pid: int, host: Host = HOST) -> TaskCounters:
-    run_ns = sleeps = None
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        run_ns = int((host.proc / str(pid) / "schedstat").read_text().split()[0])
+    """/proc/PID/schedstat (run ns, run_delay ns, times run) and the voluntary switches."""
+    run_ns = sleeps = wait_ns = runs = None
+    with contextlib.suppress(OSError, ValueError):
+        f = [int(x) for x in (host.proc / str(pid) / "schedstat").read_text().split()[:3]]
+        if len(f) == 3:
+            run_ns, wait_ns, runs = f
     with contextlib.suppress(OSError, ValueError):
         for line in (host.proc / str(pid) / "status").read_text().splitlines():
             if line.startswith("voluntary_ctxt_switches:"):
                 sleeps = int(line.split()[1])
-    return TaskCounters(poll_ns=run_ns, sleeps=sleeps)
+    return TaskCounters(poll_ns=run_ns, sleeps=sleeps, wait_ns=wait_ns, runs=runs)
 
 
 # -- capabilities ---------------------------------------------------------------------

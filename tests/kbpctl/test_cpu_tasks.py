@@ -22,7 +22,7 @@ from kbp import backends, kmod, sysinfo
 from kbp.backends import DeviceStatus, NapiStatus, PollerStatus, PollingCpu, Status
 from kbp.backends import kmod as kmod_backend
 from kbp.backends import stock as stock_backend
-from kbp.render import status_view
+from kbp.render import cpu_poller_lines, status_view
 from kbp.state import StateDir
 from kbp.sysinfo import FreqReport, Host
 
@@ -213,3 +213,61 @@ def test_a_pinned_spinner_shows_up_on_this_host(spinner: tuple[int, int],
     mine = [t for t in pc.tasks if t.pid == pid]
     assert mine and mine[0].pinned and not mine[0].kthread
     assert os.getpid() not in {t.pid for t in pc.tasks}
+
+
+def test_polling_cpus_say_each_classes_poll_sizes_and_waits(host: Host) -> None:
+    """kbpctl status, per polling CPU: the module's counters (packets per poll against the
+    quota, wake-up-to-running delays, gave_way) and the scheduler's run_delay per run for
+    every polling thread, stock NAPI threads included."""
+    for pid, stat in ((400, "9000000 3000000 1500\n"), (401, "5000000 45000000 1000\n"),
+                      (303, "1000 2000000 400\n")):
+        (host.proc / str(pid)).mkdir(exist_ok=True)
+        (host.proc / str(pid) / "schedstat").write_text(stat)
+    rt = PollerStatus(cpu=3, pid=400, mode="hybrid", linger_us=0, quota=64, napis=1,
+                      policy="SCHED_FIFO", priority=50, device="eth1",
+                      counters={"packets": 1901, "wakeups": 1901,
+                                "wake_delay_ns": 22_812_000, "wake_delay_max_ns": 1_436_000})
+    nrt = PollerStatus(cpu=3, pid=401, mode="hybrid", linger_us=0, quota=8, napis=2,
+                       policy="SCHED_OTHER", priority=0, cls="non-rt", device="eth2",
+                       counters={"packets": 78_000, "gave_way": 3_858,
+                                 "wakeups": 0, "wake_delay_ns": 0})
+
+    def napi(i: int, pid: int, packets: int, polls: int) -> NapiStatus:
+        return NapiStatus(id=i, cpu=3, counters={"packets": packets, "polls": polls},
+                          thread=backends.ThreadStatus(pid=pid, comm="", cpus=[3], last_cpu=3,
+                                                       policy=None, priority=None, counters={}))
+    # the module counts polls per NAPI: a poller's poll size is over the NAPIs it polls
+    rt_dev = DeviceStatus(name="eth1", netns=None, ifindex=5, kind=None, backend="kmod",
+                          napis=[napi(1, 400, 1901, 1901)])
+    nrt_dev = DeviceStatus(name="eth2", netns=None, ifindex=6, kind=None, backend="kmod",
+                           napis=[napi(2, 401, 40_000, 5_000), napi(3, 401, 38_000, 4_875),
+                                  napi(4, 999, 5, 5)])
+    thread = backends.ThreadStatus(pid=303, comm="napi/eth3-7", cpus=[3], last_cpu=3,
+                                   policy="SCHED_OTHER", priority=0, counters={})
+    stock = DeviceStatus(name="eth3", netns=None, ifindex=7, kind=None, backend="stock",
+                         mode="hybrid", cls="non-rt", napis=[NapiStatus(id=7, cpu=3,
+                                                                        thread=thread)])
+    (pc,) = backends.polling_cpus([rt_dev, nrt_dev, stock], [rt, nrt], host)
+    loads = {p.comm: p.load for p in pc.pollers}
+    assert loads["kbp/3"].packets_per_poll == 1.0 and loads["kbp/3"].quota == 64
+    assert loads["kbp/3"].wake_delay_mean_us == 12.0
+    assert loads["kbp/3"].wake_delay_max_us == 1436.0
+    assert loads["kbp/3"].wait_mean_us == 2.0 and loads["kbp/3"].runs == 1500
+    assert loads["kbpn/3"].packets_per_poll == 7.899 and loads["kbpn/3"].gave_way == 3858
+    assert loads["kbpn/3"].wake_delay_mean_us is None       # never woken: no mean
+    assert loads["napi/eth3-7"].packets_per_poll is None    # the kernel does not count it
+    assert loads["napi/eth3-7"].wait_mean_us == 5.0
+    js = json.loads(json.dumps(a_status([pc]).to_json()))
+    got = {p["comm"]: p["load"] for p in js["polling_cpus"][0]["pollers"]}
+    assert got["kbpn/3"]["packets_per_poll"] == 7.899 and got["kbp/3"]["quota"] == 64
+    assert [p["devices"] for p in js["polling_cpus"][0]["pollers"]] == [
+        ["eth1"], ["eth3"], ["eth2"]]                     # rt first, then by pid
+    lines = [t.plain for t in cpu_poller_lines([pc])]
+    assert lines[1] == ("  rt kbp/3: 1.0 packets per poll (quota 64); wake-up to running "
+                        "12.0 us mean, 1,436.0 us max over 1,901 wake-ups; runnable but "
+                        "waiting 2.0 us per run (schedstat, 1,500 runs)")
+    assert lines[3] == ("  non-rt kbpn/3: 7.9 packets per poll (quota 8), gave way 3,858 "
+                        "times; runnable but waiting 45.0 us per run (schedstat, 1,000 runs)")
+    assert lines[2] == ("  non-rt napi/eth3-7: runnable but waiting 5.0 us per run "
+                        "(schedstat, 400 runs)")
+    assert "packets per poll" in render(a_status([pc]))

@@ -10,6 +10,7 @@ offline or rmmod under traffic shows a lost or reordered frame.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 import time
@@ -19,6 +20,7 @@ import pytest
 from conftest import POLL_CPU, Flow, Topo, sh, wait_for
 from test_bad_input import refused
 from test_hardening import cpu_online
+from test_kbpctl_kmod import kbpctl
 from test_real_nic import (
     KO,
     assert_in_order,
@@ -96,6 +98,17 @@ def test_rt_and_non_rt_pollers_share_a_cpu(kmod, flow: Flow) -> None:
         assert b["rt"].wake_delay_ns >= a["rt"].wake_delay_ns
         assert b["rt"].wake_delay_max_ns <= b["rt"].wake_delay_ns
         assert (b["rt"].wake_delay_max_ns > 0) == (b["rt"].wake_delay_ns > 0)
+        # kbpctl status: each class's poll sizes (the quota caps the non-rt poller's) and
+        # the waits, per CPU, from the module's counters and the scheduler's schedstat
+        st = json.loads(kbpctl("status", "--json").stdout)
+        (pc,) = [c for c in st["polling_cpus"] if c["cpu"] == POLL_CPU]
+        load = {p["class"]: p["load"] for p in pc["pollers"]}
+        assert 1 <= load["non-rt"]["packets_per_poll"] <= 8, load
+        assert load["non-rt"]["quota"] == 8 and load["rt"]["quota"] == 64
+        assert load["rt"]["wakeups"] >= woke and load["rt"]["runs"] > 0
+        assert load["rt"]["wake_delay_max_us"] is not None
+        out = kbpctl("status").stdout
+        assert f"non-rt kbpn/{POLL_CPU}:" in out and "packets per poll (quota 8)" in out, out
         assert_in_order(dev)
 
 

@@ -42,6 +42,7 @@ from kbp.sysinfo import (
     Host,
     PreemptModel,
     has_capability,
+    task_counters,
 )
 
 DEFAULT_RT_PRIO = 50  # the priority of threaded IRQ handlers; NAPI threads run at it too
@@ -479,6 +480,51 @@ class PollerStatus:
 
 
 @dataclass
+class PollerLoad:
+    """How big a polling thread's polls are and how long it waits for its CPU: what one class
+    costs the other on a CPU both share. Every thread: the scheduler's schedstat (run_delay:
+    runnable but not running, over the times it ran). The module's pollers also: their
+    counters (NAPI polls and their packets, the quota that caps a poll, wake-up-to-running
+    delays, gave_way). A stock NAPI thread's poll sizes are not counted by the kernel (the
+    ``napi:napi_poll`` tracepoint has them: ``kbpctl bench --anatomy``)."""
+
+    runs: int | None = None             # times it ran (schedstat)
+    wait_mean_us: float | None = None   # run_delay / runs
+    packets_per_poll: float | None = None   # kmod: packets / polls
+    quota: int | None = None            # kmod: the most one poll may take
+    wakeups: int | None = None          # kmod: wake-ups from sleep
+    wake_delay_mean_us: float | None = None  # kmod: wake-up to running, mean
+    wake_delay_max_us: float | None = None   # kmod: and the longest
+    gave_way: int | None = None         # kmod non-rt: polls after which it gave way
+
+
+def _ratio(num: int | None, den: int | None, scale: float = 1.0) -> float | None:
+    return round(num / den / scale, 3) if num is not None and den else None
+
+
+def poller_load(pid: int | None, p: PollerStatus | None = None,
+                napis: Sequence[NapiStatus] = (), host: Host = HOST) -> PollerLoad:
+    """The load of thread ``pid`` (schedstat), with module poller ``p``'s counters and
+    those of the NAPIs it polls (``napis``: the module counts polls per NAPI)."""
+    tc = task_counters(pid, host) if pid else None
+    load = PollerLoad(runs=tc.runs if tc else None,
+                      wait_mean_us=_ratio(tc.wait_ns, tc.runs, 1000) if tc else None)
+    if p is not None:
+        c = p.counters
+        max_ns = c.get("wake_delay_max_ns")
+        mine = [n.counters for n in napis if n.thread is not None and n.thread.pid == pid]
+        if mine:
+            load.packets_per_poll = _ratio(sum(n.get("packets") or 0 for n in mine),
+                                           sum(n.get("polls") or 0 for n in mine))
+        load.quota = p.quota
+        load.wakeups = c.get("wakeups")
+        load.wake_delay_mean_us = _ratio(c.get("wake_delay_ns"), c.get("wakeups"), 1000)
+        load.wake_delay_max_us = None if max_ns is None else round(max_ns / 1000, 3)
+        load.gave_way = c.get("gave_way")
+    return load
+
+
+@dataclass
 class CpuPoller:
     """A polling thread on a CPU, with its class: a module poller (``kbp/<cpu>``, its
     non-rt sibling) or a stock NAPI thread (class of the device it polls)."""
@@ -491,6 +537,7 @@ class CpuPoller:
     priority: int | None
     nice: int | None
     devices: list[str] = field(default_factory=list)  # "dev" or "dev@netns"
+    load: PollerLoad | None = None
 
 
 @dataclass
@@ -660,7 +707,7 @@ def polling_cpus(devs: Sequence[DeviceStatus], pollers: Sequence[PollerStatus],
     mine = {os.getpid()} | {p.pid for p in pollers if p.pid} | {
         n.thread.pid for n in napis if n.thread}
     tasks = sysinfo.tasks_on_cpus(cpus, mine, host)
-    threads = cpu_pollers(devs, pollers)
+    threads = cpu_pollers(devs, pollers, host)
     return [PollingCpu(cpu=c, busy=c in busy, tasks=t, pollers=threads.get(c, []))
             for c, t in tasks.items()]
 
@@ -670,17 +717,18 @@ def poller_comm(cpu: int, cls: str | None) -> str:
     return f"kbpn/{cpu}" if cls == names.CLASS_NON_RT else f"kbp/{cpu}"
 
 
-def cpu_pollers(devs: Sequence[DeviceStatus], pollers: Sequence[PollerStatus]
-                ) -> dict[int, list[CpuPoller]]:
-    """CPU -> its polling threads with their class: the module's pollers (a module without
-    classes reports none: rt) and the stock backend's NAPI threads (the class their device
-    was enabled with), rt first."""
+def cpu_pollers(devs: Sequence[DeviceStatus], pollers: Sequence[PollerStatus],
+                host: Host = HOST) -> dict[int, list[CpuPoller]]:
+    """CPU -> its polling threads with their class and load: the module's pollers (a module
+    without classes reports none: rt) and the stock backend's NAPI threads (the class their
+    device was enabled with), rt first."""
     out: dict[int, list[CpuPoller]] = {}
+    kmod_napis = [n for d in devs if d.backend == names.BACKEND_KMOD for n in d.napis]
     for p in pollers:
         cls = p.cls or names.CLASS_RT
         out.setdefault(p.cpu, []).append(CpuPoller(
             cls, names.BACKEND_KMOD, p.pid, poller_comm(p.cpu, cls), p.policy, p.priority,
-            p.nice))
+            p.nice, [p.device] if p.device else [], poller_load(p.pid, p, kmod_napis, host)))
     for d in devs:
         if d.backend != names.BACKEND_STOCK:
             continue
@@ -691,7 +739,7 @@ def cpu_pollers(devs: Sequence[DeviceStatus], pollers: Sequence[PollerStatus]
             t = n.thread
             out.setdefault(n.cpu, []).append(CpuPoller(
                 d.cls or names.CLASS_RT, names.BACKEND_STOCK, t.pid, t.comm, t.policy,
-                t.priority, t.nice, [who]))
+                t.priority, t.nice, [who], poller_load(t.pid, None, (), host)))
     for lst in out.values():
         lst.sort(key=lambda c: (names.CLASSES.index(c.cls), c.pid or 0))
     return out

@@ -4,7 +4,7 @@
 # and their parts:
 #   make setup       install packages, .venv, checkpatch (scripts/setup.sh)
 #   make lint        ruff, the files generated from module/netlink/kbp.yaml up to date
-#                    (tools/kbp_spec.py check), checkpatch --strict
+#                    (tools/kbp_spec.py check, tools/kbp_so_spec.py check), checkpatch --strict
 #   make test-host   pytest on this machine's kernel (unit + netns integration)
 #   make test-vm     the in-guest suite under QEMU: whole on Debian 12's 6.12 (slub_debug)
 #                    but the tests marked long; smoke on 6.1 and 7.2-rt; the PREEMPT_RT
@@ -74,6 +74,7 @@ setup:
 lint: setup
 	$(PY) -m ruff check src tests vm tools
 	$(PY) tools/kbp_spec.py check
+	$(PY) tools/kbp_so_spec.py check
 	$(MAKE) -C module checkpatch KSRC=$(CURDIR)/.cache/checkpatch
 	$(MAKE) -C outsource/guest checkpatch KSRC=$(CURDIR)/.cache/checkpatch
 

@@ -61,6 +61,7 @@
 #include <net/sock.h>
 
 #include "kbp_so_abi.h"
+#include "kbp_so_spec.h"	/* /proc/kbp_so's keys, the parameters' ranges */
 
 /* proto_ops.bind/connect take struct sockaddr_unsized from 7.x (Kbuild probe) */
 #ifdef KBP_SO_HAVE_SOCKADDR_UNSIZED
@@ -76,14 +77,10 @@
 #define KBP_SO_CALL_TIMEOUT	(2 * HZ)
 #define KBP_SO_ATTACH_MS	2000
 #define KBP_SO_FINAL_POLL	(HZ / 10)	/* epoch check while waiting */
-#define KBP_SO_POLL_US_MAX	1000		/* poll_us range: 0..this */
-#define KBP_SO_IDLE_POLL_US_MAX	2000		/* idle_poll_us range: 0..this */
 /* need_irq's parts (kbp_so_abi.h): a sleeping waiter; each halted vCPU */
 #define KBP_SO_NEED_WAITER	1
 #define KBP_SO_NEED_HALTED	2
-#define KBP_SO_TIMEOUT_MIN	200		/* host_timeout_ms range */
 #define KBP_SO_BACKOFF_MS	64U		/* a slot-less waiter's longest poll */
-#define KBP_SO_TIMEOUT_MAX	600000
 
 /*
  * Who found a final completion (/proc/kbp_so's completions_<name>): the
@@ -209,13 +206,7 @@ struct kbp_so_dev {
  * are atomic64_t: uncontended in the common case, one locked add each.
  */
 struct kbp_so_stats {
-	atomic64_t requests;		/* SQEs submitted for the socket */
-	atomic64_t completions;		/* final CQEs the host posted */
-	atomic64_t bytes_out;
-	atomic64_t bytes_in;
-	atomic64_t copies;		/* data requests the host copied for */
-	atomic64_t fallbacks;		/* EOPNOTSUPP the module said itself */
-	atomic64_t errors;		/* host completions with res < 0 */
+	atomic64_t c[KBP_SO_NR_STATS];	/* enum kbp_so_stat (kbp_so_spec.h) */
 };
 
 struct kbp_so_sock {

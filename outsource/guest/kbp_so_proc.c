@@ -8,13 +8,51 @@
 
 #include "kbp_so.h"
 
-static const char * const kbp_so_found_names[KBP_SO_NR_FOUND] = {
-	[KBP_SO_BY_IRQ]		= "irq",
-	[KBP_SO_BY_POLL]	= "polled",
-	[KBP_SO_BY_SYSCALL]	= "syscall",
-	[KBP_SO_BY_IDLE]	= "idle",
-	[KBP_SO_BY_TICK]	= "tick",
+/* Who found a completion: its completions_<who> key. */
+static const enum kbp_so_key kbp_so_found_key[KBP_SO_NR_FOUND] = {
+	[KBP_SO_BY_IRQ]		= KBP_SO_K_COMPLETIONS_IRQ,
+	[KBP_SO_BY_POLL]	= KBP_SO_K_COMPLETIONS_POLLED,
+	[KBP_SO_BY_SYSCALL]	= KBP_SO_K_COMPLETIONS_SYSCALL,
+	[KBP_SO_BY_IDLE]	= KBP_SO_K_COMPLETIONS_IDLE,
+	[KBP_SO_BY_TICK]	= KBP_SO_K_COMPLETIONS_TICK,
 };
+
+/*
+ * One line's values by key: a number or a word each; a key left unset is
+ * not written (kbpctl reads a missing key as "this module does not say").
+ */
+struct kbp_so_line {
+	s64 num[KBP_SO_NR_KEYS];
+	const char *text[KBP_SO_NR_KEYS];
+	DECLARE_BITMAP(set, KBP_SO_NR_KEYS);
+};
+
+static void kbp_so_put(struct kbp_so_line *l, enum kbp_so_key k, s64 v)
+{
+	l->num[k] = v;
+	__set_bit(k, l->set);
+}
+
+static void kbp_so_put_text(struct kbp_so_line *l, enum kbp_so_key k,
+			    const char *v)
+{
+	l->text[k] = v;
+	__set_bit(k, l->set);
+}
+
+static void kbp_so_show_line(struct seq_file *m, const struct kbp_so_line *l)
+{
+	unsigned int k;
+
+	seq_puts(m, "kbp_so");
+	for_each_set_bit(k, l->set, KBP_SO_NR_KEYS) {
+		if (kbp_so_keys[k].text)
+			seq_printf(m, " %s=%s", kbp_so_keys[k].key, l->text[k]);
+		else
+			seq_printf(m, " %s=%lld", kbp_so_keys[k].key, l->num[k]);
+	}
+	seq_putc(m, '\n');
+}
 
 /* /proc/kbp_so: the state, then one line per outsourced socket. */
 static void kbp_so_show_addr(struct seq_file *m, const char *name,
@@ -30,15 +68,19 @@ static void kbp_so_show_addr(struct seq_file *m, const char *name,
 		seq_printf(m, " %s=-", name);
 }
 
-static void kbp_so_show_head(struct seq_file *m)
+static int kbp_so_show_head(struct seq_file *m)
 {
 	const char *state = "detached";
 	u64 done[KBP_SO_NR_FOUND] = { }, irqs = 0, sent = 0, poll_ns = 0, halts = 0, races = 0;
 	u32 epoch = 0, queues = 0, i, f;
 	char idle[sizeof(kbp_so_idle_state)];
+	struct kbp_so_line *l;
 	unsigned long flags;
 	int cpu;
 
+	l = kzalloc(sizeof(*l), GFP_KERNEL);	/* ~450 bytes: not on the stack */
+	if (!l)
+		return -ENOMEM;
 	mutex_lock(&kbp_so_idle_mutex);
 	strscpy(idle, kbp_so_idle_state, sizeof(idle));
 	mutex_unlock(&kbp_so_idle_mutex);
@@ -68,18 +110,30 @@ static void kbp_so_show_head(struct seq_file *m)
 		halts += data_race(READ_ONCE(c->halts));	/* the same */
 		races += data_race(READ_ONCE(c->races));	/* the same */
 	}
-	seq_printf(m, "kbp_so state=%s epoch=%u queues=%u sockets=%u pinned_pages=%d orphan_pages=%d fallbacks=%lld host_timeout_ms=%u poll_us=%u idle=%s idle_poll_us=%u irqs=%llu irqs_sent=%llu",
-		   state, epoch, queues, kbp_so_nsocks, atomic_read(&kbp_so_pinned),
-		   atomic_read(&kbp_so_orphaned), atomic64_read(&kbp_so_fallbacks),
-		   READ_ONCE(kbp_so_host_timeout_ms), READ_ONCE(kbp_so_poll_us), idle,
-		   READ_ONCE(kbp_so_idle_poll_us), irqs, sent);
+	kbp_so_put_text(l, KBP_SO_K_STATE, state);
+	kbp_so_put(l, KBP_SO_K_EPOCH, epoch);
+	kbp_so_put(l, KBP_SO_K_QUEUES, queues);
+	kbp_so_put(l, KBP_SO_K_SOCKETS, kbp_so_nsocks);
+	kbp_so_put(l, KBP_SO_K_PINNED_PAGES, atomic_read(&kbp_so_pinned));
+	kbp_so_put(l, KBP_SO_K_ORPHAN_PAGES, atomic_read(&kbp_so_orphaned));
+	kbp_so_put(l, KBP_SO_K_FALLBACKS, atomic64_read(&kbp_so_fallbacks));
+	kbp_so_put(l, KBP_SO_K_HOST_TIMEOUT_MS, READ_ONCE(kbp_so_host_timeout_ms));
+	kbp_so_put(l, KBP_SO_K_POLL_US, READ_ONCE(kbp_so_poll_us));
+	kbp_so_put_text(l, KBP_SO_K_IDLE, idle);
+	kbp_so_put(l, KBP_SO_K_IDLE_POLL_US, READ_ONCE(kbp_so_idle_poll_us));
+	kbp_so_put(l, KBP_SO_K_IRQS, irqs);
+	kbp_so_put(l, KBP_SO_K_IRQS_SENT, sent);
 	for (f = 0; f < KBP_SO_NR_FOUND; f++)
-		seq_printf(m, " completions_%s=%llu", kbp_so_found_names[f], done[f]);
-	seq_printf(m, " idle_poll_ns=%llu idle_halts=%llu idle_races=%llu",
-		   poll_ns, halts, races);
-	seq_printf(m, " refused_netns=%lld refused_user=%lld closes_pending=%d\n",
-		   atomic64_read(&kbp_so_refused_netns), atomic64_read(&kbp_so_refused_user),
-		   atomic_read(&kbp_so_nzombies));
+		kbp_so_put(l, kbp_so_found_key[f], done[f]);
+	kbp_so_put(l, KBP_SO_K_IDLE_POLL_NS, poll_ns);
+	kbp_so_put(l, KBP_SO_K_IDLE_HALTS, halts);
+	kbp_so_put(l, KBP_SO_K_IDLE_RACES, races);
+	kbp_so_put(l, KBP_SO_K_REFUSED_NETNS, atomic64_read(&kbp_so_refused_netns));
+	kbp_so_put(l, KBP_SO_K_REFUSED_USER, atomic64_read(&kbp_so_refused_user));
+	kbp_so_put(l, KBP_SO_K_CLOSES_PENDING, atomic_read(&kbp_so_nzombies));
+	kbp_so_show_line(m, l);
+	kfree(l);
+	return 0;
 }
 
 static int kbp_so_seq_show(struct seq_file *m, void *v)
@@ -87,12 +141,11 @@ static int kbp_so_seq_show(struct seq_file *m, void *v)
 	struct kbp_so_sock *ks;
 	struct kbp_so_addr local, remote;
 	struct sock *sk;
+	unsigned int i;
 	kuid_t uid;
 
-	if (v == &kbp_so_socks) {
-		kbp_so_show_head(m);
-		return 0;
-	}
+	if (v == &kbp_so_socks)
+		return kbp_so_show_head(m);
 	ks = list_entry(v, struct kbp_so_sock, node);
 	sk = &ks->inet.sk;
 	/* as /proc/net/udp: the reader's network namespace's sockets only */
@@ -114,11 +167,10 @@ static int kbp_so_seq_show(struct seq_file *m, void *v)
 		   sk->sk_family == AF_INET6 ? "inet6" : "inet");
 	kbp_so_show_addr(m, "local", &local);
 	kbp_so_show_addr(m, "remote", &remote);
-	seq_printf(m, " requests=%lld completions=%lld bytes_out=%lld bytes_in=%lld copies=%lld fallbacks=%lld errors=%lld\n",
-		   atomic64_read(&ks->st.requests), atomic64_read(&ks->st.completions),
-		   atomic64_read(&ks->st.bytes_out), atomic64_read(&ks->st.bytes_in),
-		   atomic64_read(&ks->st.copies), atomic64_read(&ks->st.fallbacks),
-		   atomic64_read(&ks->st.errors));
+	for (i = 0; i < KBP_SO_NR_STATS; i++)
+		seq_printf(m, " %s=%lld", kbp_so_stat_keys[i],
+			   atomic64_read(&ks->st.c[i]));
+	seq_putc(m, '\n');
 	return 0;
 }
 

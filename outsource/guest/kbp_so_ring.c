@@ -16,14 +16,14 @@ void kbp_so_count_done(struct kbp_so_sock *ks, const struct kbp_so_req *req)
 {
 	if (!ks || !req->from_host)
 		return;
-	atomic64_inc(&ks->st.completions);
+	atomic64_inc(&ks->st.c[KBP_SO_ST_COMPLETIONS]);
 	if (req->cqe.res < 0)
-		atomic64_inc(&ks->st.errors);
+		atomic64_inc(&ks->st.c[KBP_SO_ST_ERRORS]);
 }
 
 int kbp_so_fallback(struct kbp_so_sock *ks)
 {
-	atomic64_inc(&ks->st.fallbacks);
+	atomic64_inc(&ks->st.c[KBP_SO_ST_FALLBACKS]);
 	atomic64_inc(&kbp_so_fallbacks);
 	return -EOPNOTSUPP;
 }
@@ -337,7 +337,7 @@ static int kbp_so_call_on(struct kbp_so_dev *dev, struct kbp_so_queue *q,
 	if (slot < 0)
 		return slot;
 	if (ks)
-		atomic64_inc(&ks->st.requests);
+		atomic64_inc(&ks->st.c[KBP_SO_ST_REQUESTS]);
 	if (poll)
 		kbp_so_poll_wait(dev, q, &req);
 	if (!wait_for_completion_timeout(&req.done, KBP_SO_CALL_TIMEOUT)) {
@@ -458,7 +458,7 @@ int kbp_so_data_call(struct sock *sk, struct kbp_so_sqe *sqe,
 		err = slot;
 		goto out;
 	}
-	atomic64_inc(&ks->st.requests);
+	atomic64_inc(&ks->st.c[KBP_SO_ST_REQUESTS]);
 	if (poll)
 		kbp_so_poll_wait(kbp_so_cur, q, &req);
 	left = wait_for_completion_interruptible_timeout(&req.done, timeo);

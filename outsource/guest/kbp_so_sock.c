@@ -687,8 +687,8 @@ static int kbp_so_sendmsg(struct socket *sock, struct msghdr *msg, size_t len)
 	if (!err) {
 		WRITE_ONCE(ks->used, true);
 		err = cqe.res;
-		atomic64_add(cqe.res, &ks->st.bytes_out);
-		atomic64_inc(&ks->st.copies);
+		atomic64_add(cqe.res, &ks->st.c[KBP_SO_ST_BYTES_OUT]);
+		atomic64_inc(&ks->st.c[KBP_SO_ST_COPIES]);
 	}
 out:
 	kbp_so_unpin(&pin);
@@ -874,9 +874,9 @@ static int kbp_so_recvmsg(struct socket *sock, struct msghdr *msg, size_t len,
 	if (err)
 		goto out;
 	/* as the host counts: bytes written into our pages; an EOF is no copy */
-	atomic64_add(min_t(size_t, cqe.msg_len, want), &ks->st.bytes_in);
+	atomic64_add(min_t(size_t, cqe.msg_len, want), &ks->st.c[KBP_SO_ST_BYTES_IN]);
 	if (cqe.msg_len || !READ_ONCE(ks->rd_shut))
-		atomic64_inc(&ks->st.copies);
+		atomic64_inc(&ks->st.c[KBP_SO_ST_COPIES]);
 	if (msg->msg_name && cqe.addr.family) {
 		DECLARE_SOCKADDR(struct sockaddr *, sa, msg->msg_name);
 
@@ -1057,7 +1057,7 @@ static u32 kbp_so_poll_arm(struct kbp_so_sock *ks, u32 want)
 	ks->poll_tag = sqe.tag;
 	ks->poll_q = q;
 	ks->poll_slot = slot;
-	atomic64_inc(&ks->st.requests);
+	atomic64_inc(&ks->st.c[KBP_SO_ST_REQUESTS]);
 out_up:
 	up_read(&kbp_so_rwsem);
 out:

@@ -82,6 +82,7 @@ def test_kbp_so_dkms_has_the_guest_module_source_and_its_abi_header(
     src = f"/usr/src/kbp-so-{VERSION}"
     want = {f"{src}/dkms.conf", f"{src}/Kbuild", f"{src}/Makefile", f"{src}/kbp_so.h",
             f"{src}/kbp_so_abi.h"}
+    want |= {f"{src}/{h.name}" for h in (REPO / "outsource/guest").glob("*.h")}
     want |= {f"{src}/{c.name}" for c in (REPO / "outsource/guest").glob("*.c")}
     assert want <= files, sorted(want - files)
     assert not [f for f in files if f.endswith((".o", ".ko", ".cmd"))]

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 
 from kbp.bench.sysstat import PROC as PROC_DIR
 from kbp.bench.sysstat import read_percpu_table
+from kbp.outsource import _spec as so_spec
 
 PARAMS = "/sys/module/kbp_so/parameters"
 PROC = "/proc/kbp_so"
@@ -82,10 +83,13 @@ def proc() -> tuple[dict[str, str], dict[int, dict[str, str]]]:
         return dict(kv.split("=", 1) for kv in line.split()[1:])
 
     head = fields(lines[0])
+    # the module writes every key of its spec, in the spec's order (kbp_so_proc.yaml)
+    assert list(head) == [k.name for k in so_spec.MODULE_KEYS], lines[0]
     socks = {}
     for line in lines[1:]:
         assert line.startswith("sock "), line
         f = fields(line)
+        assert list(f) == [k.name for k in so_spec.SOCK_KEYS], line
         socks[int(f["ino"])] = f
     assert int(head["sockets"]) == len(socks), lines
     return head, socks

@@ -15,10 +15,10 @@ import os
 from pathlib import Path
 
 from kbp.errors import InvalidInput, NotRoot, OperationFailed, Unavailable
-from kbp.outsource import procfile
+from kbp.outsource import _spec, procfile
 
 PARAMS = Path("/sys/module/kbp_so/parameters")
-MAX_US = 2000   # KBP_SO_IDLE_POLL_US_MAX in kbp_so.h
+MAX_US = _spec.IDLE_POLL_US_MAX   # the module's range (kbp_so_proc.yaml)
 
 #: /proc/kbp_so's ``idle=unavailable:<why>``, said for an operator
 WHY = {

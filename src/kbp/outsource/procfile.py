@@ -23,21 +23,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kbp.outsource import _spec
+
 PROC_PATH = Path("/proc/kbp_so")
 STATES = ("attached", "detached", "host-dead")
+# The keys, from the module's spec (outsource/guest/kbp_so_proc.yaml, _spec.py): nothing here
+# re-types them. A key the spec adds is parsed, shown and exported under its own name.
 #: how completions are found: by whom (the ``completions_*`` sources, in the order
-#: :data:`SHARES` groups them), interrupts taken, and what idle vCPUs spent polling
-COMPLETION_SOURCES = ("completions_irq", "completions_polled", "completions_syscall",
-                      "completions_idle", "completions_tick")
+#: :data:`SHARES` groups them)
+COMPLETION_SOURCES = tuple(k.name for k in _spec.MODULE_KEYS if k.group == "completions")
 #: the policy in the module (design.md 11.13): sockets refused, and closes still owed
-POLICY_COUNTERS = ("refused_netns", "refused_user", "closes_pending")
-MODULE_COUNTERS = ("epoch", "queues", "sockets", "pinned_pages", "orphan_pages", "fallbacks",
-                   "host_timeout_ms", "poll_us", "idle_poll_us", "irqs", "irqs_sent",
-                   *COMPLETION_SOURCES,
-                   "idle_poll_ns", "idle_halts", "idle_races",
-                   *POLICY_COUNTERS)
-#: ``idle``: ``on``, ``off`` or ``unavailable:<reason>``
-MODULE_TEXT = ("idle",)
+POLICY_COUNTERS = tuple(k.name for k in _spec.MODULE_KEYS if k.group == "policy")
+MODULE_COUNTERS = tuple(k.name for k in _spec.MODULE_KEYS if k.type != "text")
+#: words of the module line beside ``state`` (``idle``: ``on``, ``off`` or
+#: ``unavailable:<reason>``)
+MODULE_TEXT = tuple(k.name for k in _spec.MODULE_KEYS
+                    if k.type == "text" and k.group != "identity")
+SOCK_COUNTERS = tuple(k.name for k in _spec.SOCK_KEYS if k.group != "identity")
+SOCK_TEXT = tuple(k.name for k in _spec.SOCK_KEYS if k.type == "text")
+#: every key's doc, by name (the module line's, then the socket line's)
+DOCS = {k.name: k.doc for k in (*_spec.MODULE_KEYS, *_spec.SOCK_KEYS)}
 #: :func:`summary`'s ``share`` of the completions: who found them (syscall = the calling
 #: process polling in its own system call + another outsourced system call's sweep)
 SHARES = {"idle": ("completions_idle",),

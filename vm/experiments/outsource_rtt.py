@@ -212,21 +212,23 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _qemu_pid(vm: subprocess.Popen[bytes]) -> int:
-    """QEMU: the rig's child whose command line has our tap (ip netns exec execs it)."""
-    for _ in range(600):
+def qemu_pid(vm: subprocess.Popen[bytes], tap: str = TAP, tries: int = 600) -> int:
+    """QEMU: the rig's child whose command line has this guest's tap (ip netns exec execs
+    it); ``tries`` looks 0.1 s apart (a first boot builds modules first)."""
+    needle = f"ifname={tap},".encode()
+    for _ in range(tries):
         for p in Path("/proc").iterdir():
             if p.name.isdigit():
                 try:
                     cmd = (p / "cmdline").read_bytes()
                 except OSError:
                     continue
-                if b"qemu-system" in cmd and f"ifname={TAP}".encode() in cmd:
+                if b"qemu-system" in cmd and needle in cmd:
                     return int(p.name)
         if vm.poll() is not None:
             break
         time.sleep(0.1)
-    raise SystemExit("QEMU did not start")
+    raise SystemExit(f"QEMU of tap {tap} did not start")
 
 
 def _rtts(log: Path) -> list[float]:
@@ -272,7 +274,7 @@ def host(args: argparse.Namespace) -> int:
                 str(600 + len(plan) * (args.seconds + 30)), "--log", str(out / "console.log"),
                 "--quiet", "--", *guest_cmd]
         vm = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL)
-        qemu = _qemu_pid(vm)
+        qemu = qemu_pid(vm)
         outsource.configure_tap(ns, TAP, f"{HOST_IP}/{PREFIX}")
         sod_pid = int(wait_file(out / "sod" / "sod.pid", 60, vm))
         runs = []

@@ -80,7 +80,6 @@ import outsource_rtt as rtt  # the single-guest bench (this directory): helpers,
 
 REPO = Path(__file__).resolve().parents[2]
 MODES = ("napi", "kbp", "outsource", "outsource-idle")
-PARAMS = Path("/sys/module/kbp_so/parameters")
 IPERF_PORT = 5201
 SERVER_CPU = "0"
 #: the metrics of a summary row whose ratio to napi is reported
@@ -164,15 +163,15 @@ def header_delta(before: dict[str, str], after: dict[str, str]) -> dict[str, int
     return out
 
 
-def set_param(name: str, value: int) -> str | None:
-    """Write a kbp_so module parameter; the error as text, None when it worked."""
-    path = PARAMS / name
-    if not path.exists():
-        return f"{path} does not exist: this kbp_so.ko has no {name} parameter"
+def set_idle(us: int) -> str | None:
+    """The idle path's knob, written as ``kbpctl outsource idle`` writes it
+    (:func:`kbp.outsource.idle.set_idle`); its refusal as text, None when it worked."""
+    from kbp.errors import KbpctlError
+    from kbp.outsource.idle import set_idle as write
     try:
-        path.write_text(str(value))
-    except OSError as exc:
-        return f"writing {value} to {path}: {exc}"
+        write(us)
+    except KbpctlError as e:
+        return str(e)
     return None
 
 
@@ -193,7 +192,7 @@ def _snapshot(virtio: str) -> tuple[dict[str, int], dict[str, str]]:
 def _guest_step(args: argparse.Namespace, n: int, mode: str, nic: str, virtio: str) -> None:
     xchg, kbpctl = Path(args.xchg), [sys.executable, "-m", "kbp.cli"]
     so = mode.startswith("outsource")
-    error = set_param("idle_poll_us", args.idle_poll_us) if mode == "outsource-idle" else None
+    error = set_idle(args.idle_poll_us) if mode == "outsource-idle" else None
     if error:
         rtt.put(xchg / f"ready.{n}", json.dumps({"mode": mode, "error": error}))
         rtt.wait_file(xchg / f"done.{n}", 3600)
@@ -216,7 +215,7 @@ def _guest_step(args: argparse.Namespace, n: int, mode: str, nic: str, virtio: s
     if mode == "kbp":
         rtt.sh(*kbpctl, "disable", nic)
     if mode == "outsource-idle":
-        error = set_param("idle_poll_us", 0)
+        error = set_idle(0)
     rtt.put(xchg / f"after.{n}", json.dumps({
         "guest": {k: v - before[0].get(k, 0) for k, v in after[0].items()},
         "so_header": header_delta(before[1], after[1]), "error": error}))
@@ -273,24 +272,6 @@ class Booted:
     sod: int
 
 
-def _qemu_pid(vm: subprocess.Popen[bytes], tap: str) -> int:
-    """QEMU: the process whose command line has this guest's tap."""
-    needle = f"ifname={tap},".encode()
-    for _ in range(6000):
-        for p in Path("/proc").iterdir():
-            if p.name.isdigit():
-                try:
-                    cmd = (p / "cmdline").read_bytes()
-                except OSError:
-                    continue
-                if b"qemu-system" in cmd and needle in cmd:
-                    return int(p.name)
-        if vm.poll() is not None:
-            break
-        time.sleep(0.1)
-    raise SystemExit(f"QEMU of tap {tap} did not start")
-
-
 def _boot(args: argparse.Namespace, g: GuestNames, plan: list[str], n_guests: int) -> Booted:
     """Start one guest, wait for its QEMU (so builds are done before the next starts),
     configure its tap and find its kbp-sod."""
@@ -310,7 +291,7 @@ def _boot(args: argparse.Namespace, g: GuestNames, plan: list[str], n_guests: in
             "--log", str(g.dir / "console.log"), "--quiet", "--", *guest_cmd]
     env = {**os.environ, "KBP_VM_LOCK": str(g.lock)}
     vm = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, env=env)
-    qemu = _qemu_pid(vm, g.tap)
+    qemu = rtt.qemu_pid(vm, g.tap, tries=6000)
     from vm import outsource  # host() put the repository on sys.path
 
     outsource.configure_tap(g.netns, g.tap, f"{rtt.HOST_IP}/{rtt.PREFIX}")

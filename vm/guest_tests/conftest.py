@@ -462,7 +462,7 @@ def topo() -> Topo:
 
 
 # -- traffic ----------------------------------------------------------------------------
-UDPFLOW = [sys.executable, str(HERE.parent / "experiments" / "udpflow.py")]  # the traffic script
+UDPFLOW = [sys.executable, str(HERE / "udpflow.py")]  # the traffic script
 
 
 class Flow:

@@ -41,7 +41,7 @@ from test_bad_input import refused
 
 from kbp.backends import DEFAULT_RT_PRIO as DEFAULT_PRIO  # kbpctl's, unless told otherwise
 
-UDPFLOW_PY = str(Path(__file__).resolve().parent.parent / "experiments" / "udpflow.py")
+UDPFLOW_PY = str(Path(__file__).resolve().parent / "udpflow.py")
 
 RT_KERNEL = "-rt-" in os.environ.get("KBP_FLAVOUR", "")
 KERNEL = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])

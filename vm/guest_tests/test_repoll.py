@@ -17,7 +17,7 @@ from conftest import NS, POLL_CPU, sh, spawn
 
 TRACING = Path("/sys/kernel/tracing")
 EVENT = TRACING / "events/napi/napi_poll"
-GRORECV = str(Path(__file__).resolve().parent.parent / "experiments" / "grorecv.py")
+GRORECV = str(Path(__file__).resolve().parent / "grorecv.py")
 DEV, PEER, ADDR = "kbpga", "kbpgb", "198.18.103.1"
 POLL = re.compile(r"for device (\S+) work (\d+) budget (\d+)")
 

@@ -22,7 +22,6 @@ does not render (an unknown key, type or group), as kbp_spec.py does.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kbp_spec import SpecError, c_upper, load_yaml, one_line, py_name
+from kbp_spec import SpecError, c_upper, changed, cli, load_yaml, one_line, py_name, write_changed
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = Path("outsource/guest/kbp_so_proc.yaml")
@@ -219,42 +218,16 @@ def outputs(spec: Spec) -> dict[Path, str]:
 
 
 def stale(root: Path = ROOT) -> list[Path]:
-    bad = []
-    for rel, text in outputs(load(root)).items():
-        p = root / rel
-        if not p.exists() or p.read_text() != text:
-            bad.append(rel)
-    return bad
+    return changed(outputs(load(root)), root)
 
 
 def generate(root: Path = ROOT) -> list[Path]:
-    wrote = []
-    for rel, text in outputs(load(root)).items():
-        p = root / rel
-        if not p.exists() or p.read_text() != text:
-            p.write_text(text)
-            wrote.append(rel)
-    return wrote
+    return write_changed(outputs(load(root)), root)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("action", choices=("gen", "check"))
-    ap.add_argument("--root", type=Path, default=ROOT, help="the repository (default: this one)")
-    args = ap.parse_args(argv)
-    try:
-        if args.action == "gen":
-            for rel in generate(args.root):
-                print(f"kbp_so_spec: wrote {rel}")
-            return 0
-        bad = stale(args.root)
-    except (SpecError, OSError, KeyError) as e:
-        print(f"kbp_so_spec: {SPEC}: {e}", file=sys.stderr)
-        return 2
-    for rel in bad:
-        print(f"kbp_so_spec: {rel} is stale: run python3 tools/kbp_so_spec.py gen "
-              f"(from {SPEC})", file=sys.stderr)
-    return 1 if bad else 0
+    return cli(argv, doc=__doc__ or "", tool="tools/kbp_so_spec.py", spec=SPEC,
+               outputs_of=lambda root: outputs(load(root)))
 
 
 if __name__ == "__main__":

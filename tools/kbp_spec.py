@@ -32,7 +32,7 @@ import json
 import re
 import sys
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -982,46 +982,58 @@ def outputs(spec: Spec) -> dict[Path, str]:
             POLICY_H: render_policy(spec), PY: render_python(spec)}
 
 
+def changed(files: Mapping[Path, str], root: Path) -> list[Path]:
+    """The files (relative to ``root``) whose text is not what ``files`` says (or missing)."""
+    return [rel for rel, text in files.items()
+            if not (root / rel).exists() or (root / rel).read_text() != text]
+
+
+def write_changed(files: Mapping[Path, str], root: Path) -> list[Path]:
+    """Write the files that changed; returns them."""
+    out = changed(files, root)
+    for rel in out:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(files[rel])
+    return out
+
+
+def cli(argv: Sequence[str] | None, *, doc: str, tool: str, spec: Path,
+        outputs_of: Callable[[Path], Mapping[Path, str]]) -> int:
+    """``gen`` or ``check`` for a spec whose generated files ``outputs_of(root)`` gives
+    (0 done/up to date, 1 stale, 2 the spec cannot be read); shared by the generators."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("action", choices=("gen", "check"))
+    ap.add_argument("--root", type=Path, default=ROOT, help="the repository (default: this one)")
+    args = ap.parse_args(argv)
+    name = Path(tool).stem
+    try:
+        files = outputs_of(args.root)
+        if args.action == "gen":
+            for rel in write_changed(files, args.root):
+                print(f"{name}: wrote {rel}")
+            return 0
+        bad = changed(files, args.root)
+    except (SpecError, OSError, KeyError) as e:
+        print(f"{name}: {spec}: {e}", file=sys.stderr)
+        return 2
+    for rel in bad:
+        print(f"{name}: {rel} is stale: run python3 {tool} gen (from {spec})", file=sys.stderr)
+    return 1 if bad else 0
+
+
 def stale(root: Path = ROOT) -> list[Path]:
     """The generated files that differ from what the spec gives (or are missing)."""
-    out = []
-    for rel, text in outputs(load(root)).items():
-        p = root / rel
-        if not p.exists() or p.read_text() != text:
-            out.append(rel)
-    return out
+    return changed(outputs(load(root)), root)
 
 
 def generate(root: Path = ROOT) -> list[Path]:
     """Write the generated files that changed; returns them."""
-    changed = []
-    for rel, text in outputs(load(root)).items():
-        p = root / rel
-        if not p.exists() or p.read_text() != text:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(text)
-            changed.append(rel)
-    return changed
+    return write_changed(outputs(load(root)), root)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("action", choices=("gen", "check"))
-    ap.add_argument("--root", type=Path, default=ROOT, help="the repository (default: this one)")
-    args = ap.parse_args(argv)
-    try:
-        if args.action == "gen":
-            for rel in generate(args.root):
-                print(f"kbp_spec: wrote {rel}")
-            return 0
-        bad = stale(args.root)
-    except (SpecError, OSError, KeyError) as e:
-        print(f"kbp_spec: {SPEC}: {e}", file=sys.stderr)
-        return 2
-    for rel in bad:
-        print(f"kbp_spec: {rel} is stale: run python3 tools/kbp_spec.py gen "
-              f"(from {SPEC})", file=sys.stderr)
-    return 1 if bad else 0
+    return cli(argv, doc=__doc__ or "", tool="tools/kbp_spec.py", spec=SPEC,
+               outputs_of=lambda root: outputs(load(root)))
 
 
 if __name__ == "__main__":

@@ -223,8 +223,8 @@ def periodic_metrics(st: Status) -> Iterator[Metric]:
     """NetAP: the kmod pollers' and the stock devices' interval, objective and search."""
     pf = _periodic_families("poller", POLLER_LABELS)
     handbacks = CounterMetricFamily(f"{PREFIX}_poller_periodic_handbacks",
-                                    "mode periodic: times the poller handed a NAPI back to "
-                                    "its interrupt", labels=POLLER_LABELS)
+                                    "mode " + names.MODULE_POLLER_COUNTER_HELP["handbacks"],
+                                    labels=POLLER_LABELS)
     for p in st.pollers:
         per = p.periodic
         if not per:

@@ -90,8 +90,9 @@ MODULE_POLLER_COUNTER_HELP: Final[dict[str, str]] = {
 # The module's poller counters that count the work of one mode and are shown with that
 # mode's state (kbpctl status's "periodic", the exporter's kbp_poller_periodic_*), not as
 # poller counters (a stock backend's thread has none of them): the one rule that keeps a
-# counter of the spec out of POLLER_COUNTERS.
-PERIODIC_COUNTERS: Final[tuple[str, ...]] = ("handbacks",)
+# counter of the spec out of POLLER_COUNTERS. The spec marks them ("counter, periodic: ...").
+PERIODIC_COUNTERS: Final[tuple[str, ...]] = tuple(
+    c for c, h in MODULE_POLLER_COUNTER_HELP.items() if h.startswith("periodic: "))
 POLLER_COUNTER_HELP: Final[dict[str, str]] = {
     c: h for c, h in MODULE_POLLER_COUNTER_HELP.items() if c not in PERIODIC_COUNTERS}
 POLLER_COUNTERS: Final[tuple[str, ...]] = tuple(POLLER_COUNTER_HELP)

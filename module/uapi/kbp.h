@@ -213,8 +213,9 @@ enum kbp_attr {
 				 * delays of the poller's thread (run_delay)
 				 * (output)
 				 */
-	KBP_A_WAKE_DELAY_MAX_NS,	/* u64, counter: the longest of those
-					 * wake-up-to-running delays (output)
+	KBP_A_WAKE_DELAY_MAX_NS,	/* u64, counter, maximum: the longest of
+					 * those wake-up-to-running delays
+					 * (output)
 					 */
 	KBP_A_TAKEOVERS,	/* u64, counter: NAPIs a load kept scheduled in
 				 * softirq (never idle) that the poller asked to

@@ -270,7 +270,7 @@ ATTRIBUTE_SETS: Final[dict[str, tuple[Attr, ...]]] = {
         Attr(43, "wake-delay-ns", "KBP_A_WAKE_DELAY_NS", "u64",
              doc="counter: sum of wake-up-to-running delays of the poller's thread (run_delay)"),
         Attr(44, "wake-delay-max-ns", "KBP_A_WAKE_DELAY_MAX_NS", "u64",
-             doc="counter: the longest of those wake-up-to-running delays"),
+             doc="counter, maximum: the longest of those wake-up-to-running delays"),
         Attr(45, "takeovers", "KBP_A_TAKEOVERS", "u64",
              doc=("counter: NAPIs a load kept scheduled in softirq (never idle) that the "
                   "poller asked to hand over at attach or reconcile")),

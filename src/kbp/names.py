@@ -96,8 +96,10 @@ PERIODIC_COUNTERS: Final[tuple[str, ...]] = tuple(
 POLLER_COUNTER_HELP: Final[dict[str, str]] = {
     c: h for c, h in MODULE_POLLER_COUNTER_HELP.items() if c not in PERIODIC_COUNTERS}
 POLLER_COUNTERS: Final[tuple[str, ...]] = tuple(POLLER_COUNTER_HELP)
-# The POLLER_COUNTERS that are the largest value seen, not a running sum (a gauge to Prometheus).
-POLLER_MAXIMA: Final[tuple[str, ...]] = ("wake_delay_max_ns",)
+# The POLLER_COUNTERS that are the largest value seen, not a running sum (a gauge to
+# Prometheus). The spec marks them ("counter, maximum: ...").
+POLLER_MAXIMA: Final[tuple[str, ...]] = tuple(
+    c for c, h in POLLER_COUNTER_HELP.items() if h.startswith("maximum: "))
 
 # Per-device and per-NAPI counters (read-only).
 DEVICE_COUNTER_HELP: Final[dict[str, str]] = {

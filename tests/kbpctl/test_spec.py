@@ -310,6 +310,7 @@ def test_poller_counters_and_their_help_are_the_specs(raw: dict[str, Any]) -> No
     assert poller == names.POLLER_COUNTER_HELP
     assert tuple(poller) == names.POLLER_COUNTERS
     assert set(names.POLLER_MAXIMA) <= set(names.POLLER_COUNTERS)
+    assert names.POLLER_MAXIMA == ("wake_delay_max_ns",)    # the spec's "counter, maximum:"
 
 
 def test_poller_counters_are_the_old_ones() -> None:

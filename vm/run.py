@@ -98,6 +98,8 @@ class RunResult:
     #: The last console lines (shown by report() when the console was not streamed).
     tail: list[str] = field(default_factory=list)
     quiet: bool = False
+    #: it failed only on QEMU TCG's stale INT3 (console.ConsoleWatcher.only_stale_int3)
+    stale_int3_only: bool = False
 
     @property
     def ok(self) -> bool:
@@ -283,7 +285,8 @@ def _result(spec: RunSpec, kver: str, w: console.ConsoleWatcher, o: qemu.Outcome
             code = EXIT_RIG
         if o.stderr:
             reason += f"\nQEMU said: {o.stderr}"
-        return RunResult(kver, code, None, boot, total, w.splats, reason)
+        return RunResult(kver, code, None, boot, total, w.splats, reason,
+                         stale_int3_only=w.only_stale_int3())
     if o.timed_out:
         warn("the guest reported its exit status but did not power off; QEMU was killed")
     if rc == EXIT_RIG and w.fatal:
@@ -293,7 +296,8 @@ def _result(spec: RunSpec, kver: str, w: console.ConsoleWatcher, o: qemu.Outcome
         code = rc if rc != 0 else EXIT_SPLAT
         return RunResult(kver, code, rc, boot, total, w.splats,
                          f"command exited {rc}; kernel splats: "
-                         + ", ".join(sorted({s.label for s in w.splats})))
+                         + ", ".join(sorted({s.label for s in w.splats})),
+                         stale_int3_only=w.only_stale_int3())
     return RunResult(kver, rc, rc, boot, total, w.splats,
                      "ok" if rc == 0 else f"command exited {rc}")
 
@@ -312,7 +316,11 @@ def report(result: RunResult) -> None:
         warn(f"kernel splat ({s.label}) at {s.host_time:.1f} s: {s.line}")
     if len(result.splats) > 20:
         warn(f"... and {len(result.splats) - 20} more splat lines")
-    if any(INT3_OOPS.search(s.line) for s in result.splats):
+    if result.stale_int3_only:
+        note("an int3 trap where memory holds no int3 any more (the oops's Code: line): QEMU "
+             "7.2 TCG ran a stale copy of the kernel's text patching, not the code under test "
+             "(vm/README.md, \"Oops: int3\")")
+    elif any(INT3_OOPS.search(s.line) for s in result.splats):
         note("an int3 trap in kernel text: if the RIP is a static branch or tracepoint site "
              "that was being patched, this is QEMU 7.2 TCG racing the kernel's text patching, "
              "not the code under test (vm/README.md, \"Oops: int3\")")

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from vm import console
 from vm.console import ConsoleWatcher, find_splat
 
 NONCE = "0123456789abcdef"
@@ -88,3 +89,54 @@ def test_watcher_collects_and_allows() -> None:
     assert [s.label for s in w.splats] == ["BUG"] and w.allowed_splats == 1
     w = watch(lines, splat_check=False)
     assert w.splats == []
+
+
+# -- QEMU TCG's stale INT3 (vm/README.md, "Oops: int3") --------------------------------------
+# The CI console of 2026-11-29 (6.12-rt, test_citizenship's function tracer on and off): the
+# Code: line shows the 5-byte NOP back in place (0f <1f> 44 00 00), yet the CPU trapped on
+# the INT3 that had been written over its first byte.
+STALE_INT3 = [
+    "[   15.834318] Oops: int3: 0000 [#1] PREEMPT_RT SMP NOPTI",
+    "[   15.834803] CPU: 1 UID: 0 PID: 34 Comm: ksoftirqd/1 Tainted: G           OE      "
+    "6.12.117+deb12-rt-amd64 #1  Debian 6.12.117-1~deb12u1",
+    "[   15.835366] RIP: 0010:__schedule+0x339/0xbf0",
+    "[   15.835698] Code: a8 48 89 45 b8 0f 85 42 07 00 00 41 83 7d 68 01 ba 01 00 00 00 75 0d "
+    "31 d2 41 80 bd d1 00 00 00 00 0f 95 c2 e9 70 03 00 00 0f <1f> 44 00 00 48 8b 83 88 0a 00 "
+    "00 49 39 c5 74 4e 83 bb a8 0a 00 00",
+    "[   15.838531] Modules linked in: kbp(OE) overlay 9p",
+    "[   15.839370] Kernel panic - not syncing: Fatal exception in interrupt",
+]
+
+
+def _watch(lines: list[str]) -> console.ConsoleWatcher:
+    w = console.ConsoleWatcher(nonce="n")
+    for i, line in enumerate(lines):
+        w.feed(line, float(i))
+    return w
+
+
+def test_stale_int3_reads_the_byte_before_rip() -> None:
+    assert console.stale_int3(STALE_INT3[3]) is True
+    assert console.stale_int3("[ 1.0] Code: 00 00 cc <1f> 44 00 00") is False   # still there
+    assert console.stale_int3("[ 1.0] Code: 00 00 0f 1f 44 00 00") is None      # no RIP mark
+    assert console.stale_int3("[ 1.0] Code: <1f> 44 00 00") is None             # nothing before
+    assert console.stale_int3("[ 1.0] RIP: 0010:x+0x1/0x2") is None
+
+
+def test_a_run_that_failed_only_on_a_stale_int3_is_told_apart() -> None:
+    w = _watch(STALE_INT3)
+    assert [s.label for s in w.splats] == ["Oops", "panic"]
+    assert w.int3_stale == [True] and w.only_stale_int3()
+
+
+def test_anything_else_in_the_run_keeps_it_a_failure() -> None:
+    # the INT3 still in memory: a real trap
+    real = [ln.replace("0f <1f>", "cc <1f>") for ln in STALE_INT3]
+    assert not _watch(real).only_stale_int3()
+    # another splat besides
+    bug = "[   16.000000] BUG: sleeping function called"
+    assert not _watch([*STALE_INT3, bug]).only_stale_int3()
+    # no Code: line to prove it
+    assert not _watch([ln for ln in STALE_INT3 if "Code:" not in ln]).only_stale_int3()
+    # another oops, not an int3
+    assert not _watch(["[ 1.000000] Oops: general protection fault"]).only_stale_int3()

@@ -255,8 +255,8 @@ def cpu_poller_lines(cpus: list[PollingCpu]) -> list[Text]:
             devs = f" ({', '.join(p.devices)})" if p.devices else ""
             parts.append(f"{p.cls} {p.comm} {sched_cell(p.policy, p.priority, p.nice)}{devs}")
         out.append(Text(f"CPU {c.cpu} pollers: {'; '.join(parts)}"))
-        out += [Text(f"  {p.cls} {p.comm}: {load_cell(p.load)}")
-                for p in c.pollers if p.load is not None and load_cell(p.load)]
+        out += [Text(f"  {p.cls} {p.comm}: {cell}") for p in c.pollers
+                if p.load is not None and (cell := load_cell(p.load))]
     return out
 
 

@@ -339,23 +339,26 @@ class TaskCounters:
 
     poll_ns: int | None  # CPU time the thread ran (NAPI poll + protocol processing)
     sleeps: int | None   # voluntary context switches: times it went to sleep
-    #: time it waited runnable for its CPU (schedstat run_delay) over ``runs`` times it ran
-    wait_ns: int | None = None
-    runs: int | None = None
+
+
+def read_schedstat(pid: int, proc: Path = Path("/proc")) -> tuple[int, int, int] | None:
+    """/proc/PID/schedstat: (run ns, run_delay ns -- runnable but waiting for the CPU --,
+    times it ran) of a thread, None if it is gone."""
+    try:
+        a, b, c = (proc / str(pid) / "schedstat").read_text().split()[:3]
+        return int(a), int(b), int(c)
+    except (OSError, ValueError):
+        return None
 
 
 def task_counters(pid: int, host: Host = HOST) -> TaskCounters:
-    """/proc/PID/schedstat (run ns, run_delay ns, times run) and the voluntary switches."""
-    run_ns = sleeps = wait_ns = runs = None
-    with contextlib.suppress(OSError, ValueError):
-        f = [int(x) for x in (host.proc / str(pid) / "schedstat").read_text().split()[:3]]
-        if len(f) == 3:
-            run_ns, wait_ns, runs = f
+    sleeps = None
+    st = read_schedstat(pid, host.proc)
     with contextlib.suppress(OSError, ValueError):
         for line in (host.proc / str(pid) / "status").read_text().splitlines():
             if line.startswith("voluntary_ctxt_switches:"):
                 sleeps = int(line.split()[1])
-    return TaskCounters(poll_ns=run_ns, sleeps=sleeps, wait_ns=wait_ns, runs=runs)
+    return TaskCounters(poll_ns=st[0] if st else None, sleeps=sleeps)
 
 
 # -- capabilities ---------------------------------------------------------------------

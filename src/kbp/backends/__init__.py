@@ -42,7 +42,7 @@ from kbp.sysinfo import (
     Host,
     PreemptModel,
     has_capability,
-    task_counters,
+    read_schedstat,
 )
 
 DEFAULT_RT_PRIO = 50  # the priority of threaded IRQ handlers; NAPI threads run at it too
@@ -506,9 +506,9 @@ def poller_load(pid: int | None, p: PollerStatus | None = None,
                 napis: Sequence[NapiStatus] = (), host: Host = HOST) -> PollerLoad:
     """The load of thread ``pid`` (schedstat), with module poller ``p``'s counters and
     those of the NAPIs it polls (``napis``: the module counts polls per NAPI)."""
-    tc = task_counters(pid, host) if pid else None
-    load = PollerLoad(runs=tc.runs if tc else None,
-                      wait_mean_us=_ratio(tc.wait_ns, tc.runs, 1000) if tc else None)
+    st = read_schedstat(pid, host.proc) if pid else None
+    load = PollerLoad(runs=st[2] if st else None,
+                      wait_mean_us=_ratio(st[1], st[2], 1000) if st else None)
     if p is not None:
         c = p.counters
         max_ns = c.get("wake_delay_max_ns")

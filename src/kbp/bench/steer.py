@@ -103,13 +103,8 @@ def ksoftirqd(cpu: int, proc: Path = PROC) -> int | None:
 
 def schedstat(pid: int | None, proc: Path = PROC) -> tuple[int, int]:
     """(run ns, times it ran) of a thread; (0, 0) if unknown."""
-    if pid is None:
-        return 0, 0
-    try:
-        run_ns, _wait, slices = (proc / str(pid) / "schedstat").read_text().split()[:3]
-    except (OSError, ValueError):
-        return 0, 0
-    return int(run_ns), int(slices)
+    st = sysinfo.read_schedstat(pid, proc) if pid is not None else None
+    return (st[0], st[2]) if st else (0, 0)
 
 
 def irq_count(irqs: tuple[int, ...], proc: Path = PROC) -> int:

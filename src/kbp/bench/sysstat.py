@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kbp.sysinfo import read_schedstat
+
 PROC = Path("/proc")
 POWERCAP = Path("/sys/class/powercap")
 CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -71,15 +73,6 @@ def read_percpu_table(path: Path) -> dict[str, list[int]]:
             name = f"{name} {desc.split()[-1]}"
         out[name] = counts
     return out
-
-
-def read_schedstat(pid: int, proc: Path = PROC) -> tuple[int, int, int] | None:
-    """(run ns, wait ns, timeslices) of a thread, None if it is gone."""
-    try:
-        a, b, c = (proc / str(pid) / "schedstat").read_text().split()[:3]
-    except (OSError, ValueError):
-        return None
-    return int(a), int(b), int(c)
 
 
 def rapl_zones(root: Path = POWERCAP) -> dict[str, Path]:

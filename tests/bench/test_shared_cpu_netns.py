@@ -294,7 +294,7 @@ def test_anatomy_cuts_every_round_trip_into_its_kernel_events(tmp_path: Path) ->
     except Aborted as e:         # a kernel without the tracepoints (before 6.3), no bpftrace
         if not str(e).startswith("--anatomy:"):
             raise
-        pytest.skip(f"the kernel trace --anatomy needs is not available here: {e}")
+        pytest.skip(reason=f"the kernel trace --anatomy needs is not available here: {e}")
     report.add_summary(res)
     res = json.loads(json.dumps(res))
     assert not res["interrupted"] and "restore_problems" not in res

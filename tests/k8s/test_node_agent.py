@@ -156,7 +156,7 @@ def test_applies_serves_follows_edits_and_restores_on_sigterm(tmp_path: Path,
     0.7.2, prometheus-client 0.16)."""
     from kbp.bench import testbed
     if python == "debian" and (why := debian_python_reason()):
-        pytest.skip(why)
+        pytest.skip(reason=why)
     cpu = online_cpus()[-1]
     with testbed.Testbed(prefix="kbpk") as tb:
         link = tb.links[0]

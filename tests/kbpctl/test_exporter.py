@@ -463,7 +463,7 @@ def test_serves_with_debians_prometheus_client(tmp_path: Path) -> None:
     from .promclient import DEBIAN_PYTHON as debian
     from .promclient import debian_python_reason
     if why := debian_python_reason():
-        pytest.skip(why)
+        pytest.skip(reason=why)
     assert shutil.which("ip")
     env = {"PYTHONPATH": SRC, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONNOUSERSITE": "1",
            "KBP_RUN_DIR": str(tmp_path / "run")}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -195,12 +196,28 @@ def test_idle_path_refused_without_a_cpuidle_slot(boot_arg: str, sod_bin: Path,
             break
         print(f"the guest kernel died while booting, before the command started (attempt "
               f"{attempt}; a TCG hazard, vm/README.md): {out[-1500:]}")
-    assert rc == 0, out[-4000:]
-    assert "KBP-SO-GUEST-OK" in out and "KBP-SO-UNLOADED" in out, out[-4000:]
+    assert rc == 0, _why(out)
+    assert "KBP-SO-GUEST-OK" in out and "KBP-SO-UNLOADED" in out, _why(out)
     if boot_arg:
-        assert f"KBP-SO-IDLE-REFUSED {IDLE_REFUSALS[boot_arg]}" in out, out[-4000:]
+        assert f"KBP-SO-IDLE-REFUSED {IDLE_REFUSALS[boot_arg]}" in out, _why(out)
     else:
-        assert "KBP-SO-CPUIDLE-AFTER none" in out, out[-4000:]
+        assert "KBP-SO-CPUIDLE-AFTER none" in out, _why(out)
+
+
+#: what in a guest's console says why it failed (CI shows only the start of a long message)
+_FAILURE = re.compile(r"^(Traceback|\S*Error\b|.*(BUG:|Oops:|WARNING:|Kernel panic))")
+
+
+def _why(out: str, tail: int = 3000) -> str:
+    """A failed guest's own words first: each Python traceback and kernel splat (up to 30
+    lines each), then the console's last `tail` characters."""
+    lines = out.splitlines()
+    first: list[str] = []
+    for i, ln in enumerate(lines):
+        if _FAILURE.match(ln) and not any(ln in f for f in first):
+            first.append("\n".join(lines[i:i + 30]))
+    head = "\n...\n".join(first[:3]) or "(no Python traceback or kernel splat in the console)"
+    return f"{head}\n--- the console's end ---\n{out[-tail:]}"
 
 
 def _died_booting(rc: int, out: str) -> bool:
@@ -353,23 +370,23 @@ def _run_guest(flavour: str, sod_bin: Path, tmp_path: Path, cache: Path, ns: str
         with hostpeer.ClientServer(out_dir, ns) as clients:
             rc, out = _stream(cmd, {**os.environ, "KBP_VM_CACHE": str(cache)}, on_line, 700)
         print(out)  # the guest's console, with pytest -s
-        assert rc == 0, out[-6000:]
+        assert rc == 0, _why(out)
         assert not clients.errors, clients.errors
         if light:
             assert not clients.done and "KBP-SO-ECHO" not in out, clients.done
         elif "KBP-SO-ECHO-NO-HOOK" not in out:
-            assert "policy scenario: PASS" in out, out[-6000:]
+            assert "policy scenario: PASS" in out, _why(out)
             assert set(clients.done) == {"so", "stack"}, clients.done
         else:  # 6.1: the refusal, and the stack path
-            assert flavour == "6.1-amd64", out[-6000:]
+            assert flavour == "6.1-amd64", _why(out)
             assert set(clients.done) == {"stack"}, clients.done
-        assert light or "KBP-SO-ECHO-OK" in out, out[-6000:]
-        assert "attached: ivshmem ID 1, epoch 1" in out, out[-6000:]
+        assert light or "KBP-SO-ECHO-OK" in out, _why(out)
+        assert "attached: ivshmem ID 1, epoch 1" in out, _why(out)
         assert "NOP round trip ok" in out
-        assert "KBP-SO-GUEST-OK" in out and "KBP-SO-UNLOADED" in out, out[-6000:]
-        assert "KBP-SO-BOUNDARY-DONE" in out, out[-6000:]
+        assert "KBP-SO-GUEST-OK" in out and "KBP-SO-UNLOADED" in out, _why(out)
+        assert "KBP-SO-BOUNDARY-DONE" in out, _why(out)
         if not light and "KBP-SO-ECHO-NO-HOOK" not in out:
-            assert "KBP-SO-SERVERS-OK" in out, out[-6000:]
+            assert "KBP-SO-SERVERS-OK" in out, _why(out)
         if reboot:
             for t in checkers:
                 t.join(30)
@@ -378,7 +395,7 @@ def _run_guest(flavour: str, sod_bin: Path, tmp_path: Path, cache: Path, ns: str
             # into the parked receive's page, with the guest still ATTACHED); then the
             # new kernel's kbp_so attached to the same daemon and served all of the above
             print("reboot verdict:", verdict)
-            assert "KBP-SO-PHASE2-DONE" in out, out[-6000:]
+            assert "KBP-SO-PHASE2-DONE" in out, _why(out)
             assert verdict.get("written") is False, verdict
             assert verdict.get("guest_state") != sc.GUEST_ATTACHED, verdict
         ran = {ln.split()[1] for ln in out.splitlines() if ln.startswith("KBP-SO-BOUNDARY-OK")}
@@ -388,14 +405,14 @@ def _run_guest(flavour: str, sod_bin: Path, tmp_path: Path, cache: Path, ns: str
         assert "client connected" in (d / "sod.log").read_text()
         assert killed, "the guest never asked for the daemon's death"
         # the watchdog said so, and rmmod gave the orphaned pages back (and said how many)
-        assert "kbp-sod is dead (no heartbeat)" in out, out[-6000:]
+        assert "kbp-sod is dead (no heartbeat)" in out, _why(out)
         if restart:  # the new epoch released them, rmmod had none left
-            assert "new epoch: released" in out and "stay pinned" not in out, out[-6000:]
+            assert "new epoch: released" in out and "stay pinned" not in out, _why(out)
             assert dead_counters, "the guest never asked for a new daemon"
         else:
             # a dead daemon acks no reset: its pages stay pinned for good (before: given
             # back to the allocator at unbind, while a stopped daemon could still write)
-            assert "did not ack the reset" in out and "stay pinned" in out, out[-6000:]
+            assert "did not ack the reset" in out and "stay pinned" in out, _why(out)
         data = json.loads(out.split("KBP-SO-DATA ", 1)[1].splitlines()[0])
         # the daemon died without a reset: its counters since the last reset are there
         # (guest_sockets.py's insmod... no: the module was loaded once; guest_echo's

@@ -552,7 +552,7 @@ def cmd_disable(args: argparse.Namespace) -> int:
     res = backends.disable(None if args.all else list(args.devices), args.netns)
     if args.all:  # kbp is off: status no longer classifies by apply's [rt_class] rule
         from kbp import rtclass
-        from kbp.state import StateDir
+        from kbp.system.journal import StateDir
         rtclass.save_rule(StateDir().root, None)
     for n in res.notes:
         _out(n)

@@ -48,8 +48,8 @@ from typing import Any
 from kbp import modespec, names, rtclass
 from kbp.backends import EnableRequest, EnableResult, Periodic, changed_settings
 from kbp.errors import InvalidInput
-from kbp.state import Record
 from kbp.sysinfo import format_cpulist, parse_cpulist
+from kbp.system.journal import Record
 
 DEFAULT_PATH = Path("/etc/kbp/kbp.toml")
 DEVICE_KEYS = {"name", "netns", "mode", "cpus", "rt_prio", "linger_us", "quota", "freq_ctl",
@@ -349,7 +349,7 @@ def non_rt_devices(cfg: Config, served: Sequence[DeviceConfig],
 def converge(cfg: Config, dry_run: bool = False, state: Any = None) -> list[Action]:
     """Make the system match ``cfg``; every enable is checked before anything changes."""
     from kbp import backends
-    from kbp.state import StateDir
+    from kbp.system.journal import StateDir
     st = state or StateDir()
     if not dry_run:
         backends.require_root("kbpctl apply")

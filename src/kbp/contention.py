@@ -26,7 +26,6 @@ from typing import Any
 
 from kbp import rtclass, sysinfo
 from kbp.errors import InvalidInput, KbpctlError
-from kbp.state import TargetGone
 from kbp.sysinfo import (
     HOST,
     Host,
@@ -36,6 +35,7 @@ from kbp.sysinfo import (
     read_irq_affinity,
     read_irq_effective,
 )
+from kbp.system.journal import TargetGone
 
 IRQ_THREAD_PRIO = 50  # forced-threaded interrupt handlers (kernel/irq/manage.c)
 

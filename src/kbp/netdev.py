@@ -37,9 +37,9 @@ from pyroute2.netlink import (
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic import GenericNetlinkSocket
 
-from kbp import sysaccess
 from kbp.errors import InvalidInput, OperationFailed
 from kbp.genlctrl import CTRL_CMD_GETPOLICY, ctrlmsg
+from kbp.system import access
 
 if TYPE_CHECKING:
     from pyroute2.iproute import IPRoute
@@ -439,7 +439,7 @@ class NetFS:
     """/sys/class/net of a network namespace.
 
     sysfs shows the devices of the netns it was mounted in, so for another netns the
-    access runs in :func:`kbp.sysaccess.ns_fs` (a short helper under ``ip netns exec``, which
+    access runs in :func:`kbp.system.access.ns_fs` (a short helper under ``ip netns exec``, which
     mounts a fresh sysfs, keeping errno).
     """
 
@@ -458,7 +458,7 @@ class NetFS:
         """The attribute's text, stripped (None if the attribute does not exist)."""
         try:
             if self.netns:
-                return str(sysaccess.ns_fs(self.netns, "read", str(self.path(dev, attr)))).strip()
+                return str(access.ns_fs(self.netns, "read", str(self.path(dev, attr)))).strip()
             return self.path(dev, attr).read_text().strip()
         except FileNotFoundError:
             return None
@@ -468,18 +468,14 @@ class NetFS:
             raise
 
     def write(self, dev: str, attr: str, value: str | int) -> None:
-        if self.netns:
-            sysaccess.ns_fs(self.netns, "write", str(self.path(dev, attr)), str(value))
-        else:
-            with open(self.path(dev, attr), "w") as f:
-                f.write(str(value))
+        access.write(self.path(dev, attr), value, self.netns)
 
     def read_many(self, dev: str, attrs: list[str]) -> dict[str, str | None]:
         """Several attributes at once (one helper run in another netns)."""
         if not self.netns:
             return {a: self.read(dev, a) for a in attrs}
         try:
-            raw = sysaccess.ns_fs(self.netns, "readmany", str(self.path(dev)), *attrs)
+            raw = access.ns_fs(self.netns, "readmany", str(self.path(dev)), *attrs)
         except OSError:
             return dict.fromkeys(attrs)
         return {a: (v.strip() if isinstance(v, str) else None) for a, v in raw.items()}
@@ -487,7 +483,7 @@ class NetFS:
     def listdir(self, dev: str, sub: str) -> list[str]:
         try:
             if self.netns:
-                return list(sysaccess.ns_fs(self.netns, "list", str(self.path(dev, sub))))
+                return list(access.ns_fs(self.netns, "list", str(self.path(dev, sub))))
             return sorted(os.listdir(self.path(dev, sub)))
         except OSError:
             return []
@@ -498,7 +494,7 @@ class NetFS:
         ``queues`` directory has no queues ({})."""
         if self.netns:
             try:
-                raw = sysaccess.ns_fs(self.netns, "rxqueues", str(self.path(dev, "queues")), *attrs)
+                raw = access.ns_fs(self.netns, "rxqueues", str(self.path(dev, "queues")), *attrs)
             except OSError as e:
                 if e.errno == errno.ENOENT:
                     return {}

@@ -45,7 +45,7 @@ from typing import Any
 
 from kbp import names, netap, sysinfo
 from kbp.problems import PERIODIC_SERVICE, Problem
-from kbp.state import Record, StateDir, TargetGone, read_record
+from kbp.system.journal import Record, StateDir, TargetGone, read_record
 
 KIND = "periodicd"
 RUNNING = "running"

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kbp.errors import InvalidInput
+from kbp.system import access
 
 POLICY_NAMES = {
     os.SCHED_OTHER: "SCHED_OTHER",
@@ -489,7 +490,7 @@ def read_irq_effective(irq: int, host: Host = HOST) -> str | None:
 
 
 def write_irq_affinity(irq: int, cpulist: str, host: Host = HOST) -> None:
-    (host.proc / "irq" / str(irq) / "smp_affinity_list").write_text(cpulist + "\n")
+    access.write(host.proc / "irq" / str(irq) / "smp_affinity_list", cpulist + "\n")
 
 
 # -- cpufreq --------------------------------------------------------------------------

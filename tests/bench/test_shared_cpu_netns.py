@@ -213,13 +213,13 @@ def test_heavy_device_gets_a_per_packet_napi_and_it_is_put_back() -> None:
     veth end with GRO off (as the TCP heavy sender's shaping leaves it): GRO on with
     gro_max_size 1600 (a NAPI that delivers per packet), then exactly as it was."""
     _skip_unless_ready()
-    from kbp import sysaccess
     from kbp.bench import parts as pt
     from kbp.bench.testbed import set_gro
+    from kbp.system import access
     ns = f"kbpb-part{os.getpid()}"
-    sysaccess.cmd(["ip", "netns", "add", ns])
+    access.cmd(["ip", "netns", "add", ns])
     try:
-        sysaccess.cmd(["ip", "link", "add", "pa", "type", "veth", "peer", "name", "pb"], ns=ns)
+        access.cmd(["ip", "link", "add", "pa", "type", "veth", "peer", "name", "pb"], ns=ns)
         set_gro(ns, "pb", False)
         before = pt.napi_state(ns, "pb")
         assert before["gro"] is False and before["gro_max_size"] != pt.PER_PACKET_GRO_MAX
@@ -227,7 +227,7 @@ def test_heavy_device_gets_a_per_packet_napi_and_it_is_put_back() -> None:
         pt.napi_restore(ns, "pb", before)
         assert pt.napi_state(ns, "pb") == before
     finally:
-        sysaccess.cmd(["ip", "netns", "del", ns], check=False)
+        access.cmd(["ip", "netns", "del", ns], check=False)
 
 
 def test_heavy_napi_on_the_rt_cpu_in_every_mode(tmp_path: Path) -> None:

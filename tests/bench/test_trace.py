@@ -106,7 +106,7 @@ def test_start_interrupted_while_loading_reaps_bpftrace(monkeypatch: pytest.Monk
     def interrupt(_sig: int, _frm: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(trace.sysaccess, "popen", fake_start)
+    monkeypatch.setattr(trace.access, "popen", fake_start)
     old = signal.signal(signal.SIGALRM, interrupt)
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.3)

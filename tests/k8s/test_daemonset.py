@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kbp import config, names, nodeagent, state
+from kbp import config, names, nodeagent
 from kbp.exporter import required_backends
+from kbp.system import journal
 
 from .schemas import K8S, load_docs
 
@@ -62,10 +63,10 @@ def test_the_nodes_are_the_modules() -> None:
 
 
 def test_the_journal_is_on_the_node() -> None:
-    m = mounts()[str(state.DEFAULT_RUN_DIR)]
+    m = mounts()[str(journal.DEFAULT_RUN_DIR)]
     assert not m.get("readOnly")
-    assert volumes()[m["name"]]["hostPath"]["path"] == str(state.DEFAULT_RUN_DIR)
-    assert not any(e["name"] == state.ENV_RUN_DIR for e in AGENT.get("env", []))
+    assert volumes()[m["name"]]["hostPath"]["path"] == str(journal.DEFAULT_RUN_DIR)
+    assert not any(e["name"] == journal.ENV_RUN_DIR for e in AGENT.get("env", []))
 
 
 def test_termination_leaves_time_to_restore() -> None:

@@ -34,8 +34,8 @@ from kbp.backends.stock import StockBackend
 from kbp.errors import InvalidInput, NotRoot
 from kbp.problems import PREEMPT, Problem
 from kbp.render import cpu_poller_lines, preempt_lines
-from kbp.state import Change, Record
 from kbp.sysinfo import FreqReport, PreemptModel
+from kbp.system.journal import Change, Record
 
 from .conftest import make_host, netns_skip_reason
 
@@ -286,15 +286,15 @@ def test_stock_non_rt_round_trip_in_place_and_exact_restore() -> None:
     """A thread already SCHED_OTHER nice 3 on every CPU: non-rt at nice 7 on CPU 0, then
     rt and back to non-rt in place (the same thread, threaded NAPI never off, no packet
     lost), status, and disable puts nice 3 and the affinity back."""
-    from kbp import sysaccess
     from kbp.netdev import NetdevClient, get_link
     from kbp.snapshot import snapshot
+    from kbp.system import access
 
     from .test_integration import PING_CLIENT, PORT, new_bed
 
     with new_bed() as bed:
         ns, dev = bed.tb.server, bed.link.dev_b
-        sysaccess.write(f"/sys/class/net/{dev}/threaded", "1\n", ns)
+        access.write(f"/sys/class/net/{dev}/threaded", "1\n", ns)
 
         def thread() -> sysinfo.TaskStat:
             link = get_link(dev, ns)
@@ -326,7 +326,7 @@ def test_stock_non_rt_round_trip_in_place_and_exact_restore() -> None:
         assert [(p["class"], p["pid"]) for p in pc["pollers"]] == [("non-rt", t0.pid)]
         assert st["preempt"]["model"] == sysinfo.preempt_model().model
 
-        pinger = sysaccess.popen([sys.executable, "-c", PING_CLIENT, bed.link.ip_b,
+        pinger = access.popen([sys.executable, "-c", PING_CLIENT, bed.link.ip_b,
                                   str(PORT), "0", "60"], ns=bed.tb.client)
         try:
             out = bed.kbpctl("enable", dev, "--netns", ns, "--cpus", "0").stdout

@@ -23,8 +23,8 @@ from kbp.backends import DeviceStatus, NapiStatus, PollerStatus, PollingCpu, Sta
 from kbp.backends import kmod as kmod_backend
 from kbp.backends import stock as stock_backend
 from kbp.render import cpu_poller_lines, status_view
-from kbp.state import StateDir
 from kbp.sysinfo import FreqReport, Host
+from kbp.system.journal import StateDir
 
 from .conftest import make_host
 

@@ -40,8 +40,8 @@ from kbp.errors import EXIT_FAILED, EXIT_USAGE
 from kbp.exporter import KbpCollector, metric_name
 from kbp.kmod import NapiInfo
 from kbp.problems import Problem
-from kbp.state import Record, StateDir
 from kbp.sysinfo import FreqReport, PreemptModel
+from kbp.system.journal import Record, StateDir
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 PREEMPT_NOTE = ("CPU 1: preemption model none: the rt NAPI thread napi/a-1 (SCHED_FIFO) may "

@@ -21,11 +21,12 @@ from typing import Any
 
 import pytest
 
-from kbp import names, sysaccess, sysinfo
+from kbp import names, sysinfo
 from kbp.bench import testbed
 from kbp.bench.testbed import VethLink
 from kbp.netdev import NetdevClient, get_link
 from kbp.snapshot import snapshot
+from kbp.system import access
 
 from .conftest import UserKbpctl, netns_skip_reason
 
@@ -107,7 +108,7 @@ class Bed:
 
     def ping(self, count: int, tries: int = 20) -> dict[str, int]:
         for _ in range(tries):
-            out = json.loads(sysaccess.cmd([sys.executable, "-c", PING_CLIENT,
+            out = json.loads(access.cmd([sys.executable, "-c", PING_CLIENT,
                                             self.link.ip_b, str(PORT), str(count),
                                             "0"], ns=self.tb.client).stdout)
             if out["ok"]:
@@ -210,9 +211,9 @@ def test_restores_non_default_prior_settings(bed: Bed) -> None:
     """Threaded NAPI already on (thread SCHED_OTHER on every CPU), defer/gro set: disable
     puts exactly that back, the same thread included."""
     ns, dev = bed.tb.server, bed.link.dev_b
-    sysaccess.write(f"/sys/class/net/{dev}/threaded", "1\n", ns)
-    sysaccess.write(f"/sys/class/net/{dev}/napi_defer_hard_irqs", "2\n", ns)
-    sysaccess.write(f"/sys/class/net/{dev}/gro_flush_timeout", "5000\n", ns)
+    access.write(f"/sys/class/net/{dev}/threaded", "1\n", ns)
+    access.write(f"/sys/class/net/{dev}/napi_defer_hard_irqs", "2\n", ns)
+    access.write(f"/sys/class/net/{dev}/gro_flush_timeout", "5000\n", ns)
     (t0,) = napi_threads(bed, ns, dev)
     os.setpriority(os.PRIO_PROCESS, t0.pid, 5)
     before = bed.snap()
@@ -254,12 +255,12 @@ def test_older_kernel_paths(bed: Bed, features: str) -> None:
 def test_two_queues_round_robin(bed: Bed) -> None:
     """A veth with two RX queues has two NAPIs: --cpus 0-1 puts one thread on each."""
     c, s = bed.tb.client, bed.tb.server
-    sysaccess.cmd(["ip", "link", "add", "mqc0", "netns", c, "numtxqueues", "2", "numrxqueues", "2",
+    access.cmd(["ip", "link", "add", "mqc0", "netns", c, "numtxqueues", "2", "numrxqueues", "2",
                "type", "veth", "peer", "name", "mqs0", "netns", s, "numtxqueues", "2",
                "numrxqueues", "2"])
     for ns, dev in ((c, "mqc0"), (s, "mqs0")):
-        sysaccess.cmd(["ip", "link", "set", dev, "up"], ns=ns)
-        sysaccess.cmd(["ethtool", "-K", dev, "gro", "on"], ns=ns)
+        access.cmd(["ip", "link", "set", dev, "up"], ns=ns)
+        access.cmd(["ethtool", "-K", dev, "gro", "on"], ns=ns)
     before = snapshot("mqs0", s)
     assert len(before["napis"]) == 2
     bed.kbpctl("enable", "mqs0", "--netns", s, "--cpus", "0-1")
@@ -274,7 +275,7 @@ def test_two_queues_round_robin(bed: Bed) -> None:
 def test_twenty_cycles_under_traffic(bed: Bed) -> None:
     before = bed.snap()
     bed.echo_server()
-    pinger = sysaccess.popen([sys.executable, "-c", PING_CLIENT, bed.link.ip_b, str(PORT),
+    pinger = access.popen([sys.executable, "-c", PING_CLIENT, bed.link.ip_b, str(PORT),
                               "0", "600"], ns=bed.tb.client)
     try:
         for i in range(20):
@@ -464,14 +465,14 @@ def test_stock_priority_defaults_and_busy_refuses_fifo(bed: Bed, tmp_path: Path)
 
 def test_refuses_device_without_napi(bed: Bed) -> None:
     s, dev = bed.tb.server, bed.link.dev_b
-    sysaccess.cmd(["ethtool", "-K", dev, "gro", "off"], ns=s)
+    access.cmd(["ethtool", "-K", dev, "gro", "off"], ns=s)
     msg = f"{dev} has no NAPI instance (veth uses NAPI only with GRO on: ip netns exec {s} " \
           f"ethtool -K {dev} gro on)"
     _refused(bed, ["enable", dev, "--netns", s], 2, msg)
     _refused(bed, ["enable", dev, "--netns", s], 2, msg, env={"KBP_STOCK_FEATURES": "legacy"})
     # a device in the list without NAPI refuses the whole command: the good one is untouched
     _refused(bed, ["enable", "lo", "--cpus", "1"], 2, "lo has no NAPI instance")
-    sysaccess.cmd(["ethtool", "-K", dev, "gro", "on"], ns=s)
+    access.cmd(["ethtool", "-K", dev, "gro", "on"], ns=s)
 
 
 def test_refuses_missing_kernel_feature(bed: Bed) -> None:
@@ -488,7 +489,7 @@ def test_refuses_offline_cpu(bed: Bed, tmp_path: Path) -> None:
     from kbp.backends import EnableRequest
     from kbp.backends.stock import StockBackend
     from kbp.errors import InvalidInput
-    from kbp.state import StateDir
+    from kbp.system.journal import StateDir
     cpu = tmp_path / "sys/devices/system/cpu"
     cpu.mkdir(parents=True)
     (cpu / "online").write_text("0\n")
@@ -516,11 +517,11 @@ def test_status_works_without_root(bed: Bed, user_kbpctl: UserKbpctl) -> None:
 
 # -- RPS on the served device -----------------------------------------------------------
 def rps_attr(ns: str, dev: str, attr: str, q: str = "rx-0") -> str:
-    return sysaccess.read(f"/sys/class/net/{dev}/queues/{q}/{attr}", ns)
+    return access.read(f"/sys/class/net/{dev}/queues/{q}/{attr}", ns)
 
 
 def set_rps_attr(ns: str, dev: str, attr: str, value: str, q: str = "rx-0") -> None:
-    sysaccess.write(f"/sys/class/net/{dev}/queues/{q}/{attr}", f"{value}\n", ns)
+    access.write(f"/sys/class/net/{dev}/queues/{q}/{attr}", f"{value}\n", ns)
 
 
 def cpu_mask(cpus: list[int]) -> str:
@@ -632,12 +633,12 @@ def test_rps_per_queue_masks_restored(bed: Bed) -> None:
     and each gets its own mask back."""
     from kbp.rps import mask_cpus, sock_flow_entries
     c, s = bed.tb.client, bed.tb.server
-    sysaccess.cmd(["ip", "link", "add", "rpsc0", "netns", c, "numtxqueues", "2", "numrxqueues",
+    access.cmd(["ip", "link", "add", "rpsc0", "netns", c, "numtxqueues", "2", "numrxqueues",
                "2", "type", "veth", "peer", "name", "rpss0", "netns", s, "numtxqueues", "2",
                "numrxqueues", "2"])
     for ns, dev in ((c, "rpsc0"), (s, "rpss0")):
-        sysaccess.cmd(["ip", "link", "set", dev, "up"], ns=ns)
-        sysaccess.cmd(["ethtool", "-K", dev, "gro", "on"], ns=ns)
+        access.cmd(["ip", "link", "set", dev, "up"], ns=ns)
+        access.cmd(["ethtool", "-K", dev, "gro", "on"], ns=ns)
     cpus = sysinfo.online_cpus()
     set_rps_attr(s, "rpss0", "rps_cpus", cpu_mask(cpus[:1]), q="rx-0")
     set_rps_attr(s, "rpss0", "rps_cpus", cpu_mask(cpus), q="rx-1")
@@ -662,7 +663,7 @@ def test_failed_enable_leaves_rps_as_it_was(bed: Bed, monkeypatch: pytest.Monkey
     from kbp.backends import EnableRequest
     from kbp.backends.stock import StockBackend
     from kbp.errors import OperationFailed
-    from kbp.state import StateDir
+    from kbp.system.journal import StateDir
     ns, dev = bed.tb.server, bed.link.dev_b
     set_rps_attr(ns, dev, "rps_cpus", cpu_mask(sysinfo.online_cpus()))
     before = bed.snap()
@@ -685,7 +686,7 @@ def test_kmod_backend_turns_rps_off_too(bed: Bed) -> None:
     from kbp.backends.kmod import KmodBackend
     from kbp.errors import OperationFailed
     from kbp.rps import mask_cpus
-    from kbp.state import StateDir
+    from kbp.system.journal import StateDir
 
     from .test_kmod import FakeModule
     ns, dev = bed.tb.server, bed.link.dev_b

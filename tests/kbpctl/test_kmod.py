@@ -25,7 +25,7 @@ from kbp.backends import kmod as kmod_backend
 from kbp.errors import EXIT_UNAVAILABLE, Unavailable
 from kbp.netdev import Link
 from kbp.problems import DETACHED, MISPLACED, MODULE_SILENT, NEEDS_ROOT, Problem
-from kbp.state import StateDir
+from kbp.system.journal import StateDir
 
 from .conftest import REPO
 

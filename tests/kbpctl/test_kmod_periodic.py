@@ -17,8 +17,8 @@ from kbp.backends import kmod as kmod_backend
 from kbp.errors import OperationFailed, Unavailable
 from kbp.netdev import Link
 from kbp.problems import PERIODIC_DRIFT, Problem
-from kbp.state import StateDir
 from kbp.sysinfo import FreqReport
+from kbp.system.journal import StateDir
 
 from .test_kmod import FakeModule
 

@@ -14,7 +14,7 @@ from kbp import names, netap, periodicd
 from kbp.backends import stock
 from kbp.periodicd import Sample, ServiceHandler, objective_value
 from kbp.problems import PERIODIC_SERVICE
-from kbp.state import Record, StateDir
+from kbp.system.journal import Record, StateDir
 
 
 def test_plan_periodic_per_napi_and_per_device() -> None:
@@ -113,7 +113,7 @@ def test_handler_and_status_follow_the_state_file(tmp_path: Path) -> None:
 
 
 def test_threads_from_the_journal(tmp_path: Path) -> None:
-    from kbp.state import Change
+    from kbp.system.journal import Change
     rec = _record(tmp_path, 1.0)
     rec.changes = [Change(1, "napi", {"knob": "threaded"}, 0, 1),
                    Change(2, "affinity", {"pid": 5, "starttime": 9, "comm": "napi/x-1"},

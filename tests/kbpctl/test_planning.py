@@ -11,7 +11,7 @@ from kbp.backends import kmod as kmod_backend
 from kbp.backends import stock
 from kbp.errors import InvalidInput, Unavailable
 from kbp.netdev import Link
-from kbp.state import Change, Record
+from kbp.system.journal import Change, Record
 
 from .conftest import make_host
 

@@ -143,7 +143,7 @@ def test_keep_rps_in_request_config_and_cli(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_apply_reenables_when_keep_rps_changes() -> None:
-    from kbp.state import Record
+    from kbp.system.journal import Record
     cfg = config.parse('[[device]]\nname = "a"\nkeep_rps = true\n')
     rec = Record(path=Path("/x/a"), backend="stock", dev="a", netns=None, ifindex=1,
                  request=EnableRequest(["a"]).resolved("stock").settings(), complete=True)

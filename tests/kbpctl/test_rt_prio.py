@@ -27,7 +27,7 @@ from kbp.backends import (
 from kbp.backends import kmod as kmod_backend
 from kbp.errors import EXIT_USAGE, InvalidInput
 from kbp.problems import SCHED_DRIFT
-from kbp.state import Change, Record
+from kbp.system.journal import Change, Record
 
 BUSY, HYBRID = names.MODE_BUSY, names.MODE_HYBRID
 STOCK, KMOD = names.BACKEND_STOCK, names.BACKEND_KMOD
@@ -179,8 +179,8 @@ def test_sched_zero_is_set_and_restored_through_the_handler(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A NAPI thread already SCHED_OTHER is left alone (nothing journaled); one that is not
     (someone made it FIFO) is changed, and disable puts FIFO back."""
-    from kbp.effects import SchedHandler
-    from kbp.state import Executor
+    from kbp.system.journal import Executor
+    from kbp.system.settings import SchedHandler
     cur = {"policy": "SCHED_OTHER", "priority": 0, "nice": 0}
     calls: list[tuple[str, int, int | None]] = []
     monkeypatch.setattr(SchedHandler, "_alive", lambda self, key: True)

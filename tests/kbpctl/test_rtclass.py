@@ -18,8 +18,8 @@ import pytest
 from kbp import config, rtclass
 from kbp.errors import InvalidInput
 from kbp.render import rt_class_lines
-from kbp.state import Change, Record
 from kbp.sysinfo import PF_KTHREAD, Host
+from kbp.system.journal import Change, Record
 
 from .conftest import make_host
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from kbp import state
-from kbp.state import MISSING, Executor, PauseHook, StateDir, TargetGone
+from kbp.system import access, journal
+from kbp.system.journal import MISSING, Executor, PauseHook, StateDir, TargetGone
 
 
 class Box:
@@ -63,7 +63,7 @@ def test_journal_before_change_and_restore(tmp_path: Path) -> None:
     assert [(c.step, c.key["k"], c.old, c.new) for c in rec.changes] == \
         [(1, "a", 0, 1), (2, "b", "x", "y"), (3, "a", 1, 2)]
     box.journal_path = None
-    notes = state.restore(rec, {"box": box})
+    notes = journal.restore(rec, {"box": box})
     assert notes == []
     assert box.values == {"a": 0, "b": "x", "c": 5}  # the oldest old value wins
     assert box.sets[-3:] == [("a", 1), ("b", "x"), ("a", 0)]  # newest first
@@ -78,10 +78,10 @@ def test_restore_is_idempotent_and_skips_gone_targets(tmp_path: Path) -> None:
     rec = st.record("eth1", "blue")
     assert rec is not None and not rec.complete
     box = Box({"a": 0})
-    notes = state.restore(rec, {"box": box})
+    notes = journal.restore(rec, {"box": box})
     assert box.sets == [] and box.values == {"a": 0}
     assert notes == ["box {'k': 'gone'}: gone, nothing to restore"]
-    state.remove_record(rec.path)
+    journal.remove_record(rec.path)
     assert st.records() == [] and not (tmp_path / "netns/blue").exists()
 
 
@@ -111,8 +111,8 @@ def test_restore_error_keeps_going(tmp_path: Path) -> None:
     rec = st.record("eth1", None)
     assert rec is not None
     box = Broken({"good": 1, "bad": 1})
-    with pytest.raises(state.RestoreError) as e:
-        state.restore(rec, {"box": box})
+    with pytest.raises(access.RestoreError) as e:
+        journal.restore(rec, {"box": box})
     assert "bad" in str(e.value) and box.values["good"] == 0
 
 
@@ -136,7 +136,7 @@ def test_lock_is_exclusive(tmp_path: Path) -> None:
 
 def test_pause_hook(monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[int] = []
-    monkeypatch.setattr(state.os, "kill", lambda pid, sig: sent.append(sig))
+    monkeypatch.setattr(journal.os, "kill", lambda pid, sig: sent.append(sig))
     h = PauseHook({"KBP_TEST_PAUSE_AFTER_STEP": "2"})
     for _ in range(3):
         h("journaled")

@@ -23,10 +23,11 @@ from typing import Any
 
 import pytest
 
-from kbp import netap, periodicd, rps, sysaccess
+from kbp import netap, periodicd, rps
 from kbp.bench import testbed
 from kbp.netdev import NetdevClient, NetFS, get_link
-from kbp.state import StateDir
+from kbp.system import access
+from kbp.system.journal import StateDir
 
 from .conftest import netns_skip_reason
 from .test_integration import Bed, _refused, device_status, kill_paused, new_bed
@@ -271,7 +272,7 @@ def test_service_exits_when_its_journal_or_device_goes(bed: Bed) -> None:
     enable(bed, "--round-ms", ROUND_MS)
     info = wait_for(lambda: (lambda s: s if s.get("rounds", 0) >= 1 else None)(
         service_state(bed)), "a round")
-    sysaccess.cmd(["ip", "link", "del", bed.link.dev_b], ns=bed.tb.server)
+    access.cmd(["ip", "link", "del", bed.link.dev_b], ns=bed.tb.server)
     wait_for(lambda: not service_alive(info), "the service to exit")
     st = service_state(bed)
     assert st["status"] == "exited" and st["reason"] == f"{bed.link.dev_b} is gone"

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from kbp import sysaccess
+from kbp.system import access
 from vm import outsource
 
 from . import hostpeer
@@ -154,7 +154,7 @@ def test_guest_module_attaches_and_its_sockets_are_served(flavour: str, sod_bin:
         pytest.skip(reason="needs root, iproute2 (the VM's netns) and sockperf")
     with netns("kbpso-vm") as ns:
         port_file, count_file = tmp_path / "echo.port", tmp_path / "echo.count"
-        echo = sysaccess.popen([sys.executable, "-c", ECHO, str(port_file), str(count_file)],
+        echo = access.popen([sys.executable, "-c", ECHO, str(port_file), str(count_file)],
                                ns=ns, stdout=None, stderr=None)
         try:
             end = time.monotonic() + 10

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from kbp import sysaccess
 from kbp.errors import OperationFailed, Unavailable
 from kbp.outsource import bpfsys, btf, policy, procfile, prog
+from kbp.system import access
 
 from . import policy_scenario
 
@@ -384,7 +384,7 @@ def test_policy_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         pytest.skip(reason=f"this kernel refuses the policy program ({why}); the VM test "
                            "(KBP_SO_VM=1) runs this scenario on 6.12 and 7.2")
     monkeypatch.setenv("KBP_RUN_DIR", str(tmp_path / "run"))
-    with sysaccess.Journal() as undo:
+    with access.Journal() as undo:
         undo.defer(_kbpctl, "clear", env={"KBP_RUN_DIR": str(tmp_path / "run")})
         policy_scenario.run(log=lambda s: None)
 
@@ -490,7 +490,7 @@ def test_a_failure_half_way_undoes_what_set_made(fail: BaseException, tmp_path: 
         assert data["mounted_bpffs"] is True and data["made_pin_dir"] is True
         raise fail
 
-    monkeypatch.setattr(sysaccess, "save_journal", save)
+    monkeypatch.setattr(access, "save_journal", save)
     cg = policy.Cgroup("/sys/fs/cgroup/x", 42, 1, "/x")
     want = OperationFailed if isinstance(fail, OSError) else KeyboardInterrupt
     with pytest.raises(want) as exc:

@@ -30,9 +30,10 @@ from pathlib import Path
 
 import pytest
 
-from kbp import cli, sysaccess
+from kbp import cli
 from kbp.errors import InvalidInput, OperationFailed
 from kbp.outsource import bpfsys, command, policy, procfile
+from kbp.system import access
 
 from .netns import netns
 
@@ -130,17 +131,17 @@ def _unwritable(kernel: Kernel, name: str, tmp: Path) -> Iterator[None]:
     content = kernel.param(name)
     ro = tmp / f"ro-{name}"
     ro.mkdir()
-    sysaccess.cmd(["mount", "-t", "tmpfs", "-o", "size=64k", "kbp-test", str(ro)])
+    access.cmd(["mount", "-t", "tmpfs", "-o", "size=64k", "kbp-test", str(ro)])
     try:
         (ro / name).write_text(content)
-        sysaccess.cmd(["mount", "-o", "remount,ro", str(ro)])
+        access.cmd(["mount", "-o", "remount,ro", str(ro)])
         (kernel.params / name).unlink()
         (kernel.params / name).symlink_to(ro / name)
         yield
     finally:
         (kernel.params / name).unlink(missing_ok=True)
         (kernel.params / name).write_text(content)
-        sysaccess.cmd(["umount", str(ro)], check=False)
+        access.cmd(["umount", str(ro)], check=False)
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -233,12 +234,12 @@ def test_a_missing_netns_and_too_many_are_refused() -> None:
     try:
         for i in range(policy.MAX_NETNS):
             made.append(f"kbp-pp-many{i}-{os.getpid()}")
-            sysaccess.cmd(["ip", "netns", "add", made[-1]])
+            access.cmd(["ip", "netns", "add", made[-1]])
         with pytest.raises(InvalidInput, match="9 network namespaces; kbp_so takes at most 8"):
             policy.resolve_netns(["init", *made])
     finally:
         for ns in made:
-            sysaccess.cmd(["ip", "netns", "del", ns], check=False)
+            access.cmd(["ip", "netns", "del", ns], check=False)
 
 
 def test_uids_by_number_and_name() -> None:
@@ -310,7 +311,7 @@ def test_a_failure_after_the_writes_puts_the_parameters_back(
         assert kernel.param("cgroup") == kernel.rel + "\n"     # written by then
         raise fail
 
-    monkeypatch.setattr(sysaccess, "save_journal", save)
+    monkeypatch.setattr(access, "save_journal", save)
     with pytest.raises(OperationFailed if isinstance(fail, OSError) else KeyboardInterrupt):
         policy.set_policy(kernel.cgroup, "inet", False, None, ["1000"])
     assert (kernel.param("cgroup"), kernel.param("netns"), kernel.param("allow_uids")) == \

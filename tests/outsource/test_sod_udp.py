@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kbp import sysaccess
+from kbp.system import access
 
 from . import sodclient as sc
 from .conftest import make_sod
@@ -225,12 +225,12 @@ def test_sockets_live_in_the_vms_netns(sod_bin: Path, tmp_path: Path) -> None:
             cqe = g.bind(h)
             assert cqe.res == 0, cqe
             port = cqe.addr[2]
-            inside = sysaccess.cmd(["ss", "-Huln"], ns=ns).stdout
-            outside = sysaccess.cmd(["ss", "-Huln"]).stdout
+            inside = access.cmd(["ss", "-Huln"], ns=ns).stdout
+            outside = access.cmd(["ss", "-Huln"]).stdout
             assert f"127.0.0.1:{port} " in inside, inside
             assert f"127.0.0.1:{port} " not in outside, outside
             # a datagram from inside the namespace reaches it, one from outside cannot
-            sysaccess.cmd([sys.executable, "-c",
+            access.cmd([sys.executable, "-c",
                            "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
                            f".sendto(b'in-ns', ('127.0.0.1', {port}))"], ns=ns)
             cqe = g.call(Sqe(OP["RECVMSG"], sock=h, flags=sc.F_WAIT, segs=[(0x1000, 16)]))

@@ -14,8 +14,8 @@ import pytest
 from kbp import backends
 from kbp.backends import Status
 from kbp.outsource import policy, procfile
-from kbp.state import StateDir
 from kbp.sysinfo import FreqReport, Host
+from kbp.system.journal import StateDir
 
 OLD_HEAD = ("kbp_so state=attached epoch=1 queues=2 sockets=2 pinned_pages=0 orphan_pages=0 "
             "fallbacks=0 host_timeout_ms=3000")

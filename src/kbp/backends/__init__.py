@@ -30,7 +30,6 @@ from kbp.errors import InvalidInput, KbpctlError, NotRoot, OperationFailed
 from kbp.netdev import get_link
 from kbp.problems import PREEMPT, Problem, texts
 from kbp.rps import Rps, RpsStatus
-from kbp.state import StateDir
 from kbp.sysinfo import (
     CAP_SYS_NICE,
     HOST,
@@ -44,6 +43,7 @@ from kbp.sysinfo import (
     has_capability,
     read_schedstat,
 )
+from kbp.system.journal import StateDir
 
 DEFAULT_RT_PRIO = 50  # the priority of threaded IRQ handlers; NAPI threads run at it too
 MAX_LINGER_US = _spec.KBP_LINGER_US_MAX  # the module's limit (module/netlink/kbp.yaml)

@@ -40,7 +40,6 @@ from kbp.backends import (
     validate_common,
 )
 from kbp.backends.stock import _safe, sysfs_key, thread_status
-from kbp.effects import IrqHandler, SysfsHandler
 from kbp.errors import InvalidInput, KbpctlError, OperationFailed, Unavailable
 from kbp.netdev import NETNS_DIR, NetdevClient, NetFS, check_netns, link_names, named_netns
 from kbp.problems import (
@@ -55,18 +54,19 @@ from kbp.problems import (
     POLLER_STUCK,
     Problem,
 )
-from kbp.state import (
+from kbp.sysinfo import HOST, Host
+from kbp.system.access import RestoreError
+from kbp.system.journal import (
     MISSING,
     Executor,
     PauseHook,
     Record,
-    RestoreError,
     StateDir,
     TargetGone,
     remove_record,
     restore,
 )
-from kbp.sysinfo import HOST, Host
+from kbp.system.settings import IrqHandler, SysfsHandler
 
 NAME = names.BACKEND_KMOD
 ClientFactory = Callable[[], Any]

@@ -27,7 +27,7 @@ Before all of these, RPS on the device is turned off (its receive queues' ``rps_
 ``rps_flow_cnt``: :mod:`kbp.rps`) unless ``--keep-rps``: with RPS the NAPI thread would hand
 every packet back to the backlog softirq.
 
-Every change is journaled before it is made (:mod:`kbp.state`).
+Every change is journaled before it is made (:mod:`kbp.system.journal`).
 
 What the stock non-rt class cannot do that the module's non-rt poller does: cap a poll to a
 small quota and give the CPU away between polls. ``napi_threaded_poll_loop()`` polls up to
@@ -75,7 +75,6 @@ from kbp.backends import (
     show_rps,
     validate_common,
 )
-from kbp.effects import system_effector, task_key
 from kbp.errors import InvalidInput, KbpctlError, OperationFailed, Unavailable
 from kbp.netdev import (
     THREADED_BUSY_POLL,
@@ -100,17 +99,18 @@ from kbp.problems import (
     SCHED_DRIFT,
     Problem,
 )
-from kbp.state import (
+from kbp.sysinfo import HOST, RT_PRIO_MIN, Host, TaskStat
+from kbp.system.access import RestoreError
+from kbp.system.journal import (
     Executor,
     PauseHook,
     Record,
-    RestoreError,
     StateDir,
     read_record,
     remove_record,
     restore,
 )
-from kbp.sysinfo import HOST, RT_PRIO_MIN, Host, TaskStat
+from kbp.system.settings import system_effector, task_key
 
 NAME = names.BACKEND_STOCK
 LINGER_INTERVAL_US = 10  # hrtimer re-poll interval while lingering
@@ -846,7 +846,7 @@ def thread_status(pid: int, host: Host = HOST) -> ThreadStatus | None:
 
 def _safe(factory: Callable[[str | None], Any]) -> Callable[[str | None], Any]:
     """A per-netns factory that reports a deleted netns as a missing target."""
-    from kbp.state import TargetGone
+    from kbp.system.journal import TargetGone
 
     def get(netns: str | None) -> Any:
         try:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from kbp import sysaccess
+from kbp.system import access
 
 SYSCTL_NET_CORE = "/proc/sys/net/core"
 GLOBAL_LOCK = Path("/run/lock/kbp-bench-global-knobs.lock")
@@ -65,25 +65,25 @@ class KnobIO(Protocol):
 
 
 class KernelIO:
-    """The real kernel, through :mod:`kbp.sysaccess` (files of another namespace are
+    """The real kernel, through :mod:`kbp.system.access` (files of another namespace are
     accessed inside it: /proc/sys/net and /sys/class/net show the namespace of the process
     that opens them); a failure is a KnobError whose ``errno`` is the kernel's."""
 
     def exists(self, k: Knob) -> bool:
         try:
-            return sysaccess.exists(k.path, k.netns)
+            return access.exists(k.path, k.netns)
         except OSError:
             return False
 
     def read(self, k: Knob) -> str:
         try:
-            return sysaccess.read(k.path, k.netns)
+            return access.read(k.path, k.netns)
         except OSError as e:
             raise KnobError(f"cannot read {k}: {e}", e.errno) from e
 
     def write(self, k: Knob, value: str) -> None:
         try:
-            sysaccess.write(k.path, f"{value}\n", k.netns)
+            access.write(k.path, f"{value}\n", k.netns)
         except OSError as e:
             raise KnobError(f"cannot write {value} to {k}: {e}", e.errno) from e
 
@@ -108,7 +108,7 @@ class Changes:
     lock_path: Path | None = field(default_factory=lambda: GLOBAL_LOCK)  # None: no lock
     journal_dir: Path = field(default_factory=lambda: JOURNAL_DIR)
     recovered: dict[str, str] = field(default_factory=dict)   # put back for a dead process
-    restores: sysaccess.Journal = field(default_factory=sysaccess.Journal)
+    restores: access.Journal = field(default_factory=access.Journal)
     _lock_fd: int | None = None
 
     def _lock(self) -> None:
@@ -131,11 +131,11 @@ class Changes:
     def _write_journal(self) -> None:
         glob = [{"path": k.path, "was": was} for k, was in self.found if k.netns is None]
         if glob:
-            sysaccess.save_journal(self._journal(), {"pid": os.getpid(), "found": glob})
+            access.save_journal(self._journal(), {"pid": os.getpid(), "found": glob})
 
     def _recover(self) -> None:
         """Put back what benchmarks that died holding global knobs had found (held lock)."""
-        for f, data in sysaccess.orphan_journals(self.journal_dir, "[0-9]*.json"):
+        for f, data in access.orphan_journals(self.journal_dir, "[0-9]*.json"):
             for e in reversed(data.get("found") or []):
                 k = Knob(str(e["path"]))
                 self.io.write(k, str(e["was"]))
@@ -172,7 +172,7 @@ class Changes:
         try:
             try:
                 self.restores.restore()
-            except sysaccess.RestoreError as e:
+            except access.RestoreError as e:
                 failed = [str(x) for x in e.errors]
             finally:
                 self.found.clear()

@@ -106,8 +106,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Final, Protocol
 
-from kbp import modespec, names, sysaccess, sysinfo
+from kbp import modespec, names, sysinfo
 from kbp.bench.knobs import Changes, KernelIO, Knob, KnobError, KnobIO, net_core_sysctl
+from kbp.system import access
 
 VM_HINT = "runs in the VM rig: python -m kbp.bench vm --smoke"
 
@@ -218,10 +219,10 @@ SYSFS_THREADED: Final = "threaded"
 def sysfs_net(netns: str, dev: str, attr: str, value: str | None = None) -> str:
     """Read (or write, then read back) /sys/class/net/DEV/ATTR as seen inside ``netns``
     (OSError with the kernel's errno)."""
-    path = sysaccess.net_path(dev, attr)
+    path = access.net_path(dev, attr)
     if value is not None:
-        sysaccess.write(path, f"{value}\n", netns)
-    return sysaccess.read(path, netns)
+        access.write(path, f"{value}\n", netns)
+    return access.read(path, netns)
 
 
 def thread_placement(pid: int) -> dict[str, Any]:
@@ -315,7 +316,7 @@ class ThreadedMode(_Defaults):
     name: str = THREADED
     target: Target | None = None
     spins: bool = False
-    journal: sysaccess.Journal = field(default_factory=sysaccess.Journal)
+    journal: access.Journal = field(default_factory=access.Journal)
 
     def unavailable(self) -> str | None:
         return None
@@ -332,7 +333,7 @@ class ThreadedMode(_Defaults):
             raise RuntimeError(f"{t.dev}: cannot turn threaded NAPI on (reads {got})")
 
     def teardown(self) -> None:
-        with contextlib.suppress(sysaccess.RestoreError):   # the device may be gone (Ctrl-C)
+        with contextlib.suppress(access.RestoreError):   # the device may be gone (Ctrl-C)
             self.journal.restore()
         self.target = None
 

@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kbp import sysaccess
+from kbp.system import access
 
 
 def link_stats(ns: str | None, dev: str) -> dict[str, Any]:
     """``stats64`` of a device: {"rx": {"packets", "bytes", "dropped", ...}, "tx": {...}};
     {} when the device is gone or ip prints nothing usable."""
-    p = sysaccess.cmd(["ip", "-j", "-s", "link", "show", "dev", dev], ns=ns, check=False)
+    p = access.cmd(["ip", "-j", "-s", "link", "show", "dev", dev], ns=ns, check=False)
     return parse_link_stats(p.stdout)
 
 

@@ -35,7 +35,8 @@ from typing import Any
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from kbp import netdev, sysaccess, sysinfo
+from kbp import netdev, sysinfo
+from kbp.system import access
 
 JOURNAL_DIR = Path("/run/kbp/bench-knobs")
 SYS_NET = Path("/sys/class/net")
@@ -61,7 +62,7 @@ def default_route_devs() -> set[str]:
     """Devices carrying a default route in this namespace (IPv4 and IPv6)."""
     out: set[str] = set()
     for fam in ("-4", "-6"):
-        r = sysaccess.cmd(["ip", "-j", fam, "route", "show", "default"], check=False)
+        r = access.cmd(["ip", "-j", fam, "route", "show", "default"], check=False)
         with contextlib.suppress(ValueError):
             out |= {x["dev"] for x in json.loads(r.stdout or "[]") if x.get("dev")}
     return out
@@ -128,7 +129,7 @@ class NicPort:
 
     @classmethod
     def record(cls, dev: str) -> NicPort:
-        r = sysaccess.cmd(["ip", "-j", "addr", "show", "dev", dev])
+        r = access.cmd(["ip", "-j", "addr", "show", "dev", dev])
         info = json.loads(r.stdout)[0]
         addrs = [(a["local"], int(a["prefixlen"])) for a in info.get("addr_info", [])
                  if a.get("scope") != "link"]
@@ -140,10 +141,10 @@ class NicPort:
         """Into ``netns`` (same name), address ``ip``, up."""
         self.netns = netns
         self.moved = True
-        sysaccess.cmd(["ip", "link", "set", "dev", self.name, "netns", netns])
-        sysaccess.cmd(["ip", "addr", "flush", "dev", self.name], ns=netns)
-        sysaccess.cmd(["ip", "addr", "add", f"{ip}/{prefixlen}", "dev", self.name], ns=netns)
-        sysaccess.cmd(["ip", "link", "set", "dev", self.name, "up"], ns=netns)
+        access.cmd(["ip", "link", "set", "dev", self.name, "netns", netns])
+        access.cmd(["ip", "addr", "flush", "dev", self.name], ns=netns)
+        access.cmd(["ip", "addr", "add", f"{ip}/{prefixlen}", "dev", self.name], ns=netns)
+        access.cmd(["ip", "link", "set", "dev", self.name, "up"], ns=netns)
 
     def pin_irqs(self, cpu: int) -> None:
         for irq in self.irqs:
@@ -154,7 +155,7 @@ class NicPort:
         """Put the port back as recorded; the problems (empty: all restored)."""
         problems: list[str] = []
         if self.moved and self.netns and Path(f"/run/netns/{self.netns}").exists():
-            r = sysaccess.cmd(["ip", "link", "set", "dev", self.name, "netns", "1"],
+            r = access.cmd(["ip", "link", "set", "dev", self.name, "netns", "1"],
                               ns=self.netns, check=False)
             if r.returncode != 0 and _name_of(self.ifindex) is None:
                 problems.append(f"{self.name}: could not leave netns {self.netns}: "
@@ -171,7 +172,7 @@ class NicPort:
                   ["ip", "link", "set", "dev", self.name, "mtu", str(self.mtu)],
                   ["ip", "link", "set", "dev", self.name, "up" if self.up else "down"]]
         for argv in steps:
-            r = sysaccess.cmd(argv, check=False)
+            r = access.cmd(argv, check=False)
             if r.returncode != 0:
                 problems.append(f"{' '.join(argv)}: {r.stderr.strip()}")
         for irq, aff in self.irqs.items():
@@ -205,7 +206,7 @@ class NicPair:
         return self.tester, self.server
 
     def write_journal(self) -> None:
-        sysaccess.save_journal(self.journal, {"pid": os.getpid(),
+        access.save_journal(self.journal, {"pid": os.getpid(),
                                               "ports": [asdict(p) for p in self.ports()]})
 
     def restore(self) -> list[str]:
@@ -224,7 +225,7 @@ def wait_reachable(client_ns: str, server_ip: str, timeout: float = 15.0) -> Non
     """Until the tester's port reaches the server's (ARP + ping); NicPairError if never."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        r = sysaccess.cmd(["ping", "-c", "1", "-W", "1", server_ip], ns=client_ns, check=False)
+        r = access.cmd(["ping", "-c", "1", "-W", "1", server_ip], ns=client_ns, check=False)
         if r.returncode == 0:
             return
         time.sleep(0.3)
@@ -238,7 +239,7 @@ def recover(journal_dir: Path = JOURNAL_DIR) -> list[str]:
     out of a namespace still holding them, renamed, readdressed, re-affined.  Returns what
     was recovered (one line per port)."""
     done: list[str] = []
-    for path, data in sysaccess.orphan_journals(journal_dir, "nicpair-*.json", own=True):
+    for path, data in access.orphan_journals(journal_dir, "nicpair-*.json", own=True):
         problems: list[str] = []
         for d in data.get("ports", []):
             d["addrs"] = [tuple(a) for a in d.get("addrs", [])]

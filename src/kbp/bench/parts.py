@@ -24,12 +24,12 @@ import math
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kbp import sysaccess
 from kbp.bench import placement as pl
 from kbp.bench import rfc2544 as rfc
 from kbp.bench import workloads
 from kbp.bench.schema import Results
 from kbp.bench.testbed import set_gro
+from kbp.system import access
 
 if TYPE_CHECKING:
     from kbp.bench.runner import Bench, BenchConfig
@@ -121,7 +121,7 @@ def per_packet(link: VethLink) -> dict[str, bool]:
     NIC's interrupt delivers it: TSO off at the sender's end (no 64 KiB super-segments), GRO
     off at the receiver's (no merging before RPS); returns both as the kernel reads them back
     (``ethtool --json -k``), so results show what was in force, not what was asked."""
-    sysaccess.cmd(["ethtool", "-K", link.dev_a, "tso", "off"], ns=link.ns_a)
+    access.cmd(["ethtool", "-K", link.dev_a, "tso", "off"], ns=link.ns_a)
     set_gro(link.ns_b, link.dev_b, False)
     return {"sender_tso": _feature(link.ns_a, link.dev_a, "tcp-segmentation-offload"),
             "receiver_gro": _feature(link.ns_b, link.dev_b, "generic-receive-offload")}
@@ -134,7 +134,7 @@ PER_PACKET_GRO_MAX = 1600
 
 def gro_max_size(ns: str, dev: str) -> int | None:
     """The device's gro_max_size (``ip -d -j link``), None where iproute2 does not show it."""
-    out = sysaccess.cmd(["ip", "-d", "-j", "link", "show", "dev", dev], ns=ns).stdout
+    out = access.cmd(["ip", "-d", "-j", "link", "show", "dev", dev], ns=ns).stdout
     v = json.loads(out)[0].get("gro_max_size")
     return None if v is None else int(v)
 
@@ -154,7 +154,7 @@ def napi_per_packet(ns: str, dev: str) -> dict[str, Any]:
     the kernel or iproute2 refuses or it does not stick (read :func:`napi_state` first to
     put it back with :func:`napi_restore`)."""
     set_gro(ns, dev, False)
-    sysaccess.cmd(["ip", "link", "set", "dev", dev, "gro_max_size", str(PER_PACKET_GRO_MAX)], ns=ns)
+    access.cmd(["ip", "link", "set", "dev", dev, "gro_max_size", str(PER_PACKET_GRO_MAX)], ns=ns)
     set_gro(ns, dev, True)
     now = napi_state(ns, dev)
     if now != {"gro": True, "gro_max_size": PER_PACKET_GRO_MAX}:
@@ -167,12 +167,12 @@ def napi_restore(ns: str, dev: str, before: dict[str, Any]) -> None:
     """Undo :func:`napi_per_packet`: GRO and gro_max_size as they were."""
     set_gro(ns, dev, bool(before.get("gro")))
     if before.get("gro_max_size") is not None:
-        sysaccess.cmd(["ip", "link", "set", "dev", dev, "gro_max_size",
+        access.cmd(["ip", "link", "set", "dev", dev, "gro_max_size",
                        str(before["gro_max_size"])], ns=ns)
 
 
 def _feature(ns: str, dev: str, name: str) -> bool:
-    out = sysaccess.cmd(["ethtool", "--json", "-k", dev], ns=ns).stdout
+    out = access.cmd(["ethtool", "--json", "-k", dev], ns=ns).stdout
     return bool(json.loads(out)[0][name]["active"])
 
 

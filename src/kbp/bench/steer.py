@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kbp import rps, sysaccess, sysinfo
+from kbp import rps, sysinfo
 from kbp.bench.sysstat import read_percpu_table
 from kbp.netdev import NetFS
+from kbp.system import access
 
 PROC = Path("/proc")
 # /proc/net/softnet_stat columns (hex, one row per online CPU; the 13th is the CPU number)
@@ -35,7 +36,7 @@ def read_rps(netns: str, dev: str) -> dict[str, str]:
 def write_rps(netns: str, dev: str, masks: dict[str, str]) -> None:
     """Write each queue's mask (OSError with the kernel's errno)."""
     for q, mask in masks.items():
-        sysaccess.write(sysaccess.net_path(dev, f"queues/{q}/rps_cpus"), f"{mask}\n", netns)
+        access.write(access.net_path(dev, f"queues/{q}/rps_cpus"), f"{mask}\n", netns)
 
 
 @dataclass
@@ -47,7 +48,7 @@ class Steering:
     devs: list[str]
     cpu: int
     before: dict[str, dict[str, str]] = field(default_factory=dict)
-    journal: sysaccess.Journal = field(default_factory=sysaccess.Journal)
+    journal: access.Journal = field(default_factory=access.Journal)
 
     def apply(self, devs: list[str] | None = None) -> None:
         for dev in devs or self.devs:
@@ -60,7 +61,7 @@ class Steering:
                 raise RuntimeError(f"{dev}: RPS to CPU {self.cpu} did not stick (reads {got})")
 
     def undo(self) -> None:
-        with contextlib.suppress(sysaccess.RestoreError):   # a device may be gone already
+        with contextlib.suppress(access.RestoreError):   # a device may be gone already
             self.journal.restore()
         self.before.clear()
 
@@ -164,7 +165,7 @@ class CpuRx:
 def gro_on(netns: str, dev: str) -> bool:
     """Whether GRO is active on a device, as the kernel reads it back."""
     import json
-    out = sysaccess.cmd(["ethtool", "--json", "-k", dev], ns=netns).stdout
+    out = access.cmd(["ethtool", "--json", "-k", dev], ns=netns).stdout
     return bool(json.loads(out)[0]["generic-receive-offload"]["active"])
 
 
@@ -187,7 +188,7 @@ class ClientEnds:
     netns: str
     cpus: dict[str, int] = field(default_factory=dict)      # {dev: CPU}
     before: dict[str, tuple[bool, dict[str, str]]] = field(default_factory=dict)
-    journal: sysaccess.Journal = field(default_factory=sysaccess.Journal)
+    journal: access.Journal = field(default_factory=access.Journal)
 
     def apply(self, dev: str, cpu: int) -> None:
         from kbp.bench.testbed import set_gro
@@ -208,7 +209,7 @@ class ClientEnds:
         set_gro(self.netns, dev, gro)
 
     def undo(self) -> None:
-        with contextlib.suppress(sysaccess.RestoreError):   # a device may be gone already
+        with contextlib.suppress(access.RestoreError):   # a device may be gone already
             self.journal.restore()
         self.before.clear()
 

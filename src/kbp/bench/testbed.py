@@ -30,7 +30,7 @@ from typing import Any
 
 from pyroute2 import IPRoute, netns
 
-from kbp import sysaccess
+from kbp.system import access
 
 NETNS_DIR = Path("/run/netns")
 DEFAULT_PREFIX = "kbp"
@@ -41,11 +41,11 @@ def _short_id() -> str:
 
 
 def set_gro(ns: str | None, dev: str, on: bool) -> None:
-    sysaccess.cmd(["ethtool", "-K", dev, "gro", "on" if on else "off"], ns)
+    access.cmd(["ethtool", "-K", dev, "gro", "on" if on else "off"], ns)
 
 
 def set_udp_gro_forwarding(ns: str | None, dev: str, on: bool) -> None:
-    sysaccess.cmd(["ethtool", "-K", dev, "rx-udp-gro-forwarding", "on" if on else "off"], ns)
+    access.cmd(["ethtool", "-K", dev, "rx-udp-gro-forwarding", "on" if on else "off"], ns)
 
 
 def ifindex(ns: str | None, dev: str) -> int:
@@ -90,7 +90,7 @@ class Testbed:
     client: str = ""
     server: str = ""
     links: list[VethLink] = field(default_factory=list)
-    journal: sysaccess.Journal = field(default_factory=sysaccess.Journal)
+    journal: access.Journal = field(default_factory=access.Journal)
 
     # -- context manager -------------------------------------------------------------
     def __enter__(self) -> Testbed:
@@ -107,7 +107,7 @@ class Testbed:
     def __exit__(self, *exc: object) -> None:
         self.journal.restore()
 
-    def defer(self, fn: Callable[..., object], *args: object) -> sysaccess.Deferred:
+    def defer(self, fn: Callable[..., object], *args: object) -> access.Deferred:
         """Register an undo step; steps run in reverse order when the testbed closes."""
         return self.journal.defer(fn, *args)
 
@@ -161,7 +161,7 @@ class Testbed:
         if old.kind != "veth":
             raise ValueError(f"link {i} ({old.dev_a}, {old.dev_b}) is not a veth pair: it "
                              "cannot be recreated")
-        sysaccess.cmd(["ip", "link", "del", old.dev_a], old.ns_a, check=False)
+        access.cmd(["ip", "link", "del", old.dev_a], old.ns_a, check=False)
         link = self.add_link(i)
         self.links.remove(link)
         self.links[i] = link
@@ -171,15 +171,15 @@ class Testbed:
         """The veth pair ``link_names`` calls ``name``."""
         return self.links[list(self.link_names).index(name)]
 
-    # -- helpers (kbp.sysaccess) -------------------------------------------------------
+    # -- helpers (kbp.system.access) ------------------------------------------------
     def run(self, ns: str | None, argv: Sequence[str], check: bool = True,
             timeout: float | None = 60) -> subprocess.CompletedProcess[str]:
-        return sysaccess.cmd(argv, ns, check=check, timeout=timeout)
+        return access.cmd(argv, ns, check=check, timeout=timeout)
 
     def popen(self, ns: str | None, argv: Sequence[str], **kw: Any) -> subprocess.Popen[str]:
         """Start a command in a namespace; it is stopped when the testbed closes."""
-        proc = sysaccess.popen(argv, ns, **kw)
-        self.defer(sysaccess.stop, proc)
+        proc = access.popen(argv, ns, **kw)
+        self.defer(access.stop, proc)
         return proc
 
 

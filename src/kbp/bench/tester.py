@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from kbp import sysaccess
+from kbp.system import access
 
 TESTER_COMM = "kbp-rtt"   # the tester's process name (comm)
 SOURCE = "kbp_rtt.c"
@@ -169,7 +169,7 @@ def run_rtt(binary: Path, ns: str | None, ip: str, *, port: int, size: int, rate
     if fifo:
         argv += ["--fifo", str(fifo)]
     try:
-        proc = sysaccess.cmd(argv, ns=ns, check=False,
+        proc = access.cmd(argv, ns=ns, check=False,
                              timeout=duration + warmup + grace + 30, session=True)
         if proc.returncode != 0:
             raise TesterError(f"tester failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
@@ -206,7 +206,7 @@ def run_rate(binary: Path, ns: str | None, ip: str, *, port: int, size: int, rat
         argv += ["--fifo", str(fifo)]
     limit = duration + grace + 30
     try:
-        proc = sysaccess.cmd(argv, ns=ns, check=False, timeout=limit, session=True)
+        proc = access.cmd(argv, ns=ns, check=False, timeout=limit, session=True)
     except subprocess.TimeoutExpired as e:
         raise TesterTimeout(f"tester still running {limit:g} s after a {duration:g} s trial "
                             f"at {rate:,.0f} pps; killed") from e

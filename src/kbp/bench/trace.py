@@ -69,8 +69,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kbp import sysaccess
 from kbp.bench.stats import hist_summary
+from kbp.system import access
 
 TRACEFS = Path("/sys/kernel/tracing")
 NET_RX_VEC = 3
@@ -482,7 +482,7 @@ class KernelTrace:
         self.out_path = Path(name)
         try:
             with os.fdopen(fd, "w") as out:
-                self.proc = sysaccess.popen(env_argv, session=True, stdout=out)
+                self.proc = access.popen(env_argv, session=True, stdout=out)
         except BaseException:
             self.out_path.unlink(missing_ok=True)
             self.out_path = None
@@ -503,7 +503,7 @@ class KernelTrace:
             # nobody else stops it; left running it would hold tracefs (and the CPU)
             self.abort()
             raise
-        _out, err = sysaccess.stop(self.proc, signal.SIGKILL, timeout=2)
+        _out, err = access.stop(self.proc, signal.SIGKILL, timeout=2)
         self.proc = None
         buf = self._take_output()
         raise RuntimeError(f"bpftrace did not start: {(buf + err).strip()[-600:]}")
@@ -523,7 +523,7 @@ class KernelTrace:
     def stop(self) -> dict[str, Any]:
         if self.proc is None:
             return {}
-        _out, err = sysaccess.stop(self.proc, signal.SIGINT, timeout=20)
+        _out, err = access.stop(self.proc, signal.SIGINT, timeout=20)
         self.proc = None
         self.stopped_ns = time.monotonic_ns()
         self.output, self.error = self._take_output(), err
@@ -546,6 +546,6 @@ class KernelTrace:
         """Kill bpftrace if it runs and wait until it has exited."""
         if self.proc is not None:
             with contextlib.suppress(Exception):
-                sysaccess.stop(self.proc, signal.SIGKILL, timeout=2)
+                access.stop(self.proc, signal.SIGKILL, timeout=2)
             self.proc = None
         self._take_output()

@@ -31,9 +31,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from kbp import names, sysaccess, sysinfo
+from kbp import names, sysinfo
 from kbp.bench import netstats
 from kbp.bench.modes import AppPlace
+from kbp.system import access
 
 SOCKPERF_PORT = 11111           # the RT application's port (sockperf's default; kbp-echo's too)
 IPERF_PORT = 5201
@@ -63,7 +64,7 @@ def require_tools(tools: list[str]) -> None:
 
 
 def _udp_port_bound(ns: str, port: int) -> bool:
-    out = sysaccess.cmd(["cat", "/proc/net/udp"], ns=ns, check=False).stdout
+    out = access.cmd(["cat", "/proc/net/udp"], ns=ns, check=False).stdout
     want = f":{port:04X}"
     return any(line.split()[1].endswith(want) for line in out.splitlines()[1:]
                if len(line.split()) > 1)
@@ -95,7 +96,7 @@ class RtApp:
     def start(self, timeout: float = 10.0) -> None:
         self.cpu_now = self.cpu
         self.fifo_now = 0
-        self.proc = sysaccess.popen(["taskset", "-c", str(self.cpu), *self.argv()], ns=self.ns,
+        self.proc = access.popen(["taskset", "-c", str(self.cpu), *self.argv()], ns=self.ns,
                                     session=True, stdout=subprocess.PIPE if self.reads_stdout
                                     else subprocess.DEVNULL)
         try:
@@ -107,7 +108,7 @@ class RtApp:
     def _exited(self) -> None:
         """Raise why the server is gone (it was, when this is called)."""
         assert self.proc is not None
-        _, err = sysaccess.stop(self.proc)
+        _, err = access.stop(self.proc)
         self.proc = None
         raise RuntimeError(f"{self.name} server exited: {err.strip()[-300:]}")
 
@@ -147,7 +148,7 @@ class RtApp:
         """Stop the server (SIGTERM); what it printed on stdout ("" when it was not running)."""
         if self.proc is None:
             return ""
-        out, _err = sysaccess.stop(self.proc)
+        out, _err = access.stop(self.proc)
         self.proc = None
         return out
 
@@ -249,17 +250,17 @@ def start_iperf3_server(ns: str, cpu: int, ip: str, port: int,
                         what: str) -> subprocess.Popen[str]:
     """``iperf3 -s`` on ``ip``:``port`` in ``ns``, pinned to ``cpu``; returns once it listens
     (RuntimeError naming ``what`` when it exits or does not listen within 10 s)."""
-    server = sysaccess.popen(["taskset", "-c", str(cpu), "iperf3", "-s", "-B", ip,
+    server = access.popen(["taskset", "-c", str(cpu), "iperf3", "-s", "-B", ip,
                               "-p", str(port)], ns=ns, session=True, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        out = sysaccess.cmd(["cat", "/proc/net/tcp"], ns=ns, check=False).stdout
+        out = access.cmd(["cat", "/proc/net/tcp"], ns=ns, check=False).stdout
         if f":{port:04X}" in out:
             return server
         if server.poll() is not None:
             break
         time.sleep(0.05)
-    sysaccess.stop(server)
+    access.stop(server)
     raise RuntimeError(f"{what} did not listen")
 
 
@@ -301,10 +302,10 @@ class Flood:
         return [*argv, *extra, *(["-l", str(self.length)] if self.length else [])]
 
     def start(self, warm: float = 1.0) -> None:
-        self.client = sysaccess.popen(self.client_argv(), ns=self.client_ns, session=True)
+        self.client = access.popen(self.client_argv(), ns=self.client_ns, session=True)
         time.sleep(warm)
         if self.client.poll() is not None:
-            out, err = sysaccess.stop(self.client)
+            out, err = access.stop(self.client)
             self.client = None
             raise RuntimeError(f"iperf3 flood exited: {(out + err).strip()[-400:]}")
         self._rx0, self._t0 = self.rx_packets(), time.monotonic()
@@ -313,7 +314,7 @@ class Flood:
         if self.client is None:
             return {}
         rx1, t1 = self.rx_packets(), time.monotonic()
-        out, _err = sysaccess.stop(self.client, signal.SIGINT, timeout=10)
+        out, _err = access.stop(self.client, signal.SIGINT, timeout=10)
         self.client = None
         res: dict[str, Any] = {"rx_pps": (rx1 - self._rx0) / max(t1 - self._t0, 1e-9),
                                "proto": self.proto, "payload_bytes": self.length,
@@ -323,7 +324,7 @@ class Flood:
 
     def stop_server(self) -> None:
         if self.server is not None:
-            sysaccess.stop(self.server)
+            access.stop(self.server)
             self.server = None
 
 
@@ -393,12 +394,12 @@ class Stream:
         """Start the stream (again, a second later, while the server still finishes the
         previous test: iperf3 serves one at a time)."""
         for i in range(tries):
-            self.client = sysaccess.popen(self.client_argv(seconds, omit), ns=self.client_ns,
+            self.client = access.popen(self.client_argv(seconds, omit), ns=self.client_ns,
                                           session=True)
             time.sleep(0.3)
             if self.client.poll() is None:
                 return
-            out, err = sysaccess.stop(self.client)
+            out, err = access.stop(self.client)
             self.client = None
             if "busy" not in out + err or i == tries - 1:
                 raise RuntimeError(f"iperf3 {self.proto} stream exited: "
@@ -412,9 +413,9 @@ class Stream:
         try:
             out, err = self.client.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            out, err = sysaccess.stop(self.client, signal.SIGINT, timeout=10)
+            out, err = access.stop(self.client, signal.SIGINT, timeout=10)
         except BaseException:           # Ctrl-C: never leave it behind
-            sysaccess.stop(self.client, signal.SIGINT, timeout=2.0)
+            access.stop(self.client, signal.SIGINT, timeout=2.0)
             self.client = None
             raise
         self.client = None
@@ -425,12 +426,12 @@ class Stream:
 
     def stop(self) -> None:
         if self.client is not None:
-            sysaccess.stop(self.client, signal.SIGINT, timeout=10)
+            access.stop(self.client, signal.SIGINT, timeout=10)
             self.client = None
 
     def stop_server(self) -> None:
         if self.server is not None:
-            sysaccess.stop(self.server)
+            access.stop(self.server)
             self.server = None
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kbp.errors import InvalidInput, NotRoot, OperationFailed, Unavailable
 from kbp.outsource import _spec, procfile
+from kbp.system import access
 
 PARAMS = Path("/sys/module/kbp_so/parameters")
 MAX_US = _spec.IDLE_POLL_US_MAX   # the module's range (kbp_so_proc.yaml)
@@ -65,7 +66,7 @@ def set_idle(us: int, params: Path = PARAMS, proc: Path | None = None) -> dict[s
     if os.geteuid() != 0:
         raise NotRoot("kbpctl outsource idle changes a module parameter: run it as root")
     try:
-        (params / "idle_poll_us").write_text(str(us))
+        access.write(params / "idle_poll_us", us)
     except OSError as e:
         mod = procfile.read(proc)
         raise OperationFailed(f"kbp_so refused idle_poll_us={us} "

@@ -3,7 +3,7 @@
 ``set`` checks everything first and changes nothing when it refuses: root, the cgroup (v2),
 no policy already set, the kernel's hook (BTF FUNC ``update_socket_protocol``), kbp_so
 loaded and attached (or ``force``), the program accepted by the verifier.  Then, under
-kbpctl's lock, each change registers its undo on a :class:`kbp.sysaccess.Journal` (a
+kbpctl's lock, each change registers its undo on a :class:`kbp.system.access.Journal` (a
 failure half-way puts everything back): mount bpffs on /sys/fs/bpf if it is not there,
 make /sys/fs/bpf/kbp, create the link, pin it at /sys/fs/bpf/kbp/outsource, and write
 /run/kbp/outsource.json, which says what was created.  The pin keeps the program attached
@@ -44,10 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kbp import sysaccess
 from kbp.errors import InvalidInput, KbpctlError, NotRoot, OperationFailed, Unavailable
 from kbp.outsource import bpfsys, btf, procfile, prog
-from kbp.state import StateDir, run_dir
+from kbp.system import access
+from kbp.system.journal import StateDir, run_dir
 
 HOOK = "update_socket_protocol"
 BPFFS = "/sys/fs/bpf"
@@ -175,7 +175,7 @@ def netns_cookie(name: str | None = None) -> int:
                                   ) from None
         return int(struct.unpack("=Q", raw)[0])
     try:
-        p = sysaccess.cmd([sys.executable, "-S", "-c", _COOKIE_PY], ns=name, check=False)
+        p = access.cmd([sys.executable, "-S", "-c", _COOKIE_PY], ns=name, check=False)
     except OSError as e:
         raise Unavailable(f"--netns {name}: cannot run 'ip netns exec' ({e.strerror}): "
                           "install iproute2") from None
@@ -284,11 +284,7 @@ def write_param(name: str, value: str) -> None:
     and it strips the newline), the kernel's errno as OSError."""
     path = PARAMS / name
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-        try:
-            os.write(fd, (value + "\n").encode())
-        finally:
-            os.close(fd)
+        access.write(path, value + "\n")
     except OSError as e:
         raise OSError(e.errno, f"kbp_so refused {name}={value!r}: {e.strerror}", str(path)
                       ) from None
@@ -306,7 +302,7 @@ def load_command(values: dict[str, str]) -> str:
     ko = os.environ.get("KBP_SO_KO")
     if shutil.which("modinfo"):
         try:
-            p = sysaccess.cmd(["modinfo", "-n", "kbp_so"], check=False, timeout=10)
+            p = access.cmd(["modinfo", "-n", "kbp_so"], check=False, timeout=10)
             if p.returncode == 0 and p.stdout.strip():
                 return shlex.join(["modprobe", "kbp_so", *args])
         except (OSError, subprocess.TimeoutExpired):
@@ -438,7 +434,7 @@ def _install(cg: Cgroup, families: tuple[int, ...], btf_id: int, prog_fd: int, f
              uids: list[int] | None = None, writable: bool = False) -> dict[str, Any]:
     nets = nets if nets is not None else [Netns(INIT_NETNS, INIT_NET_INO, None)]
     values = module_values(cg, nets, uids or [])
-    undo = sysaccess.Journal()
+    undo = access.Journal()
     try:
         # the module first: it allows the cgroup before the redirect sends its sockets
         previous = read_params() if writable else None
@@ -477,11 +473,11 @@ def _install(cg: Cgroup, families: tuple[int, ...], btf_id: int, prog_fd: int, f
                  "forced": force, "module_state": mod.state if mod else None,
                  "module_params": module,
                  "kernel": platform.release(), "time": time.time()}
-        sysaccess.save_journal(state_path(), state)
+        access.save_journal(state_path(), state)
     except BaseException as e:          # also Ctrl-C: nothing stays half made
         try:
             undo.restore()
-        except sysaccess.RestoreError as r:
+        except access.RestoreError as r:
             raise OperationFailed(f"setting the policy failed ({e!r}) and so did putting "
                                   f"things back: {r}") from None
         if not isinstance(e, OSError):

@@ -22,8 +22,8 @@ from typing import Any
 
 from kbp import sysinfo
 from kbp.netdev import NetdevClient, NetFS
-from kbp.state import MISSING, Handler, TargetGone
 from kbp.sysinfo import HOST, Host, TaskId
+from kbp.system.journal import MISSING, Handler, TargetGone
 
 
 def task_key(tid: TaskId) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from kbp import sysaccess
+from kbp.system import access
 
 DEFAULT_RUN_DIR = Path("/run/kbp")
 ENV_RUN_DIR = "KBP_RUN_DIR"
@@ -140,17 +140,17 @@ class StateDir:
         return read_record(p) if p.exists() else None
 
     def begin(self, backend: str, dev: str, netns: str | None, ifindex: int | None,
-              request: Mapping[str, Any]) -> Journal:
+              request: Mapping[str, Any]) -> JournalFile:
         path = self.journal_path(dev, netns)
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        j = Journal(path, fresh=True)
+        j = JournalFile(path, fresh=True)
         j.write({"op": "begin", "backend": backend, "dev": dev, "netns": netns,
                  "ifindex": ifindex, "request": dict(request), "time": time.time()})
         _fsync_dir(path.parent)
         return j
 
 
-    def rebegin(self, record: Record, request: Mapping[str, Any]) -> Journal:
+    def rebegin(self, record: Record, request: Mapping[str, Any]) -> JournalFile:
         """Continue ``record``'s journal under a new request (an in-place change, e.g. of a
         device's class): the file is rewritten with ``request`` and every change so far,
         without ``done``, and atomically replaces the old one, so a kill at any point leaves
@@ -163,7 +163,7 @@ class StateDir:
                   "time": record.started}]
         lines += [{"op": "change", "step": c.step, "kind": c.kind, "key": c.key,
                    "old": c.old, "new": c.new} for c in record.changes]
-        j = Journal(tmp, fresh=True)
+        j = JournalFile(tmp, fresh=True)
         try:
             for obj in lines:
                 j.write(obj)
@@ -171,7 +171,7 @@ class StateDir:
             j.close()
         tmp.replace(path)
         _fsync_dir(path.parent)
-        out = Journal(path)
+        out = JournalFile(path)
         out.steps = max((c.step for c in record.changes), default=0)
         return out
 
@@ -204,8 +204,8 @@ def read_record(path: Path) -> Record | None:
     return rec
 
 
-class Journal:
-    """Append-only, fsync'ed journal of one device."""
+class JournalFile:
+    """The append-only, fsync'ed journal file of one device."""
 
     def __init__(self, path: Path, fresh: bool = False) -> None:
         self.path = path
@@ -270,7 +270,7 @@ class PauseHook:
 class Executor:
     """Makes planned changes: read the current value, journal it, then change it."""
 
-    def __init__(self, journal: Journal, effector: Effector,
+    def __init__(self, journal: JournalFile, effector: Effector,
                  hook: Callable[[str], None] | None = None) -> None:
         self.journal = journal
         self.effector = effector
@@ -310,15 +310,17 @@ def describe(kind: str, key: Mapping[str, Any]) -> str:
 
 def restore(record: Record, effector: Effector) -> list[str]:
     """Undo a device's journal, newest change first (each change's restore registered on a
-    :class:`kbp.sysaccess.Journal` in journal order, run last first). Returns notes on
-    skipped targets; RestoreError names the changes that could not be put back."""
+    :class:`kbp.system.access.Journal` in journal order, run last first). Returns notes on
+    skipped targets; :class:`kbp.system.access.RestoreError` names the changes that could
+    not be put back (its ``notes`` too)."""
     notes: list[str] = []
-    errors: list[str] = []
+    errors: list[BaseException] = []
 
     def put_back(c: Change) -> None:
         handler = effector.get(c.kind)
         if handler is None:
-            errors.append(f"step {c.step}: unknown kind {c.kind} (journal of a newer kbpctl?)")
+            errors.append(LookupError(f"step {c.step}: unknown kind {c.kind} (journal of a "
+                                      "newer kbpctl?)"))
             return
         try:
             cur = handler.get(c.key)
@@ -330,22 +332,15 @@ def restore(record: Record, effector: Effector) -> list[str]:
         except TargetGone:
             notes.append(f"{describe(c.kind, c.key)}: gone, nothing to restore")
         except OSError as e:
-            errors.append(f"restoring {describe(c.kind, c.key)} to {c.old!r}: {e}")
+            errors.append(RuntimeError(f"restoring {describe(c.kind, c.key)} to {c.old!r}: {e}"))
 
-    steps = sysaccess.Journal()
+    steps = access.Journal()
     for c in record.changes:
         steps.defer(put_back, c)
     try:
         steps.restore()
-    except sysaccess.RestoreError as e:     # not an OSError: a bug, raised as it came
+    except access.RestoreError as e:     # not an OSError: a bug, raised as it came
         raise e.errors[0] from None
     if errors:
-        raise RestoreError(errors, notes)
+        raise access.RestoreError(errors, notes)
     return notes
-
-
-class RestoreError(Exception):
-    def __init__(self, errors: list[str], notes: list[str]) -> None:
-        super().__init__("; ".join(errors))
-        self.errors = errors
-        self.notes = notes

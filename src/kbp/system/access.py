@@ -103,8 +103,11 @@ try:
         with open(path) as f:
             print(json.dumps({"ok": f.read()}))
     elif op == "write":
-        with open(path, "w") as f:
-            f.write(sys.argv[3])
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, sys.argv[3].encode())
+        finally:
+            os.close(fd)
         print(json.dumps({"ok": ""}))
     elif op == "exists":
         print(json.dumps({"ok": os.path.exists(path)}))
@@ -159,14 +162,19 @@ def read(path: str, ns: str | None = None) -> str:
     return str(ns_fs(ns, "read", path)).strip()
 
 
-def write(path: str, value: object, ns: str | None = None) -> None:
-    """Write ``str(value)`` to a file as seen from namespace ``ns``, in one write (OSError
-    with the errno the kernel answered)."""
-    if ns is None:
-        with open(path, "w") as f:
-            f.write(str(value))
+def write(path: str | os.PathLike[str], value: object, ns: str | None = None) -> None:
+    """Write ``str(value)`` to a file as seen from namespace ``ns``, in one write(2), as the
+    kernel's store handlers expect (OSError with the errno the kernel answered).  The file
+    must exist: a kernel file is never created (a missing attribute is ENOENT, not a new
+    file in a fake or mistyped tree)."""
+    if ns is not None:
+        ns_fs(ns, "write", os.fspath(path), str(value))
         return
-    ns_fs(ns, "write", path, str(value))
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd, str(value).encode())
+    finally:
+        os.close(fd)
 
 
 def exists(path: str, ns: str | None = None) -> bool:
@@ -189,11 +197,15 @@ def net_path(dev: str, attr: str = "") -> str:
 
 # -- restores ---------------------------------------------------------------------------------
 class RestoreError(RuntimeError):
-    """Some restore steps failed (all were tried); ``errors`` has each one's exception."""
+    """Some restore steps failed (all were tried); ``errors`` has each one's exception,
+    ``notes`` what was skipped on purpose (a target that is gone).  The one undo-error type
+    of the product: the in-process journal (:class:`Journal`) and the replay of kbpctl's
+    journal on disk (:func:`kbp.system.journal.restore`) both raise it."""
 
-    def __init__(self, errors: list[BaseException]) -> None:
+    def __init__(self, errors: list[BaseException], notes: list[str] | None = None) -> None:
         super().__init__("not restored: " + "; ".join(str(e) for e in errors))
         self.errors = errors
+        self.notes = notes or []
 
 
 @dataclass

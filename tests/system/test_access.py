@@ -1,4 +1,4 @@
-"""kbp.sysaccess without namespaces: errno of a failed access, commands, the journal."""
+"""kbp.system.access without namespaces: errno of a failed access, commands, the journal."""
 
 from __future__ import annotations
 
@@ -8,42 +8,51 @@ from pathlib import Path
 
 import pytest
 
-from kbp import sysaccess
-from kbp.sysaccess import CmdError, Journal, RestoreError
+from kbp.system import access
+from kbp.system.access import CmdError, Journal, RestoreError
 
 
 def test_write_and_read_back(tmp_path: Path) -> None:
     p = str(tmp_path / "f")
-    sysaccess.write(p, 42)
-    assert sysaccess.read(p) == "42"
-    assert sysaccess.exists(p) and not sysaccess.exists(p + ".no")
-    assert sysaccess.listdir(str(tmp_path)) == ["f"]
+    Path(p).write_text("1234\n")
+    access.write(p, 42)     # truncates, as sysfs's store sees only what this write gives
+    assert access.read(p) == "42"
+    assert access.exists(p) and not access.exists(p + ".no")
+    assert access.listdir(str(tmp_path)) == ["f"]
+
+
+def test_a_missing_file_is_not_created(tmp_path: Path) -> None:
+    """A kernel attribute that is not there is ENOENT (a mistyped or unsupported knob),
+    never a new file: a fake tree in a test cannot grow files the kernel lacks."""
+    with pytest.raises(OSError) as e:
+        access.write(str(tmp_path / "threaded"), "1")
+    assert e.value.errno == errno.ENOENT and not (tmp_path / "threaded").exists()
 
 
 def test_failed_write_keeps_errno(tmp_path: Path) -> None:
     with pytest.raises(OSError) as e:
-        sysaccess.write(str(tmp_path / "no" / "f"), "1")
+        access.write(str(tmp_path / "no" / "f"), "1")
     assert e.value.errno == errno.ENOENT
     with pytest.raises(OSError) as e:
-        sysaccess.write(str(tmp_path), "1")
+        access.write(str(tmp_path), "1")
     assert e.value.errno == errno.EISDIR
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (writes sysfs)")
 def test_failed_sysfs_write_keeps_the_kernels_errno() -> None:
     with pytest.raises(OSError) as e:
-        sysaccess.write("/sys/class/net/lo/mtu", "not-a-number")
+        access.write("/sys/class/net/lo/mtu", "not-a-number")
     assert e.value.errno == errno.EINVAL
 
 
 def test_cmd_and_its_failure() -> None:
-    assert sysaccess.cmd(["echo", "hi"]).stdout == "hi\n"
-    assert sysaccess.cmd(["false"], check=False).returncode == 1
+    assert access.cmd(["echo", "hi"]).stdout == "hi\n"
+    assert access.cmd(["false"], check=False).returncode == 1
     with pytest.raises(CmdError, match="false failed") as e:
-        sysaccess.cmd(["false"])
+        access.cmd(["false"])
     assert isinstance(e.value, RuntimeError) and e.value.returncode == 1
-    assert sysaccess.ns_argv(["ls"], "x") == ["ip", "netns", "exec", "x", "ls"]
-    assert sysaccess.ns_argv(["ls"]) == ["ls"]
+    assert access.ns_argv(["ls"], "x") == ["ip", "netns", "exec", "x", "ls"]
+    assert access.ns_argv(["ls"]) == ["ls"]
 
 
 def test_defer_runs_last_first() -> None:
@@ -110,9 +119,9 @@ def test_ctrl_c_in_one_step_lets_the_others_run() -> None:
 def test_cmd_stops_its_child_on_a_timeout() -> None:
     import subprocess
     with pytest.raises(subprocess.TimeoutExpired):
-        sysaccess.cmd(["sleep", "30"], timeout=0.2, session=True)
-    p = sysaccess.popen(["sleep", "30"])
-    assert sysaccess.stop(p, timeout=2) == ("", "") and p.returncode is not None
+        access.cmd(["sleep", "30"], timeout=0.2, session=True)
+    p = access.popen(["sleep", "30"])
+    assert access.stop(p, timeout=2) == ("", "") and p.returncode is not None
 
 
 def test_orphan_journals_are_the_dead_processes() -> None:
@@ -122,17 +131,17 @@ def test_orphan_journals_are_the_dead_processes() -> None:
     dead.wait()
     with tempfile.TemporaryDirectory() as d:
         base = Path(d)
-        sysaccess.save_journal(base / f"{dead.pid}.json", {"pid": dead.pid, "found": [1]})
-        sysaccess.save_journal(base / f"{os.getpid()}.json", {"pid": os.getpid()})
-        sysaccess.save_journal(base / "1.json", {"pid": 1})                 # init: alive
-        sysaccess.save_journal(base / f"nicpair-{dead.pid}.json", {"ports": []})
+        access.save_journal(base / f"{dead.pid}.json", {"pid": dead.pid, "found": [1]})
+        access.save_journal(base / f"{os.getpid()}.json", {"pid": os.getpid()})
+        access.save_journal(base / "1.json", {"pid": 1})                 # init: alive
+        access.save_journal(base / f"nicpair-{dead.pid}.json", {"ports": []})
         (base / "junk.json").write_text("{")
         assert not list(base.glob("*.tmp"))
-        got = sysaccess.orphan_journals(base, "[0-9]*.json")
+        got = access.orphan_journals(base, "[0-9]*.json")
         assert [(f.name, data) for f, data in got] == [(f"{dead.pid}.json",
                                                        {"pid": dead.pid, "found": [1]})]
-        own = sysaccess.orphan_journals(base, "[0-9]*.json", own=True)
+        own = access.orphan_journals(base, "[0-9]*.json", own=True)
         assert {f.name for f, _ in own} == {f"{dead.pid}.json", f"{os.getpid()}.json"}
-        assert [f.name for f, _ in sysaccess.orphan_journals(base, "nicpair-*.json")] == \
+        assert [f.name for f, _ in access.orphan_journals(base, "nicpair-*.json")] == \
             [f"nicpair-{dead.pid}.json"]
-    assert sysaccess.orphan_journals(Path("/nonexistent/kbp"), "*.json") == []
+    assert access.orphan_journals(Path("/nonexistent/kbp"), "*.json") == []

@@ -187,8 +187,8 @@ def test_zero_mask() -> None:
 def test_napi_knob_paths_round_trip() -> None:
     k = napi_knob(8193, "irq-suspend-timeout", NS)
     assert str(k) == f"netdev napi 8193 irq-suspend-timeout (netns {NS})"
-    assert modes._napi_of(k) == (8193, "irq_suspend_timeout")
-    assert modes._napi_of(Knob(f"{Q}/rx-0/rps_cpus", NS)) is None
+    assert k.napi == (8193, "irq_suspend_timeout")
+    assert Knob(f"{Q}/rx-0/rps_cpus", NS).napi is None
     with pytest.raises(ValueError):
         napi_knob(1, "threaded", NS)
 

@@ -431,3 +431,41 @@ def test_threaded_mode_finds_its_kthreads_as_kbpctl_does(monkeypatch: pytest.Mon
     assert m.threads() == {}
     m.target = modes.Target("ns", "rt-s-x", 1)
     assert m.threads() == {7: "napi/rt-s-x-3"} and seen == ["rt-s-x"]
+
+
+def test_a_napi_knob_of_the_initial_namespace_is_recovered_as_a_napi_knob() -> None:
+    """A NAPI attribute of a device in the initial namespace (an operator's own device) is
+    journaled with its NAPI id and attribute, and the next benchmark writes it back through
+    napi-set, not as a file named after it."""
+    import json
+    import subprocess
+
+    from kbp.bench.modes import napi_knob
+
+    seen: list[Knob] = []
+
+    class Io(FakeKernel):
+        def write(self, k: Knob, value: str) -> None:
+            seen.append(k)
+            super().write(k, value)
+
+    nk = napi_knob(8193, "gro-flush-timeout", None)
+    k = Io(files={(None, nk.path): "0", (None, "/g"): "0"})
+    a = Changes(k)
+    a.apply([(nk, "20000")])
+    (j,) = knobs.JOURNAL_DIR.glob("*.json")
+    found = json.loads(j.read_text())["found"]
+    assert found == [{"path": nk.path, "was": "0", "napi": [8193, "gro_flush_timeout"]}]
+    # as if that benchmark had been killed with the knob changed: its journal stays
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (knobs.JOURNAL_DIR / f"{dead.pid}.json").write_text(j.read_text())
+    a.restore()                                      # (this one lets go of the lock)
+    k.files[(None, nk.path)] = "20000"
+    seen.clear()
+    b = Changes(k)
+    b.apply([(Knob("/g"), "1")])                     # takes the lock: recovers first
+    assert seen[0] == nk and seen[0].napi == (8193, "gro_flush_timeout")
+    assert b.recovered == {nk.path: "0"}
+    assert k.files[(None, nk.path)] == "0"
+    b.restore()

@@ -46,10 +46,13 @@ class KnobError(RuntimeError):
 
 @dataclass(frozen=True)
 class Knob:
-    """One kernel setting: ``path`` as seen from ``netns`` (None: the initial namespace)."""
+    """One kernel setting: ``path`` as seen from ``netns`` (None: the initial namespace);
+    with ``napi`` (NAPI id, attribute as :mod:`kbp.netdev` names it) a NAPI's napi-set
+    attribute instead, ``path`` then only its name in messages."""
 
     path: str
     netns: str | None = None
+    napi: tuple[int, str] | None = None
 
     def __str__(self) -> str:
         where = f" (netns {self.netns})" if self.netns else ""
@@ -129,7 +132,8 @@ class Changes:
         return self.journal_dir / f"{os.getpid()}.json"
 
     def _write_journal(self) -> None:
-        glob = [{"path": k.path, "was": was} for k, was in self.found if k.netns is None]
+        glob = [{"path": k.path, "was": was, **({"napi": list(k.napi)} if k.napi else {})}
+                for k, was in self.found if k.netns is None]
         if glob:
             access.save_journal(self._journal(), {"pid": os.getpid(), "found": glob})
 
@@ -137,7 +141,8 @@ class Changes:
         """Put back what benchmarks that died holding global knobs had found (held lock)."""
         for f, data in access.orphan_journals(self.journal_dir, "[0-9]*.json"):
             for e in reversed(data.get("found") or []):
-                k = Knob(str(e["path"]))
+                napi = e.get("napi")
+                k = Knob(str(e["path"]), None, (int(napi[0]), str(napi[1])) if napi else None)
                 self.io.write(k, str(e["was"]))
                 self.recovered[str(k)] = str(e["was"])
             f.unlink(missing_ok=True)

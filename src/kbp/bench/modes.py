@@ -109,6 +109,7 @@ from typing import Any, Final, Protocol
 from kbp import modespec, names, sysinfo
 from kbp.bench.knobs import Changes, KernelIO, Knob, KnobError, KnobIO, net_core_sysctl
 from kbp.system import access
+from kbp.system.journal import MISSING
 
 VM_HINT = "runs in the VM rig: python -m kbp.bench vm --smoke"
 
@@ -477,7 +478,6 @@ IRQ_SUSPEND_SINCE: Version = (6, 13, 0)     # napi-set irq-suspend-timeout
 EPOLL_PARAMS_SINCE: Version = (6, 9, 0)     # EPIOCSPARAMS / EPIOCGPARAMS on an epoll fd
 # _IOR(0x8A, 0x02, struct epoll_params): 8 bytes (asm-generic ioctl encoding: x86, arm)
 EPIOCGPARAMS = (2 << 30) | (8 << 16) | (0x8A << 8) | 0x02
-NAPI_KNOB = "netdev napi"       # Knob.path of a NAPI attribute: "netdev napi <id> <attr>"
 NAPI_ATTRS = {"defer-hard-irqs": "defer_hard_irqs", "gro-flush-timeout": "gro_flush_timeout",
               "irq-suspend-timeout": "irq_suspend_timeout"}
 
@@ -486,22 +486,15 @@ def napi_knob(napi_id: int, attr: str, netns: str | None) -> Knob:
     """A NAPI's napi-set attribute (``attr`` as netdev.yaml spells it) as a :class:`Knob`."""
     if attr not in NAPI_ATTRS:
         raise ValueError(f"unknown napi-set attribute {attr!r}")
-    return Knob(f"{NAPI_KNOB} {napi_id} {attr}", netns)
-
-
-def _napi_of(k: Knob) -> tuple[int, str] | None:
-    """(NAPI id, attribute) of a napi_knob(); None for a file."""
-    parts = k.path.split()
-    if len(parts) != 4 or " ".join(parts[:2]) != NAPI_KNOB or not parts[2].isdigit():
-        return None
-    return int(parts[2]), NAPI_ATTRS[parts[3]]
+    return Knob(f"netdev napi {napi_id} {attr}", netns, (napi_id, NAPI_ATTRS[attr]))
 
 
 @dataclass
 class NapiIO:
-    """KnobIO for files (``files``) and NAPI attributes (napi_knob(): read with napi-get,
-    written with napi-set, in the knob's namespace), so :class:`Changes` journals and
-    restores both the same way.  ``close()`` the netdev sockets it opened."""
+    """KnobIO for files (``files``) and NAPI attributes (napi_knob(): kbpctl's own
+    :class:`kbp.system.settings.NapiHandler`, napi-get and napi-set in the knob's
+    namespace), so :class:`Changes` journals and restores both the same way.  ``close()``
+    the netdev sockets it opened."""
 
     files: KnobIO = field(default_factory=KernelIO)
     _clients: dict[str | None, Any] = field(default_factory=dict)
@@ -518,36 +511,41 @@ class NapiIO:
             with contextlib.suppress(Exception):
                 c.close()
 
+    def _napi(self, k: Knob) -> tuple[Any, dict[str, Any]]:
+        from kbp.system.settings import NapiHandler  # netdev's import is deferred here too
+        assert k.napi is not None
+        return (NapiHandler(self._client),
+                {"netns": k.netns, "napi_id": k.napi[0], "knob": k.napi[1]})
+
     def exists(self, k: Knob) -> bool:
-        na = _napi_of(k)
-        if na is None:
+        if k.napi is None:
             return self.files.exists(k)
+        h, key = self._napi(k)
         try:
-            return self._client(k.netns).napi(na[0]) is not None
+            return h.get(key) is not MISSING
         except Exception:
             return False
 
     def read(self, k: Knob) -> str:
-        na = _napi_of(k)
-        if na is None:
+        if k.napi is None:
             return self.files.read(k)
+        h, key = self._napi(k)
         try:
-            n = self._client(k.netns).napi(na[0])
+            v = h.get(key)
         except Exception as e:
             raise KnobError(f"cannot read {k}: {e}") from e
-        v = getattr(n, na[1], None) if n is not None else None
-        if v is None:
-            raise KnobError(f"cannot read {k}: " + ("no such NAPI" if n is None else
+        if v is MISSING or v is None:
+            raise KnobError(f"cannot read {k}: " + ("no such NAPI" if v is MISSING else
                                                    "napi-get does not report it"))
         return str(v)
 
     def write(self, k: Knob, value: str) -> None:
-        na = _napi_of(k)
-        if na is None:
+        if k.napi is None:
             self.files.write(k, value)
             return
+        h, key = self._napi(k)
         try:
-            self._client(k.netns).napi_set(na[0], **{na[1]: int(value)})
+            h.set(key, int(value))
         except Exception as e:
             raise KnobError(f"cannot write {value} to {k}: {e}") from e
 

@@ -36,7 +36,8 @@ class NapiHandler:
 
     def get(self, key: Mapping[str, Any]) -> Any:
         napi = self.client(key.get("netns")).napi(key["napi_id"])
-        if napi is None or napi.ifindex != key["ifindex"]:
+        # the journal's key names the device too: a NAPI id reused by another device is gone
+        if napi is None or key.get("ifindex", napi.ifindex) != napi.ifindex:
             return MISSING
         return getattr(napi, key["knob"])
 

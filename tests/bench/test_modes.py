@@ -455,7 +455,7 @@ def test_a_napi_knob_of_the_initial_namespace_is_recovered_as_a_napi_knob() -> N
     a.apply([(nk, "20000")])
     (j,) = knobs.JOURNAL_DIR.glob("*.json")
     found = json.loads(j.read_text())["found"]
-    assert found == [{"path": nk.path, "was": "0", "napi": [8193, "gro_flush_timeout"]}]
+    assert found == [{"path": nk.path, "was": "0", "napi_set": [8193, "gro_flush_timeout"]}]
     # as if that benchmark had been killed with the knob changed: its journal stays
     dead = subprocess.Popen(["true"])
     dead.wait()

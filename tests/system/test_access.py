@@ -145,3 +145,35 @@ def test_orphan_journals_are_the_dead_processes() -> None:
         assert [f.name for f, _ in access.orphan_journals(base, "nicpair-*.json")] == \
             [f"nicpair-{dead.pid}.json"]
     assert access.orphan_journals(Path("/nonexistent/kbp"), "*.json") == []
+
+
+def test_a_restore_skips_gone_targets_only_when_asked() -> None:
+    """gone_ok: a step whose device or namespace is gone is a note; a refusal still fails
+    the restore, and every step runs either way."""
+    ran: list[str] = []
+
+    def gone() -> None:
+        ran.append("gone")
+        raise OSError(errno.ENODEV, "No such device")
+
+    def netns_gone() -> None:
+        ran.append("netns")
+        raise OSError(errno.EIO, "ip netns exec kbpb-s: Cannot open network namespace")
+
+    def refused() -> None:
+        ran.append("refused")
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    j = Journal()
+    j.defer(gone)
+    j.defer(netns_gone)
+    assert len(j.restore(gone_ok=True)) == 2 and ran == ["netns", "gone"]
+    j.defer(gone)
+    with pytest.raises(RestoreError):
+        j.restore()                                  # not asked: gone is a failure
+    ran.clear()
+    j.defer(refused)
+    j.defer(gone)
+    with pytest.raises(RestoreError, match="not permitted") as e:
+        j.restore(gone_ok=True)
+    assert ran == ["gone", "refused"] and len(e.value.errors) == 1 and len(e.value.notes) == 1

@@ -28,6 +28,7 @@ from kbp.bench.modes import AppEnv, AppPlace, KnobError, Mode, Target
 from kbp.bench.placement import Placement
 from kbp.bench.schema import Results, Samples
 from kbp.bench.testbed import Testbed, VethLink
+from kbp.system import access
 
 if TYPE_CHECKING:
     from kbp.bench.heavy import HeavySide
@@ -167,8 +168,11 @@ class RunContext:
         nics.write_journal()
 
         def undo() -> None:
-            for p in nics.restore():
-                self.results.setdefault("restore_problems", []).append(f"--nic-pair: {p}")
+            try:
+                nics.restore()
+            except access.RestoreError as e:
+                self.results.setdefault("restore_problems", []).extend(
+                    f"--nic-pair: {x}" for x in e.errors)
         tb.defer(undo)
         link = VethLink(ns_a=tb.client, dev_a=pair[0], ip_a=f"198.18.{i}.1",
                         ns_b=tb.server, dev_b=pair[1], ip_b=f"198.18.{i}.2", kind="nic")

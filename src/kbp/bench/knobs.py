@@ -132,7 +132,7 @@ class Changes:
         return self.journal_dir / f"{os.getpid()}.json"
 
     def _write_journal(self) -> None:
-        glob = [{"path": k.path, "was": was, **({"napi": list(k.napi)} if k.napi else {})}
+        glob = [{"path": k.path, "was": was, **({"napi_set": list(k.napi)} if k.napi else {})}
                 for k, was in self.found if k.netns is None]
         if glob:
             access.save_journal(self._journal(), {"pid": os.getpid(), "found": glob})
@@ -141,7 +141,7 @@ class Changes:
         """Put back what benchmarks that died holding global knobs had found (held lock)."""
         for f, data in access.orphan_journals(self.journal_dir, "[0-9]*.json"):
             for e in reversed(data.get("found") or []):
-                napi = e.get("napi")
+                napi = e.get("napi_set")
                 k = Knob(str(e["path"]), None, (int(napi[0]), str(napi[1])) if napi else None)
                 self.io.write(k, str(e["was"]))
                 self.recovered[str(k)] = str(e["was"])

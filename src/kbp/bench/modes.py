@@ -334,9 +334,12 @@ class ThreadedMode(_Defaults):
             raise RuntimeError(f"{t.dev}: cannot turn threaded NAPI on (reads {got})")
 
     def teardown(self) -> None:
-        with contextlib.suppress(access.RestoreError):   # the device may be gone (Ctrl-C)
-            self.journal.restore()
-        self.target = None
+        try:
+            self.journal.restore(gone_ok=True)          # the device may be gone (Ctrl-C)
+        except access.RestoreError as e:
+            raise KnobError(f"{self.name}: {e}") from e
+        finally:
+            self.target = None
 
     def threads(self) -> dict[int, str]:
         if self.target is None:

@@ -30,6 +30,7 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -151,38 +152,37 @@ class NicPort:
             with contextlib.suppress(OSError):      # a managed IRQ refuses: left as it is
                 sysinfo.write_irq_affinity(irq, str(cpu))
 
-    def restore(self) -> list[str]:
-        """Put the port back as recorded; the problems (empty: all restored)."""
-        problems: list[str] = []
+    def restore(self) -> None:
+        """Put the port back as recorded: every step is tried, then
+        :class:`kbp.system.access.RestoreError` names the ones that failed."""
         if self.moved and self.netns and Path(f"/run/netns/{self.netns}").exists():
             r = access.cmd(["ip", "link", "set", "dev", self.name, "netns", "1"],
-                              ns=self.netns, check=False)
+                           ns=self.netns, check=False)
             if r.returncode != 0 and _name_of(self.ifindex) is None:
-                problems.append(f"{self.name}: could not leave netns {self.netns}: "
-                                f"{r.stderr.strip()}")
-                return problems
+                raise access.RestoreError([RuntimeError(
+                    f"{self.name}: could not leave netns {self.netns}: {r.stderr.strip()}")])
         now = _name_of(self.ifindex)
         if now is None:
-            return [f"{self.name} (ifindex {self.ifindex}) is not back in this namespace"]
-        steps = []
+            raise access.RestoreError([LookupError(
+                f"{self.name} (ifindex {self.ifindex}) is not back in this namespace")])
+        argvs = []
         if now != self.name:                       # the kernel renamed it (name taken)
-            steps.append(["ip", "link", "set", "dev", now, "name", self.name])
-        steps += [["ip", "addr", "flush", "dev", self.name],
+            argvs.append(["ip", "link", "set", "dev", now, "name", self.name])
+        argvs += [["ip", "addr", "flush", "dev", self.name],
                   *(["ip", "addr", "add", f"{a}/{p}", "dev", self.name] for a, p in self.addrs),
                   ["ip", "link", "set", "dev", self.name, "mtu", str(self.mtu)],
                   ["ip", "link", "set", "dev", self.name, "up" if self.up else "down"]]
-        for argv in steps:
-            r = access.cmd(argv, check=False)
-            if r.returncode != 0:
-                problems.append(f"{' '.join(argv)}: {r.stderr.strip()}")
-        for irq, aff in self.irqs.items():
+
+        def affinity(irq: int, aff: str) -> None:
             try:
                 if sysinfo.read_irq_affinity(irq) != aff:
                     sysinfo.write_irq_affinity(irq, aff)
             except OSError as e:
-                problems.append(f"IRQ {irq} affinity {aff}: {e}")
+                raise OSError(e.errno, f"IRQ {irq} affinity {aff}: {e.strerror}") from None
+
+        access.run_all([*(partial(access.cmd, argv) for argv in argvs),
+                        *(partial(affinity, irq, aff) for irq, aff in self.irqs.items())])
         self.moved = False
-        return problems
 
 
 def _name_of(ifindex: int) -> str | None:
@@ -209,12 +209,19 @@ class NicPair:
         access.save_journal(self.journal, {"pid": os.getpid(),
                                               "ports": [asdict(p) for p in self.ports()]})
 
-    def restore(self) -> list[str]:
-        problems = [p for port in self.ports() for p in port.restore()]
-        if not problems:
-            with contextlib.suppress(FileNotFoundError):
-                self.journal.unlink()
-        return problems
+    def restore(self) -> None:
+        """Both ports back (both tried); the journal goes once nothing failed, else
+        :class:`kbp.system.access.RestoreError` names every failed step of both."""
+        errors: list[BaseException] = []
+        for port in self.ports():
+            try:
+                port.restore()
+            except access.RestoreError as e:
+                errors += e.errors
+        if errors:
+            raise access.RestoreError(errors)
+        with contextlib.suppress(FileNotFoundError):
+            self.journal.unlink()
 
     def to_json(self) -> dict[str, Any]:
         return {"tester_port": self.tester.name, "server_port": self.server.name,
@@ -240,14 +247,18 @@ def recover(journal_dir: Path = JOURNAL_DIR) -> list[str]:
     was recovered (one line per port)."""
     done: list[str] = []
     for path, data in access.orphan_journals(journal_dir, "nicpair-*.json", own=True):
-        problems: list[str] = []
+        failed = False
         for d in data.get("ports", []):
             d["addrs"] = [tuple(a) for a in d.get("addrs", [])]
             d["irqs"] = {int(k): v for k, v in d.get("irqs", {}).items()}
             port = NicPort(**d)
             port.moved = True
-            problems += port.restore()
-            done.append(f"NIC port {port.name} restored from {path.name}")
-        if not problems:
+            try:
+                port.restore()
+                done.append(f"NIC port {port.name} restored from {path.name}")
+            except access.RestoreError as e:
+                failed = True
+                done.append(f"NIC port {port.name} from {path.name}: {e} (journal kept)")
+        if not failed:
             path.unlink()
     return done

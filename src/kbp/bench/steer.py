@@ -7,7 +7,6 @@ RT CPU and to record, per run, how much NET_RX work ran there and who ran it.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,9 +60,10 @@ class Steering:
                 raise RuntimeError(f"{dev}: RPS to CPU {self.cpu} did not stick (reads {got})")
 
     def undo(self) -> None:
-        with contextlib.suppress(access.RestoreError):   # a device may be gone already
-            self.journal.restore()
-        self.before.clear()
+        try:
+            self.journal.restore(gone_ok=True)   # a device may be gone already
+        finally:
+            self.before.clear()
 
     def now(self) -> dict[str, list[int]]:
         """{dev: CPUs its RPS steers to now} ([] = RPS off)."""
@@ -209,9 +209,10 @@ class ClientEnds:
         set_gro(self.netns, dev, gro)
 
     def undo(self) -> None:
-        with contextlib.suppress(access.RestoreError):   # a device may be gone already
-            self.journal.restore()
-        self.before.clear()
+        try:
+            self.journal.restore(gone_ok=True)   # a device may be gone already
+        finally:
+            self.before.clear()
 
     def now(self) -> dict[str, dict[str, Any]]:
         """{dev: {"gro": bool, "rps": [CPUs]}} as the kernel reads them now."""

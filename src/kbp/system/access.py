@@ -22,7 +22,7 @@ import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -208,6 +208,38 @@ class RestoreError(RuntimeError):
         self.notes = notes or []
 
 
+#: what `ip` and `ethtool` say of a device or namespace that is not there
+_GONE_TEXT = ("Cannot find device", "does not exist", "Cannot open network namespace",
+              "No such device")
+
+
+def is_gone(e: BaseException) -> bool:
+    """Did a step fail because its target is gone (a device deleted, a namespace removed),
+    rather than because the kernel refused?"""
+    if isinstance(e, OSError) and e.errno in (errno.ENOENT, errno.ENODEV, errno.ENXIO):
+        return True
+    # a command (or the namespace helper, EIO) that could not reach the namespace or device
+    return isinstance(e, CmdError | OSError) and any(t in str(e) for t in _GONE_TEXT)
+
+
+def run_all(steps: Iterable[Callable[[], object]], notes: list[str] | None = None) -> None:
+    """Run every step, even when one fails (also on a Ctrl-C in one); then raise the first
+    KeyboardInterrupt or SystemExit as it came, or :class:`RestoreError` naming every
+    failure (the first one's exception is its ``__cause__``; ``notes`` go with it).  The
+    undo-error policy of every restore in kbp."""
+    errors: list[BaseException] = []
+    for step in steps:
+        try:
+            step()
+        except BaseException as e:          # Ctrl-C in one step: the others still run
+            errors.append(e)
+    for e in errors:
+        if not isinstance(e, Exception):
+            raise e                         # KeyboardInterrupt, SystemExit: as they came
+    if errors:
+        raise RestoreError(errors, notes) from errors[0]
+
+
 @dataclass
 class Deferred:
     """One registered restore step (``cancel`` it once it is no longer needed)."""
@@ -247,19 +279,22 @@ class Journal:
     def __len__(self) -> int:
         return len(self.steps)
 
-    def restore(self) -> None:
-        errors: list[BaseException] = []
-        while self.steps:
-            d = self.steps.pop()
-            try:
-                d.exec()
-            except BaseException as e:      # Ctrl-C in one step: the others still run
-                errors.append(e)
-        for e in errors:
-            if not isinstance(e, Exception):
-                raise e                     # KeyboardInterrupt, SystemExit: as they came
-        if errors:
-            raise RestoreError(errors) from errors[0]
+    def restore(self, gone_ok: bool = False) -> list[str]:
+        """Run the steps, last first (see the class).  ``gone_ok``: a step whose target is
+        gone (:func:`is_gone`: a device deleted, a namespace removed, e.g. after a Ctrl-C)
+        had nothing to put back; it is returned as a note instead of failing the restore."""
+        def steps() -> Iterator[Callable[[], object]]:
+            while self.steps:
+                yield self.steps.pop().exec
+        try:
+            run_all(steps())
+        except RestoreError as e:
+            real = [x for x in e.errors if not (gone_ok and is_gone(x))]
+            if real:
+                raise RestoreError(real, [str(x) for x in e.errors if x not in real]
+                                   ) from real[0]
+            return [f"gone, nothing to restore: {x}" for x in e.errors]
+        return []
 
     def __enter__(self) -> Journal:
         return self

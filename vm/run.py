@@ -302,10 +302,6 @@ def _result(spec: RunSpec, kver: str, w: console.ConsoleWatcher, o: qemu.Outcome
                      "ok" if rc == 0 else f"command exited {rc}")
 
 
-#: The oops a stale INT3 of the kernel's text patching gives under multi-threaded TCG.
-INT3_OOPS = re.compile(r"\bOops: int3\b")
-
-
 def report(result: RunResult) -> None:
     """Say on stderr how the run went (splat lines included)."""
     if result.quiet and not result.ok and result.tail:
@@ -320,7 +316,7 @@ def report(result: RunResult) -> None:
         note("an int3 trap where memory holds no int3 any more (the oops's Code: line): QEMU "
              "7.2 TCG ran a stale copy of the kernel's text patching, not the code under test "
              "(vm/README.md, \"Oops: int3\")")
-    elif any(INT3_OOPS.search(s.line) for s in result.splats):
+    elif any(console.INT3_OOPS_RE.search(s.line) for s in result.splats):
         note("an int3 trap in kernel text: if the RIP is a static branch or tracepoint site "
              "that was being patched, this is QEMU 7.2 TCG racing the kernel's text patching, "
              "not the code under test (vm/README.md, \"Oops: int3\")")

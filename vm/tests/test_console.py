@@ -108,13 +108,6 @@ STALE_INT3 = [
 ]
 
 
-def _watch(lines: list[str]) -> console.ConsoleWatcher:
-    w = console.ConsoleWatcher(nonce="n")
-    for i, line in enumerate(lines):
-        w.feed(line, float(i))
-    return w
-
-
 def test_stale_int3_reads_the_byte_before_rip() -> None:
     assert console.stale_int3(STALE_INT3[3]) is True
     assert console.stale_int3("[ 1.0] Code: 00 00 cc <1f> 44 00 00") is False   # still there
@@ -124,7 +117,7 @@ def test_stale_int3_reads_the_byte_before_rip() -> None:
 
 
 def test_a_run_that_failed_only_on_a_stale_int3_is_told_apart() -> None:
-    w = _watch(STALE_INT3)
+    w = watch(STALE_INT3)
     assert [s.label for s in w.splats] == ["Oops", "panic"]
     assert w.int3_stale == [True] and w.only_stale_int3()
 
@@ -132,11 +125,11 @@ def test_a_run_that_failed_only_on_a_stale_int3_is_told_apart() -> None:
 def test_anything_else_in_the_run_keeps_it_a_failure() -> None:
     # the INT3 still in memory: a real trap
     real = [ln.replace("0f <1f>", "cc <1f>") for ln in STALE_INT3]
-    assert not _watch(real).only_stale_int3()
+    assert not watch(real).only_stale_int3()
     # another splat besides
     bug = "[   16.000000] BUG: sleeping function called"
-    assert not _watch([*STALE_INT3, bug]).only_stale_int3()
+    assert not watch([*STALE_INT3, bug]).only_stale_int3()
     # no Code: line to prove it
-    assert not _watch([ln for ln in STALE_INT3 if "Code:" not in ln]).only_stale_int3()
+    assert not watch([ln for ln in STALE_INT3 if "Code:" not in ln]).only_stale_int3()
     # another oops, not an int3
-    assert not _watch(["[ 1.000000] Oops: general protection fault"]).only_stale_int3()
+    assert not watch(["[ 1.000000] Oops: general protection fault"]).only_stale_int3()

@@ -222,11 +222,11 @@ def is_gone(e: BaseException) -> bool:
     return isinstance(e, CmdError | OSError) and any(t in str(e) for t in _GONE_TEXT)
 
 
-def run_all(steps: Iterable[Callable[[], object]], notes: list[str] | None = None) -> None:
+def run_all(steps: Iterable[Callable[[], object]]) -> None:
     """Run every step, even when one fails (also on a Ctrl-C in one); then raise the first
     KeyboardInterrupt or SystemExit as it came, or :class:`RestoreError` naming every
-    failure (the first one's exception is its ``__cause__``; ``notes`` go with it).  The
-    undo-error policy of every restore in kbp."""
+    failure (the first one's exception is its ``__cause__``).  The undo-error policy of
+    every restore in kbp."""
     errors: list[BaseException] = []
     for step in steps:
         try:
@@ -237,7 +237,7 @@ def run_all(steps: Iterable[Callable[[], object]], notes: list[str] | None = Non
         if not isinstance(e, Exception):
             raise e                         # KeyboardInterrupt, SystemExit: as they came
     if errors:
-        raise RestoreError(errors, notes) from errors[0]
+        raise RestoreError(errors) from errors[0]
 
 
 @dataclass
@@ -289,11 +289,12 @@ class Journal:
         try:
             run_all(steps())
         except RestoreError as e:
-            real = [x for x in e.errors if not (gone_ok and is_gone(x))]
+            gone = [x for x in e.errors if gone_ok and is_gone(x)]
+            notes = [f"gone, nothing to restore: {x}" for x in gone]
+            real = [x for x in e.errors if x not in gone]
             if real:
-                raise RestoreError(real, [str(x) for x in e.errors if x not in real]
-                                   ) from real[0]
-            return [f"gone, nothing to restore: {x}" for x in e.errors]
+                raise RestoreError(real, notes) from real[0]
+            return notes
         return []
 
     def __enter__(self) -> Journal:

@@ -26,6 +26,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -309,10 +310,10 @@ def describe(kind: str, key: Mapping[str, Any]) -> str:
 
 
 def restore(record: Record, effector: Effector) -> list[str]:
-    """Undo a device's journal, newest change first (each change's restore registered on a
-    :class:`kbp.system.access.Journal` in journal order, run last first). Returns notes on
-    skipped targets; :class:`kbp.system.access.RestoreError` names the changes that could
-    not be put back (its ``notes`` too)."""
+    """Undo a device's journal, newest change first (every change tried:
+    :func:`kbp.system.access.run_all`). Returns notes on skipped targets;
+    :class:`kbp.system.access.RestoreError` names the changes that could not be put back
+    (its ``notes`` too)."""
     notes: list[str] = []
     errors: list[BaseException] = []
 
@@ -334,11 +335,8 @@ def restore(record: Record, effector: Effector) -> list[str]:
         except OSError as e:
             errors.append(RuntimeError(f"restoring {describe(c.kind, c.key)} to {c.old!r}: {e}"))
 
-    steps = access.Journal()
-    for c in record.changes:
-        steps.defer(put_back, c)
     try:
-        steps.restore()
+        access.run_all(partial(put_back, c) for c in reversed(record.changes))
     except access.RestoreError as e:     # not an OSError: a bug, raised as it came
         raise e.errors[0] from None
     if errors:

@@ -57,13 +57,8 @@ def _settings() -> dict[str, str]:
     things on this shared machine concurrently: only our own traces are compared).  Read
     under the lock a benchmark holds while a mode has global sysctls changed (busypoll), so
     a benchmark running concurrently is never caught half-way."""
-    import fcntl
-
-    from kbp.bench import knobs
-    lock = knobs.GLOBAL_LOCK
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a") as lk:
-        fcntl.flock(lk, fcntl.LOCK_EX)
+    from kbp.system.journal import StateDir
+    with StateDir().lock():
         return _settings_now()
 
 

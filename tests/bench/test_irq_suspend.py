@@ -15,7 +15,7 @@ import pytest
 from test_modes import FakeKernel
 
 from kbp import names, sysinfo
-from kbp.bench import knobs, modes, workloads
+from kbp.bench import modes, workloads
 from kbp.bench.knobs import Knob, KnobError
 from kbp.bench.modes import AppEnv, AppPlace, IrqSuspendMode, Target, all_modes, napi_knob
 from kbp.bench.runner import Aborted, Bench, BenchConfig
@@ -35,8 +35,7 @@ REL_612 = "6.12.48+deb13-amd64"
 
 @pytest.fixture(autouse=True)
 def _own_lock(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(knobs, "GLOBAL_LOCK", tmp_path / "knobs.lock")
-    monkeypatch.setattr(knobs, "JOURNAL_DIR", tmp_path / "journal")
+    monkeypatch.setenv("KBP_RUN_DIR", str(tmp_path / "run"))
 
 
 def _feats(*attrs: int, family: bool = True, napi_set: bool = True) -> NetdevFeatures:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from kbp.bench.modes import (
     availability,
 )
 from kbp.bench.runner import Aborted, Bench, BenchConfig
+from kbp.system import journal
 
 BUSY_READ = "/proc/sys/net/core/busy_read"
 BUSY_POLL = "/proc/sys/net/core/busy_poll"
@@ -76,36 +78,66 @@ T = Target(NS, DEV, 1)
 
 @pytest.fixture(autouse=True)
 def _own_lock(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A lock of the test's own, not the machine's (a real benchmark may hold that)."""
-    monkeypatch.setattr(knobs, "GLOBAL_LOCK", tmp_path / "knobs.lock")
-    monkeypatch.setattr(knobs, "JOURNAL_DIR", tmp_path / "journal")
+    """A lock and journals of the test's own, not the machine's (a real benchmark may hold
+    that)."""
+    monkeypatch.setenv("KBP_RUN_DIR", str(tmp_path / "run"))
+
+
+def _journals() -> list[Path]:
+    return sorted((journal.run_dir() / "process").glob("bench-knobs-*.jsonl"))
+
+
+def _dead_pid() -> int:
+    import subprocess
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    return dead.pid
 
 
 def test_global_knobs_journaled_and_recovered_after_sigkill(tmp_path: Any) -> None:
-    """A benchmark killed (SIGKILL) with busypoll on cannot restore: its journal says what it
-    found, and the next benchmark that takes the global knobs puts that back first."""
-    import json
-    import subprocess
+    """A benchmark killed (SIGKILL) with busypoll on cannot restore: its journal (kbpctl's
+    format) says what it found, and the next benchmark that takes the global knobs puts that
+    back first."""
     k = FakeKernel(files={(None, "/g"): "0", ("ns", "/n"): "1"})
     a = Changes(k)
     a.apply([(Knob("/n", "ns"), "2")])
-    assert not knobs.JOURNAL_DIR.exists()                 # namespace knobs: no journal
+    assert not _journals()                                 # namespace knobs: no journal
     a.apply([(Knob("/g"), "50")])
-    (j,) = knobs.JOURNAL_DIR.glob("*.json")
-    assert json.loads(j.read_text())["found"] == [{"path": "/g", "was": "0"}]
+    (j,) = _journals()
+    rec = journal.read_record(j)
+    assert rec is not None and [(c.kind, c.key, c.old, c.new) for c in rec.changes] == \
+        [("file", {"path": "/g"}, "0", "50")]
     a.restore()
-    assert not list(knobs.JOURNAL_DIR.glob("*.json"))
+    assert not _journals()
     # a process that died with /g at 50: its pid is gone, its journal is not
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    (knobs.JOURNAL_DIR / f"{dead.pid}.json").write_text(
-        json.dumps({"pid": dead.pid, "found": [{"path": "/g", "was": "0"}]}))
+    dead = journal.StateDir().begin_process(knobs.OWNER, _dead_pid())
+    dead.change("file", {"path": "/g"}, "0", "50")
+    dead.close()
     k.files[(None, "/g")] = "50"
     b = Changes(k)
     b.apply([(Knob("/g"), "50")])
     assert b.recovered == {"/g": "0"} and b.as_json() == {"/g": "0"}   # the true original
     b.restore()
-    assert k.files[(None, "/g")] == "0" and not list(knobs.JOURNAL_DIR.glob("*.json"))
+    assert k.files[(None, "/g")] == "0" and not _journals()
+
+
+def test_a_dead_benchmarks_journal_that_cannot_be_replayed_stops_the_next_one() -> None:
+    """A global knob of a dead benchmark that cannot be written back: the next benchmark
+    refuses to change the knobs (it would journal a wrong original), names the journal, and
+    keeps it; its own restore still lets go of the lock."""
+    k = FakeKernel(files={(None, "/g"): "50"}, fail_writes={(None, "/g"): 0})
+    dead = journal.StateDir().begin_process(knobs.OWNER, _dead_pid())
+    dead.change("file", {"path": "/g"}, "0", "50")
+    dead.close()
+    b = Changes(k)
+    with pytest.raises(KnobError, match=r"killed benchmark's settings .*bench-knobs-\d+"
+                                        r"\.jsonl.* could not be put back.*cannot write 0 to /g"):
+        b.apply([(Knob("/g"), "1")])
+    assert k.files[(None, "/g")] == "50" and len(_journals()) == 1
+    b.restore()
+    c = Changes(FakeKernel(files={(None, "/h"): "0"}), state=None)
+    c.apply([(Knob("/h"), "1")])                           # no lock: not blocked by b's
+    c.restore()
 
 
 def test_global_knobs_are_taken_in_turns() -> None:
@@ -437,8 +469,6 @@ def test_a_napi_knob_of_the_initial_namespace_is_recovered_as_a_napi_knob() -> N
     """A NAPI attribute of a device in the initial namespace (an operator's own device) is
     journaled with its NAPI id and attribute, and the next benchmark writes it back through
     napi-set, not as a file named after it."""
-    import json
-    import subprocess
 
     from kbp.bench.modes import napi_knob
 
@@ -453,13 +483,13 @@ def test_a_napi_knob_of_the_initial_namespace_is_recovered_as_a_napi_knob() -> N
     k = Io(files={(None, nk.path): "0", (None, "/g"): "0"})
     a = Changes(k)
     a.apply([(nk, "20000")])
-    (j,) = knobs.JOURNAL_DIR.glob("*.json")
-    found = json.loads(j.read_text())["found"]
-    assert found == [{"path": nk.path, "was": "0", "napi_set": [8193, "gro_flush_timeout"]}]
+    (j,) = _journals()
+    rec = journal.read_record(j)
+    assert rec is not None and [(c.kind, c.key, c.old) for c in rec.changes] == \
+        [("napi", {"path": nk.path, "napi_id": 8193, "knob": "gro_flush_timeout"}, "0")]
     # as if that benchmark had been killed with the knob changed: its journal stays
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    (knobs.JOURNAL_DIR / f"{dead.pid}.json").write_text(j.read_text())
+    dead = journal.StateDir().process_path(knobs.OWNER, _dead_pid())
+    dead.write_text(j.read_text())
     a.restore()                                      # (this one lets go of the lock)
     k.files[(None, nk.path)] = "20000"
     seen.clear()

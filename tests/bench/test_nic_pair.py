@@ -21,6 +21,7 @@ from test_bench_netns import _ours, _procs, _skip_unless_ready
 
 from kbp.bench import nicpair, report
 from kbp.bench.runner import Aborted, Bench, BenchConfig
+from kbp.system import journal
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,7 +137,7 @@ def test_run_over_a_device_pair_puts_them_back(tmp_path: Path) -> None:
                 assert r["poller"].get("poll_ns", 0) > 0, (key, r["poller"])
         # both devices back in this namespace, as they were; the journal gone
         assert {a: _state(a), b: _state(b)} == was
-        assert not list(nicpair.JOURNAL_DIR.glob(f"nicpair-{os.getpid()}.json"))
+        assert not journal.StateDir().process_path(nicpair.OWNER).exists()
     assert _ours() == before_ns
     assert _procs() == before_procs
 
@@ -149,20 +150,18 @@ def test_recover_finishes_a_killed_runs_restore() -> None:
         pair = nicpair.NicPair.record((a, b))
         dead = subprocess.Popen(["true"])
         dead.wait()
-        pair.journal = nicpair.JOURNAL_DIR / f"nicpair-{dead.pid}.json"
+        pair.journal_moves(ns, ns, pid=dead.pid)       # as the killed run wrote it
+        path = journal.StateDir().process_path(nicpair.OWNER, dead.pid)
         _ip("netns", "add", ns)
         try:
             pair.tester.move(ns, "198.18.250.1", 24)
             pair.server.move(ns, "198.18.250.2", 24)
-            data = {"pid": dead.pid, "ports": [vars(p) for p in pair.ports()]}
-            pair.journal.parent.mkdir(parents=True, exist_ok=True)
-            pair.journal.write_text(json.dumps(data))
             assert not Path(f"/sys/class/net/{a}").exists()       # really moved away
             done = nicpair.recover()
-            assert any(a in line for line in done) and any(b in line for line in done)
+            assert any(a in line for line in done) and any(b in line for line in done), done
             assert {a: _state(a), b: _state(b)} == was
-            assert not pair.journal.exists()
+            assert not path.exists()
         finally:
             _ip("netns", "del", ns, check=False)
             with contextlib.suppress(FileNotFoundError):
-                pair.journal.unlink()
+                path.unlink()

@@ -490,7 +490,7 @@ def test_a_failure_half_way_undoes_what_set_made(fail: BaseException, tmp_path: 
         assert data["mounted_bpffs"] is True and data["made_pin_dir"] is True
         raise fail
 
-    monkeypatch.setattr(access, "save_journal", save)
+    monkeypatch.setattr(access, "save_json", save)
     cg = policy.Cgroup("/sys/fs/cgroup/x", 42, 1, "/x")
     want = OperationFailed if isinstance(fail, OSError) else KeyboardInterrupt
     with pytest.raises(want) as exc:

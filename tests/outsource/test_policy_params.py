@@ -311,7 +311,7 @@ def test_a_failure_after_the_writes_puts_the_parameters_back(
         assert kernel.param("cgroup") == kernel.rel + "\n"     # written by then
         raise fail
 
-    monkeypatch.setattr(access, "save_journal", save)
+    monkeypatch.setattr(access, "save_json", save)
     with pytest.raises(OperationFailed if isinstance(fail, OSError) else KeyboardInterrupt):
         policy.set_policy(kernel.cgroup, "inet", False, None, ["1000"])
     assert (kernel.param("cgroup"), kernel.param("netns"), kernel.param("allow_uids")) == \

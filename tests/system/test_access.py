@@ -124,29 +124,6 @@ def test_cmd_stops_its_child_on_a_timeout() -> None:
     assert access.stop(p, timeout=2) == ("", "") and p.returncode is not None
 
 
-def test_orphan_journals_are_the_dead_processes() -> None:
-    import subprocess
-    import tempfile
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    with tempfile.TemporaryDirectory() as d:
-        base = Path(d)
-        access.save_journal(base / f"{dead.pid}.json", {"pid": dead.pid, "found": [1]})
-        access.save_journal(base / f"{os.getpid()}.json", {"pid": os.getpid()})
-        access.save_journal(base / "1.json", {"pid": 1})                 # init: alive
-        access.save_journal(base / f"nicpair-{dead.pid}.json", {"ports": []})
-        (base / "junk.json").write_text("{")
-        assert not list(base.glob("*.tmp"))
-        got = access.orphan_journals(base, "[0-9]*.json")
-        assert [(f.name, data) for f, data in got] == [(f"{dead.pid}.json",
-                                                       {"pid": dead.pid, "found": [1]})]
-        own = access.orphan_journals(base, "[0-9]*.json", own=True)
-        assert {f.name for f, _ in own} == {f"{dead.pid}.json", f"{os.getpid()}.json"}
-        assert [f.name for f, _ in access.orphan_journals(base, "nicpair-*.json")] == \
-            [f"nicpair-{dead.pid}.json"]
-    assert access.orphan_journals(Path("/nonexistent/kbp"), "*.json") == []
-
-
 def test_a_restore_skips_gone_targets_only_when_asked() -> None:
     """gone_ok: a step whose device or namespace is gone is a note; a refusal still fails
     the restore, and every step runs either way."""

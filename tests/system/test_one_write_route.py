@@ -18,7 +18,6 @@ LAYER = SRC / "system" / "access.py"
 #: (module path under src/kbp, enclosing function) -> what it writes
 OURS: dict[tuple[str, str], str] = {
     ("bench/cli.py", "_finish"): "the bench's results.md",
-    ("bench/knobs.py", "Changes._lock"): "the bench's machine-wide lock file",
     ("bench/schema.py", "dump"): "the bench's result JSON",
     ("bench/tester.py", "build"): "the tester's C source, compiled into the bench's cache",
     ("bench/trace.py", "KernelTrace.start"): "the bench's trace capture file",
@@ -27,7 +26,7 @@ OURS: dict[tuple[str, str], str] = {
     ("periodicd.py", "spawn"): "periodicd's log file",
     ("periodicd.py", "Service.locked"): "the run directory's lock file",
     ("rtclass.py", "save_rule"): "an RT-class rule file (atomic rename)",
-    ("system/journal.py", "StateDir.lock"): "the run directory's lock file",
+    ("system/journal.py", "StateDir.lock"): "kbp's one lock file (kbpctl and the bench)",
     ("system/journal.py", "JournalFile.__init__"): "kbpctl's write-ahead journal",
 }
 

@@ -165,7 +165,7 @@ class RunContext:
         interrupts onto the server's RT CPU and the tester's CPU, and check they talk."""
         assert self.placement is not None
         nics = nicpair.NicPair.record(pair)
-        nics.write_journal()
+        nics.journal_moves(tb.client, tb.server)
 
         def undo() -> None:
             try:
@@ -178,7 +178,6 @@ class RunContext:
                         ns_b=tb.server, dev_b=pair[1], ip_b=f"198.18.{i}.2", kind="nic")
         nics.tester.move(tb.client, link.ip_a, link.prefixlen)
         nics.server.move(tb.server, link.ip_b, link.prefixlen)
-        nics.write_journal()
         nics.server.pin_irqs(self.placement.cpu(placement_.RT))
         nics.tester.pin_irqs(self.placement.cpu(placement_.TESTER))
         try:

@@ -9,11 +9,12 @@ back in reverse order, every one even when some fail, then says which failed.  A
 Ctrl-C half-way through ``apply()`` restores what was already changed.
 
 Knobs of the initial namespace are the whole machine's (busy_read, busy_poll): while a
-:class:`Changes` holds one it holds an exclusive lock (``GLOBAL_LOCK``), so two benchmarks
-run at once on one machine take turns instead of one "restoring" the other's value.  The
-values found for them are journaled (``JOURNAL_DIR/<pid>.json``) while they are changed: a
-benchmark killed with SIGKILL cannot restore them, so the next one that takes the lock puts
-back what a dead process's journal says first (``recovered``).
+:class:`Changes` holds one it holds kbp's one lock (:meth:`kbp.system.journal.StateDir.lock`,
+the one kbpctl takes), so two benchmarks run at once on one machine take turns instead of one
+"restoring" the other's value.  Each value found for them is journaled before it is changed,
+in kbpctl's journal format (a process journal, owner ``bench-knobs``): a benchmark killed
+with SIGKILL cannot restore them, so the next one that takes the lock replays a dead
+process's journal first (``recovered``).
 
 The file access goes through :class:`KnobIO`, so the tests can give a fake kernel.
 """
@@ -21,18 +22,16 @@ The file access goes through :class:`KnobIO`, so the tests can give a fake kerne
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
-from collections.abc import Iterable
+import errno
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from kbp.system import access
+from kbp.system import access, journal
 
 SYSCTL_NET_CORE = "/proc/sys/net/core"
-GLOBAL_LOCK = Path("/run/lock/kbp-bench-global-knobs.lock")
-JOURNAL_DIR = Path("/run/kbp/bench-knobs")
+OWNER = "bench-knobs"                  # the benchmark's process journals of global knobs
+KINDS = (journal.KIND_FILE, journal.KIND_NAPI)
 
 
 class KnobError(RuntimeError):
@@ -102,56 +101,76 @@ def net_core_sysctl(name: str, netns: str | None, io: KnobIO) -> Knob:
     return Knob(path)
 
 
+def _entry(k: Knob) -> tuple[str, dict[str, Any]]:
+    """A global knob as a journal record's kind and key."""
+    if k.napi is not None:
+        return journal.KIND_NAPI, {"path": k.path, "napi_id": k.napi[0], "knob": k.napi[1]}
+    return journal.KIND_FILE, {"path": k.path}
+
+
+def _knob(kind: str, key: Mapping[str, Any]) -> Knob:
+    napi = (int(key["napi_id"]), str(key["knob"])) if kind == journal.KIND_NAPI else None
+    return Knob(str(key["path"]), None, napi)
+
+
+@dataclass
+class _KnobHandler:
+    """The journal's handler of both knob kinds, through the benchmark's own KnobIO (so a
+    dead benchmark's journal is replayed the way this one writes); remembers what it put
+    back."""
+
+    io: KnobIO
+    kind: str
+    put_back: dict[str, str]
+
+    def get(self, key: Mapping[str, Any]) -> Any:
+        k = _knob(self.kind, key)
+        return self.io.read(k) if self.io.exists(k) else journal.MISSING
+
+    def set(self, key: Mapping[str, Any], value: Any) -> None:
+        k = _knob(self.kind, key)
+        try:
+            self.io.write(k, str(value))
+        except KnobError as e:
+            raise OSError(e.errno or errno.EIO, str(e)) from e
+        self.put_back[k.path] = str(value)
+
+
 @dataclass
 class Changes:
     """Knobs set by one mode, with the values they had before."""
 
     io: KnobIO = field(default_factory=KernelIO)
     found: list[tuple[Knob, str]] = field(default_factory=list)
-    lock_path: Path | None = field(default_factory=lambda: GLOBAL_LOCK)  # None: no lock
-    journal_dir: Path = field(default_factory=lambda: JOURNAL_DIR)
+    state: journal.StateDir | None = field(default_factory=journal.StateDir)  # None: no lock
     recovered: dict[str, str] = field(default_factory=dict)   # put back for a dead process
     restores: access.Journal = field(default_factory=access.Journal)
-    _lock_fd: int | None = None
+    _locked: contextlib.ExitStack | None = None    # holds the lock while set
+    _file: journal.JournalFile | None = None
 
     def _lock(self) -> None:
-        """Hold the machine-wide lock (waits while another benchmark holds it)."""
-        if self._lock_fd is not None or self.lock_path is None:
+        """Hold kbp's one lock (waits while another benchmark or kbpctl holds it), then put
+        back what benchmarks that died holding global knobs had found."""
+        if self._locked is not None or self.state is None:
             return
-        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._lock_fd = fd
-        self._recover()
+        self._locked = contextlib.ExitStack()
+        self._locked.enter_context(self.state.lock())
+        effector = {kind: _KnobHandler(self.io, kind, self.recovered) for kind in KINDS}
+        for rec in self.state.orphans(OWNER):
+            try:
+                journal.restore(rec, effector)
+            except access.RestoreError as e:
+                raise KnobError(f"a killed benchmark's settings ({rec.path}) could not be "
+                                f"put back: {e}") from e
+            journal.remove_record(rec.path)
 
-    def _journal(self) -> Path:
-        return self.journal_dir / f"{os.getpid()}.json"
-
-    def _write_journal(self) -> None:
-        glob = [{"path": k.path, "was": was, **({"napi_set": list(k.napi)} if k.napi else {})}
-                for k, was in self.found if k.netns is None]
-        if glob:
-            access.save_journal(self._journal(), {"pid": os.getpid(), "found": glob})
-
-    def _recover(self) -> None:
-        """Put back what benchmarks that died holding global knobs had found (held lock)."""
-        for f, data in access.orphan_journals(self.journal_dir, "[0-9]*.json"):
-            for e in reversed(data.get("found") or []):
-                napi = e.get("napi_set")
-                k = Knob(str(e["path"]), None, (int(napi[0]), str(napi[1])) if napi else None)
-                self.io.write(k, str(e["was"]))
-                self.recovered[str(k)] = str(e["was"])
-            f.unlink(missing_ok=True)
-
-    def _unlock(self) -> None:
-        if self._lock_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._lock_fd)          # closing drops the flock
-            self._lock_fd = None
+    def _journal(self, k: Knob, was: str, value: str) -> None:
+        """Write ahead: the value found, before the change (SIGKILL after it is covered)."""
+        assert self.state is not None
+        if self._file is None:
+            self._file = self.state.begin_process(OWNER)
+        kind, key = _entry(k)
+        self._file.change(kind, key, was, value)
 
     def apply(self, wanted: Iterable[tuple[Knob, str]]) -> None:
         """Set each knob, in order; each one's old value is remembered before it is written,
@@ -163,8 +182,8 @@ class Changes:
             was = self.io.read(k)
             self.found.append((k, was))
             self.restores.defer(self._put_back, k, was)
-            if k.netns is None:
-                self._write_journal()      # before the change: SIGKILL after it is covered
+            if k.netns is None and self.state is not None:
+                self._journal(k, was, value)
             self.io.write(k, value)
             got = self.io.read(k)
             if got != value:
@@ -181,10 +200,15 @@ class Changes:
                 failed = [str(x) for x in e.errors]
             finally:
                 self.found.clear()
-            if not failed:
-                self._journal().unlink(missing_ok=True)
         finally:
-            self._unlock()
+            file, self._file = self._file, None
+            if file is not None:
+                file.close()
+                if not failed:
+                    journal.remove_record(file.path)
+            locked, self._locked = self._locked, None
+            if locked is not None:
+                locked.close()
         if failed:
             raise KnobError("not restored: " + "; ".join(failed))
 

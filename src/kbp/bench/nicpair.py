@@ -15,12 +15,12 @@ serves NAPI devices only), a device that carries this machine's default route (t
 cut the machine off its network).  After the ports are in place, :func:`wait_reachable`
 refuses ports that cannot reach each other ("are they cabled to each other?").
 
-What each port was (name, ifindex, up or down, MTU, addresses, IRQ affinities) is written to
-a journal (``JOURNAL_DIR/nicpair-<pid>.json``) *before* it moves, and :meth:`NicPort.restore`
-puts it back: out of the namespace, renamed if the kernel had to rename it, addresses, MTU,
-state, affinities.  Deleting a namespace hands a physical port back to the initial namespace
-by itself but loses the rest, so a benchmark killed with SIGKILL leaves the journal, and the
-next benchmark (:func:`recover`) finishes the restore.
+What each port was (name, ifindex, up or down, MTU, addresses, IRQ affinities) is journaled
+in kbpctl's format (a process journal, owner ``nicpair``) *before* it moves, and
+:meth:`NicPort.restore` puts it back: out of the namespace, renamed if the kernel had to
+rename it, addresses, MTU, state, affinities.  Deleting a namespace hands a physical port
+back to the initial namespace by itself but loses the rest, so a benchmark killed with
+SIGKILL leaves the journal, and the next benchmark (:func:`recover`) finishes the restore.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ import contextlib
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -37,9 +38,9 @@ from typing import Any
 from pyroute2.netlink.exceptions import NetlinkError
 
 from kbp import netdev, sysinfo
-from kbp.system import access
+from kbp.system import access, journal
 
-JOURNAL_DIR = Path("/run/kbp/bench-knobs")
+OWNER = "nicpair"                    # its process journal (kbp.system.journal)
 SYS_NET = Path("/sys/class/net")
 
 
@@ -190,13 +191,42 @@ def _name_of(ifindex: int) -> str | None:
     return link.name if link else None
 
 
+KIND = "nic_port"      # a journal record: key name, ifindex, netns; old: the port as it was
+
+
+def _record(port: NicPort) -> dict[str, Any]:
+    return {"up": port.up, "mtu": port.mtu, "addrs": port.addrs, "irqs": port.irqs}
+
+
+class PortHandler:
+    """The journal's handler of a NIC port that a killed benchmark moved away.  Its state is
+    not read back (``get`` answers None, never the recorded state): a journaled port is always
+    put back, and every step of :meth:`NicPort.restore` is idempotent (a port that never
+    left is only readdressed and re-affined as it was)."""
+
+    def __init__(self) -> None:
+        self.done: list[str] = []
+
+    def get(self, key: Mapping[str, Any]) -> Any:
+        return None
+
+    def set(self, key: Mapping[str, Any], value: Any) -> None:
+        port = NicPort(name=str(key["name"]), ifindex=int(key["ifindex"]), up=bool(value["up"]),
+                       mtu=int(value["mtu"]), addrs=[(str(a), int(p)) for a, p in value["addrs"]],
+                       irqs={int(i): str(a) for i, a in value["irqs"].items()},
+                       netns=str(key["netns"]), moved=True)
+        port.restore()
+        self.done.append(f"NIC port {port.name} restored")
+
+
 @dataclass
 class NicPair:
     """The two ports, journaled while they are away."""
 
     tester: NicPort
     server: NicPort
-    journal: Path = field(default_factory=lambda: JOURNAL_DIR / f"nicpair-{os.getpid()}.json")
+    state: journal.StateDir = field(default_factory=journal.StateDir)
+    _file: journal.JournalFile | None = None
 
     @classmethod
     def record(cls, pair: tuple[str, str]) -> NicPair:
@@ -205,9 +235,13 @@ class NicPair:
     def ports(self) -> tuple[NicPort, NicPort]:
         return self.tester, self.server
 
-    def write_journal(self) -> None:
-        access.save_journal(self.journal, {"pid": os.getpid(),
-                                              "ports": [asdict(p) for p in self.ports()]})
+    def journal_moves(self, tester_ns: str, server_ns: str, pid: int | None = None) -> None:
+        """Write ahead, before either port moves: each port as it is and the namespace it
+        goes to (``pid``: as another process's journal, for tests)."""
+        self._file = self.state.begin_process(OWNER, pid)
+        for port, ns in ((self.tester, tester_ns), (self.server, server_ns)):
+            self._file.change(KIND, {"name": port.name, "ifindex": port.ifindex, "netns": ns},
+                              _record(port), "moved")
 
     def restore(self) -> None:
         """Both ports back (both tried); the journal goes once nothing failed, else
@@ -220,8 +254,10 @@ class NicPair:
                 errors += e.errors
         if errors:
             raise access.RestoreError(errors)
-        with contextlib.suppress(FileNotFoundError):
-            self.journal.unlink()
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
+            journal.remove_record(file.path)
 
     def to_json(self) -> dict[str, Any]:
         return {"tester_port": self.tester.name, "server_port": self.server.name,
@@ -241,24 +277,21 @@ def wait_reachable(client_ns: str, server_ip: str, timeout: float = 15.0) -> Non
                        "link up?")
 
 
-def recover(journal_dir: Path = JOURNAL_DIR) -> list[str]:
-    """Finish the restore a killed benchmark left in its journal: the ports it names, back
-    out of a namespace still holding them, renamed, readdressed, re-affined.  Returns what
-    was recovered (one line per port)."""
+def recover(state: journal.StateDir | None = None) -> list[str]:
+    """Finish the restore a killed benchmark left in its journal (under kbp's lock): the
+    ports it names, back out of a namespace still holding them, renamed, readdressed,
+    re-affined.  Returns what was recovered (one line per port)."""
+    st = state or journal.StateDir()
     done: list[str] = []
-    for path, data in access.orphan_journals(journal_dir, "nicpair-*.json", own=True):
-        failed = False
-        for d in data.get("ports", []):
-            d["addrs"] = [tuple(a) for a in d.get("addrs", [])]
-            d["irqs"] = {int(k): v for k, v in d.get("irqs", {}).items()}
-            port = NicPort(**d)
-            port.moved = True
+    with st.lock():
+        for rec in st.orphans(OWNER, own=True):
+            h = PortHandler()
             try:
-                port.restore()
-                done.append(f"NIC port {port.name} restored from {path.name}")
+                journal.restore(rec, {KIND: h})
             except access.RestoreError as e:
-                failed = True
-                done.append(f"NIC port {port.name} from {path.name}: {e} (journal kept)")
-        if not failed:
-            path.unlink()
+                done.append(f"NIC ports of {rec.path.name}: {e} (journal kept)")
+                continue
+            finally:
+                done += [f"{line} from {rec.path.name}" for line in h.done]
+            journal.remove_record(rec.path)
     return done

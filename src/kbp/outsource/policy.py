@@ -473,7 +473,7 @@ def _install(cg: Cgroup, families: tuple[int, ...], btf_id: int, prog_fd: int, f
                  "forced": force, "module_state": mod.state if mod else None,
                  "module_params": module,
                  "kernel": platform.release(), "time": time.time()}
-        access.save_journal(state_path(), state)
+        access.save_json(state_path(), state)
     except BaseException as e:          # also Ctrl-C: nothing stays half made
         try:
             undo.restore()

@@ -304,9 +304,9 @@ class Journal:
         self.restore()
 
 
-# -- journals on disk: what a process killed with SIGKILL leaves for the next one -------------
-def save_journal(path: Path, data: dict[str, Any]) -> None:
-    """Write a journal file atomically (a reader sees the old one or the new one whole)."""
+# -- state files ------------------------------------------------------------------------------
+def save_json(path: Path, data: dict[str, Any]) -> None:
+    """Write a state file atomically (a reader sees the old one or the new one whole)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data))
@@ -321,27 +321,3 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def orphan_journals(directory: Path, pattern: str, *, own: bool = False,
-                    ) -> list[tuple[Path, dict[str, Any]]]:
-    """The journal files ``directory/pattern`` (named ``...<pid>.json`` or ``...-<pid>.json``)
-    whose process is gone, with their content; ``own``: this process's too.  Unreadable
-    files are left alone."""
-    out: list[tuple[Path, dict[str, Any]]] = []
-    if not directory.is_dir():
-        return out
-    for f in sorted(directory.glob(pattern)):
-        try:
-            pid = int(f.stem.rpartition("-")[2])
-            if pid == os.getpid() and not own:
-                continue
-            if pid != os.getpid() and pid_alive(pid):
-                continue
-            data = json.loads(f.read_text())
-            if not isinstance(data, dict):
-                continue
-        except (ValueError, OSError):
-            continue
-        out.append((f, data))
-    return out

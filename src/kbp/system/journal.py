@@ -10,6 +10,12 @@ record, written and fsync'ed *before* the change it describes is made:
 ``{"op": "change", "step": N, "kind": ..., "key": {...}, "old": ..., "new": ...}``
 ``{"op": "done"}`` -- the enable completed.
 
+A process that changes the machine for its own lifetime (a benchmark: a global sysctl, NIC
+ports moved into its namespaces) keeps the same records in
+``<run dir>/process/<owner>-<pid>.jsonl``; when it dies without restoring, the next process
+of that owner replays the orphan (:meth:`StateDir.orphans`) with :func:`restore`, as
+``disable`` replays a device's.  One lock (:meth:`StateDir.lock`) serializes all of them.
+
 Restoring replays the changes newest first, setting each target back to ``old``. That is
 idempotent (a change journaled but never made is "restored" to the value it still has), and
 when a key was changed twice the oldest ``old`` wins. Targets that no longer exist (a NAPI
@@ -22,7 +28,10 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +49,9 @@ ENV_PAUSE_PHASE = "KBP_TEST_PAUSE_PHASE"  # "applied" (default) or "journaled"
 
 def run_dir() -> Path:
     return Path(os.environ.get(ENV_RUN_DIR, str(DEFAULT_RUN_DIR)))
+
+
+_held = threading.local()      # the roots whose lock this thread holds, with the depth
 
 
 class _Missing:
@@ -114,14 +126,73 @@ class StateDir:
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        """Serialize commands that change the system (released when the process dies)."""
+        """Serialize everything in kbp that changes the machine: kbpctl's commands and a
+        benchmark's global settings take this one lock (``<run dir>/lock``, an flock: released
+        when the process dies).  Taken again by the thread that holds it, it is already held
+        (a benchmark holding it enables a backend in-process); another thread or process
+        waits, after saying on stderr which process it waits for."""
+        held = _held.__dict__.setdefault("roots", {})
+        key = os.path.realpath(self.root)
+        if key in held:
+            held[key] += 1
+            try:
+                yield
+            finally:
+                held[key] -= 1
+            return
         self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
-        fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        path = self.root / "lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+                print(f"kbp: waiting for {path}, held by pid {holder}", file=sys.stderr,
+                      flush=True)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            held[key] = 1
+            try:
+                yield
+            finally:
+                del held[key]
         finally:
             os.close(fd)
+
+    # -- journals of one process's own changes (a benchmark's) ----------------------------
+    def process_path(self, owner: str, pid: int | None = None) -> Path:
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", owner):
+            raise ValueError(f"bad journal owner {owner!r}")
+        return self.root / "process" / f"{owner}-{pid or os.getpid()}.jsonl"
+
+    def begin_process(self, owner: str, pid: int | None = None) -> JournalFile:
+        """A journal of this process's own changes (``<run dir>/process/<owner>-<pid>.jsonl``,
+        the same records as a device's), replayed by :meth:`orphans`' caller once the
+        process is gone; ``pid``: another process's (tests)."""
+        pid = pid or os.getpid()
+        return self._begin(self.process_path(owner, pid),
+                           {"backend": owner, "dev": "", "netns": None, "ifindex": None,
+                            "request": {"pid": pid}})
+
+    def orphans(self, owner: str, *, own: bool = False) -> list[Record]:
+        """The process journals of ``owner`` whose process is gone (``own``: this process's
+        too), oldest pid first; unreadable ones are left alone."""
+        out: list[Record] = []
+        for p in sorted((self.root / "process").glob(f"{owner}-*.jsonl")):
+            try:
+                pid = int(p.stem.rpartition("-")[2])
+                if pid == os.getpid() and not own:
+                    continue
+                if pid != os.getpid() and access.pid_alive(pid):
+                    continue
+                rec = read_record(p)
+            except (ValueError, OSError, KeyError):
+                continue
+            if rec is not None:
+                out.append(rec)
+        return out
 
     def records(self) -> list[Record]:
         paths: list[Path] = []
@@ -142,14 +213,16 @@ class StateDir:
 
     def begin(self, backend: str, dev: str, netns: str | None, ifindex: int | None,
               request: Mapping[str, Any]) -> JournalFile:
-        path = self.journal_path(dev, netns)
+        return self._begin(self.journal_path(dev, netns),
+                           {"backend": backend, "dev": dev, "netns": netns,
+                            "ifindex": ifindex, "request": dict(request)})
+
+    def _begin(self, path: Path, head: Mapping[str, Any]) -> JournalFile:
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         j = JournalFile(path, fresh=True)
-        j.write({"op": "begin", "backend": backend, "dev": dev, "netns": netns,
-                 "ifindex": ifindex, "request": dict(request), "time": time.time()})
+        j.write({"op": "begin", **head, "time": time.time()})
         _fsync_dir(path.parent)
         return j
-
 
     def rebegin(self, record: Record, request: Mapping[str, Any]) -> JournalFile:
         """Continue ``record``'s journal under a new request (an in-place change, e.g. of a
@@ -291,12 +364,16 @@ class Executor:
         return c
 
 
+KIND_NAPI = "napi"            # a NAPI's napi-set attribute (settings.NapiHandler)
+KIND_FILE = "file"            # a kernel file by path (the bench's global sysctls)
+
+
 def describe(kind: str, key: Mapping[str, Any]) -> str:
     """A change's target in words (for notes and errors)."""
     if kind in ("sched", "affinity"):
         what = "scheduling" if kind == "sched" else "CPU affinity"
         return f"{what} of {key.get('comm', '?')} (pid {key.get('pid')})"
-    if kind == "napi":
+    if kind == KIND_NAPI:
         return f"{key.get('knob')} of NAPI {key.get('napi_id')}"
     if kind == "sysfs":
         return f"{key.get('dev')}/{key.get('attr')}"
@@ -304,6 +381,10 @@ def describe(kind: str, key: Mapping[str, Any]) -> str:
         return f"affinity of IRQ {key.get('irq')}"
     if kind == "periodicd":
         return f"periodic service of {key.get('dev')}"
+    if kind == "nic_port":
+        return f"NIC port {key.get('name')} (moved into netns {key.get('netns')})"
+    if kind == KIND_FILE:
+        return str(key.get("path"))
     if kind == "kmod_attach":
         return f"attachment of {key.get('dev')} to the kbp module"
     return f"{kind} {dict(key)}"
@@ -334,6 +415,9 @@ def restore(record: Record, effector: Effector) -> list[str]:
             notes.append(f"{describe(c.kind, c.key)}: gone, nothing to restore")
         except OSError as e:
             errors.append(RuntimeError(f"restoring {describe(c.kind, c.key)} to {c.old!r}: {e}"))
+        except access.RestoreError as e:      # a handler whose put-back has several steps
+            errors.extend(e.errors)
+            notes.extend(e.notes)
 
     try:
         access.run_all(partial(put_back, c) for c in reversed(record.changes))

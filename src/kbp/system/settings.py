@@ -23,7 +23,7 @@ from typing import Any
 from kbp import sysinfo
 from kbp.netdev import NetdevClient, NetFS
 from kbp.sysinfo import HOST, Host, TaskId
-from kbp.system.journal import MISSING, Handler, TargetGone
+from kbp.system.journal import KIND_NAPI, MISSING, Handler, TargetGone
 
 
 def task_key(tid: TaskId) -> dict[str, Any]:
@@ -143,7 +143,7 @@ def system_effector(client: Callable[[str | None], NetdevClient],
                     fs: Callable[[str | None], NetFS],
                     host: Host = HOST) -> dict[str, Handler]:
     return {
-        "napi": NapiHandler(client),
+        KIND_NAPI: NapiHandler(client),
         "sysfs": SysfsHandler(fs),
         "sched": SchedHandler(host),
         "affinity": AffinityHandler(host),

@@ -130,3 +130,28 @@ def test_hist_percentiles_match_raw_within_a_bucket() -> None:
 def test_hist_summary_empty() -> None:
     s = stats.hist_summary({})
     assert s["n"] == 0 and s["p99"] is None
+
+
+def test_mode_medians_pair_each_run_with_the_baselines_run_of_the_same_repetition() -> None:
+    """The rig's experiments' summary: per mode the median of each metric, and the median
+    of per-pair ratios to napi (a run without napi's partner gives no ratio; a missing
+    value is left out, not counted as 0)."""
+    runs = [{"mode": "napi", "rep": 0, "guest": 1, "v": 10.0, "w": None},
+            {"mode": "kbp", "rep": 0, "guest": 1, "v": 5.0, "w": 2.0},
+            {"mode": "napi", "rep": 1, "guest": 1, "v": 20.0, "w": 1.0},
+            {"mode": "kbp", "rep": 1, "guest": 1, "v": 30.0, "w": None},
+            {"mode": "kbp", "rep": 2, "guest": 1, "v": 7.0, "w": 4.0},
+            {"mode": "kbp", "rep": 0, "guest": 2, "v": 1.0, "w": 1.0}]   # napi of guest 2: none
+    got = stats.mode_medians(runs, lambda r: {"v": r["v"], "w": r["w"]},
+                             pair=("rep", "guest"), ratio_keys=("v",))
+    assert list(got) == ["napi", "kbp"]
+    assert got["napi"] == {"v": 15.0, "w": 1.0, "v_x": None}
+    assert got["kbp"] == {"v": 6.0, "w": 2.0, "v_x": 1.0}    # ratios 0.5 and 1.5 only
+    assert stats.median_or_none([None, float("nan")]) is None
+
+
+def test_seeded_order_is_a_permutation_fixed_by_seed_and_repetition() -> None:
+    xs = ["a", "b", "c", "d", "e"]
+    assert sorted(stats.seeded_order(xs, 7, 0)) == xs
+    assert stats.seeded_order(xs, 7, 0) == stats.seeded_order(xs, 7, 0)
+    assert len({tuple(stats.seeded_order(xs, 7, rep)) for rep in range(6)}) > 1

@@ -1,10 +1,10 @@
-"""RT latency and the heavy flow's rate with RT and non-RT receive work on one CPU (issue 24).
+"""RT latency and the heavy flow's rate with RT and non-RT receive work on one CPU .
 
 Runs in a guest of the VM rig, as root; prints a table and, last, one JSON line prefixed
 ``CLASS-SPLIT-RESULT``. From the repository root on the host (one flavour at a time, on a
 quiet machine: it is a timing run)::
 
-    python3 -m vm run 7.2-amd64 --build -- .venv/bin/python vm/experiments/class_split.py
+    python3 -m vm run 7.2-amd64 --build -- .venv/bin/python -m vm.experiments.class_split
 
 The machine (conftest.build_topology): NIC0 in the init netns, its interrupts on POLL_CPU,
 the RT server there; NIC1 in netns kbppeer, interrupts on the other CPU, the RT client
@@ -44,17 +44,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "guest_tests"))
-
-from conftest import (
+from kbp import kmod, sysinfo
+from kbp.bench import stats
+from vm.guest_tests.conftest import (
     NS,
     POLL_CPU,
     SERVER_IP,
@@ -65,8 +63,6 @@ from conftest import (
     spawn,
     stop,
 )
-
-from kbp import kmod, sysinfo
 
 OTHER_CPU = 1 - POLL_CPU
 KO = Path(os.environ.get("KBP_TEST_MODULES", "/nonexistent")) / "kbp_test_nic.ko"
@@ -267,9 +263,8 @@ def one_run(mode: str, nic0: str, args: argparse.Namespace) -> dict[str, Any]:
     return r
 
 
-def median(rows: list[dict[str, Any]], key: str) -> float | None:
-    vals = [r[key] for r in rows if r.get(key) is not None]
-    return statistics.median(vals) if vals else None
+#: the columns given with their ratio to napi's (of the medians)
+RATIO_COLS = ("mean", "sd", "p99", "p99.9", "max", "heavy_fps")
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -277,20 +272,16 @@ def table(results: list[dict[str, Any]]) -> str:
             "rt_wake_delay_max_us", "gave_way", "net_rx_poll_cpu", "rt_rps", "cpu_busy",
             "cpu_heavy_cost", "cpu_softirq", "cpu_rt_poller", "cpu_nrt_poller",
             "cpu_napi_threads", "cpu_server", "cpu_ksoftirqd", "cpu_ktimers"]
-    seen = list(dict.fromkeys(r["mode"] for r in results))
-    order = [m for m in MODES if m in seen] + [m for m in seen if m not in MODES]
-    by = {m: [r for r in results if r["mode"] == m] for m in order}
-    base = {c: median(by.get("napi", []), c) for c in cols}
+    rank = {m: i for i, m in enumerate(MODES)}
+    by = stats.mode_medians(sorted(results, key=lambda r: rank.get(r["mode"], len(MODES))),
+                            lambda r: {c: r.get(c) for c in cols})
+    base = by.get("napi", {})
     lines = ["mode              " + " ".join(f"{c:>22}" for c in cols)]
-    for m, rows in by.items():
-        if not rows:
-            continue
+    for m, row in by.items():
         cells = []
         for c in cols:
-            v = median(rows, c)
-            b = base.get(c)
-            ratio = f" x{v / b:.2f}" if v is not None and b and c in (
-                "mean", "sd", "p99", "p99.9", "max", "heavy_fps") else ""
+            v, x = row.get(c), stats.ratio(row.get(c), base.get(c))
+            ratio = f" x{x:.2f}" if x is not None and c in RATIO_COLS else ""
             fmt = f"{v:.3f}" if v is not None and c.startswith("cpu_") else (
                 "-" if v is None else f"{v:.1f}")
             cells.append(f"{fmt}{ratio:>7}".rjust(22))
@@ -328,12 +319,10 @@ def main() -> int:
         ap.error(f"unknown modes {sorted(bad)}: use {', '.join(MODES)}")
     load_module()
     t = build_topology()
-    rng = random.Random(args.seed)
     results: list[dict[str, Any]] = []
     orders = []
     for rep in range(args.reps):
-        order = modes[:]
-        rng.shuffle(order)
+        order = stats.seeded_order(modes, args.seed, rep)
         orders.append(order)
         for m in order:
             r = one_run(m, t.nic0, args)

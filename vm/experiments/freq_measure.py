@@ -1,6 +1,6 @@
 """Measure freq_ctl in the guest: time in each frequency, idle and under bursts (not a test).
 
-    python3 -m vm run 6.12-amd64 --build -- .venv/bin/python vm/experiments/freq_measure.py
+    python3 -m vm run 6.12-amd64 --build -- .venv/bin/python -m vm.experiments.freq_measure
 
 Uses the test cpufreq driver (vm/testdata/kbp_test_cpufreq) and the cpufreq core's own
 statistics (stats/time_in_state, in 10 ms units; stats/total_trans).
@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "guest_tests"))
-from conftest import POLL_CPU, Flow, build_topology, load_module, sh
-
 from kbp import kmod
+from vm.guest_tests.conftest import POLL_CPU, Flow, build_topology, load_module, sh
 
 CF = Path(f"/sys/devices/system/cpu/cpu{POLL_CPU}/cpufreq")
 

@@ -7,9 +7,9 @@ prefixed ``INVERSION-RESULT ``).  From the repository root on the host:
         --env PYTHONPATH=$PWD/src \\
         --qemu-arg=-netdev --qemu-arg=hubport,id=n2,hubid=0 \\
         --qemu-arg=-device --qemu-arg=virtio-net-pci,netdev=n2,mac=52:54:00:4b:50:02 \\
-        -- .venv/bin/python vm/experiments/inversion.py run --no-parse --seconds 12 \\
+        -- .venv/bin/python -m vm.experiments.inversion run --no-parse --seconds 12 \\
         --configs busy:51:shared,busy:50:shared,hybrid:50:shared,hybrid:51:shared
-    .venv/bin/python vm/experiments/inversion.py parse /tmp/inv --table   # on the host
+    .venv/bin/python -m vm.experiments.inversion parse /tmp/inv --table   # on the host
 
 The ``--qemu-arg`` pair adds a third NIC on the rig's hub (MAC :02), which the script puts in
 netns kbpflood to send the flood; without it the flood leaves through NIC0, whose TX
@@ -147,18 +147,12 @@ def _us(ts: str) -> int:
     return int(sec) * 1_000_000 + int(frac.ljust(6, "0")[:6])
 
 
-def pct(values: list[float], p: float) -> float | None:
-    if not values:
-        return None
-    v = sorted(values)
-    k = min(len(v) - 1, max(0, round(p / 100.0 * (len(v) - 1))))
-    return v[k]
-
-
-def dist(values: list[float]) -> dict[str, Any]:
-    return {"count": len(values), "total": round(sum(values), 1),
-            "p50": pct(values, 50), "p90": pct(values, 90), "p99": pct(values, 99),
-            "max": max(values) if values else None}
+def dist(values: list[float], tail: tuple[float, ...] = ()) -> dict[str, Any]:
+    """Count, total, nearest-rank p50/p90/p99 (and ``tail``'s) and max of some times (µs)."""
+    from kbp.bench import stats  # here: the -S helpers (rt-send, rt-recv) import no kbp
+    s = stats.summarize(values, (50.0, 90.0, 99.0, *tail))
+    return {"count": s["n"], "total": round(sum(values), 1),
+            **{k: v for k, v in s.items() if k not in ("n", "mean", "sd", "min")}}
 
 
 @dataclass
@@ -366,10 +360,11 @@ def latency(rows: list[list[int]], t0: int, t1: int) -> dict[str, Any]:
     lat = [(r - s) / 1000 for _, s, r in rows if t0 <= r <= t1]
     seqs = [q for q, _, r in rows if t0 <= r <= t1]
     lost = (max(seqs) - min(seqs) + 1 - len(set(seqs))) if seqs else 0
-    d = dist(lat)
+    d = dist(lat, (99.9,))
     d.pop("total")
+    d["p999"] = d.pop("p99.9")
     return {**{k: (round(v, 1) if isinstance(v, float) else v) for k, v in d.items()},
-            "p999": pct(lat, 99.9), "lost_in_window": lost}
+            "lost_in_window": lost}
 
 
 # -- the driver (guest only) -------------------------------------------------------------
@@ -437,8 +432,7 @@ def irq_counts(prefix: str, cpu: int) -> dict[str, int]:
 
 class Driver:
     def __init__(self, args: argparse.Namespace) -> None:
-        sys.path.insert(0, str(HERE.parent / "guest_tests"))
-        import conftest as c  # the suite's topology helpers (guest only)
+        from vm.guest_tests import conftest as c  # the suite's topology helpers (guest only)
         self.c = c
         self.args = args
         self.cpu = c.POLL_CPU

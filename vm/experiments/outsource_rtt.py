@@ -29,7 +29,7 @@ say which path does less emulated work, not what a KVM host would see. Counts (i
 softirqs, copies) and host CPU seconds are real. On a KVM host run it unchanged with
 ``--accel kvm``. Usage (repository root, root, a quiet machine: it is a timing run)::
 
-    .venv/bin/python vm/experiments/outsource_rtt.py --flavour 6.12-amd64 --reps 3 \\
+    .venv/bin/python -m vm.experiments.outsource_rtt --flavour 6.12-amd64 --reps 3 \\
         --seconds 10 --out out/outsource-rtt
 
 Without the BPF policy (``kbpctl outsource``) the outsourced server cannot be an unmodified
@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shlex
 import signal
 import subprocess
@@ -50,6 +49,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from kbp.bench import stats
 
 REPO = Path(__file__).resolve().parents[2]
 TAP = "kbpsotap0"
@@ -247,24 +248,21 @@ def _rtts(log: Path) -> list[float]:
 
 
 def host(args: argparse.Namespace) -> int:
-    sys.path[:0] = [str(REPO / "src"), str(REPO)]
-    from kbp.bench import stats  # the guest side needs none of it
-    from vm import outsource
+    from vm import outsource  # the guest side needs none of it
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     modes = args.modes.split(",")
     if not modes or set(modes) - set(ALL_MODES):
         raise SystemExit(f"--modes: some of {','.join(ALL_MODES)}, not {args.modes}")
-    rng = random.Random(args.seed)
-    plan = [m for _ in range(args.reps) for m in rng.sample(modes, len(modes))]
+    plan = [m for rep in range(args.reps) for m in stats.seeded_order(modes, args.seed, rep)]
     ns = f"kbpso-rtt-{os.getpid()}"
     sh("ip", "netns", "add", ns)
     xchg = Path(tempfile.mkdtemp(prefix="xchg-", dir=out))
     vm = None
     try:
         sh("ip", "-n", ns, "link", "set", "lo", "up")
-        guest_cmd = [sys.executable, str(Path(__file__).resolve()), "guest", "--xchg",
+        guest_cmd = [sys.executable, "-m", "vm.experiments.outsource_rtt", "guest", "--xchg",
                      str(xchg), "--plan", json.dumps(plan), "--server", args.server,
                      "--seconds", str(args.seconds), "--poll-us", str(args.poll_us),
                      "--idle-poll-us", str(args.idle_poll_us)]
@@ -316,7 +314,7 @@ def host(args: argparse.Namespace) -> int:
                "mps": args.mps, "size": args.size, "seconds": args.seconds, "plan": plan,
                "vm_rc": rc, "runs": runs}
         (out / "results.json").write_text(json.dumps(doc, indent=1))
-        print(render(doc, stats))
+        print(render(doc))
         return 0 if rc == 0 else 1
     finally:
         if vm is not None and vm.poll() is None:
@@ -325,29 +323,17 @@ def host(args: argparse.Namespace) -> int:
         sh("ip", "netns", "del", ns, check=False)
 
 
-def render(doc: dict, stats: object) -> str:
-    """Medians over the repetitions, per mode, and the ratio to napi."""
-    def med(xs: list[float]) -> float | None:
-        return stats.median(xs) if xs else None  # type: ignore[attr-defined]
+def _metrics(r: dict) -> dict[str, float | None]:
+    """The summarised values of one run."""
+    return {**{k: r["rtt_us"][k] for k in ("mean", "p50", "p99", "p99.9", "sd")},
+            **{k: r["per_message"][k] for k in ("irq_nic", "irq_kbp_so", "irq_devices",
+                                                 "net_rx")},
+            **r["host_cpu_us_per_message"], "msgs": r["messages"]}
 
-    rows = {}
-    for mode in dict.fromkeys(r["mode"] for r in doc["runs"]):
-        rs = [r for r in doc["runs"] if r["mode"] == mode]
-        rows[mode] = {
-            "mean": med([r["rtt_us"]["mean"] for r in rs if r["rtt_us"]["mean"] is not None]),
-            "p50": med([r["rtt_us"]["p50"] for r in rs if r["rtt_us"]["p50"] is not None]),
-            "p99": med([r["rtt_us"]["p99"] for r in rs if r["rtt_us"]["p99"] is not None]),
-            "p99.9": med([r["rtt_us"]["p99.9"] for r in rs
-                          if r["rtt_us"]["p99.9"] is not None]),
-            "sd": med([r["rtt_us"]["sd"] for r in rs if r["rtt_us"]["sd"] is not None]),
-            "irq_nic": med([r["per_message"]["irq_nic"] for r in rs]),
-            "irq_kbp_so": med([r["per_message"]["irq_kbp_so"] for r in rs]),
-            "irq_devices": med([r["per_message"]["irq_devices"] for r in rs]),
-            "net_rx": med([r["per_message"]["net_rx"] for r in rs]),
-            "qemu": med([r["host_cpu_us_per_message"]["qemu"] for r in rs]),
-            "kbp_sod": med([r["host_cpu_us_per_message"]["kbp_sod"] for r in rs]),
-            "msgs": med([r["messages"] for r in rs]),
-        }
+
+def render(doc: dict) -> str:
+    """Medians over the repetitions, per mode, and the ratio (of those medians) to napi."""
+    rows = stats.mode_medians(doc["runs"], _metrics)
     base = rows.get("napi")
     emulated = ": guest times emulated" if doc["accel"] == "tcg" else ""
     head = (f"{doc['flavour']} ({doc['accel'].upper()}{emulated}),"
@@ -362,8 +348,9 @@ def render(doc: dict, stats: object) -> str:
             if v is None:
                 return "-"
             txt = f"{v:.2f}" if k.startswith(("irq", "net")) else f"{v:.0f}"
-            if base and k in ("mean", "p50", "p99", "p99.9", "sd") and base[k]:
-                txt += f" (x{v / base[k]:.2f})"
+            x = stats.ratio(v, base[k]) if base else None
+            if x is not None and k in ("mean", "p50", "p99", "p99.9", "sd"):
+                txt += f" (x{x:.2f})"
             return txt
         lines.append(f"| {mode} | " + " | ".join(cell(k) for k in (
             "mean", "p50", "p99", "p99.9", "sd", "irq_nic", "irq_kbp_so", "irq_devices", "net_rx",
@@ -404,9 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "guest":
         return guest(args)
     if args.cmd == "render":
-        sys.path.insert(0, str(REPO / "src"))
-        from kbp.bench import stats
-        print(render(json.loads(Path(args.results).read_text()), stats))
+        print(render(json.loads(Path(args.results).read_text())))
         return 0
     if os.geteuid() != 0:
         raise SystemExit("needs root (network namespace, tap)")

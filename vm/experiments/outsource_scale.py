@@ -44,16 +44,16 @@ paper's RT VMs have one vCPU) the ``kbp`` mode's poller shares the one vCPU with
 server and iperf3 (with 2 it gets CPU 1, the server CPU 0). On a KVM host run it unchanged
 with ``--accel kvm``. Usage (repository root, root, a quiet machine: it is a timing run)::
 
-    .venv/bin/python vm/experiments/outsource_scale.py --flavour 6.12-amd64 \\
+    .venv/bin/python -m vm.experiments.outsource_scale --flavour 6.12-amd64 \\
         --guests 1,2,4 --reps 3 --seconds 10 --out out/outsource-scale
-    .venv/bin/python vm/experiments/outsource_scale.py render out/outsource-scale/results.json
+    .venv/bin/python -m vm.experiments.outsource_scale render out/outsource-scale/results.json
 
-(a worktree without its own .venv and kernel cache: the main checkout's python and
-``KBP_VM_CACHE=<main>/.cache/vm``). It writes results.json, results.md (the tables) and
-per guest its sockperf logs, console log and kbp-sod's files under ``OUT/n<N>/g<i>/``.
-A guest's counters run from its server's start to the end of the step, so in the first
-step of a round they include the wait for the other guests' boots (no RT or iperf3 traffic
-then: a few timer-driven device interrupts at most).
+(a worktree without its own .venv and kernel cache: the main checkout's python,
+``PYTHONPATH=src`` and ``KBP_VM_CACHE=<main>/.cache/vm``). It writes results.json,
+results.md (the tables) and per guest its sockperf logs, console log and kbp-sod's files
+under ``OUT/n<N>/g<i>/``. A guest's counters run from its server's start to the end of the
+step, so in the first step of a round they include the wait for the other guests' boots (no
+RT or iperf3 traffic then: a few timer-driven device interrupts at most).
 
 Each guest gets its own VM lock (``KBP_VM_LOCK``), so a round's guests run at once instead
 of one after the other -- and do not wait for other rig users either: check that nothing
@@ -65,10 +65,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shlex
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -76,7 +74,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import outsource_rtt as rtt  # the single-guest bench (this directory): helpers, counters
+from kbp.bench import stats
+from vm.experiments import outsource_rtt as rtt  # the single-guest bench: helpers
 
 REPO = Path(__file__).resolve().parents[2]
 MODES = ("napi", "kbp", "outsource", "outsource-idle")
@@ -110,8 +109,8 @@ def parse_modes(text: str) -> list[str]:
 def build_plan(modes: Sequence[str], reps: int, seed: int, n_guests: int) -> list[str]:
     """The round's steps: every mode once per repetition, shuffled per repetition (seeded by
     ``seed`` and N, so each round has its own order and a rerun the same)."""
-    rng = random.Random(f"{seed}/{n_guests}")
-    return [m for _ in range(reps) for m in rng.sample(list(modes), len(modes))]
+    return [m for rep in range(reps)
+            for m in stats.seeded_order(modes, seed * 1000 + n_guests, rep)]
 
 
 @dataclass(frozen=True)
@@ -280,7 +279,8 @@ def _boot(args: argparse.Namespace, g: GuestNames, plan: list[str], n_guests: in
     g.xchg.mkdir(parents=True, exist_ok=True)
     for stale in g.xchg.iterdir():
         stale.unlink()
-    guest_cmd = [sys.executable, str(Path(__file__).resolve()), "guest", "--xchg", str(g.xchg),
+    guest_cmd = [sys.executable, "-m", "vm.experiments.outsource_scale", "guest", "--xchg",
+                 str(g.xchg),
                  "--plan", json.dumps(plan), "--idle-poll-us", str(args.idle_poll_us),
                  "--load", args.load, "--poll-cpu", "1" if args.vcpus > 1 else "0"]
     argv = [sys.executable, "-m", "vm", "run", args.flavour, "--build", "--sod", g.netns,
@@ -292,7 +292,7 @@ def _boot(args: argparse.Namespace, g: GuestNames, plan: list[str], n_guests: in
     env = {**os.environ, "KBP_VM_LOCK": str(g.lock)}
     vm = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, env=env)
     qemu = rtt.qemu_pid(vm, g.tap, tries=6000)
-    from vm import outsource  # host() put the repository on sys.path
+    from vm import outsource  # the guest side needs none of it
 
     outsource.configure_tap(g.netns, g.tap, f"{rtt.HOST_IP}/{rtt.PREFIX}")
     sod = int(rtt.wait_file(g.dir / "sod" / "sod.pid", 120, vm))
@@ -321,8 +321,6 @@ def _cpu(b: Booted) -> tuple[float, float]:
 
 def _record(b: Booted, mode: str, rep: int, n: int, log: Path, rt_rc: int | None,
             mbps: float | None, cpu: tuple[float, float], after: dict) -> dict:
-    from kbp.bench import stats
-
     rtts = rtt._rtts(log) if log.exists() else []
     msgs = max(len(rtts), 1)
     counters = after.get("guest", {})
@@ -398,7 +396,6 @@ def run_round(args: argparse.Namespace, out: Path, n_guests: int, plan: list[str
 
 
 def host(args: argparse.Namespace) -> int:
-    sys.path[:0] = [str(REPO / "src"), str(REPO)]
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     modes = parse_modes(args.modes)
@@ -420,11 +417,6 @@ def host(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ summary and rendering
 
-def _med(xs: list[float | None]) -> float | None:
-    vals = [x for x in xs if x is not None]
-    return statistics.median(vals) if vals else None
-
-
 def _metrics(r: dict) -> dict[str, float | None]:
     """The summarised metrics of one run (None where the run has none)."""
     rt, pm, cpu = r["rtt_us"], r["per_message"], r["host_cpu_us_per_message"]
@@ -441,31 +433,21 @@ def _metrics(r: dict) -> dict[str, float | None]:
             "msgs": float(r["messages"]) if not r.get("error") else None}
 
 
-def _ratios(runs: list[dict], base: dict[tuple[int, int], dict], key: str) -> list[float]:
-    out = []
-    for r in runs:
-        b = base.get((r["guest"], r["rep"]))
-        v, bv = _metrics(r)[key], b and _metrics(b)[key]
-        if v is not None and bv:
-            out.append(v / bv)
-    return out
-
-
-def _row(guest: int | str, mode: str, runs: list[dict],
-         base: dict[tuple[int, int], dict]) -> dict:
-    ms = [_metrics(r) for r in runs]
-    row: dict = {"guest": guest, "mode": mode, "runs": len(runs),
-                 "errors": sorted({r["error"] for r in runs if r.get("error")})}
-    for k in ms[0]:
-        row[k] = _med([m[k] for m in ms])
-    for k in RATIO_KEYS:
-        row[f"{k}_x"] = _med(_ratios(runs, base, k)) if mode != "napi" else None
-    keys = dict.fromkeys(k for r in runs for k, v in r.get("so_header", {}).items()
-                         if isinstance(v, int))
-    row["so_header"] = {k: _med([r["so_header"][k] for r in runs
-                                 if isinstance(r.get("so_header", {}).get(k), int)])
-                        for k in keys}
-    return row
+def _rows(guest: int | str, runs: list[dict]) -> list[dict]:
+    """One row per mode: medians over its runs, and per metric of RATIO_KEYS the median of
+    the ratios to napi's run of the same guest and repetition."""
+    meds = stats.mode_medians(runs, _metrics, pair=("guest", "rep"), ratio_keys=RATIO_KEYS)
+    rows = []
+    for mode, med in meds.items():
+        rs = [r for r in runs if r["mode"] == mode]
+        keys = dict.fromkeys(k for r in rs for k, v in r.get("so_header", {}).items()
+                             if isinstance(v, int))
+        rows.append({"guest": guest, "mode": mode, "runs": len(rs),
+                     "errors": sorted({r["error"] for r in rs if r.get("error")}), **med,
+                     "so_header": {k: stats.median_or_none(
+                         r["so_header"][k] for r in rs
+                         if isinstance(r.get("so_header", {}).get(k), int)) for k in keys}})
+    return rows
 
 
 def summarize_round(rnd: dict) -> list[dict]:
@@ -474,12 +456,11 @@ def summarize_round(rnd: dict) -> list[dict]:
     runs = rnd["runs"]
     modes = sorted({r["mode"] for r in runs},
                    key=lambda m: (MODES.index(m) if m in MODES else len(MODES), m))
-    base = {(r["guest"], r["rep"]): r for r in runs if r["mode"] == "napi"}
+    runs = sorted(runs, key=lambda r: modes.index(r["mode"]))
     guests = sorted({r["guest"] for r in runs})
-    rows = [_row(g, m, rs, base) for g in guests for m in modes
-            if (rs := [r for r in runs if r["guest"] == g and r["mode"] == m])]
+    rows = [row for g in guests for row in _rows(g, [r for r in runs if r["guest"] == g])]
     if len(guests) > 1:
-        rows += [_row("all", m, [r for r in runs if r["mode"] == m], base) for m in modes]
+        rows += _rows("all", runs)
     return rows
 
 

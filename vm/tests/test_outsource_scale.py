@@ -3,24 +3,17 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-
 
 @pytest.fixture(scope="module")
 def scale() -> ModuleType:
-    sys.path.insert(0, str(EXPERIMENTS))  # the bench imports outsource_rtt beside it
-    try:
-        return importlib.import_module("outsource_scale")
-    finally:
-        sys.path.remove(str(EXPERIMENTS))
+    from vm.experiments import outsource_scale
+    return outsource_scale
 
 
 def test_plan_has_every_mode_once_per_rep_and_is_seeded(scale: ModuleType) -> None:

@@ -51,7 +51,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
-import random
 import socket
 import sys
 from collections.abc import Callable
@@ -92,7 +91,7 @@ from kbp.bench.schema import (
     TailSummary,
     ThroughputRun,
 )
-from kbp.bench.stats import tail_summary
+from kbp.bench.stats import seeded_order, tail_summary
 
 LABEL_HOST = "netns+veth on the host kernel (real timings)"
 LABEL_EMULATED = "netns+veth in the VM rig guest: timings emulated (QEMU TCG), not real"
@@ -541,13 +540,6 @@ def timestamps_held() -> socket.socket:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     return s
-
-
-def seeded_order(xs: list[str], seed: int, rep: int) -> list[str]:
-    """A random permutation of ``xs`` for repetition ``rep``, the same for the same seed."""
-    out = list(xs)
-    random.Random(f"kbp-bench-order/{seed}/{rep}").shuffle(out)
-    return out
 
 
 def pooled_tails(runs: list[LatencyRun], samples: Samples, seed: int,

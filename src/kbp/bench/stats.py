@@ -47,7 +47,7 @@ import bisect
 import heapq
 import math
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
@@ -277,6 +277,43 @@ def tail_summary(values: Iterable[float], lost: int = 0, seed: int = 1,
         d["with_lost"] = {"value": xs[rl - 1] if rl <= n else "inf", "k": nl - rl + 1,
                           "n": nl, "few": nl - rl < FEW_ABOVE}
         out[key] = d
+    return out
+
+
+def seeded_order(xs: Sequence[str], seed: int, rep: int) -> list[str]:
+    """A random permutation of ``xs`` for repetition ``rep``, the same for the same seed: the
+    interleaving of every comparison kbp measures (the benchmark's modes, the rig's
+    experiments)."""
+    out = list(xs)
+    random.Random(f"kbp-bench-order/{seed}/{rep}").shuffle(out)
+    return out
+
+
+def median_or_none(values: Iterable[float | None]) -> float | None:
+    """The median of the values that are there (None when none is)."""
+    xs = [v for v in values if v is not None and not math.isnan(v)]
+    return median(xs) if xs else None
+
+
+def mode_medians(runs: Sequence[Mapping[str, Any]],
+                 metrics: Callable[[Mapping[str, Any]], Mapping[str, float | None]], *,
+                 base: str = "napi", pair: Sequence[str] = ("rep",),
+                 ratio_keys: Iterable[str] = ()) -> dict[str, dict[str, float | None]]:
+    """Per mode (in the order the runs first name them): each metric's median over the mode's
+    runs, and for each of ``ratio_keys`` ``<key>_x``, the median of the ratios of a run's
+    value to the ``base`` mode's run with the same ``pair`` fields (the same repetition, and
+    guest), None for the base itself.  ``metrics(run)`` gives a run's values."""
+    vals = [(r["mode"], tuple(r.get(f) for f in pair), metrics(r)) for r in runs]
+    base_of = {key: m for mode, key, m in vals if mode == base}
+    out: dict[str, dict[str, float | None]] = {}
+    for mode in dict.fromkeys(mode for mode, _, _ in vals):
+        mine = [(key, m) for md, key, m in vals if md == mode]
+        row = {k: median_or_none(m.get(k) for _, m in mine)
+               for k in dict.fromkeys(k for _, m in mine for k in m)}
+        for k in ratio_keys:
+            row[f"{k}_x"] = None if mode == base else median_or_none(
+                ratio(m.get(k), base_of.get(key, {}).get(k)) for key, m in mine)
+        out[mode] = row
     return out
 
 

@@ -142,7 +142,7 @@ def test_mode_medians_pair_each_run_with_the_baselines_run_of_the_same_repetitio
             {"mode": "kbp", "rep": 1, "guest": 1, "v": 30.0, "w": None},
             {"mode": "kbp", "rep": 2, "guest": 1, "v": 7.0, "w": 4.0},
             {"mode": "kbp", "rep": 0, "guest": 2, "v": 1.0, "w": 1.0}]   # napi of guest 2: none
-    got = stats.mode_medians(runs, lambda r: {"v": r["v"], "w": r["w"]},
+    got = stats.mode_medians(runs, lambda r: {"v": r["v"], "w": r["w"]}, base="napi",
                              pair=("rep", "guest"), ratio_keys=("v",))
     assert list(got) == ["napi", "kbp"]
     assert got["napi"] == {"v": 15.0, "w": 1.0, "v_x": None}

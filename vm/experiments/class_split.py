@@ -274,7 +274,7 @@ def table(results: list[dict[str, Any]]) -> str:
             "cpu_napi_threads", "cpu_server", "cpu_ksoftirqd", "cpu_ktimers"]
     rank = {m: i for i, m in enumerate(MODES)}
     by = stats.mode_medians(sorted(results, key=lambda r: rank.get(r["mode"], len(MODES))),
-                            lambda r: {c: r.get(c) for c in cols})
+                            lambda r: {c: r.get(c) for c in cols}, base="napi")
     base = by.get("napi", {})
     lines = ["mode              " + " ".join(f"{c:>22}" for c in cols)]
     for m, row in by.items():

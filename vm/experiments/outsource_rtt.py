@@ -333,7 +333,7 @@ def _metrics(r: dict) -> dict[str, float | None]:
 
 def render(doc: dict) -> str:
     """Medians over the repetitions, per mode, and the ratio (of those medians) to napi."""
-    rows = stats.mode_medians(doc["runs"], _metrics)
+    rows = stats.mode_medians(doc["runs"], _metrics, base="napi")
     base = rows.get("napi")
     emulated = ": guest times emulated" if doc["accel"] == "tcg" else ""
     head = (f"{doc['flavour']} ({doc['accel'].upper()}{emulated}),"

@@ -436,7 +436,8 @@ def _metrics(r: dict) -> dict[str, float | None]:
 def _rows(guest: int | str, runs: list[dict]) -> list[dict]:
     """One row per mode: medians over its runs, and per metric of RATIO_KEYS the median of
     the ratios to napi's run of the same guest and repetition."""
-    meds = stats.mode_medians(runs, _metrics, pair=("guest", "rep"), ratio_keys=RATIO_KEYS)
+    meds = stats.mode_medians(runs, _metrics, base="napi", pair=("guest", "rep"),
+                              ratio_keys=RATIO_KEYS)
     rows = []
     for mode, med in meds.items():
         rs = [r for r in runs if r["mode"] == mode]

@@ -39,7 +39,7 @@ from kbp.backends import (
     show_rps,
     validate_common,
 )
-from kbp.backends.stock import _safe, sysfs_key, thread_status
+from kbp.backends.stock import _safe, thread_status
 from kbp.errors import InvalidInput, KbpctlError, OperationFailed, Unavailable
 from kbp.netdev import NETNS_DIR, NetdevClient, NetFS, check_netns, link_names, named_netns
 from kbp.problems import (
@@ -66,7 +66,7 @@ from kbp.system.journal import (
     remove_record,
     restore,
 )
-from kbp.system.settings import IrqHandler, SysfsHandler
+from kbp.system.settings import IrqHandler, SysfsHandler, sysfs_key
 
 NAME = names.BACKEND_KMOD
 ClientFactory = Callable[[], Any]

@@ -110,7 +110,7 @@ from kbp.system.journal import (
     remove_record,
     restore,
 )
-from kbp.system.settings import system_effector, task_key
+from kbp.system.settings import sysfs_key, system_effector, task_key
 
 NAME = names.BACKEND_STOCK
 LINGER_INTERVAL_US = 10  # hrtimer re-poll interval while lingering
@@ -169,10 +169,6 @@ class Planned:
 
 def napi_key(netns: str | None, ifindex: int, napi_id: int, knob: str) -> dict[str, Any]:
     return {"netns": netns, "ifindex": ifindex, "napi_id": napi_id, "knob": knob}
-
-
-def sysfs_key(netns: str | None, dev: str, ifindex: int, attr: str) -> dict[str, Any]:
-    return {"netns": netns, "dev": dev, "ifindex": ifindex, "attr": attr}
 
 
 def plan_threaded(netns: str | None, dev: str, ifindex: int, napi_ids: Sequence[int] | None,

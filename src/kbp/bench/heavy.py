@@ -43,6 +43,7 @@ from kbp.bench.modes import (
     thread_placement,
 )
 from kbp.bench.schema import Results
+from kbp.system import journal
 
 if TYPE_CHECKING:
     from kbp.bench.runner import Bench
@@ -505,12 +506,11 @@ def napi_on_rt_cpu(bench: Bench, heavy: HeavySide) -> dict[str, Any]:
     before = pt.napi_state(ns, dev)
     tb.defer(pt.napi_restore, ns, dev, before)
     state = pt.napi_per_packet(ns, dev)
-    rx = steer.read_rps(ns, dev)
-    tb.defer(steer.write_rps, ns, dev, rx)
-    steer.write_rps(ns, dev, dict.fromkeys(rx, "0"))
-    was = sysfs_net(ns, dev, SYSFS_THREADED)
-    tb.defer(sysfs_net, ns, dev, SYSFS_THREADED, was)
-    if sysfs_net(ns, dev, SYSFS_THREADED, "1") != "1":
+    ex = steer.changes()
+    tb.defer(ex.restore)
+    steer.steer_rps(ex, ns, dev, None)
+    ex.apply(journal.KIND_SYSFS, steer.dev_key(ns, dev, SYSFS_THREADED), "1")
+    if sysfs_net(ns, dev, SYSFS_THREADED) != "1":
         raise HeavyError(f"{dev}: cannot turn threaded NAPI on for --heavy-napi rt-cpu")
     heavy.napi_pinned = True
     heavy.place(heavy.rt_cpu)

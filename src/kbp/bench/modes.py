@@ -107,8 +107,9 @@ from functools import partial
 from typing import Any, Final, Protocol
 
 from kbp import modespec, names, sysinfo
+from kbp.bench import steer
 from kbp.bench.knobs import Changes, KernelIO, Knob, KnobError, KnobIO, net_core_sysctl
-from kbp.system import access
+from kbp.system import access, journal
 from kbp.system.journal import MISSING
 
 VM_HINT = "runs in the VM rig: python -m kbp.bench vm --smoke"
@@ -317,25 +318,21 @@ class ThreadedMode(_Defaults):
     name: str = THREADED
     target: Target | None = None
     spins: bool = False
-    journal: access.Journal = field(default_factory=access.Journal)
+    ex: journal.Executor = field(default_factory=steer.changes)
 
     def unavailable(self) -> str | None:
         return None
 
     def setup(self, t: Target) -> None:
         self.target = t
-        was: str | None = None
-        try:
-            was = sysfs_net(t.netns, t.dev, "threaded")
-        finally:              # put back as found (0 if it could not be read)
-            self.journal.defer(sysfs_net, t.netns, t.dev, "threaded", was or "0")
-        got = sysfs_net(t.netns, t.dev, "threaded", "1")
+        self.ex.apply(journal.KIND_SYSFS, steer.dev_key(t.netns, t.dev, "threaded"), "1")
+        got = sysfs_net(t.netns, t.dev, "threaded")
         if got != "1":
             raise RuntimeError(f"{t.dev}: cannot turn threaded NAPI on (reads {got})")
 
     def teardown(self) -> None:
         try:
-            self.journal.restore(gone_ok=True)          # the device may be gone (Ctrl-C)
+            self.ex.restore()                 # the device may be gone (Ctrl-C): a note
         except access.RestoreError as e:
             raise KnobError(f"{self.name}: {e}") from e
         finally:

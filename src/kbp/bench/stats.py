@@ -297,12 +297,13 @@ def median_or_none(values: Iterable[float | None]) -> float | None:
 
 def mode_medians(runs: Sequence[Mapping[str, Any]],
                  metrics: Callable[[Mapping[str, Any]], Mapping[str, float | None]], *,
-                 base: str = "napi", pair: Sequence[str] = ("rep",),
+                 base: str, pair: Sequence[str] = ("rep",),
                  ratio_keys: Iterable[str] = ()) -> dict[str, dict[str, float | None]]:
     """Per mode (in the order the runs first name them): each metric's median over the mode's
     runs, and for each of ``ratio_keys`` ``<key>_x``, the median of the ratios of a run's
-    value to the ``base`` mode's run with the same ``pair`` fields (the same repetition, and
-    guest), None for the base itself.  ``metrics(run)`` gives a run's values."""
+    value to the ``base`` mode's run (napi, in every experiment so far) with the same
+    ``pair`` fields (the same repetition, and guest), None for the base itself.
+    ``metrics(run)`` gives a run's values."""
     vals = [(r["mode"], tuple(r.get(f) for f in pair), metrics(r)) for r in runs]
     base_of = {key: m for mode, key, m in vals if mode == base}
     out: dict[str, dict[str, float | None]] = {}

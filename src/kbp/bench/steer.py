@@ -14,7 +14,7 @@ from typing import Any
 from kbp import rps, sysinfo
 from kbp.bench.sysstat import read_percpu_table
 from kbp.netdev import NetFS
-from kbp.system import access
+from kbp.system import access, journal, settings
 
 PROC = Path("/proc")
 # /proc/net/softnet_stat columns (hex, one row per online CPU; the 13th is the CPU number)
@@ -38,32 +38,53 @@ def write_rps(netns: str, dev: str, masks: dict[str, str]) -> None:
         access.write(access.net_path(dev, f"queues/{q}/rps_cpus"), f"{mask}\n", netns)
 
 
+def changes() -> journal.Executor:
+    """An in-memory journal of a testbed's device settings (RPS masks and other sysfs
+    attributes, GRO), changed through kbpctl's handlers and undone by ``restore()``
+    (a target gone meanwhile is a note, not a failure)."""
+    return journal.Executor(None, settings.net_effector())
+
+
+def dev_key(netns: str, dev: str, attr: str) -> dict[str, Any]:
+    """``/sys/class/net/DEV/ATTR`` in ``netns`` as a change key (with the device's ifindex:
+    a device recreated under the same name is another target)."""
+    idx = NetFS(netns).read(dev, "ifindex")
+    return settings.sysfs_key(netns, dev, int(idx) if idx else None, attr)
+
+
+def rps_keys(netns: str, dev: str) -> list[dict[str, Any]]:
+    """The ``rps_cpus`` of each of a device's receive queues, as change keys."""
+    key = dev_key(netns, dev, "")
+    return [{**key, "attr": f"queues/{q}/rps_cpus"} for q in rx_queues(netns, dev)]
+
+
+def steer_rps(ex: journal.Executor, netns: str, dev: str, cpu: int | None) -> None:
+    """RPS of every receive queue of ``dev`` to ``cpu`` (None: off), each mask journaled
+    in ``ex`` before it changes; RuntimeError when the kernel reads back another."""
+    for key in rps_keys(netns, dev):
+        ex.apply(journal.KIND_SYSFS, key, "0" if cpu is None else rps.cpu_mask(cpu))
+    got = rps.masks_cpus(read_rps(netns, dev))
+    if got != ([] if cpu is None else [cpu]):
+        raise RuntimeError(f"{dev}: RPS to {'no CPU' if cpu is None else f'CPU {cpu}'} did "
+                           f"not stick (reads {got})")
+
+
 @dataclass
 class Steering:
-    """RPS of some devices to one CPU; ``undo`` writes back what was there (each device's
-    masks as found, registered with the journal before they change, last device first)."""
+    """RPS of some devices to one CPU; ``undo`` puts back what was there (each mask
+    journaled before it changes, last change first)."""
 
     netns: str
     devs: list[str]
     cpu: int
-    before: dict[str, dict[str, str]] = field(default_factory=dict)
-    journal: access.Journal = field(default_factory=access.Journal)
+    ex: journal.Executor = field(default_factory=changes)
 
     def apply(self, devs: list[str] | None = None) -> None:
         for dev in devs or self.devs:
-            if dev not in self.before:
-                self.before[dev] = read_rps(self.netns, dev)
-                self.journal.defer(write_rps, self.netns, dev, self.before[dev])
-            write_rps(self.netns, dev, {q: rps.cpu_mask(self.cpu) for q in self.before[dev]})
-            got = rps.masks_cpus(read_rps(self.netns, dev))
-            if got != [self.cpu]:
-                raise RuntimeError(f"{dev}: RPS to CPU {self.cpu} did not stick (reads {got})")
+            steer_rps(self.ex, self.netns, dev, self.cpu)
 
     def undo(self) -> None:
-        try:
-            self.journal.restore(gone_ok=True)   # a device may be gone already
-        finally:
-            self.before.clear()
+        self.ex.restore()                  # a device that is gone already is a note
 
     def now(self) -> dict[str, list[int]]:
         """{dev: CPUs its RPS steers to now} ([] = RPS off)."""
@@ -164,9 +185,7 @@ class CpuRx:
 
 def gro_on(netns: str, dev: str) -> bool:
     """Whether GRO is active on a device, as the kernel reads it back."""
-    import json
-    out = access.cmd(["ethtool", "--json", "-k", dev], ns=netns).stdout
-    return bool(json.loads(out)[0]["generic-receive-offload"]["active"])
+    return bool(settings.GroHandler().get({"netns": netns, "dev": dev}))
 
 
 @dataclass
@@ -183,36 +202,21 @@ class ClientEnds:
       the sending CPU's, so the replies and the ACKs (with the heavy sender's ACK-clocked
       transmits, run in the softirq that processes them) are processed there.
 
-    ``undo`` puts back GRO and the masks found (as :class:`Steering` does)."""
+    ``undo`` puts back the masks and GRO found (as :class:`Steering` does)."""
 
     netns: str
     cpus: dict[str, int] = field(default_factory=dict)      # {dev: CPU}
-    before: dict[str, tuple[bool, dict[str, str]]] = field(default_factory=dict)
-    journal: access.Journal = field(default_factory=access.Journal)
+    ex: journal.Executor = field(default_factory=changes)
 
     def apply(self, dev: str, cpu: int) -> None:
-        from kbp.bench.testbed import set_gro
-        if dev not in self.before:
-            self.before[dev] = gro, masks = gro_on(self.netns, dev), read_rps(self.netns, dev)
-            self.journal.defer(self._put_back, dev, gro, masks)
         self.cpus[dev] = cpu
-        set_gro(self.netns, dev, False)
-        write_rps(self.netns, dev, {q: rps.cpu_mask(cpu) for q in self.before[dev][1]})
-        got = rps.masks_cpus(read_rps(self.netns, dev))
-        if got != [cpu] or gro_on(self.netns, dev):
-            raise RuntimeError(f"{dev}: GRO off and RPS to CPU {cpu} did not stick (RPS "
-                               f"reads {got})")
-
-    def _put_back(self, dev: str, gro: bool, masks: dict[str, str]) -> None:
-        from kbp.bench.testbed import set_gro
-        write_rps(self.netns, dev, masks)
-        set_gro(self.netns, dev, gro)
+        self.ex.apply(journal.KIND_GRO, {"netns": self.netns, "dev": dev}, False)
+        steer_rps(self.ex, self.netns, dev, cpu)
+        if gro_on(self.netns, dev):
+            raise RuntimeError(f"{dev}: GRO off did not stick")
 
     def undo(self) -> None:
-        try:
-            self.journal.restore(gone_ok=True)   # a device may be gone already
-        finally:
-            self.before.clear()
+        self.ex.restore()                  # a device that is gone already is a note
 
     def now(self) -> dict[str, dict[str, Any]]:
         """{dev: {"gro": bool, "rps": [CPUs]}} as the kernel reads them now."""

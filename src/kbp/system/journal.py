@@ -342,29 +342,47 @@ class PauseHook:
 
 
 class Executor:
-    """Makes planned changes: read the current value, journal it, then change it."""
+    """Makes changes through the handlers: read the current value, journal it, then change
+    it -- the one way kbp changes the machine.  The journal is a device's or a process's
+    file (``journal``), or only memory (None: a benchmark's testbed, whose namespaces die
+    with it); every change made is also kept in ``changes``, and :meth:`restore` undoes them
+    the way ``disable`` replays a file (:func:`restore`)."""
 
-    def __init__(self, journal: JournalFile, effector: Effector,
+    def __init__(self, journal: JournalFile | None, effector: Effector,
                  hook: Callable[[str], None] | None = None) -> None:
         self.journal = journal
         self.effector = effector
         self.hook = hook or (lambda phase: None)
+        self.changes: list[Change] = []
 
     def apply(self, kind: str, key: Mapping[str, Any], new: Any) -> Change | None:
+        """Change one setting (None: it already had that value, nothing journaled)."""
         handler = self.effector[kind]
         old = handler.get(key)
         if old is MISSING:
-            raise TargetGone(f"{kind} {dict(key)} is gone")
+            raise TargetGone(f"{describe(kind, key)} is gone")
         if old == new:
             return None
-        c = self.journal.change(kind, key, old, new)
+        if self.journal is not None:
+            c = self.journal.change(kind, key, old, new)
+        else:
+            c = Change(len(self.changes) + 1, kind, dict(key), old, new)
+        self.changes.append(c)
         self.hook("journaled")
         handler.set(key, new)
         self.hook("applied")
         return c
 
+    def restore(self) -> list[str]:
+        """Undo every change made, newest first (all tried: see :func:`restore`); returns
+        the notes on targets that are gone."""
+        changes, self.changes = self.changes, []
+        return restore(Record(Path(), "", "", None, None, {}, changes), self.effector)
+
 
 KIND_NAPI = "napi"            # a NAPI's napi-set attribute (settings.NapiHandler)
+KIND_SYSFS = "sysfs"          # /sys/class/net/DEV/ATTR in a namespace (settings.SysfsHandler)
+KIND_GRO = "gro"              # a device's GRO, on or off (settings.GroHandler)
 KIND_FILE = "file"            # a kernel file by path (the bench's global sysctls)
 
 
@@ -375,8 +393,11 @@ def describe(kind: str, key: Mapping[str, Any]) -> str:
         return f"{what} of {key.get('comm', '?')} (pid {key.get('pid')})"
     if kind == KIND_NAPI:
         return f"{key.get('knob')} of NAPI {key.get('napi_id')}"
-    if kind == "sysfs":
-        return f"{key.get('dev')}/{key.get('attr')}"
+    if kind == KIND_SYSFS:
+        where = f" (netns {key['netns']})" if key.get("netns") else ""
+        return f"{key.get('dev')}/{key.get('attr')}{where}"
+    if kind == KIND_GRO:
+        return f"GRO of {key.get('dev')}"
     if kind == "irq":
         return f"affinity of IRQ {key.get('irq')}"
     if kind == "periodicd":
@@ -404,17 +425,22 @@ def restore(record: Record, effector: Effector) -> list[str]:
             errors.append(LookupError(f"step {c.step}: unknown kind {c.kind} (journal of a "
                                       "newer kbpctl?)"))
             return
+        gone = f"{describe(c.kind, c.key)}: gone, nothing to restore"
         try:
             cur = handler.get(c.key)
             if cur is MISSING:
-                notes.append(f"{describe(c.kind, c.key)}: gone, nothing to restore")
+                notes.append(gone)
                 return
             if cur != c.old:
                 handler.set(c.key, c.old)
         except TargetGone:
-            notes.append(f"{describe(c.kind, c.key)}: gone, nothing to restore")
-        except OSError as e:
-            errors.append(RuntimeError(f"restoring {describe(c.kind, c.key)} to {c.old!r}: {e}"))
+            notes.append(gone)
+        except (OSError, access.CmdError) as e:
+            if access.is_gone(e):         # its device or namespace went away meanwhile
+                notes.append(gone)
+            else:
+                errors.append(RuntimeError(f"restoring {describe(c.kind, c.key)} to "
+                                           f"{c.old!r}: {e}"))
         except access.RestoreError as e:      # a handler whose put-back has several steps
             errors.extend(e.errors)
             notes.extend(e.notes)

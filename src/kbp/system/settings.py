@@ -8,6 +8,7 @@ sysfs          netns, dev, ifindex, attr               str (/sys/class/net/DEV/a
 sched          pid, starttime, comm                    {policy, priority, nice}
 affinity       pid, starttime, comm                    [cpu, ...]
 irq            irq                                     CPU list string
+gro            netns, dev                              bool (ethtool -k/-K)
 =============  ======================================  ==============================
 
 Tasks are identified by pid *and* start time, so a restored setting never lands on an
@@ -17,13 +18,16 @@ unrelated task that reused the pid.
 from __future__ import annotations
 
 import errno
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from kbp import sysinfo
+from kbp.errors import InvalidInput
 from kbp.netdev import NetdevClient, NetFS
 from kbp.sysinfo import HOST, Host, TaskId
-from kbp.system.journal import KIND_NAPI, MISSING, Handler, TargetGone
+from kbp.system import access
+from kbp.system.journal import KIND_GRO, KIND_NAPI, KIND_SYSFS, MISSING, Handler, TargetGone
 
 
 def task_key(tid: TaskId) -> dict[str, Any]:
@@ -55,7 +59,10 @@ class SysfsHandler:
         self.fs = fs
 
     def _check(self, key: Mapping[str, Any]) -> NetFS | None:
-        fs = self.fs(key.get("netns"))
+        try:
+            fs = self.fs(key.get("netns"))
+        except InvalidInput:               # its namespace is gone, and the device with it
+            return None
         idx = fs.read(key["dev"], "ifindex")
         if idx is None or (key.get("ifindex") is not None and int(idx) != key["ifindex"]):
             return None
@@ -139,12 +146,41 @@ class IrqHandler:
             raise TargetGone(str(e)) from e
 
 
+class GroHandler:
+    """A device's GRO as the kernel reads it back (``ethtool -k``), set with ``ethtool -K``,
+    in the key's namespace."""
+
+    def get(self, key: Mapping[str, Any]) -> Any:
+        try:
+            out = access.cmd(["ethtool", "--json", "-k", key["dev"]], ns=key.get("netns")).stdout
+        except access.CmdError as e:
+            if access.is_gone(e):
+                return MISSING
+            raise
+        return bool(json.loads(out)[0]["generic-receive-offload"]["active"])
+
+    def set(self, key: Mapping[str, Any], value: Any) -> None:
+        access.cmd(["ethtool", "-K", key["dev"], "gro", "on" if value else "off"],
+                   ns=key.get("netns"))
+
+
+def sysfs_key(netns: str | None, dev: str, ifindex: int | None, attr: str) -> dict[str, Any]:
+    """The key of ``/sys/class/net/DEV/ATTR`` (ATTR may be ``queues/rx-N/rps_cpus``)."""
+    return {"netns": netns, "dev": dev, "ifindex": ifindex, "attr": attr}
+
+
+def net_effector(fs: Callable[[str | None], NetFS] = NetFS) -> dict[str, Handler]:
+    """The handlers of a network namespace's device settings (sysfs, GRO): what the
+    benchmark's testbed changes, through :class:`kbp.system.journal.Executor`."""
+    return {KIND_SYSFS: SysfsHandler(fs), KIND_GRO: GroHandler()}
+
+
 def system_effector(client: Callable[[str | None], NetdevClient],
                     fs: Callable[[str | None], NetFS],
                     host: Host = HOST) -> dict[str, Handler]:
     return {
         KIND_NAPI: NapiHandler(client),
-        "sysfs": SysfsHandler(fs),
+        **net_effector(fs),
         "sched": SchedHandler(host),
         "affinity": AffinityHandler(host),
         "irq": IrqHandler(host),

@@ -653,8 +653,13 @@ def round_trips(s: socket.socket, st: Stats, n: int, size: int = 32) -> float:
         try:
             got = s.recv(size + 1)
         except TimeoutError:
+            # the host side reads the rings and the echo server's count now (test_guest_vm.py):
+            # was the request echoed, and was its completion posted but never reaped?
+            print(f"KBP-SO-LOST-WAKEUP echo_sent={st.echo_sent}", flush=True)
+            time.sleep(1.0)
             raise AssertionError(f"round trip {i}: no completion within the socket timeout "
-                                 f"(a lost wake-up): {proc()[0]}") from None
+                                 f"(a lost wake-up, or a request never answered): "
+                                 f"{proc()[0]}") from None
         assert got == payload, i
         st.inn(size)
         worst = max(worst, time.monotonic() - t0)

@@ -93,19 +93,31 @@ while True:
 """
 
 
-def _counters(region_path: str, queues: int) -> dict[str, int]:
-    """The daemon's per-queue counters, summed."""
+def _queue_fields(region_path: str, queues: int, keys: tuple[str, ...],
+                  ) -> list[dict[str, int]]:
+    """Fields of each queue's control block in the shared region, as the host sees them."""
     with open(region_path, "rb") as f:
         region = f.read()
     qoff = struct.unpack_from("<I", region, sc.H["queue_offset"][0])[0]
     qstride = struct.unpack_from("<I", region, sc.H["queue_stride"][0])[0]
-    total = {k: 0 for k in ("requests", "completions", "doorbells", "irqs", "copies",
-                            "bytes_in", "bytes_out", "rejects")}
-    for q in range(queues):
-        for k in total:
-            off, fmt = sc.Q[k]
-            total[k] += struct.unpack_from(fmt, region, qoff + q * qstride + off)[0]
-    return total
+    return [{k: struct.unpack_from(sc.Q[k][1], region, qoff + q * qstride + sc.Q[k][0])[0]
+             for k in keys} for q in range(queues)]
+
+
+def _counters(region_path: str, queues: int) -> dict[str, int]:
+    """The daemon's per-queue counters, summed."""
+    keys = ("requests", "completions", "doorbells", "irqs", "copies", "bytes_in", "bytes_out",
+            "rejects")
+    per = _queue_fields(region_path, queues, keys)
+    return {k: sum(q[k] for q in per) for k in keys}
+
+
+def _rings(region_path: str, queues: int) -> list[dict[str, int]]:
+    """Each queue's ring positions and need_irq: a completion posted and not reaped has
+    cq_tail ahead of cq_head; a request the host has not taken has sq_tail ahead of
+    sq_head; ``inflight``: requests the daemon holds (parked ones too)."""
+    return _queue_fields(region_path, queues, ("sq_tail", "sq_head", "cq_tail", "cq_head",
+                                               "need_irq", "host_polling", "inflight", "irqs"))
 
 
 def _go() -> str | None:
@@ -306,7 +318,14 @@ def _run_guest(flavour: str, sod_bin: Path, tmp_path: Path, cache: Path, ns: str
     verdict: dict[str, object] = {}
     checkers: list[threading.Thread] = []
 
+    # a round trip that timed out in the guest: the rings and the echo server, at once
+    lost: list[str] = []
+
     def on_line(line: str) -> None:
+        if line.startswith("KBP-SO-LOST-WAKEUP"):
+            lost.append(f"{line.strip()}: the echo server received "
+                        f"{count_file.read_text() if count_file.exists() else 0}; rings "
+                        f"{_rings(str(d / 'region'), QUEUES)}")
         # the traffic of guest_boundary.py, then guest_servers.py: apart from the rest
         if "KBP-SO-BOUNDARY-DONE" in line and not boundary_counters:
             boundary_counters.append(_counters(str(d / "region"), QUEUES))
@@ -398,7 +417,8 @@ def _run_guest(flavour: str, sod_bin: Path, tmp_path: Path, cache: Path, ns: str
         assert light or "KBP-SO-ECHO-OK" in out, _why(out)
         assert "attached: ivshmem ID 1, epoch 1" in out, _why(out)
         assert "NOP round trip ok" in out
-        assert "KBP-SO-GUEST-OK" in out and "KBP-SO-UNLOADED" in out, _why(out)
+        assert "KBP-SO-GUEST-OK" in out and "KBP-SO-UNLOADED" in out, \
+            "\n".join(lost) + "\n" + _why(out)
         assert "KBP-SO-BOUNDARY-DONE" in out, _why(out)
         if not light and "KBP-SO-ECHO-NO-HOOK" not in out:
             assert "KBP-SO-SERVERS-OK" in out, _why(out)

@@ -202,10 +202,10 @@ class Changes:
                 self.found.clear()
         finally:
             file, self._file = self._file, None
-            if file is not None:
-                file.close()
-                if not failed:
-                    journal.remove_record(file.path)
+            if file is not None and failed:
+                file.close()                 # kept for the next benchmark to replay
+            elif file is not None:
+                file.remove()
             locked, self._locked = self._locked, None
             if locked is not None:
                 locked.close()

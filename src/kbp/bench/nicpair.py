@@ -256,8 +256,7 @@ class NicPair:
             raise access.RestoreError(errors)
         file, self._file = self._file, None
         if file is not None:
-            file.close()
-            journal.remove_record(file.path)
+            file.remove()
 
     def to_json(self) -> dict[str, Any]:
         return {"tester_port": self.tester.name, "server_port": self.server.name,

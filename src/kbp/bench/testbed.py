@@ -30,7 +30,7 @@ from typing import Any
 
 from pyroute2 import IPRoute, netns
 
-from kbp.system import access
+from kbp.system import access, settings
 
 NETNS_DIR = Path("/run/netns")
 DEFAULT_PREFIX = "kbp"
@@ -41,7 +41,7 @@ def _short_id() -> str:
 
 
 def set_gro(ns: str | None, dev: str, on: bool) -> None:
-    access.cmd(["ethtool", "-K", dev, "gro", "on" if on else "off"], ns)
+    settings.GroHandler().set({"netns": ns, "dev": dev}, on)
 
 
 def set_udp_gro_forwarding(ns: str | None, dev: str, on: bool) -> None:

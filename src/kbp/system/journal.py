@@ -307,6 +307,11 @@ class JournalFile:
             os.close(self.fd)
             self.fd = -1
 
+    def remove(self) -> None:
+        """Close it and delete it: everything it records was put back."""
+        self.close()
+        remove_record(self.path)
+
 
 def remove_record(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
@@ -374,10 +379,10 @@ class Executor:
         return c
 
     def restore(self) -> list[str]:
-        """Undo every change made, newest first (all tried: see :func:`restore`); returns
+        """Undo every change made, newest first (all tried: see :func:`undo`); returns
         the notes on targets that are gone."""
         changes, self.changes = self.changes, []
-        return restore(Record(Path(), "", "", None, None, {}, changes), self.effector)
+        return undo(changes, self.effector)
 
 
 KIND_NAPI = "napi"            # a NAPI's napi-set attribute (settings.NapiHandler)
@@ -412,7 +417,12 @@ def describe(kind: str, key: Mapping[str, Any]) -> str:
 
 
 def restore(record: Record, effector: Effector) -> list[str]:
-    """Undo a device's journal, newest change first (every change tried:
+    """Undo a journal read back from disk (:func:`undo` of its changes)."""
+    return undo(record.changes, effector)
+
+
+def undo(changes: list[Change], effector: Effector) -> list[str]:
+    """Undo journaled changes, newest first (every change tried:
     :func:`kbp.system.access.run_all`). Returns notes on skipped targets;
     :class:`kbp.system.access.RestoreError` names the changes that could not be put back
     (its ``notes`` too)."""
@@ -446,7 +456,7 @@ def restore(record: Record, effector: Effector) -> list[str]:
             notes.extend(e.notes)
 
     try:
-        access.run_all(partial(put_back, c) for c in reversed(record.changes))
+        access.run_all(partial(put_back, c) for c in reversed(changes))
     except access.RestoreError as e:     # not an OSError: a bug, raised as it came
         raise e.errors[0] from None
     if errors:

@@ -546,18 +546,30 @@ def probe_napi_sysfs(fs: NetFS, dev: str) -> bool | None:
     return True
 
 
+class NetdevClients:
+    """NetdevClient per netns, opened when first asked for (``clients(netns)``);
+    ``close()`` closes them all, and a later call opens a fresh one."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str | None, NetdevClient] = {}
+
+    def __call__(self, netns: str | None) -> NetdevClient:
+        if netns not in self._cache:
+            self._cache[netns] = NetdevClient(netns)
+        return self._cache[netns]
+
+    def close(self) -> None:
+        while self._cache:
+            _, c = self._cache.popitem()
+            with contextlib.suppress(Exception):
+                c.close()
+
+
 @contextlib.contextmanager
 def clients() -> Any:
     """A cache of NetdevClient per netns for one command; closes them all at the end."""
-    cache: dict[str | None, NetdevClient] = {}
-
-    def get(netns: str | None) -> NetdevClient:
-        if netns not in cache:
-            cache[netns] = NetdevClient(netns)
-        return cache[netns]
-
+    cache = NetdevClients()
     try:
-        yield get
+        yield cache
     finally:
-        for c in cache.values():
-            c.close()
+        cache.close()

@@ -15,7 +15,7 @@ import pytest
 from test_modes import FakeKernel
 
 from kbp import names, sysinfo
-from kbp.bench import modes, workloads
+from kbp.bench import knobs, modes, workloads
 from kbp.bench.knobs import Knob, KnobError
 from kbp.bench.modes import AppEnv, AppPlace, IrqSuspendMode, Target, all_modes, napi_knob
 from kbp.bench.runner import Aborted, Bench, BenchConfig
@@ -50,10 +50,10 @@ FEATS_618 = _feats(NETDEV_A_NAPI_DEFER_HARD_IRQS, NETDEV_A_NAPI_GRO_FLUSH_TIMEOU
                    NETDEV_A_NAPI_IRQ_SUSPEND_TIMEOUT, NETDEV_A_NAPI_THREADED)
 
 
-def _mode(io: Any = None, feats: NetdevFeatures = FEATS_618, ep: int | None = None,
+def _mode(k: FakeKernel | None = None, feats: NetdevFeatures = FEATS_618, ep: int | None = None,
           napis: tuple[int, ...] = (8193, 8194), queues: tuple[str, ...] = ("rx-0", "rx-1"),
           ) -> IrqSuspendMode:
-    return IrqSuspendMode(io=io if io is not None else FakeKernel(),
+    return IrqSuspendMode(effector=(k or FakeKernel()).effector,
                           find_napis=lambda t: list(napis), find_rx_queues=lambda t: list(queues),
                           features=lambda: feats, epoll_errno=lambda: ep)
 
@@ -120,7 +120,7 @@ def _kernel(rps: str = "00000000,00000002", flows: str = "0") -> FakeKernel:
 def test_setup_sets_every_napi_and_rps_off_teardown_restores_exactly() -> None:
     k = _kernel(flows="256")
     before = dict(k.files)
-    m = _mode(io=k)
+    m = _mode(k)
     assert m.app() == names.APP_KBP_ECHO and not m.spins
     assert m.app_place(AppPlace(1, 51), AppEnv()) == AppPlace(1, 51)   # placed like sockperf
     m.setup(T)
@@ -141,7 +141,7 @@ def test_setup_sets_every_napi_and_rps_off_teardown_restores_exactly() -> None:
 
 def test_rps_already_off_is_left_alone() -> None:
     k = _kernel(rps="0")
-    m = _mode(io=k)
+    m = _mode(k)
     m.setup(T)
     assert not [p for _, p, _ in k.log if "rps" in p]
     m.teardown()
@@ -150,7 +150,7 @@ def test_rps_already_off_is_left_alone() -> None:
 def test_a_device_without_napi_is_an_error_before_anything_changes() -> None:
     k = _kernel()
     before = dict(k.files)
-    m = _mode(io=k, napis=())
+    m = _mode(k, napis=())
     with pytest.raises(RuntimeError, match="no NAPI instance"):
         m.setup(T)
     m.teardown()
@@ -162,18 +162,19 @@ def test_half_done_setup_is_restored_and_a_failed_restore_is_named() -> None:
     before = dict(k.files)
     bad = (NS, napi_knob(8194, "irq-suspend-timeout", NS).path)
     k.fail_writes[bad] = 0
-    m = _mode(io=k)
-    with pytest.raises(KnobError, match="8194 irq-suspend-timeout"):
+    m = _mode(k)
+    with pytest.raises(KnobError, match="8194 irq-suspend-timeout"):  # the bench's name
         m.setup(T)
     assert k.files != before                        # the knobs before it were changed
     k.fail_writes.clear()
     m.teardown()
     assert k.files == before
     k2 = _kernel()
-    m2 = _mode(io=k2)
+    m2 = _mode(k2)
     m2.setup(T)
     k2.fail_writes[(NS, napi_knob(8193, "defer-hard-irqs", NS).path)] = 0
-    with pytest.raises(KnobError, match=r"not restored: .*8193 defer-hard-irqs"):
+    with pytest.raises(KnobError, match=r"not restored: restoring defer_hard_irqs of NAPI 8193 "
+                                        r"\(netns kbpb-test-s\) to '0'"):
         m2.teardown()
     assert k2.files[(NS, f"{Q}/rx-0/rps_cpus")] == "00000000,00000002"   # the rest is back
 
@@ -192,35 +193,41 @@ def test_napi_knob_paths_round_trip() -> None:
         napi_knob(1, "threaded", NS)
 
 
-def test_napi_io_goes_through_netdev(monkeypatch: pytest.MonkeyPatch) -> None:
-    """NapiIO reads with napi-get and writes with napi-set in the knob's netns; files go to
-    its file IO."""
+def test_napi_knobs_go_through_netdev(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's knob handlers read a NAPI knob with napi-get and write it with napi-set
+    in the knob's netns (kbpctl's NapiHandler); an attribute napi-get does not report is an
+    error, not a value; the mode's teardown closes the netdev sockets."""
     from kbp import netdev
     calls: list[tuple[Any, ...]] = []
+    vals = {"irq_suspend_timeout": 7, "defer_hard_irqs": 1}
 
     class _Client:
         def __init__(self, netns: str | None) -> None:
             calls.append(("open", netns))
 
         def napi(self, nid: int) -> Any:
-            return netdev.Napi(nid, 3, irq_suspend_timeout=7, defer_hard_irqs=1)
+            return netdev.Napi(nid, 3, **vals)
 
         def napi_set(self, nid: int, **kw: int) -> None:
             calls.append(("set", nid, kw))
+            vals.update(kw)
 
         def close(self) -> None:
             calls.append(("close",))
 
     monkeypatch.setattr(netdev, "NetdevClient", _Client)
-    files = FakeKernel(files={(NS, "/f"): "x"})
-    io = modes.NapiIO(files=files)
-    assert io.read(napi_knob(5, "irq-suspend-timeout", NS)) == "7"
-    io.write(napi_knob(5, "irq-suspend-timeout", NS), "20000000")
-    assert io.read(Knob("/f", NS)) == "x"
-    with pytest.raises(KnobError, match="napi-get does not report it"):
-        io.read(napi_knob(5, "gro-flush-timeout", NS))
-    io.close()
-    assert calls == [("open", NS), ("set", 5, {"irq_suspend_timeout": 20000000}), ("close",)]
+    m = _mode()
+    m.effector = knobs.kernel_effector(m._clients)
+    ist = napi_knob(5, "irq-suspend-timeout", NS)
+    assert knobs.read(m.kernel, ist) == "7"
+    ch = knobs.Changes(m.kernel, state=None)
+    ch.apply([(ist, "20000000")])
+    with pytest.raises(KnobError, match="napi-get does not report gro_flush_timeout"):
+        knobs.read(m.kernel, napi_knob(5, "gro-flush-timeout", NS))
+    ch.restore()
+    m.teardown()
+    assert calls == [("open", NS), ("set", 5, {"irq_suspend_timeout": 20000000}),
+                     ("set", 5, {"irq_suspend_timeout": 7}), ("close",)]
 
 
 # -- the runner swaps the RT application around the mode ------------------------------------
@@ -277,7 +284,7 @@ def test_runner_swaps_in_kbp_echo_and_back(monkeypatch: pytest.MonkeyPatch) -> N
     b = _bench(monkeypatch, log)
     k = _kernel()
     before = dict(k.files)
-    with b._mode(_mode(io=k)):
+    with b._mode(_mode(k)):
         assert b.server is not None and b.server.name == names.APP_KBP_ECHO
         assert k.files != before
         assert log[-1] == "place kbp-echo 1/0"
@@ -297,7 +304,7 @@ def test_runner_restores_and_swaps_back_on_exception(monkeypatch: pytest.MonkeyP
     b = _bench(monkeypatch, log)
     k = _kernel()
     before = dict(k.files)
-    with pytest.raises(exc), b._mode(_mode(io=k)):
+    with pytest.raises(exc), b._mode(_mode(k)):
         raise exc()
     assert k.files == before
     assert b.server is not None and b.server.name == names.APP_SOCKPERF
@@ -308,9 +315,9 @@ def test_runner_stops_when_irq_suspend_cannot_restore(monkeypatch: pytest.Monkey
     log: list[str] = []
     b = _bench(monkeypatch, log)
     k = _kernel()
-    with pytest.raises(Aborted, match="irq-suspend could not put back"), b._mode(_mode(io=k)):
+    with pytest.raises(Aborted, match="irq-suspend could not put back"), b._mode(_mode(k)):
         k.fail_writes[(NS, napi_knob(8193, "irq-suspend-timeout", NS).path)] = 0
-    assert any("8193 irq-suspend-timeout" in p for p in b.results["restore_problems"])
+    assert any("irq_suspend_timeout of NAPI 8193" in p for p in b.results["restore_problems"])
     assert b.server is not None and b.server.name == names.APP_SOCKPERF
 
 

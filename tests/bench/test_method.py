@@ -152,10 +152,10 @@ def test_settle_after_a_mode_that_moves_load(monkeypatch: pytest.MonkeyPatch) ->
     b = _bench(monkeypatch)
     monkeypatch.setattr(context.time, "sleep", lambda s: slept.append(s))
     k = _host()
-    with b._mode(DeferMode(io=k)):
+    with b._mode(DeferMode(effector=k.effector)):
         pass
     assert slept == []
-    m = DeferMode(io=k)
+    m = DeferMode(effector=k.effector)
     m.moves_load = True                                 # type: ignore[attr-defined]
     with b._mode(m):
         pass
@@ -201,7 +201,7 @@ def test_busypoll_turns_rps_off_on_the_rt_device_and_back() -> None:
     k = _host()
     k.files[(NS, RPS)] = "00000002"
     k.files[(NS, FLOWS)] = "0"
-    m = BusyPollMode(io=k)
+    m = BusyPollMode(effector=k.effector)
     m.setup(T)
     assert k.files[(NS, RPS)] == "00000000"
     assert "RPS off" in m.describe()["how"]
@@ -211,7 +211,7 @@ def test_busypoll_turns_rps_off_on_the_rt_device_and_back() -> None:
 
 def test_busypoll_without_rps_files_changes_only_the_sysctls() -> None:
     k = _host()
-    m = BusyPollMode(io=k)
+    m = BusyPollMode(effector=k.effector)
     m.setup(T)
     assert set(m.describe()["set"]) == {"/proc/sys/net/core/busy_read",
                                         "/proc/sys/net/core/busy_poll"}

@@ -5,6 +5,7 @@ half-way; a mode the kernel cannot run is skipped with the reason (kernel too ol
 
 from __future__ import annotations
 
+import errno
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,32 +39,47 @@ NDHI = f"/sys/class/net/{DEV}/napi_defer_hard_irqs"
 
 @dataclass
 class FakeKernel:
-    """Files by (netns, path); a write may fail (``fail_writes``: knob -> how many more
-    writes succeed first) or be clamped (``clamp``)."""
+    """Files by (netns, path), read and written through the knobs' handler interface
+    (kbpctl's handlers' get/set); a write may fail (``fail_writes``: knob -> how many more
+    writes succeed first, then EACCES) or be clamped (``clamp``).  ``written``: the kind
+    and key of every write."""
 
-    files: dict[tuple[str | None, str], str] = field(default_factory=dict)
+    files: dict[tuple[str | None, str], Any] = field(default_factory=dict)
     fail_writes: dict[tuple[str | None, str], int] = field(default_factory=dict)
     clamp: dict[tuple[str | None, str], str] = field(default_factory=dict)
-    log: list[tuple[str | None, str, str]] = field(default_factory=list)
+    log: list[tuple[str | None, str, Any]] = field(default_factory=list)
+    written: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
-    def exists(self, k: Knob) -> bool:
-        return (k.netns, k.path) in self.files
+    @property
+    def effector(self) -> dict[str, Any]:
+        return {kind: _FakeKind(self, kind) for kind in (journal.KIND_FILE, journal.KIND_NAPI)}
 
-    def read(self, k: Knob) -> str:
-        if (k.netns, k.path) not in self.files:
-            raise KnobError(f"cannot read {k}: no such file")
-        return self.files[(k.netns, k.path)]
+    def get(self, key: dict[str, Any]) -> Any:
+        return self.files.get((key.get("netns"), key["path"]), journal.MISSING)
 
-    def write(self, k: Knob, value: str) -> None:
-        key = (k.netns, k.path)
-        if key in self.fail_writes:
-            if self.fail_writes[key] <= 0:
-                raise KnobError(f"cannot write {value} to {k}: Permission denied")
-            self.fail_writes[key] -= 1
-        if key not in self.files:
-            raise KnobError(f"cannot write {value} to {k}: no such file")
-        self.log.append((k.netns, k.path, value))
-        self.files[key] = self.clamp.get(key, value)
+    def set(self, key: dict[str, Any], value: Any) -> None:
+        at = (key.get("netns"), key["path"])
+        if at in self.fail_writes:
+            if self.fail_writes[at] <= 0:
+                raise PermissionError(errno.EACCES, "Permission denied")
+            self.fail_writes[at] -= 1
+        if at not in self.files:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+        self.log.append((*at, value))
+        self.files[at] = self.clamp.get(at, str(value))   # as text, as a file reads
+
+
+@dataclass
+class _FakeKind:
+    kernel: FakeKernel
+    kind: str
+
+    def get(self, key: dict[str, Any]) -> Any:
+        return self.kernel.get(key)
+
+    def set(self, key: dict[str, Any], value: Any) -> None:
+        self.kernel.written.append((self.kind, dict(key)))
+        self.kernel.set(key, value)
 
 
 def _host(busy_read: str = "7", busy_poll: str = "0") -> FakeKernel:
@@ -99,7 +115,7 @@ def test_global_knobs_journaled_and_recovered_after_sigkill(tmp_path: Any) -> No
     format) says what it found, and the next benchmark that takes the global knobs puts that
     back first."""
     k = FakeKernel(files={(None, "/g"): "0", ("ns", "/n"): "1"})
-    a = Changes(k)
+    a = Changes(k.effector)
     a.apply([(Knob("/n", "ns"), "2")])
     assert not _journals()                                 # namespace knobs: no journal
     a.apply([(Knob("/g"), "50")])
@@ -114,7 +130,7 @@ def test_global_knobs_journaled_and_recovered_after_sigkill(tmp_path: Any) -> No
     dead.change("file", {"path": "/g"}, "0", "50")
     dead.close()
     k.files[(None, "/g")] = "50"
-    b = Changes(k)
+    b = Changes(k.effector)
     b.apply([(Knob("/g"), "50")])
     assert b.recovered == {"/g": "0"} and b.as_json() == {"/g": "0"}   # the true original
     b.restore()
@@ -129,13 +145,14 @@ def test_a_dead_benchmarks_journal_that_cannot_be_replayed_stops_the_next_one() 
     dead = journal.StateDir().begin_process(knobs.OWNER, _dead_pid())
     dead.change("file", {"path": "/g"}, "0", "50")
     dead.close()
-    b = Changes(k)
+    b = Changes(k.effector)
     with pytest.raises(KnobError, match=r"killed benchmark's settings .*bench-knobs-\d+"
-                                        r"\.jsonl.* could not be put back.*cannot write 0 to /g"):
+                                        r"\.jsonl.* could not be put back.*restoring /g to "
+                                        r"'0': .*Permission denied"):
         b.apply([(Knob("/g"), "1")])
     assert k.files[(None, "/g")] == "50" and len(_journals()) == 1
     b.restore()
-    c = Changes(FakeKernel(files={(None, "/h"): "0"}), state=None)
+    c = Changes(FakeKernel(files={(None, "/h"): "0"}).effector, state=None)
     c.apply([(Knob("/h"), "1")])                           # no lock: not blocked by b's
     c.restore()
 
@@ -145,7 +162,7 @@ def test_global_knobs_are_taken_in_turns() -> None:
     value back, so it finds (and restores) the true original."""
     import threading
     k = FakeKernel(files={(None, "/g"): "0"})
-    a, b = Changes(k), Changes(k)
+    a, b = Changes(k.effector), Changes(k.effector)
     a.apply([(Knob("/g"), "50")])
     done = threading.Event()
 
@@ -163,7 +180,7 @@ def test_global_knobs_are_taken_in_turns() -> None:
     b.restore()
     assert k.files[(None, "/g")] == "0"
     # knobs inside a namespace are the namespace's own: no lock
-    c, d = Changes(k), Changes(k)
+    c, d = Changes(k.effector), Changes(k.effector)
     k.files[("ns", "/n")] = "1"
     c.apply([(Knob("/n", "ns"), "2")])
     d.apply([(Knob("/g", None), "3")])             # not blocked by c
@@ -174,7 +191,7 @@ def test_global_knobs_are_taken_in_turns() -> None:
 # -- knobs --------------------------------------------------------------------------------
 def test_changes_put_back_exactly_what_was_found_last_first() -> None:
     k = FakeKernel(files={(None, "/a"): "1", (None, "/b"): "x y"})
-    ch = Changes(k)
+    ch = Changes(k.effector)
     ch.apply([(Knob("/a"), "5"), (Knob("/b"), "6")])
     assert k.files == {(None, "/a"): "5", (None, "/b"): "6"}
     assert ch.as_json() == {"/a": "1", "/b": "x y"}
@@ -188,7 +205,7 @@ def test_changes_put_back_exactly_what_was_found_last_first() -> None:
 def test_changes_half_done_apply_restores_what_it_changed() -> None:
     k = FakeKernel(files={(None, "/a"): "1", (None, "/b"): "2"},
                    fail_writes={(None, "/b"): 0})
-    ch = Changes(k)
+    ch = Changes(k.effector)
     with pytest.raises(KnobError, match="/b"):
         ch.apply([(Knob("/a"), "5"), (Knob("/b"), "6")])
     assert k.files[(None, "/a")] == "5"
@@ -199,7 +216,7 @@ def test_changes_half_done_apply_restores_what_it_changed() -> None:
 
 def test_changes_a_clamped_value_is_an_error_and_still_restored() -> None:
     k = FakeKernel(files={(None, "/a"): "1"}, clamp={(None, "/a"): "3"})
-    ch = Changes(k)
+    ch = Changes(k.effector)
     with pytest.raises(KnobError, match="reads '3' after writing '5'"):
         ch.apply([(Knob("/a"), "5")])
     k.clamp.clear()
@@ -209,25 +226,26 @@ def test_changes_a_clamped_value_is_an_error_and_still_restored() -> None:
 
 def test_changes_restore_tries_every_knob_and_names_the_failed() -> None:
     k = FakeKernel(files={(None, "/a"): "1", (None, "/b"): "2"})
-    ch = Changes(k)
+    ch = Changes(k.effector)
     ch.apply([(Knob("/a"), "5"), (Knob("/b"), "6")])
     k.fail_writes[(None, "/b")] = 0
-    with pytest.raises(KnobError, match="not restored: cannot write 2 to /b"):
+    with pytest.raises(KnobError, match=r"not restored: restoring /b to '2': .*Permission "
+                                       r"denied"):
         ch.restore()
     assert k.files[(None, "/a")] == "1"                 # the other one is back
 
 
 def test_net_core_sysctl_where_the_app_sees_it() -> None:
     k = _host()
-    assert knobs.net_core_sysctl("busy_read", NS, k) == Knob(BUSY_READ)   # global (6.18)
+    assert knobs.net_core_sysctl("busy_read", NS, k.effector) == Knob(BUSY_READ)  # global
     k.files[(NS, BUSY_READ)] = "0"                                        # per-netns kernel
-    assert knobs.net_core_sysctl("busy_read", NS, k) == Knob(BUSY_READ, NS)
+    assert knobs.net_core_sysctl("busy_read", NS, k.effector) == Knob(BUSY_READ, NS)
 
 
 # -- busypoll -------------------------------------------------------------------------------
 def test_busypoll_sets_50_and_restores_the_values_found() -> None:
     k = _host(busy_read="7", busy_poll="0")
-    m = BusyPollMode(io=k)
+    m = BusyPollMode(effector=k.effector)
     assert m.unavailable() is None
     m.setup(T)
     assert k.files[(None, BUSY_READ)] == "50" and k.files[(None, BUSY_POLL)] == "50"
@@ -243,7 +261,7 @@ def test_busypoll_per_namespace_kernel_sets_the_apps_namespace_only() -> None:
     k = _host()
     k.files[(NS, BUSY_READ)] = "0"
     k.files[(NS, BUSY_POLL)] = "0"
-    m = BusyPollMode(io=k)
+    m = BusyPollMode(effector=k.effector)
     m.setup(T)
     assert k.files[(NS, BUSY_READ)] == k.files[(NS, BUSY_POLL)] == "50"
     assert k.files[(None, BUSY_READ)] == "7"                        # global untouched
@@ -253,14 +271,14 @@ def test_busypoll_per_namespace_kernel_sets_the_apps_namespace_only() -> None:
 
 
 def test_busypoll_unavailable_without_the_sysctl() -> None:
-    why = BusyPollMode(io=FakeKernel()).unavailable()
+    why = BusyPollMode(effector=FakeKernel().effector).unavailable()
     assert why is not None and "CONFIG_NET_RX_BUSY_POLL" in why
 
 
 # -- defer --------------------------------------------------------------------------------
 def test_defer_sets_the_rt_device_and_restores_it() -> None:
     k = _host()
-    m = DeferMode(io=k)
+    m = DeferMode(effector=k.effector)
     m.setup(T)
     assert k.files[(NS, NDHI)] == modes.DEFER_HARD_IRQS == "2"
     assert k.files[(NS, GFT)] == modes.GRO_FLUSH_TIMEOUT_NS == "20000"
@@ -302,7 +320,7 @@ def test_runner_restores_on_exception_and_ctrl_c(monkeypatch: pytest.MonkeyPatch
                                                  make: Any, exc: type[BaseException]) -> None:
     k = _host()
     b = _bench(monkeypatch)
-    m = make(io=k)
+    m = make(effector=k.effector)
     with pytest.raises(exc), b._mode(m):
         assert k.files != _host().files             # the mode is on
         raise exc()
@@ -313,18 +331,18 @@ def test_runner_restores_on_exception_and_ctrl_c(monkeypatch: pytest.MonkeyPatch
 def test_runner_restores_after_ctrl_c_half_way_through_setup(
         monkeypatch: pytest.MonkeyPatch) -> None:
     k = _host()
-    real_write = k.write
+    real_set = k.set
     calls = [0]
 
-    def write(kn: Knob, value: str) -> None:
-        real_write(kn, value)
+    def write(key: dict[str, Any], value: str) -> None:
+        real_set(key, value)
         calls[0] += 1
         if calls[0] == 1:                           # after the first knob: Ctrl-C
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(k, "write", write)
+    monkeypatch.setattr(k, "set", write)
     b = _bench(monkeypatch)
-    with pytest.raises(KeyboardInterrupt), b._mode(DeferMode(io=k)):
+    with pytest.raises(KeyboardInterrupt), b._mode(DeferMode(effector=k.effector)):
         pytest.fail("the body must not run")
     assert k.files == _host().files
 
@@ -333,7 +351,7 @@ def test_runner_stops_when_a_mode_cannot_restore(monkeypatch: pytest.MonkeyPatch
     k = _host()
     b = _bench(monkeypatch)
     with pytest.raises(Aborted, match="busypoll could not put back"), \
-            b._mode(BusyPollMode(io=k)):
+            b._mode(BusyPollMode(effector=k.effector)):
         k.fail_writes[(None, BUSY_POLL)] = 0
     assert any(BUSY_POLL in p for p in b.results["restore_problems"])
     assert k.files[(None, BUSY_READ)] == "7"        # what could be restored, was
@@ -472,16 +490,9 @@ def test_a_napi_knob_of_the_initial_namespace_is_recovered_as_a_napi_knob() -> N
 
     from kbp.bench.modes import napi_knob
 
-    seen: list[Knob] = []
-
-    class Io(FakeKernel):
-        def write(self, k: Knob, value: str) -> None:
-            seen.append(k)
-            super().write(k, value)
-
     nk = napi_knob(8193, "gro-flush-timeout", None)
-    k = Io(files={(None, nk.path): "0", (None, "/g"): "0"})
-    a = Changes(k)
+    k = FakeKernel(files={(None, nk.path): "0", (None, "/g"): "0"})
+    a = Changes(k.effector)
     a.apply([(nk, "20000")])
     (j,) = _journals()
     rec = journal.read_record(j)
@@ -492,10 +503,10 @@ def test_a_napi_knob_of_the_initial_namespace_is_recovered_as_a_napi_knob() -> N
     dead.write_text(j.read_text())
     a.restore()                                      # (this one lets go of the lock)
     k.files[(None, nk.path)] = "20000"
-    seen.clear()
-    b = Changes(k)
+    k.written.clear()
+    b = Changes(k.effector)
     b.apply([(Knob("/g"), "1")])                     # takes the lock: recovers first
-    assert seen[0] == nk and seen[0].napi == (8193, "gro_flush_timeout")
+    assert k.written[0] == ("napi", nk.key()) and nk.napi == (8193, "gro_flush_timeout")
     assert b.recovered == {nk.path: "0"}
     assert k.files[(None, nk.path)] == "0"
     b.restore()

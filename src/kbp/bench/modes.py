@@ -99,7 +99,6 @@ A mode owns its quirks; the runner only asks:
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -107,10 +106,10 @@ from functools import partial
 from typing import Any, Final, Protocol
 
 from kbp import modespec, names, sysinfo
-from kbp.bench import steer
-from kbp.bench.knobs import Changes, KernelIO, Knob, KnobError, KnobIO, net_core_sysctl
+from kbp.bench import knobs, steer
+from kbp.bench.knobs import Changes, Knob, KnobError, net_core_sysctl
+from kbp.netdev import NetdevClients
 from kbp.system import access, journal
-from kbp.system.journal import MISSING
 
 VM_HINT = "runs in the VM rig: python -m kbp.bench vm --smoke"
 
@@ -365,9 +364,19 @@ class KnobMode(_Defaults):
     name: str = ""
     target: Target | None = None
     spins: bool = False
-    io: KnobIO = field(default_factory=KernelIO)
+    effector: journal.Effector | None = None    # None: the kernel's (kbpctl's handlers)
     changes: Changes | None = None
     _set: dict[str, str] = field(default_factory=dict)
+    _clients: NetdevClients = field(default_factory=NetdevClients)
+
+    def __post_init__(self) -> None:
+        if self.effector is None:
+            self.effector = knobs.kernel_effector(self._clients)
+
+    @property
+    def kernel(self) -> journal.Effector:
+        assert self.effector is not None
+        return self.effector
 
     def wanted(self, t: Target) -> list[tuple[Knob, str]]:
         raise NotImplementedError
@@ -377,15 +386,18 @@ class KnobMode(_Defaults):
 
     def setup(self, t: Target) -> None:
         self.target = t
-        self.changes = Changes(self.io)
+        self.changes = Changes(self.kernel)
         want = self.wanted(t)
         self._set = {str(k): v for k, v in want}
         self.changes.apply(want)
 
     def teardown(self) -> None:
         ch, self.changes, self.target = self.changes, None, None
-        if ch is not None:
-            ch.restore()            # KnobError names what could not be put back
+        try:
+            if ch is not None:
+                ch.restore()        # KnobError names what could not be put back
+        finally:
+            self._clients.close()
 
     def threads(self) -> dict[int, str]:
         return {}
@@ -413,14 +425,14 @@ class BusyPollMode(KnobMode):
     name: str = BUSYPOLL
 
     def unavailable(self) -> str | None:
-        k = net_core_sysctl("busy_read", None, self.io)
-        if not self.io.exists(k):
+        k = net_core_sysctl("busy_read", None, self.kernel)
+        if knobs.read(self.kernel, k) is None:
             return "this kernel has no net.core.busy_read (built without CONFIG_NET_RX_BUSY_POLL)"
         return None
 
     def wanted(self, t: Target) -> list[tuple[Knob, str]]:
-        return [*rps_off(t, self.io), *((net_core_sysctl(n, t.netns, self.io), BUSY_POLL_US)
-                                       for n in ("busy_read", "busy_poll"))]
+        return [*rps_off(t, self.kernel), *((net_core_sysctl(n, t.netns, self.kernel),
+                                             BUSY_POLL_US) for n in ("busy_read", "busy_poll"))]
 
     def how(self) -> str:
         scope = "per namespace" if any("(netns" in k for k in self._set) else \
@@ -430,21 +442,22 @@ class BusyPollMode(KnobMode):
                 "RPS off on the RT server device; the tester's socket SO_BUSY_POLL 0")
 
 
-def rps_off(t: Target, io: KnobIO, max_queues: int = 4096) -> list[tuple[Knob, str]]:
+def rps_off(t: Target, kernel: journal.Effector, max_queues: int = 4096,
+            queues: Iterable[str] | None = None) -> list[tuple[Knob, str]]:
     """Knobs that turn RPS off on every receive queue of the target device (``rps_cpus``
-    and a non-zero ``rps_flow_cnt`` written as zero, in the width they read); queues found
-    through ``io`` (rx-0, rx-1, ... while their ``rps_cpus`` exists)."""
+    and a non-zero ``rps_flow_cnt`` written as zero, in the width they read); ``queues``
+    (rx-0, ...), or while rx-N's ``rps_cpus`` is there."""
     want: list[tuple[Knob, str]] = []
     d = f"/sys/class/net/{t.dev}/queues"
-    for i in range(max_queues):
-        cpus = Knob(f"{d}/rx-{i}/rps_cpus", t.netns)
-        if not io.exists(cpus):
+    for q in queues if queues is not None else (f"rx-{i}" for i in range(max_queues)):
+        cpus = Knob(f"{d}/{q}/rps_cpus", t.netns)
+        was = knobs.read(kernel, cpus)
+        if was is None and queues is None:
             break
-        was = io.read(cpus)
-        if zero_mask(was) != was:
+        if was is not None and zero_mask(was) != was:
             want.append((cpus, zero_mask(was)))
-        flows = Knob(f"{d}/rx-{i}/rps_flow_cnt", t.netns)
-        if io.exists(flows) and io.read(flows) != "0":
+        flows = Knob(f"{d}/{q}/rps_flow_cnt", t.netns)
+        if knobs.read(kernel, flows) not in (None, "0"):
             want.append((flows, "0"))
     return want
 
@@ -487,67 +500,6 @@ def napi_knob(napi_id: int, attr: str, netns: str | None) -> Knob:
     if attr not in NAPI_ATTRS:
         raise ValueError(f"unknown napi-set attribute {attr!r}")
     return Knob(f"netdev napi {napi_id} {attr}", netns, (napi_id, NAPI_ATTRS[attr]))
-
-
-@dataclass
-class NapiIO:
-    """KnobIO for files (``files``) and NAPI attributes (napi_knob(): kbpctl's own
-    :class:`kbp.system.settings.NapiHandler`, napi-get and napi-set in the knob's
-    namespace), so :class:`Changes` journals and restores both the same way.  ``close()``
-    the netdev sockets it opened."""
-
-    files: KnobIO = field(default_factory=KernelIO)
-    _clients: dict[str | None, Any] = field(default_factory=dict)
-
-    def _client(self, netns: str | None) -> Any:
-        if netns not in self._clients:
-            from kbp.netdev import NetdevClient
-            self._clients[netns] = NetdevClient(netns)
-        return self._clients[netns]
-
-    def close(self) -> None:
-        while self._clients:
-            _, c = self._clients.popitem()
-            with contextlib.suppress(Exception):
-                c.close()
-
-    def _napi(self, k: Knob) -> tuple[Any, dict[str, Any]]:
-        from kbp.system.settings import NapiHandler  # netdev's import is deferred here too
-        assert k.napi is not None
-        return (NapiHandler(self._client),
-                {"netns": k.netns, "napi_id": k.napi[0], "knob": k.napi[1]})
-
-    def exists(self, k: Knob) -> bool:
-        if k.napi is None:
-            return self.files.exists(k)
-        h, key = self._napi(k)
-        try:
-            return h.get(key) is not MISSING
-        except Exception:
-            return False
-
-    def read(self, k: Knob) -> str:
-        if k.napi is None:
-            return self.files.read(k)
-        h, key = self._napi(k)
-        try:
-            v = h.get(key)
-        except Exception as e:
-            raise KnobError(f"cannot read {k}: {e}") from e
-        if v is MISSING or v is None:
-            raise KnobError(f"cannot read {k}: " + ("no such NAPI" if v is MISSING else
-                                                   "napi-get does not report it"))
-        return str(v)
-
-    def write(self, k: Knob, value: str) -> None:
-        if k.napi is None:
-            self.files.write(k, value)
-            return
-        h, key = self._napi(k)
-        try:
-            h.set(key, int(value))
-        except Exception as e:
-            raise KnobError(f"cannot write {value} to {k}: {e}") from e
 
 
 def rt_napi_ids(t: Target) -> list[int]:
@@ -633,12 +585,11 @@ class IrqSuspendMode(KnobMode):
     set, ``rps_flow_cnt``, written as zero in the width they read): the shared-cpu scenario
     steers the RT device to the RT CPU with RPS, and then the NAPI polled from ``epoll_wait``
     would queue the request on a backlog again instead of handing it to the socket.  Every
-    value found (NAPI attributes and RPS files) goes back exactly on teardown (:class:`Changes`,
-    through :class:`NapiIO`).  The app is placed as the placement says (``app_place``: home).
+    value found (NAPI attributes and RPS files) goes back exactly on teardown
+    (:class:`Changes`).  The app is placed as the placement says (``app_place``: home).
     """
 
     name: str = IRQ_SUSPEND
-    io: KnobIO = field(default_factory=NapiIO)
     find_napis: Any = rt_napi_ids               # Target -> [NAPI id]
     find_rx_queues: Any = rt_rx_queues          # Target -> ["rx-0", ...]
     features: Any = netdev_features             # () -> NetdevFeatures
@@ -673,17 +624,7 @@ class IrqSuspendMode(KnobMode):
         if not ids:
             raise RuntimeError(f"{t.dev}: napi-get lists no NAPI instance (GRO off on "
                                "veth?): IRQ suspension has nothing to act on")
-        want: list[tuple[Knob, str]] = []
-        d = f"/sys/class/net/{t.dev}/queues"
-        for q in self.find_rx_queues(t):
-            cpus = Knob(f"{d}/{q}/rps_cpus", t.netns)
-            if self.io.exists(cpus):
-                was = self.io.read(cpus)
-                if zero_mask(was) != was:
-                    want.append((cpus, zero_mask(was)))
-            flows = Knob(f"{d}/{q}/rps_flow_cnt", t.netns)
-            if self.io.exists(flows) and self.io.read(flows) != "0":
-                want.append((flows, "0"))
+        want = rps_off(t, self.kernel, queues=self.find_rx_queues(t))
         for nid in ids:
             want += [(napi_knob(nid, "defer-hard-irqs", t.netns), IRQ_SUSPEND_DEFER_HARD_IRQS),
                      (napi_knob(nid, "gro-flush-timeout", t.netns),
@@ -696,14 +637,6 @@ class IrqSuspendMode(KnobMode):
                 f"gro-flush-timeout = {IRQ_SUSPEND_GRO_FLUSH_TIMEOUT_NS} ns, "
                 f"irq-suspend-timeout = {IRQ_SUSPEND_TIMEOUT_NS} ns on every NAPI of the "
                 "RT server device, RPS off there; RT app kbp-echo (epoll, EPIOCSPARAMS)")
-
-    def teardown(self) -> None:
-        try:
-            super().teardown()
-        finally:
-            close = getattr(self.io, "close", None)
-            if close is not None:
-                close()
 
     def describe(self) -> dict[str, Any]:
         from kbp.bench import workloads
@@ -1206,7 +1139,7 @@ def availability(wanted: list[str], modes: dict[str, Mode] | None = None,
 
 
 __all__ = ["CATALOG", "AppEnv", "AppPlace", "BackendMode", "BusyPollMode", "DeferMode",
-           "IrqSuspendMode", "KnobError", "KnobMode", "Mode", "ModeInfo", "NapiIO", "NapiMode",
+           "IrqSuspendMode", "KnobError", "KnobMode", "Mode", "ModeInfo", "NapiMode",
            "PeriodicMode", "Target", "ThreadedMode", "aliases", "all_modes", "availability",
            "backend_mode", "backend_refusal", "canonical", "catalog", "make_modes", "named",
            "runs_doc", "search_state", "standard_modes", "too_old"]

@@ -282,15 +282,11 @@ def recover(state: journal.StateDir | None = None) -> list[str]:
     re-affined.  Returns what was recovered (one line per port)."""
     st = state or journal.StateDir()
     done: list[str] = []
+    h = PortHandler()
     with st.lock():
-        for rec in st.orphans(OWNER, own=True):
-            h = PortHandler()
-            try:
-                journal.restore(rec, {KIND: h})
-            except access.RestoreError as e:
-                done.append(f"NIC ports of {rec.path.name}: {e} (journal kept)")
-                continue
-            finally:
-                done += [f"{line} from {rec.path.name}" for line in h.done]
-            journal.remove_record(rec.path)
+        for rec, err in st.replay_orphans(OWNER, {KIND: h}, own=True):
+            if err is not None:
+                done.append(f"NIC ports of {rec.path.name}: {err} (journal kept)")
+            done += [f"{line} from {rec.path.name}" for line in h.done]
+            h.done.clear()
     return done

@@ -194,6 +194,20 @@ class StateDir:
                 out.append(rec)
         return out
 
+    def replay_orphans(self, owner: str, effector: Effector, *, own: bool = False,
+                       ) -> Iterator[tuple[Record, access.RestoreError | None]]:
+        """Replay each of :meth:`orphans` with :func:`restore`, oldest first: one put back
+        is removed, one that could not be is kept for the next process.  Yields each record
+        with its failure (None: replayed).  Call it holding :meth:`lock`."""
+        for rec in self.orphans(owner, own=own):
+            try:
+                restore(rec, effector)
+            except access.RestoreError as e:
+                yield rec, e
+                continue
+            remove_record(rec.path)
+            yield rec, None
+
     def records(self) -> list[Record]:
         paths: list[Path] = []
         if (self.root / "default").is_dir():
@@ -388,7 +402,7 @@ class Executor:
 KIND_NAPI = "napi"            # a NAPI's napi-set attribute (settings.NapiHandler)
 KIND_SYSFS = "sysfs"          # /sys/class/net/DEV/ATTR in a namespace (settings.SysfsHandler)
 KIND_GRO = "gro"              # a device's GRO, on or off (settings.GroHandler)
-KIND_FILE = "file"            # a kernel file by path (the bench's global sysctls)
+KIND_FILE = "file"            # a kernel file by path in a namespace (settings.FileHandler)
 
 
 def describe(kind: str, key: Mapping[str, Any]) -> str:
@@ -396,13 +410,13 @@ def describe(kind: str, key: Mapping[str, Any]) -> str:
     if kind in ("sched", "affinity"):
         what = "scheduling" if kind == "sched" else "CPU affinity"
         return f"{what} of {key.get('comm', '?')} (pid {key.get('pid')})"
+    where = f" (netns {key['netns']})" if key.get("netns") else ""
     if kind == KIND_NAPI:
-        return f"{key.get('knob')} of NAPI {key.get('napi_id')}"
+        return f"{key.get('knob')} of NAPI {key.get('napi_id')}{where}"
     if kind == KIND_SYSFS:
-        where = f" (netns {key['netns']})" if key.get("netns") else ""
         return f"{key.get('dev')}/{key.get('attr')}{where}"
     if kind == KIND_GRO:
-        return f"GRO of {key.get('dev')}"
+        return f"GRO of {key.get('dev')}{where}"
     if kind == "irq":
         return f"affinity of IRQ {key.get('irq')}"
     if kind == "periodicd":
@@ -410,7 +424,7 @@ def describe(kind: str, key: Mapping[str, Any]) -> str:
     if kind == "nic_port":
         return f"NIC port {key.get('name')} (moved into netns {key.get('netns')})"
     if kind == KIND_FILE:
-        return str(key.get("path"))
+        return f"{key.get('path')}{where}"
     if kind == "kmod_attach":
         return f"attachment of {key.get('dev')} to the kbp module"
     return f"{kind} {dict(key)}"

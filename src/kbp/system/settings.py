@@ -9,6 +9,7 @@ sched          pid, starttime, comm                    {policy, priority, nice}
 affinity       pid, starttime, comm                    [cpu, ...]
 irq            irq                                     CPU list string
 gro            netns, dev                              bool (ethtool -k/-K)
+file           path, netns                             str (a /proc/sys or /sys file)
 =============  ======================================  ==============================
 
 Tasks are identified by pid *and* start time, so a restored setting never lands on an
@@ -27,7 +28,15 @@ from kbp.errors import InvalidInput
 from kbp.netdev import NetdevClient, NetFS
 from kbp.sysinfo import HOST, Host, TaskId
 from kbp.system import access
-from kbp.system.journal import KIND_GRO, KIND_NAPI, KIND_SYSFS, MISSING, Handler, TargetGone
+from kbp.system.journal import (
+    KIND_FILE,
+    KIND_GRO,
+    KIND_NAPI,
+    KIND_SYSFS,
+    MISSING,
+    Handler,
+    TargetGone,
+)
 
 
 def task_key(tid: TaskId) -> dict[str, Any]:
@@ -43,7 +52,10 @@ class NapiHandler:
         # the journal's key names the device too: a NAPI id reused by another device is gone
         if napi is None or key.get("ifindex", napi.ifindex) != napi.ifindex:
             return MISSING
-        return getattr(napi, key["knob"])
+        v = getattr(napi, key["knob"])
+        if v is None:        # a kernel whose napi-get does not report it: nothing to restore
+            raise OSError(errno.EOPNOTSUPP, f"napi-get does not report {key['knob']}")
+        return v
 
     def set(self, key: Mapping[str, Any], value: Any) -> None:
         try:
@@ -164,6 +176,22 @@ class GroHandler:
                    ns=key.get("netns"))
 
 
+class FileHandler:
+    """A kernel file by path (a sysctl under /proc/sys, a /sys attribute) as the key's
+    namespace sees it (/proc/sys/net and /sys/class/net show the namespace of the process
+    that opens them): its text, stripped; written in one write(2).  A file that is not
+    there is MISSING; a write the kernel refuses is an OSError with its errno."""
+
+    def get(self, key: Mapping[str, Any]) -> Any:
+        try:
+            return access.read(key["path"], key.get("netns"))
+        except FileNotFoundError:
+            return MISSING
+
+    def set(self, key: Mapping[str, Any], value: Any) -> None:
+        access.write(key["path"], f"{value}\n", key.get("netns"))
+
+
 def sysfs_key(netns: str | None, dev: str, ifindex: int | None, attr: str) -> dict[str, Any]:
     """The key of ``/sys/class/net/DEV/ATTR`` (ATTR may be ``queues/rx-N/rps_cpus``)."""
     return {"netns": netns, "dev": dev, "ifindex": ifindex, "attr": attr}
@@ -180,6 +208,7 @@ def system_effector(client: Callable[[str | None], NetdevClient],
                     host: Host = HOST) -> dict[str, Handler]:
     return {
         KIND_NAPI: NapiHandler(client),
+        KIND_FILE: FileHandler(),
         **net_effector(fs),
         "sched": SchedHandler(host),
         "affinity": AffinityHandler(host),

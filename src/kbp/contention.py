@@ -35,6 +35,7 @@ from kbp.sysinfo import (
     read_irq_affinity,
     read_irq_effective,
 )
+from kbp.system import journal
 from kbp.system.journal import TargetGone
 
 IRQ_THREAD_PRIO = 50  # forced-threaded interrupt handlers (kernel/irq/manage.c)
@@ -228,9 +229,9 @@ def isolate(ex: Any, cpus: Iterable[int], served: Iterable[tuple[str, str | None
     other devices still work, and the note after ``enable`` names an interrupt that stayed."""
     cpus, served, where = list(cpus), list(served), scope(netns)
     steps: list[tuple[str, dict[str, Any], str]] = [
-        ("irq", {"irq": irq}, new)
+        (journal.KIND_IRQ, {"irq": irq}, new)
         for irq, new in isolate_plan(cpus, served, where, online, host)]
-    steps += [("sysfs", key, new) for key, new in rps_isolate_plan(cpus, served, where)]
+    steps += [(journal.KIND_SYSFS, key, new) for key, new in rps_isolate_plan(cpus, served, where)]
     moved = 0
     for kind, key, new in steps:
         try:

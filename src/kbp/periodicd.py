@@ -45,9 +45,10 @@ from typing import Any
 
 from kbp import names, netap, sysinfo
 from kbp.problems import PERIODIC_SERVICE, Problem
+from kbp.system import journal
 from kbp.system.journal import Record, StateDir, TargetGone, read_record
 
-KIND = "periodicd"
+KIND = journal.KIND_PERIODICD
 RUNNING = "running"
 #: napi_defer_hard_irqs while periodic: empty polls before the IRQ is re-armed (the module's
 #: KBP_PERIODIC_IDLE_POLLS; why 8: docs/netap.md)
@@ -348,9 +349,9 @@ class Service:
         ns = interval_us * 1000
         for c in rec.changes:
             try:
-                if c.kind == "napi" and c.key.get("knob") == "gro_flush_timeout":
+                if c.kind == journal.KIND_NAPI and c.key.get("knob") == "gro_flush_timeout":
                     self.client.napi_set(int(c.key["napi_id"]), gro_flush_timeout=ns)
-                elif c.kind == "sysfs" and c.key.get("attr") == "gro_flush_timeout":
+                elif c.kind == journal.KIND_SYSFS and c.key.get("attr") == "gro_flush_timeout":
                     self.fs.write(self.dev, "gro_flush_timeout", str(ns))
             except (OSError, TargetGone) as e:
                 self.write_errors += 1
@@ -442,7 +443,7 @@ def threads(rec: Record) -> list[sysinfo.TaskId]:
     """The device's NAPI threads, as the journal names them (their scheduling changes)."""
     out = {}
     for c in rec.changes:
-        if c.kind == "sched" and "pid" in c.key:
+        if c.kind == journal.KIND_SCHED and "pid" in c.key:
             out[c.key["pid"]] = sysinfo.TaskId(int(c.key["pid"]), int(c.key["starttime"]),
                                                str(c.key.get("comm", "")))
     return list(out.values())

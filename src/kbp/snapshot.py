@@ -2,66 +2,63 @@
 
 ``kbpctl snapshot DEV`` prints it; tests compare a snapshot taken before ``enable`` with
 one taken after ``disable`` to prove that "off" restores the machine.
+
+The settings are kbpctl's own change model read back: the device is found once
+(:func:`device`: its NAPIs, receive queues, NAPI threads and queue IRQs), then every kind of
+:func:`kbp.system.settings.system_effector` names its keys of that device and reads them
+with the ``get()`` that ``enable`` journals and ``disable`` compares.  A kind added there is
+in the snapshot with it (a kind with no keys of the device is left out).  Each setting is
+labelled as journals and errors name it (:func:`kbp.system.journal.describe`); one that is
+not there reads null.
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 from kbp import sysinfo
 from kbp.errors import InvalidInput
-from kbp.netdev import NetdevClient, NetFS, get_link
-from kbp.rps import RPS_CPUS, RPS_FLOW_CNT
+from kbp.netdev import NetFS, clients, get_link
 from kbp.sysinfo import HOST, Host
-
-SYSFS_ATTRS = ["threaded", "napi_defer_hard_irqs", "gro_flush_timeout"]
-RPS_ATTRS = [RPS_CPUS, RPS_FLOW_CNT]  # per receive queue: queues/rx-N/<attr>
-
-
-def _task(pid: int, host: Host) -> dict[str, Any] | None:
-    st = sysinfo.read_stat(pid, host)
-    if st is None:
-        return None
-    try:
-        s = sysinfo.get_sched(pid)
-    except ProcessLookupError:
-        return None
-    return {"pid": pid, "comm": st.comm, "policy": s.policy, "priority": s.priority,
-            "nice": s.nice, "cpus": s.cpus}
+from kbp.system import journal
+from kbp.system.journal import MISSING
+from kbp.system.settings import Device, system_effector
 
 
-def snapshot(dev: str, netns: str | None = None, host: Host = HOST) -> dict[str, Any]:
+def setting(snap: dict[str, Any], kind: str, key: dict[str, Any]) -> Any:
+    """One setting of a snapshot, by its kind and change key (KeyError: not in it)."""
+    return snap["settings"][kind][journal.describe(kind, key)]
+
+
+def device(dev: str, netns: str | None = None, host: Host = HOST,
+           client: Any = None) -> Device:
+    """What of ``dev`` the kinds can change, found once (InvalidInput: no such device)."""
     link = get_link(dev, netns)
     if link is None:
         raise InvalidInput(f"no device {dev} in {('netns ' + netns) if netns else 'this netns'}")
     fs = NetFS(netns)
-    out: dict[str, Any] = {"dev": dev, "netns": netns, "ifindex": link.ifindex,
-                           "sysfs": fs.read_many(dev, SYSFS_ATTRS),
-                           "rps": fs.rx_queues(dev, RPS_ATTRS), "napis": [],
-                           "threads": {}, "irqs": {}}
-    pids: set[int] = set()
-    irqs: set[int] = set()
-    with NetdevClient(netns) as c:
-        napis = c.napis(link.ifindex)
-    for n in napis:
-        out["napis"].append({"id": n.id, "threaded": n.threaded,
-                             "defer_hard_irqs": n.defer_hard_irqs,
-                             "gro_flush_timeout": n.gro_flush_timeout, "irq": n.irq,
-                             "pid": n.pid})
-        if n.pid:
-            pids.add(n.pid)
-        if n.irq is not None:
-            irqs.add(n.irq)
+    napis = tuple(client(netns).napis(link.ifindex)) if client is not None else ()
+    pids = {n.pid for n in napis if n.pid}
     if not napis:  # no napi-get: threads by name (may include same-named devices elsewhere)
         pids |= {t.pid for t in sysinfo.find_napi_threads(dev, host)}
-    for pid in sorted(pids):
-        t = _task(pid, host)
-        if t is not None:
-            out["threads"][str(pid)] = t
-    msi = fs.msi_irqs(dev)
-    irqs |= {q.irq for q in sysinfo.device_irqs(dev, msi or None, host)}
-    for irq in sorted(irqs):
-        with contextlib.suppress(OSError):
-            out["irqs"][str(irq)] = sysinfo.read_irq_affinity(irq, host)
-    return out
+    tasks = tuple(t for p in sorted(pids) if (t := sysinfo.task_id(p, host)) is not None)
+    irqs = {n.irq for n in napis if n.irq is not None}
+    irqs |= {q.irq for q in sysinfo.device_irqs(dev, fs.msi_irqs(dev) or None, host)}
+    return Device(netns, dev, link.ifindex, napis, tuple(fs.rx_queues(dev, [])), tasks,
+                  tuple(sorted(irqs)))
+
+
+def snapshot(dev: str, netns: str | None = None, host: Host = HOST) -> dict[str, Any]:
+    with clients() as client:
+        d = device(dev, netns, host, client)
+        settings: dict[str, dict[str, Any]] = {}
+        for kind, h in system_effector(client, NetFS, host).items():
+            keys = h.keys(d)
+            if not keys:
+                continue
+            many = getattr(h, "get_many", None)
+            values = many(keys) if many is not None else [h.get(k) for k in keys]
+            settings[kind] = {journal.describe(kind, k): None if v is MISSING else v
+                              for k, v in zip(keys, values, strict=True)}
+    return {"dev": dev, "netns": netns, "ifindex": d.ifindex,
+            "napis": [n.id for n in d.napis], "settings": settings}

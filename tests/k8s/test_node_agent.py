@@ -179,8 +179,10 @@ def test_applies_serves_follows_edits_and_restores_on_sigterm(tmp_path: Path,
                 assert got["cpus"] == [cpu] and not got.get("problems"), got
                 now = snapshot(d, ns)
                 assert now != before[d]
-                assert [(t["policy"], t["priority"], t["cpus"]) for t in now["threads"].values()
-                        ] == [("SCHED_FIFO", 50, [cpu])] * len(now["napis"]), now
+                sched, aff = now["settings"]["sched"], now["settings"]["affinity"]
+                assert [(t["policy"], t["priority"]) for t in sched.values()] == \
+                    [("SCHED_FIFO", 50)] * len(now["napis"]), now
+                assert list(aff.values()) == [[cpu]] * len(now["napis"]), now
             # served over HTTP: kbp_ metrics of these devices, and what the file asks for
             m = scrape(url)
             assert one(m, "kbp_up") == 1

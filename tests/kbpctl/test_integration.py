@@ -25,7 +25,7 @@ from kbp import names, sysinfo
 from kbp.bench import testbed
 from kbp.bench.testbed import VethLink
 from kbp.netdev import NetdevClient, get_link
-from kbp.snapshot import snapshot
+from kbp.snapshot import setting, snapshot
 from kbp.system import access
 
 from .conftest import UserKbpctl, netns_skip_reason
@@ -217,7 +217,7 @@ def test_restores_non_default_prior_settings(bed: Bed) -> None:
     (t0,) = napi_threads(bed, ns, dev)
     os.setpriority(os.PRIO_PROCESS, t0.pid, 5)
     before = bed.snap()
-    assert before["server"]["threads"][str(t0.pid)]["nice"] == 5
+    assert setting(before["server"], "sched", {"pid": t0.pid, "comm": t0.comm})["nice"] == 5
 
     bed.kbpctl("enable", dev, "--netns", ns, "--cpus", "0", "--rt-prio", "40",
                "--linger-us", "100")
@@ -562,7 +562,8 @@ def test_rps_turned_off_and_restored_exactly(bed: Bed) -> None:
     set_rps_attr(ns, dev, "rps_cpus", cpu_mask(cpus[:1]))
     orig = rps_attr(ns, dev, "rps_cpus")
     before = bed.snap()
-    assert before["server"]["rps"]["rx-0"]["rps_cpus"] == orig and mask_cpus(orig) == cpus[:1]
+    rx0 = {"netns": ns, "dev": dev, "attr": "queues/rx-0/rps_cpus"}
+    assert setting(before["server"], "sysfs", rx0) == orig and mask_cpus(orig) == cpus[:1]
     bed.echo_server()
 
     p = bed.kbpctl("enable", dev, "--netns", ns, "--cpus", str(cpus[-1]))
@@ -644,7 +645,8 @@ def test_rps_per_queue_masks_restored(bed: Bed) -> None:
     set_rps_attr(s, "rpss0", "rps_cpus", cpu_mask(cpus), q="rx-1")
     set_rps_attr(s, "rpss0", "rps_flow_cnt", "100", q="rx-1")
     before = snapshot("rpss0", s)
-    assert before["rps"]["rx-1"]["rps_flow_cnt"] == "128"  # the kernel rounds up
+    rx1 = {"netns": s, "dev": "rpss0", "attr": "queues/rx-1/rps_flow_cnt"}
+    assert setting(before, "sysfs", rx1) == "128"  # the kernel rounds up
     p = bed.kbpctl("enable", "rpss0", "--netns", s, "--cpus", "0")
     assert "turned RPS off on rpss0" in p.stderr and own_lines(p.stderr) == 1
     assert [mask_cpus(rps_attr(s, "rpss0", "rps_cpus", q)) for q in ("rx-0", "rx-1")] == \

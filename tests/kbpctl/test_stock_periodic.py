@@ -26,6 +26,7 @@ import pytest
 from kbp import netap, periodicd, rps
 from kbp.bench import testbed
 from kbp.netdev import NetdevClient, NetFS, get_link
+from kbp.snapshot import setting
 from kbp.system import access
 from kbp.system.journal import StateDir
 
@@ -221,7 +222,9 @@ def test_service_killed_then_disable_restores(bed: Bed) -> None:
     assert any(f"periodic service (pid {info['pid']}) is not running" in p
                for p in d["problems"]), d["problems"]
     assert not d["periodic"]["service"]["running"]
-    assert kernel_knobs(bed)[1] != before["server"]["napis"][0]["gro_flush_timeout"]
+    (nid,) = before["server"]["napis"]
+    assert kernel_knobs(bed)[1] != setting(before["server"], "napi", {
+        "netns": bed.tb.server, "napi_id": nid, "knob": "gro_flush_timeout"})
     bed.kbpctl("disable", bed.link.dev_b, "--netns", bed.tb.server)
     assert bed.snap() == before
     assert bed.journals() == [] and leftovers(bed) == []

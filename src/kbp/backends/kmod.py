@@ -57,6 +57,9 @@ from kbp.problems import (
 from kbp.sysinfo import HOST, Host
 from kbp.system.access import RestoreError
 from kbp.system.journal import (
+    KIND_IRQ,
+    KIND_KMOD_ATTACH,
+    KIND_SYSFS,
     MISSING,
     Executor,
     PauseHook,
@@ -381,8 +384,8 @@ class KmodBackend:
             if netns not in fss:
                 fss[netns] = NetFS(netns)
             return fss[netns]
-        return {"kmod_attach": AttachHandler(client) if client is not None else _Gone(),
-                "sysfs": SysfsHandler(_safe(fs)), "irq": IrqHandler(self.host)}
+        return {KIND_KMOD_ATTACH: AttachHandler(client) if client is not None else _Gone(),
+                KIND_SYSFS: SysfsHandler(_safe(fs)), KIND_IRQ: IrqHandler(self.host)}
 
     def _enable_one(self, client: Any, eff: Mapping[str, Any], hook: Callable[[str], None],
                     req: EnableRequest, dev: str, link: Any) -> DeviceResult:
@@ -398,14 +401,14 @@ class KmodBackend:
             r = rps.read(NetFS(req.netns), dev, self.host)
             rps_plan = rps_off_plan(r, req)
             for attr, v in rps_plan:
-                if ex.apply("sysfs", sysfs_key(req.netns, dev, link.ifindex, attr),
+                if ex.apply(KIND_SYSFS, sysfs_key(req.netns, dev, link.ifindex, attr),
                             v) is not None:
                     changes += 1
             if req.isolate:  # the other devices' interrupts off the polling CPUs
                 changes += isolate_others(ex, req, cpus, self.state, self.host)
             key = {"dev": dev, "netns": req.netns, "ifindex": link.ifindex}
             value = attachment(req, cpus, napi_count)
-            if ex.apply("kmod_attach", key, value) is not None:
+            if ex.apply(KIND_KMOD_ATTACH, key, value) is not None:
                 changes += 1
             served = _served(client, dev, req.netns)
             wrong = placement_problems(value["queue_map"], served)
@@ -603,7 +606,7 @@ def stuck_pollers(ds: DeviceStatus, pollers: Sequence[PollerStatus]) -> list[Pro
 def _asked_map(rec: Record | None) -> list[list[int]] | None:
     """The queue map kbpctl's journal says it attached with (None: none)."""
     for c in (rec.changes if rec else []):
-        if c.kind == "kmod_attach" and isinstance(c.new, dict):
+        if c.kind == KIND_KMOD_ATTACH and isinstance(c.new, dict):
             return c.new.get("queue_map")
     return None
 

@@ -82,6 +82,7 @@ from kbp.netdev import (
     Link,
     Napi,
     NetdevClient,
+    NetdevClients,
     NetdevFeatures,
     NetFS,
     check_netns,
@@ -102,6 +103,11 @@ from kbp.problems import (
 from kbp.sysinfo import HOST, RT_PRIO_MIN, Host, TaskStat
 from kbp.system.access import RestoreError
 from kbp.system.journal import (
+    KIND_AFFINITY,
+    KIND_IRQ,
+    KIND_NAPI,
+    KIND_SCHED,
+    KIND_SYSFS,
     Executor,
     PauseHook,
     Record,
@@ -175,8 +181,8 @@ def plan_threaded(netns: str | None, dev: str, ifindex: int, napi_ids: Sequence[
                   value: int) -> list[Planned]:
     """Threaded NAPI on: per NAPI (napi_ids given) or per device (None)."""
     if napi_ids is None:
-        return [Planned("sysfs", sysfs_key(netns, dev, ifindex, "threaded"), str(value))]
-    return [Planned("napi", napi_key(netns, ifindex, n, "threaded"), value) for n in napi_ids]
+        return [Planned(KIND_SYSFS, sysfs_key(netns, dev, ifindex, "threaded"), str(value))]
+    return [Planned(KIND_NAPI, napi_key(netns, ifindex, n, "threaded"), value) for n in napi_ids]
 
 
 def assign_cpus(n: int, cpus: Sequence[int]) -> list[int]:
@@ -200,7 +206,7 @@ def first_nice(rec: Record, t: TaskStat) -> int:
     """The nice ``t`` had before ``rec``'s first change of its scheduling (its nice now when
     there was none): an rt thread back from class non-rt gets the nice it started with."""
     for c in rec.changes:
-        if c.kind == "sched" and c.key.get("pid") == t.pid and \
+        if c.kind == KIND_SCHED and c.key.get("pid") == t.pid and \
                 c.key.get("starttime") == t.starttime and isinstance(c.old, dict):
             return int(c.old.get("nice", 0))
     return os.getpriority(os.PRIO_PROCESS, t.pid)
@@ -232,8 +238,8 @@ def plan_threads(threads: Sequence[TaskStat], cpus: Sequence[int], prio: int,
     out = []
     for t, cpu, nice in zip(threads, cpus, nices, strict=True):
         key = task_key(sysinfo.TaskId(t.pid, t.starttime, t.comm))
-        out.append(Planned("affinity", key, [cpu]))
-        out.append(Planned("sched", key, {"policy": policy, "priority": priority,
+        out.append(Planned(KIND_AFFINITY, key, [cpu]))
+        out.append(Planned(KIND_SCHED, key, {"policy": policy, "priority": priority,
                                           "nice": nice}))
     return out
 
@@ -265,7 +271,7 @@ def irq_targets(napi_irqs: Sequence[int | None], name_irqs: Sequence[int],
 
 
 def plan_irqs(targets: dict[int, str]) -> list[Planned]:
-    return [Planned("irq", {"irq": irq}, cpus) for irq, cpus in sorted(targets.items())]
+    return [Planned(KIND_IRQ, {"irq": irq}, cpus) for irq, cpus in sorted(targets.items())]
 
 
 def linger_values(linger_us: int) -> tuple[int, int]:
@@ -302,14 +308,14 @@ def plan_defer(netns: str | None, dev: str, ifindex: int, napi_ids: Sequence[int
                defer: int, gro_ns: int) -> list[Planned]:
     """IRQ deferral: per NAPI (napi-set) where ``napi_ids`` are given, else per device."""
     if napi_ids is None:
-        return [Planned("sysfs", sysfs_key(netns, dev, ifindex, "napi_defer_hard_irqs"),
+        return [Planned(KIND_SYSFS, sysfs_key(netns, dev, ifindex, "napi_defer_hard_irqs"),
                         str(defer)),
-                Planned("sysfs", sysfs_key(netns, dev, ifindex, "gro_flush_timeout"),
+                Planned(KIND_SYSFS, sysfs_key(netns, dev, ifindex, "gro_flush_timeout"),
                         str(gro_ns))]
     out = []
     for n in napi_ids:
-        out.append(Planned("napi", napi_key(netns, ifindex, n, "defer_hard_irqs"), defer))
-        out.append(Planned("napi", napi_key(netns, ifindex, n, "gro_flush_timeout"), gro_ns))
+        out.append(Planned(KIND_NAPI, napi_key(netns, ifindex, n, "defer_hard_irqs"), defer))
+        out.append(Planned(KIND_NAPI, napi_key(netns, ifindex, n, "gro_flush_timeout"), gro_ns))
     return out
 
 
@@ -342,13 +348,8 @@ class _Ctx:
     """Per-command caches: netdev sockets and sysfs views per netns."""
 
     def __init__(self) -> None:
-        self.clients: dict[str | None, NetdevClient] = {}
+        self.client = NetdevClients()
         self.fss: dict[str | None, NetFS] = {}
-
-    def client(self, netns: str | None) -> NetdevClient:
-        if netns not in self.clients:
-            self.clients[netns] = NetdevClient(netns)
-        return self.clients[netns]
 
     def fs(self, netns: str | None) -> NetFS:
         if netns not in self.fss:
@@ -356,8 +357,7 @@ class _Ctx:
         return self.fss[netns]
 
     def close(self) -> None:
-        for c in self.clients.values():
-            c.close()
+        self.client.close()
 
 
 @contextlib.contextmanager
@@ -539,7 +539,7 @@ class StockBackend:
             # RPS first: the NAPI thread must not hand its packets back to the softirq
             r = rps.read(ctx.fs(p.netns), p.dev, self.host)
             rps_plan = rps_off_plan(r, req)
-            run([Planned("sysfs", sysfs_key(p.netns, p.dev, p.link.ifindex, attr), v)
+            run([Planned(KIND_SYSFS, sysfs_key(p.netns, p.dev, p.link.ifindex, attr), v)
                  for attr, v in rps_plan])
 
             value = _threaded_value(req.mode)

@@ -191,7 +191,7 @@ def _name_of(ifindex: int) -> str | None:
     return link.name if link else None
 
 
-KIND = "nic_port"      # a journal record: key name, ifindex, netns; old: the port as it was
+KIND = journal.KIND_NIC_PORT  # a journal record: key name, ifindex, netns; old: the port as it was
 
 
 def _record(port: NicPort) -> dict[str, Any]:

@@ -403,12 +403,18 @@ KIND_NAPI = "napi"            # a NAPI's napi-set attribute (settings.NapiHandle
 KIND_SYSFS = "sysfs"          # /sys/class/net/DEV/ATTR in a namespace (settings.SysfsHandler)
 KIND_GRO = "gro"              # a device's GRO, on or off (settings.GroHandler)
 KIND_FILE = "file"            # a kernel file by path in a namespace (settings.FileHandler)
+KIND_SCHED = "sched"          # a task's policy, priority and nice (settings.SchedHandler)
+KIND_AFFINITY = "affinity"    # a task's CPU affinity (settings.AffinityHandler)
+KIND_IRQ = "irq"              # an IRQ's smp_affinity_list (settings.IrqHandler)
+KIND_KMOD_ATTACH = "kmod_attach"  # a device's attachment to kbp.ko (backends/kmod.py)
+KIND_PERIODICD = "periodicd"  # a device's periodic service (periodicd.py)
+KIND_NIC_PORT = "nic_port"    # a NIC port moved into the bench's namespace (bench/nicpair.py)
 
 
 def describe(kind: str, key: Mapping[str, Any]) -> str:
     """A change's target in words (for notes and errors)."""
-    if kind in ("sched", "affinity"):
-        what = "scheduling" if kind == "sched" else "CPU affinity"
+    if kind in (KIND_SCHED, KIND_AFFINITY):
+        what = "scheduling" if kind == KIND_SCHED else "CPU affinity"
         return f"{what} of {key.get('comm', '?')} (pid {key.get('pid')})"
     where = f" (netns {key['netns']})" if key.get("netns") else ""
     if kind == KIND_NAPI:
@@ -417,15 +423,15 @@ def describe(kind: str, key: Mapping[str, Any]) -> str:
         return f"{key.get('dev')}/{key.get('attr')}{where}"
     if kind == KIND_GRO:
         return f"GRO of {key.get('dev')}{where}"
-    if kind == "irq":
+    if kind == KIND_IRQ:
         return f"affinity of IRQ {key.get('irq')}"
-    if kind == "periodicd":
+    if kind == KIND_PERIODICD:
         return f"periodic service of {key.get('dev')}"
-    if kind == "nic_port":
+    if kind == KIND_NIC_PORT:
         return f"NIC port {key.get('name')} (moved into netns {key.get('netns')})"
     if kind == KIND_FILE:
         return f"{key.get('path')}{where}"
-    if kind == "kmod_attach":
+    if kind == KIND_KMOD_ATTACH:
         return f"attachment of {key.get('dev')} to the kbp module"
     return f"{kind} {dict(key)}"
 

@@ -14,24 +14,34 @@ file           path, netns                             str (a /proc/sys or /sys 
 
 Tasks are identified by pid *and* start time, so a restored setting never lands on an
 unrelated task that reused the pid.
+
+Each handler also says which of its keys belong to a device (``keys(device)``, from a
+:class:`Device` found once): ``kbpctl snapshot`` is every kind's keys of a device with their
+``get()`` values, so a kind added here is in the snapshot proof ("disable puts back what
+enable found") with nothing else to write.
 """
 
 from __future__ import annotations
 
 import errno
 import json
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from kbp import sysinfo
 from kbp.errors import InvalidInput
-from kbp.netdev import NetdevClient, NetFS
+from kbp.netdev import Napi, NetdevClient, NetFS
+from kbp.rps import RPS_CPUS, RPS_FLOW_CNT
 from kbp.sysinfo import HOST, Host, TaskId
 from kbp.system import access
 from kbp.system.journal import (
+    KIND_AFFINITY,
     KIND_FILE,
     KIND_GRO,
+    KIND_IRQ,
     KIND_NAPI,
+    KIND_SCHED,
     KIND_SYSFS,
     MISSING,
     Handler,
@@ -41,6 +51,33 @@ from kbp.system.journal import (
 
 def task_key(tid: TaskId) -> dict[str, Any]:
     return {"pid": tid.pid, "starttime": tid.starttime, "comm": tid.comm}
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device as the kinds see it, found once (:func:`kbp.snapshot.device`): its NAPIs
+    (napi-get; empty without it), receive queues, NAPI threads and queue IRQs."""
+
+    netns: str | None
+    dev: str
+    ifindex: int
+    napis: tuple[Napi, ...] = ()
+    rx_queues: tuple[str, ...] = ()
+    tasks: tuple[TaskId, ...] = ()
+    irqs: tuple[int, ...] = ()
+
+
+class Kind(Handler, Protocol):
+    """A handler that also names its keys of a device (the snapshot's)."""
+
+    def keys(self, d: Device) -> list[dict[str, Any]]: ...
+
+
+#: a NAPI's napi-set knobs kbpctl changes (those napi-get reports are a device's keys)
+NAPI_KNOBS = ("threaded", "defer_hard_irqs", "gro_flush_timeout")
+#: a device's sysfs attributes kbpctl changes, and each receive queue's RPS ones
+SYSFS_ATTRS = ("threaded", "napi_defer_hard_irqs", "gro_flush_timeout")
+RPS_ATTRS = (RPS_CPUS, RPS_FLOW_CNT)
 
 
 class NapiHandler:
@@ -56,6 +93,10 @@ class NapiHandler:
         if v is None:        # a kernel whose napi-get does not report it: nothing to restore
             raise OSError(errno.EOPNOTSUPP, f"napi-get does not report {key['knob']}")
         return v
+
+    def keys(self, d: Device) -> list[dict[str, Any]]:
+        return [{"netns": d.netns, "ifindex": d.ifindex, "napi_id": n.id, "knob": k}
+                for n in d.napis for k in NAPI_KNOBS if getattr(n, k) is not None]
 
     def set(self, key: Mapping[str, Any], value: Any) -> None:
         try:
@@ -87,6 +128,21 @@ class SysfsHandler:
         v = fs.read(key["dev"], key["attr"])
         return MISSING if v is None else v
 
+    def get_many(self, keys: Sequence[Mapping[str, Any]]) -> list[Any]:
+        """``get`` of keys of one device, in one read (one helper run in another netns)."""
+        if not keys:
+            return []
+        fs = self._check(keys[0])
+        if fs is None or any((k["netns"], k["dev"]) != (keys[0]["netns"], keys[0]["dev"])
+                             for k in keys):
+            return [self.get(k) for k in keys] if fs is not None else [MISSING] * len(keys)
+        got = fs.read_many(keys[0]["dev"], [k["attr"] for k in keys])
+        return [MISSING if got.get(k["attr"]) is None else got[k["attr"]] for k in keys]
+
+    def keys(self, d: Device) -> list[dict[str, Any]]:
+        attrs = [*SYSFS_ATTRS, *(f"queues/{q}/{a}" for q in d.rx_queues for a in RPS_ATTRS)]
+        return [sysfs_key(d.netns, d.dev, d.ifindex, a) for a in attrs]
+
     def set(self, key: Mapping[str, Any], value: Any) -> None:
         fs = self._check(key)
         if fs is None:
@@ -97,6 +153,9 @@ class SysfsHandler:
 class _TaskHandler:
     def __init__(self, host: Host = HOST) -> None:
         self.host = host
+
+    def keys(self, d: Device) -> list[dict[str, Any]]:
+        return [task_key(t) for t in d.tasks]
 
     def _alive(self, key: Mapping[str, Any]) -> bool:
         return sysinfo.same_task(TaskId(key["pid"], key["starttime"], key.get("comm", "")),
@@ -145,6 +204,9 @@ class IrqHandler:
     def __init__(self, host: Host = HOST) -> None:
         self.host = host
 
+    def keys(self, d: Device) -> list[dict[str, Any]]:
+        return [{"irq": i} for i in d.irqs]
+
     def get(self, key: Mapping[str, Any]) -> Any:
         try:
             return sysinfo.read_irq_affinity(key["irq"], self.host)
@@ -161,6 +223,9 @@ class IrqHandler:
 class GroHandler:
     """A device's GRO as the kernel reads it back (``ethtool -k``), set with ``ethtool -K``,
     in the key's namespace."""
+
+    def keys(self, d: Device) -> list[dict[str, Any]]:
+        return [{"netns": d.netns, "dev": d.dev}]
 
     def get(self, key: Mapping[str, Any]) -> Any:
         try:
@@ -182,6 +247,9 @@ class FileHandler:
     that opens them): its text, stripped; written in one write(2).  A file that is not
     there is MISSING; a write the kernel refuses is an OSError with its errno."""
 
+    def keys(self, d: Device) -> list[dict[str, Any]]:
+        return []                        # a machine's or a namespace's file, no device's
+
     def get(self, key: Mapping[str, Any]) -> Any:
         try:
             return access.read(key["path"], key.get("netns"))
@@ -197,7 +265,7 @@ def sysfs_key(netns: str | None, dev: str, ifindex: int | None, attr: str) -> di
     return {"netns": netns, "dev": dev, "ifindex": ifindex, "attr": attr}
 
 
-def net_effector(fs: Callable[[str | None], NetFS] = NetFS) -> dict[str, Handler]:
+def net_effector(fs: Callable[[str | None], NetFS] = NetFS) -> dict[str, Kind]:
     """The handlers of a network namespace's device settings (sysfs, GRO): what the
     benchmark's testbed changes, through :class:`kbp.system.journal.Executor`."""
     return {KIND_SYSFS: SysfsHandler(fs), KIND_GRO: GroHandler()}
@@ -205,12 +273,12 @@ def net_effector(fs: Callable[[str | None], NetFS] = NetFS) -> dict[str, Handler
 
 def system_effector(client: Callable[[str | None], NetdevClient],
                     fs: Callable[[str | None], NetFS],
-                    host: Host = HOST) -> dict[str, Handler]:
+                    host: Host = HOST) -> dict[str, Kind]:
     return {
         KIND_NAPI: NapiHandler(client),
         KIND_FILE: FileHandler(),
         **net_effector(fs),
-        "sched": SchedHandler(host),
-        "affinity": AffinityHandler(host),
-        "irq": IrqHandler(host),
+        KIND_SCHED: SchedHandler(host),
+        KIND_AFFINITY: AffinityHandler(host),
+        KIND_IRQ: IrqHandler(host),
     }

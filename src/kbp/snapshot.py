@@ -14,11 +14,12 @@ not there reads null.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from kbp import sysinfo
 from kbp.errors import InvalidInput
-from kbp.netdev import NetFS, clients, get_link
+from kbp.netdev import NetdevClient, NetFS, clients, get_link
 from kbp.sysinfo import HOST, Host
 from kbp.system import journal
 from kbp.system.journal import MISSING
@@ -30,14 +31,14 @@ def setting(snap: dict[str, Any], kind: str, key: dict[str, Any]) -> Any:
     return snap["settings"][kind][journal.describe(kind, key)]
 
 
-def device(dev: str, netns: str | None = None, host: Host = HOST,
-           client: Any = None) -> Device:
+def device(dev: str, netns: str | None, client: Callable[[str | None], NetdevClient],
+           host: Host = HOST) -> Device:
     """What of ``dev`` the kinds can change, found once (InvalidInput: no such device)."""
     link = get_link(dev, netns)
     if link is None:
         raise InvalidInput(f"no device {dev} in {('netns ' + netns) if netns else 'this netns'}")
     fs = NetFS(netns)
-    napis = tuple(client(netns).napis(link.ifindex)) if client is not None else ()
+    napis = tuple(client(netns).napis(link.ifindex))
     pids = {n.pid for n in napis if n.pid}
     if not napis:  # no napi-get: threads by name (may include same-named devices elsewhere)
         pids |= {t.pid for t in sysinfo.find_napi_threads(dev, host)}
@@ -50,7 +51,7 @@ def device(dev: str, netns: str | None = None, host: Host = HOST,
 
 def snapshot(dev: str, netns: str | None = None, host: Host = HOST) -> dict[str, Any]:
     with clients() as client:
-        d = device(dev, netns, host, client)
+        d = device(dev, netns, client, host)
         settings: dict[str, dict[str, Any]] = {}
         for kind, h in system_effector(client, NetFS, host).items():
             keys = h.keys(d)

@@ -63,7 +63,7 @@ def test_a_change_through_any_kind_shows_and_its_undo_gives_the_snapshot_back(ns
     off on veth deletes the NAPI, and on again makes a new one, which the snapshot shows.)"""
     before = snapshot(DEV, ns)
     with clients() as client:
-        d = snap_mod.device(DEV, ns, client=client)
+        d = snap_mod.device(DEV, ns, client)
         (task,) = d.tasks
         ex = journal.Executor(None, settings.system_effector(client, NetFS))
         ex.apply("sched", settings.task_key(task), {"policy": "SCHED_FIFO", "priority": 7,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -378,12 +379,7 @@ class KmodBackend:
 
     def _effector(self, client: Any) -> dict[str, Any]:
         """Attachments through ``client`` (None: the module is gone), and sysfs (RPS)."""
-        fss: dict[str | None, NetFS] = {}
-
-        def fs(netns: str | None) -> NetFS:
-            if netns not in fss:
-                fss[netns] = NetFS(netns)
-            return fss[netns]
+        fs = functools.cache(NetFS)       # one sysfs view per netns
         return {KIND_KMOD_ATTACH: AttachHandler(client) if client is not None else _Gone(),
                 KIND_SYSFS: SysfsHandler(_safe(fs)), KIND_IRQ: IrqHandler(self.host)}
 

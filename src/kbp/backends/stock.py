@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import time
@@ -349,12 +350,7 @@ class _Ctx:
 
     def __init__(self) -> None:
         self.client = NetdevClients()
-        self.fss: dict[str | None, NetFS] = {}
-
-    def fs(self, netns: str | None) -> NetFS:
-        if netns not in self.fss:
-            self.fss[netns] = NetFS(netns)
-        return self.fss[netns]
+        self.fs = functools.cache(NetFS)
 
     def close(self) -> None:
         self.client.close()

@@ -112,14 +112,11 @@ class Changes:
     found: list[tuple[Knob, str]] = field(default_factory=list)
     state: journal.StateDir | None = field(default_factory=journal.StateDir)  # None: no lock
     recovered: dict[str, str] = field(default_factory=dict)   # put back for a dead process
-    _ex: journal.Executor | None = None
+    ex: journal.Executor = field(init=False)
     _locked: contextlib.ExitStack | None = None    # holds the lock while set
 
-    @property
-    def ex(self) -> journal.Executor:
-        if self._ex is None:
-            self._ex = journal.Executor(None, self.effector)
-        return self._ex
+    def __post_init__(self) -> None:
+        self.ex = journal.Executor(None, self.effector)
 
     def _lock(self) -> None:
         """Hold kbp's one lock (waits while another benchmark or kbpctl holds it), put back
@@ -158,16 +155,14 @@ class Changes:
     def restore(self) -> None:
         """Every remembered value back, last change first; raise KnobError naming the ones
         that could not be put back (after trying them all)."""
-        ex, self._ex = self._ex, None
+        file, self.ex.journal = self.ex.journal, None
         failed: access.RestoreError | None = None
         try:
-            if ex is not None:
-                ex.restore()
+            self.ex.restore()               # empties ex.changes: a second restore does nothing
         except access.RestoreError as e:
             failed = e
         finally:
             self.found.clear()
-            file = ex.journal if ex is not None else None
             if file is not None and failed:
                 file.close()                 # kept for the next benchmark to replay
             elif file is not None:

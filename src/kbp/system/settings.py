@@ -129,13 +129,16 @@ class SysfsHandler:
         return MISSING if v is None else v
 
     def get_many(self, keys: Sequence[Mapping[str, Any]]) -> list[Any]:
-        """``get`` of keys of one device, in one read (one helper run in another netns)."""
+        """``get`` of keys of one device (ValueError for another's), in one read (one helper
+        run in another netns)."""
         if not keys:
             return []
+        one = {(k["netns"], k["dev"], k.get("ifindex")) for k in keys}
+        if len(one) > 1:
+            raise ValueError(f"get_many: keys of {len(one)} devices, not one")
         fs = self._check(keys[0])
-        if fs is None or any((k["netns"], k["dev"]) != (keys[0]["netns"], keys[0]["dev"])
-                             for k in keys):
-            return [self.get(k) for k in keys] if fs is not None else [MISSING] * len(keys)
+        if fs is None:
+            return [MISSING] * len(keys)
         got = fs.read_many(keys[0]["dev"], [k["attr"] for k in keys])
         return [MISSING if got.get(k["attr"]) is None else got[k["attr"]] for k in keys]
 

@@ -100,7 +100,10 @@ enum kbp_so_found {
 struct kbp_so_req {
 	struct completion done;
 	struct kbp_so_cqe cqe;
-	/* called before done completes, in the interrupt handler: no sleeping */
+	/*
+	 * called instead of complete(), under the queue's lock in the
+	 * interrupt handler (no sleeping): it must complete done itself
+	 */
 	void (*done_fn)(struct kbp_so_req *req);
 	/* set by the submitter before submission, read under the queue's lock */
 	bool lends;			/* guest pages are in its segments */
@@ -257,12 +260,17 @@ struct kbp_so_sock {
 	 * never the interrupt handler, which completes poll_req without it.
 	 * poll_armed: poll_req was submitted and its completion not yet taken
 	 * back.  The request is ours again only once completion_done() says
-	 * so: that waits for complete() to return, the handler's last touch of
-	 * this socket, so close can free it and a new POLL can reuse poll_req
-	 * (the callback alone is not the end: design.md 11.13).  Nests outside
-	 * a queue's lock (kbp_so_submit()).
+	 * so: that waits for complete() to return, so a new POLL can reuse
+	 * poll_req.  The callback wakes the waiters after that complete()
+	 * (design.md 11.13), so close also waits for poll_finishing to fall to
+	 * 0: the callback's last touch of this socket.  Nests outside a
+	 * queue's lock (kbp_so_submit()).
+	 * poll_missed: the events of callers that found a POLL out and armed
+	 * none (KBP_SO_POLL_*); its callback wakes with them too.
 	 */
 	spinlock_t poll_lock;
+	atomic_t poll_finishing;
+	atomic_t poll_missed;
 	bool poll_armed;
 	bool poll_closing;		/* no POLL is armed after this */
 	u32 poll_want;			/* the armed POLL's events */

@@ -28,12 +28,13 @@ int kbp_so_fallback(struct kbp_so_sock *ks)
 	return -EOPNOTSUPP;
 }
 
-/* A request's final completion: its callback, then its waiter. */
+/* A request's final completion: its callback (which completes it), or its waiter. */
 void kbp_so_finish(struct kbp_so_req *req)
 {
 	if (req->done_fn)
 		req->done_fn(req);
-	complete(&req->done);
+	else
+		complete(&req->done);
 }
 
 /*

@@ -900,7 +900,6 @@ out:
 }
 
 #define KBP_SO_ERR_FETCH	0	/* ks->flags: err_work queued */
-#define KBP_SO_POLL_ANSWERED	1	/* ks->flags: the POLL's done_fn has run */
 
 /*
  * After a POLL said POLLERR: the host socket's SO_ERROR (which reading
@@ -954,12 +953,16 @@ static __poll_t kbp_so_poll_mask(u32 rev)
 }
 
 /*
- * The armed POLL's completion, in the interrupt handler, before its
- * complete(): the host's revents become the socket's, then the waiters of
+ * The armed POLL's completion, in the interrupt handler: the host's
+ * revents become the socket's, the POLL completes, then the waiters of
  * sk_sleep() wake with them as the key (as sock_def_readable() does: an
  * EPOLLEXCLUSIVE set wakes one of its waiters, and only for events it
- * asked for) and poll again.  A cancelled POLL (a wider one is wanted, or
- * the socket closes) changes nothing but wakes: the next ->poll arms anew.
+ * asked for) and poll again.  The wake comes after complete(): a waiter
+ * it wakes finds the POLL taken back and can arm the next one.  A caller
+ * that ran between the new revents and complete() (woken otherwise, or
+ * never asleep) found it still out and armed none: its events
+ * (poll_missed) join the key.  A cancelled POLL (a wider one is wanted,
+ * or the socket closes) changes nothing but wakes: ->poll arms anew.
  */
 static void kbp_so_poll_done(struct kbp_so_req *req)
 {
@@ -969,8 +972,6 @@ static void kbp_so_poll_done(struct kbp_so_req *req)
 	__poll_t key;
 
 	kbp_so_count_done(ks, req);
-	/* before the wake: kbp_so_poll_rearm() must see it (see there) */
-	set_bit(KBP_SO_POLL_ANSWERED, &ks->flags);
 	if (req->cqe.res == -ECANCELED) {
 		key = EPOLLIN | EPOLLRDNORM | EPOLLOUT | EPOLLWRNORM;
 	} else {
@@ -990,15 +991,23 @@ static void kbp_so_poll_done(struct kbp_so_req *req)
 				sock_hold(sk);
 				queue_work(system_wq, &ks->err_work);
 			}
-			if (!key)
-				return;
 		}
 	}
-	rcu_read_lock();
-	wq = rcu_dereference(sk->sk_wq);
-	if (skwq_has_sleeper(wq))
-		wake_up_interruptible_poll(&wq->wait, key);
-	rcu_read_unlock();
+	/* close frees the socket once completion_done() and this count say so */
+	atomic_inc(&ks->poll_finishing);
+	complete(&req->done);
+	/* complete() before poll_missed: pairs with kbp_so_poll_arm()'s or, barrier, look */
+	smp_mb();
+	key |= kbp_so_poll_mask(atomic_xchg(&ks->poll_missed, 0));
+	if (key) {
+		rcu_read_lock();
+		wq = rcu_dereference(sk->sk_wq);
+		if (skwq_has_sleeper(wq))
+			wake_up_interruptible_poll(&wq->wait, key);
+		rcu_read_unlock();
+	}
+	/* release: the last touch of the socket (kbp_so_poll_disarm()) */
+	atomic_dec_return_release(&ks->poll_finishing);
 }
 
 /*
@@ -1031,9 +1040,19 @@ static u32 kbp_so_poll_arm(struct kbp_so_sock *ks, u32 want)
 	if (ks->poll_closing)
 		goto out;
 	if (kbp_so_poll_pending(ks)) {
-		if (want & ~ks->poll_want)
-			narrow = ks->poll_want;
-		goto out;
+		/*
+		 * Its answer may cover none of @want, or have set revents and
+		 * not yet completed (this caller then drained them): its
+		 * callback wakes for @want too.
+		 */
+		atomic_or(want, &ks->poll_missed);
+		/* poll_missed before done: pairs with complete(), barrier, xchg */
+		smp_mb__after_atomic();
+		if (kbp_so_poll_pending(ks)) {
+			if (want & ~ks->poll_want)
+				narrow = ks->poll_want;
+			goto out;
+		}
 	}
 	/* removal holds it for writing: no arming then, the next poll retries */
 	if (!down_read_trylock(&kbp_so_rwsem))
@@ -1043,7 +1062,6 @@ static u32 kbp_so_poll_arm(struct kbp_so_sock *ks, u32 want)
 		goto out_up;
 	}
 	q = kbp_so_this_queue(kbp_so_cur);
-	clear_bit(KBP_SO_POLL_ANSWERED, &ks->flags);
 	ks->poll_req.done_fn = kbp_so_poll_done;
 	slot = kbp_so_submit(kbp_so_cur, q, &sqe, &ks->poll_req, false,
 			     KBP_SO_SLOTS_SHARED);
@@ -1077,20 +1095,7 @@ static void kbp_so_poll_rearm(struct kbp_so_sock *ks, u32 want)
 	struct kbp_so_sqe c = { .op = KBP_SO_OP_CANCEL };
 	struct kbp_so_cqe cqe;
 
-	/*
-	 * The POLL is answered (its done_fn set revents and woke the waiters)
-	 * but its complete(), which follows in the interrupt handler, has not
-	 * returned: it still counts as out, and arming now would do nothing.
-	 * A waiter woken by that answer that drained the socket to EAGAIN in
-	 * the window would go back to its edge-triggered epoll with no POLL
-	 * out, and hang.  Wait for the complete() (at once, or when a
-	 * threaded handler runs again), then arm anew.  Not
-	 * wait_for_completion(): it would consume the done count that
-	 * kbp_so_poll_pending() and kbp_so_poll_disarm() read.
-	 */
-	while (test_bit(KBP_SO_POLL_ANSWERED, &ks->flags) &&
-	       !completion_done(&ks->poll_req.done))
-		usleep_range(10, 50);
+	/* a POLL still out for @want: its completion wakes for @want too */
 	if (!kbp_so_poll_arm(ks, want))
 		return;
 	spin_lock(&ks->poll_lock);
@@ -1106,8 +1111,8 @@ static void kbp_so_poll_rearm(struct kbp_so_sock *ks, u32 want)
 
 /*
  * Close: no POLL is armed from now on; the CLOSE completed the one out on
- * the host (or the device's failure did), and its complete() must have
- * returned before the socket is freed.
+ * the host (or the device's failure did), and its callback must have
+ * returned before the socket is freed: complete(), then its wake-up.
  */
 static void kbp_so_poll_disarm(struct kbp_so_sock *ks)
 {
@@ -1117,14 +1122,20 @@ static void kbp_so_poll_disarm(struct kbp_so_sock *ks)
 	ks->poll_closing = true;
 	armed = ks->poll_armed;
 	spin_unlock(&ks->poll_lock);
-	if (!armed)
-		return;
-	down_read(&kbp_so_rwsem);
-	/* lends no pages: an unanswered slot may be forgotten */
-	if (!wait_for_completion_timeout(&ks->poll_req.done, KBP_SO_CALL_TIMEOUT) &&
-	    !kbp_so_forget(ks->poll_q, ks->poll_slot, &ks->poll_req))
-		wait_for_completion(&ks->poll_req.done);
-	up_read(&kbp_so_rwsem);
+	if (armed) {
+		down_read(&kbp_so_rwsem);
+		/* lends no pages: an unanswered slot may be forgotten */
+		if (!wait_for_completion_timeout(&ks->poll_req.done, KBP_SO_CALL_TIMEOUT) &&
+		    !kbp_so_forget(ks->poll_q, ks->poll_slot, &ks->poll_req))
+			wait_for_completion(&ks->poll_req.done);
+		up_read(&kbp_so_rwsem);
+	}
+	/*
+	 * Also when taken back already: the callback may still be waking.
+	 * Acquire: pairs with its release, its last touch of the socket.
+	 */
+	while (atomic_read_acquire(&ks->poll_finishing))
+		usleep_range(10, 50);
 }
 
 static __poll_t kbp_so_poll(struct file *file, struct socket *sock,
@@ -1167,6 +1178,8 @@ static int kbp_so_init_sock(struct sock *sk)
 	ks->rd_shut = false;
 	atomic_set(&ks->revents, 0);
 	spin_lock_init(&ks->poll_lock);
+	atomic_set(&ks->poll_finishing, 0);
+	atomic_set(&ks->poll_missed, 0);
 	ks->poll_armed = false;
 	ks->poll_closing = false;
 	init_completion(&ks->poll_req.done);

@@ -14,6 +14,7 @@ from kbp.bench import cli, modes, placement, report, scenarios
 from kbp.bench import heavy as hs
 from kbp.bench.runner import Aborted, Bench, BenchConfig
 from kbp.bench.scenarios import rt_split
+from kbp.system import journal
 
 
 def _excl_modes() -> dict[str, Any]:
@@ -112,35 +113,53 @@ class _FakeFlood:
     server = None
 
 
-def _heavy(monkeypatch: pytest.MonkeyPatch) -> tuple[hs.HeavySide, dict[str, Any]]:
-    masks = {"rx-0": "2"}
-    calls: dict[str, Any] = {"writes": []}
+class _Rps:
+    """The heavy device's rps_cpus files, as kbpctl's sysfs handler reads and writes them
+    (``stuck``: writes succeed and change nothing)."""
 
-    def write(ns: str, dev: str, m: dict[str, str]) -> None:
-        calls["writes"].append(dict(m))
-        masks.update(m)
-    monkeypatch.setattr(hs.steer, "read_rps", lambda ns, dev: dict(masks))
-    monkeypatch.setattr(hs.steer, "write_rps", write)
+    def __init__(self, masks: dict[str, str]) -> None:
+        self.masks, self.writes, self.stuck = masks, [], False
+
+    def get(self, key: dict[str, Any]) -> str:
+        return self.masks[key["attr"].split("/")[1]]
+
+    def set(self, key: dict[str, Any], value: str) -> None:
+        q = key["attr"].split("/")[1]
+        self.writes.append({q: value})
+        if not self.stuck:
+            self.masks[q] = value
+
+
+def _heavy(monkeypatch: pytest.MonkeyPatch) -> tuple[hs.HeavySide, _Rps]:
+    files = _Rps({"rx-0": "2"})
+    monkeypatch.setattr(hs.steer, "rps_keys", lambda ns, dev: [
+        {"netns": ns, "dev": dev, "ifindex": 7, "attr": "queues/rx-0/rps_cpus"}])
+    monkeypatch.setattr(hs.steer, "read_rps", lambda ns, dev: dict(files.masks))
     monkeypatch.setattr(modes, "sysfs_net", lambda ns, dev, attr: "0")
+    ex = journal.Executor(None, {journal.KIND_SYSFS: files})
     h = hs.HeavySide("ns-s", "heavy-s-ab", 1, 0, _FakeFlood(),  # type: ignore[arg-type]
-                           cpu_now=1)
-    return h, calls
+                     cpu_now=1, ex=ex)
+    return h, files
 
 
 def test_exclusive_moves_and_puts_back(monkeypatch: pytest.MonkeyPatch) -> None:
     from kbp.bench.modes import AppEnv, AppPlace, Target
-    h, calls = _heavy(monkeypatch)
+    h, files = _heavy(monkeypatch)
     m = hs.ExclusiveMode(heavy=h)
     t = Target("ns-s", "rt-s-ab", 1)
     assert m.unavailable() is None and not m.needs_fresh_device(t)
     assert m.app_place(AppPlace(1, 51), AppEnv()) == AppPlace(1, 51)
     m.setup(t)
-    assert h.cpu_now == 0 and calls["writes"] == [{"rx-0": "1"}]
+    assert h.cpu_now == 0 and files.writes == [{"rx-0": "1"}]
     assert m.describe()["nonrt_cpu"] == 0
     m.teardown()
-    assert h.cpu_now == 1 and calls["writes"][-1] == {"rx-0": "2"}
+    assert h.cpu_now == 1 and files.writes[-1] == {"rx-0": "2"}
     m.teardown()                                     # twice: nothing more to put back
-    assert len(calls["writes"]) == 2
+    assert len(files.writes) == 2
+    # both moves journaled in the testbed's steering: its undo leaves the mask it found
+    files.masks["rx-0"] = "1"
+    h.ex.restore()
+    assert files.masks == {"rx-0": "2"}
 
 
 def test_exclusive_refuses_without_the_scenario(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -189,8 +208,8 @@ def test_the_idle_part_skips_the_exclusive_modes_with_the_reason() -> None:
 def test_mask_that_does_not_stick_is_a_restore_problem(monkeypatch: pytest.MonkeyPatch,
                                                        ) -> None:
     from kbp.bench.knobs import KnobError
-    h, _ = _heavy(monkeypatch)
-    monkeypatch.setattr(hs.steer, "write_rps", lambda ns, dev, m: None)
+    h, files = _heavy(monkeypatch)
+    files.stuck = True
     with pytest.raises(KnobError, match="did not stick"):
         h.place(0)
 

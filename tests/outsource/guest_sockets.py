@@ -607,6 +607,90 @@ def scenario_poll_us(s: socket.socket, st: Stats) -> None:
     assert pinned() == 0, pinned()
 
 
+def queue_irqs() -> list[int]:
+    """kbp_so's interrupts, queue 0 first (pci_alloc_irq_vectors() numbers them in order)."""
+    return sorted(int(name.split()[0]) for name in read_percpu_table(PROC_DIR / "interrupts")
+                  if name.split()[0].isdigit() and name.split()[-1] == "kbp_so")
+
+
+#: sends two datagrams to argv[2]'s port, a pause between, from CPU argv[1]
+_SENDER = """
+import os, socket, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, 253)
+for msg in (b"first", b"second"):
+    s.sendto(msg, ("127.0.0.1", int(sys.argv[2])))
+    time.sleep(0.3)  # the receiver drains the first and polls again
+"""
+
+
+def scenario_poll_answer_preempted(s: socket.socket, st: Stats) -> None:
+    """A receiver of higher priority than the interrupt handler that answers its POLL
+    (PREEMPT_RT: a FIFO-50 thread; the kbp use case) preempts it at the wake-up. If that
+    wake-up came before the handler's complete(), the receiver drained the socket and
+    polled again while the POLL was still out, armed none, and slept with no wake-up
+    coming (a lost wake-up: the next datagram's poll timed out). The receiver arms on
+    queue 0 from CPU 0, then runs on CPU 1, where queue 0's interrupt is moved (irqbalance
+    could put it there) and where its own receive, polled (poll_us), goes to queue 1:
+    nothing it does waits for the handler. The sender is another process (no GIL shared
+    with the receiver), on CPU 1 too."""
+    irqs, cpus = queue_irqs(), sorted(os.sched_getaffinity(0))
+    if len(irqs) < 2 or len(cpus) < 2:
+        print(f"KBP-SO-SKIP poll_answer_preempted: needs two queues and two CPUs "
+              f"({len(irqs)}, {len(cpus)})", flush=True)
+        return
+    arm_cpu, run_cpu = cpus[0], cpus[1]
+    aff = f"/proc/irq/{irqs[0]}/smp_affinity_list"
+    with open(aff) as f:
+        saved_aff = f.read().strip()
+    rx = udp()
+    rx.bind(("127.0.0.1", 0))
+    got: list[object] = []
+    armed = threading.Event()
+
+    def receiver() -> None:
+        try:
+            os.sched_setaffinity(0, {arm_cpu})
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(60))
+            p = select.poll()
+            p.register(rx, select.POLLIN)
+            armed.set()
+            got.append(p.poll(10000))  # armed on queue 0, asleep; woken on run_cpu
+            got.append(rx.recv(100, socket.MSG_DONTWAIT))
+            got.append(p.poll(2000))  # before the fix: the answered POLL was still out
+            got.append(rx.recv(100, socket.MSG_DONTWAIT))
+        except Exception as e:  # reported by the main thread
+            got.append(e)
+
+    t = threading.Thread(target=receiver)
+    set_poll_us(1000)
+    try:
+        with open(aff, "w") as f:
+            f.write(str(run_cpu))
+        t.start()
+        assert armed.wait(5), "the receiver did not start"
+        time.sleep(0.2)  # in poll(), its POLL out on queue 0
+        os.sched_setaffinity(t.native_id, {run_cpu})
+        sender = subprocess.run(["python3", "-c", _SENDER, str(run_cpu),
+                                 str(rx.getsockname()[1])], capture_output=True, text=True,
+                                timeout=30, check=False)
+        assert sender.returncode == 0, sender.stderr
+        t.join(10)
+        assert not t.is_alive(), "the receiver hangs"
+        fd = rx.fileno()
+        assert got[:2] == [[(fd, select.POLLIN)], b"first"], got
+        assert got[2:] == [[(fd, select.POLLIN)], b"second"], (
+            f"the poll after the first answer was not woken (a lost wake-up): {got}")
+        for n in (5, 6):
+            st.out(n, echo=False)
+            st.inn(n)
+    finally:
+        set_poll_us(0)
+        with open(aff, "w") as f:
+            f.write(saved_aff)
+        rx.close()
+
+
 IDLE_DRIVER = "/sys/devices/system/cpu/cpuidle/current_driver"
 
 
@@ -890,7 +974,8 @@ def scenario_idle_on_for_the_end(s: socket.socket, st: Stats) -> None:
 
 SCENARIOS = [scenario_control, scenario_data, scenario_poll, scenario_cancel,
              scenario_proc_counters, scenario_sockopts, scenario_shutdown, scenario_ipv6,
-             scenario_poll_us, scenario_idle, scenario_idle_busy, scenario_idle_race,
+             scenario_poll_us, scenario_poll_answer_preempted, scenario_idle, scenario_idle_busy,
+             scenario_idle_race,
              scenario_idle_stop_wakes_waiters, scenario_idle_on_for_the_end,
              scenario_killed_child]
 

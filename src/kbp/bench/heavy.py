@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kbp import names, rps, sysinfo
@@ -83,7 +83,9 @@ def part_like(mode: str) -> bool:
 @dataclass
 class HeavySide:
     """The heavy receiver and its device's receive processing: where they run now, and the
-    move ``exclusive`` makes (RPS mask of the device, affinity of every iperf3 thread)."""
+    move ``exclusive`` makes (RPS mask of the device, affinity of every iperf3 thread).
+    Each mask is journaled in ``ex`` before it changes: the scenarios pass their steering's,
+    whose undo puts back what the testbed had."""
 
     netns: str
     dev: str
@@ -92,6 +94,7 @@ class HeavySide:
     flood: workloads.Flood
     cpu_now: int = -1
     napi_pinned: bool = False       # --heavy-napi rt-cpu: the device's NAPI thread follows
+    ex: journal.Executor = field(default_factory=steer.changes)
 
     def receiver_pids(self) -> list[int]:
         srv = self.flood.server
@@ -115,11 +118,10 @@ class HeavySide:
         if self.napi_pinned:
             self.pin_napi(cpu)
         else:
-            rx = steer.read_rps(self.netns, self.dev)
-            steer.write_rps(self.netns, self.dev, dict.fromkeys(rx, rps.cpu_mask(cpu)))
-            got = rps.masks_cpus(steer.read_rps(self.netns, self.dev))
-            if got != [cpu]:
-                raise KnobError(f"{self.dev}: RPS to CPU {cpu} did not stick (reads {got})")
+            try:
+                steer.steer_rps(self.ex, self.netns, self.dev, cpu)
+            except RuntimeError as e:
+                raise KnobError(str(e)) from None
         for tid in self.receiver_pids():
             with contextlib.suppress(OSError):
                 sysinfo.set_affinity(tid, [cpu])

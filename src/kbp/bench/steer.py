@@ -14,7 +14,7 @@ from typing import Any
 from kbp import rps, sysinfo
 from kbp.bench.sysstat import read_percpu_table
 from kbp.netdev import NetFS
-from kbp.system import access, journal, settings
+from kbp.system import journal, settings
 
 PROC = Path("/proc")
 # /proc/net/softnet_stat columns (hex, one row per online CPU; the 13th is the CPU number)
@@ -30,12 +30,6 @@ def rx_queues(netns: str, dev: str) -> list[str]:
 def read_rps(netns: str, dev: str) -> dict[str, str]:
     """{rx-N: rps_cpus text} of a device (seen inside its namespace; "" where unreadable)."""
     return rps.read_masks(NetFS(netns), dev)
-
-
-def write_rps(netns: str, dev: str, masks: dict[str, str]) -> None:
-    """Write each queue's mask (OSError with the kernel's errno)."""
-    for q, mask in masks.items():
-        access.write(access.net_path(dev, f"queues/{q}/rps_cpus"), f"{mask}\n", netns)
 
 
 def changes() -> journal.Executor:

@@ -208,7 +208,8 @@ class RtSplit(Scenario):
         load.start_server()
         tb.defer(load.stop_server)
         tb.defer(load.stop)
-        heavy = hs.HeavySide(tb.server, hv.dev_b, rt_cpu, other, load, cpu_now=rt_cpu)
+        heavy = hs.HeavySide(tb.server, hv.dev_b, rt_cpu, other, load, cpu_now=rt_cpu,
+                             ex=steering.ex)
         hs.bind_heavy(bench, heavy)
         bench.results["steering"] = {
             "mechanism": "RT NIC IRQ + RPS of the heavy device" if nic else "RPS",

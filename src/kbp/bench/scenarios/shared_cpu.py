@@ -182,7 +182,7 @@ class SharedCpu(Scenario):
                      "irq-suspend turns it off too")}
         flood = pt.start_flood(bench)
         heavy = hs.HeavySide(tb.server, fl.dev_b, rt_cpu, hs.nonrt_cpu(place), flood,
-                             cpu_now=rt_cpu)
+                             cpu_now=rt_cpu, ex=steering.ex)
         bench.results["heavy_napi"] = (hs.napi_on_rt_cpu(bench, heavy) if pinned else
                                        {"where": hs.HEAVY_NAPI_SENDER})
         hs.bind_heavy(bench, heavy)

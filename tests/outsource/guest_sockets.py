@@ -548,10 +548,16 @@ def scenario_detach(s: socket.socket, st: Stats) -> None:
 
 #: in order, one boot; each gets the long-lived socket and the shared Stats.  New
 #: scenarios go here; scenario_dead_host and scenario_detach stay last (no host after).
+def kbp_so_vectors() -> dict[int, list[int]]:
+    """kbp_so's interrupts (rows "<irq> kbp_so"): {irq: count per CPU}."""
+    return {int(name.split()[0]): counts
+            for name, counts in read_percpu_table(PROC_DIR / "interrupts").items()
+            if name.split()[0].isdigit() and name.split()[-1] == "kbp_so"}
+
+
 def kbp_so_irqs() -> int:
-    """Interrupts kbp_so's vectors took, all CPUs (rows "<irq> kbp_so")."""
-    return sum(sum(counts) for name, counts in read_percpu_table(PROC_DIR / "interrupts").items()
-               if name.split()[0].isdigit() and name.split()[-1] == "kbp_so")
+    """Interrupts kbp_so's vectors took, all CPUs."""
+    return sum(sum(counts) for counts in kbp_so_vectors().values())
 
 
 def set_poll_us(us: int) -> None:
@@ -607,12 +613,6 @@ def scenario_poll_us(s: socket.socket, st: Stats) -> None:
     assert pinned() == 0, pinned()
 
 
-def queue_irqs() -> list[int]:
-    """kbp_so's interrupts, queue 0 first (pci_alloc_irq_vectors() numbers them in order)."""
-    return sorted(int(name.split()[0]) for name in read_percpu_table(PROC_DIR / "interrupts")
-                  if name.split()[0].isdigit() and name.split()[-1] == "kbp_so")
-
-
 #: sends two datagrams to argv[2]'s port, a pause between, from CPU argv[1]
 _SENDER = """
 import os, socket, sys, time
@@ -634,7 +634,8 @@ def scenario_poll_answer_preempted(s: socket.socket, st: Stats) -> None:
     could put it there) and where its own receive, polled (poll_us), goes to queue 1:
     nothing it does waits for the handler. The sender is another process (no GIL shared
     with the receiver), on CPU 1 too."""
-    irqs, cpus = queue_irqs(), sorted(os.sched_getaffinity(0))
+    # queue 0's vector first: pci_alloc_irq_vectors() numbers them in order
+    irqs, cpus = sorted(kbp_so_vectors()), sorted(os.sched_getaffinity(0))
     if len(irqs) < 2 or len(cpus) < 2:
         print(f"KBP-SO-SKIP poll_answer_preempted: needs two queues and two CPUs "
               f"({len(irqs)}, {len(cpus)})", flush=True)

@@ -118,10 +118,7 @@ class HeavySide:
         if self.napi_pinned:
             self.pin_napi(cpu)
         else:
-            try:
-                steer.steer_rps(self.ex, self.netns, self.dev, cpu)
-            except RuntimeError as e:
-                raise KnobError(str(e)) from None
+            steer.steer_rps(self.ex, self.netns, self.dev, cpu)
         for tid in self.receiver_pids():
             with contextlib.suppress(OSError):
                 sysinfo.set_affinity(tid, [cpu])

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kbp import rps, sysinfo
+from kbp.bench.knobs import KnobError
 from kbp.bench.sysstat import read_percpu_table
 from kbp.netdev import NetFS
 from kbp.system import journal, settings
@@ -54,13 +55,13 @@ def rps_keys(netns: str, dev: str) -> list[dict[str, Any]]:
 
 def steer_rps(ex: journal.Executor, netns: str, dev: str, cpu: int | None) -> None:
     """RPS of every receive queue of ``dev`` to ``cpu`` (None: off), each mask journaled
-    in ``ex`` before it changes; RuntimeError when the kernel reads back another."""
+    in ``ex`` before it changes; KnobError when the kernel reads back another."""
     for key in rps_keys(netns, dev):
         ex.apply(journal.KIND_SYSFS, key, "0" if cpu is None else rps.cpu_mask(cpu))
     got = rps.masks_cpus(read_rps(netns, dev))
     if got != ([] if cpu is None else [cpu]):
-        raise RuntimeError(f"{dev}: RPS to {'no CPU' if cpu is None else f'CPU {cpu}'} did "
-                           f"not stick (reads {got})")
+        raise KnobError(f"{dev}: RPS to {'no CPU' if cpu is None else f'CPU {cpu}'} did "
+                       f"not stick (reads {got})")
 
 
 @dataclass

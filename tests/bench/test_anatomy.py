@@ -89,9 +89,38 @@ def test_probes_key_on_the_devices_port_cpu_and_roles() -> None:
     assert '$n->dev->name == "b"' in by_name
     # one program with the delays' probes; END clears the anatomy's state maps
     full = trace.program([200], [100], tx_dev="rt-c-1", rx_dev="rt-s-1",
-                         extra=anatomy.probes(spec), extra_clears=anatomy.CLEARED)
+                         extra=anatomy.probes(spec), extra_clears=anatomy.cleared(spec))
     assert full.count("tracepoint:net:net_dev_start_xmit") == 2    # xmit_to_poll's + ours
     assert "clear(@rq);" in full and "clear(@c);" in full and "clear(@hw)" not in full
+    assert "clear(@rp);" in full
+
+
+def test_over_nic_ports_the_received_packets_say_which_request() -> None:
+    """--nic-pair: the server's skb is not the tester's, so X records no skb; G reads the
+    sequence number from what the server port's NAPIs received (at data, within the linear
+    part), Z from what the tester port's received, and I is the server's receive IRQs."""
+    spec = anatomy.Spec("eth1", "eth0", 11111, 1, (8194,), {100: "app"}, wire=True,
+                        rx_irqs=(25, 28), tx_napi_ids=(8193,))
+    progs = anatomy.probes(spec)
+    prog = "\n".join(progs)
+    xmit = next(p for p in progs if p.startswith("tracepoint:net:net_dev_start_xmit"))
+    assert "@rq" not in xmit and "@rs" not in xmit and "@rp" not in xmit
+    gro = next(p for p in progs if p.startswith("tracepoint:net:napi_gro_receive_entry"))
+    assert "if ($id == 8194) {" in gro and "if ($id == 8193) {" in gro
+    assert "$p = $skb->data; $room = $skb->len - $skb->data_len;" in gro
+    assert "$dport == 26411 && $tag != 0" in gro and "$sport == 26411 && $tag != 0" in gro
+    assert "@rq[$a] = $tag;" in gro and "@ir[0]" in gro
+    rx = next(p for p in progs if p.startswith("tracepoint:net:netif_rx"))
+    assert 'str(args->name) == "eth0"' in rx and 'str(args->name) == "eth1"' in rx
+    assert "tracepoint:irq:irq_handler_entry /args->irq == 25 || args->irq == 28/" in prog
+    assert set(anatomy.cleared(spec)) & {"@rs", "@rp"} == set()
+    # no napi ids (before 6.9): the ports by name
+    named = "\n".join(anatomy.probes(anatomy.Spec("eth1", "eth0", 1, 0, wire=True)))
+    assert 'if (str(args->name) == "eth0") {' in named
+    assert 'if (str(args->name) == "eth1") {' in named
+    assert "irq_handler_entry /0/" in named           # no receive IRQs known: no I
+    with pytest.raises(ValueError):
+        anatomy.Spec("a", "b", 1, 0, rx_irqs=(3,))     # IRQs key the NIC ports' probes only
 
 
 @pytest.mark.parametrize("bad", [{"tx_dev": "a b"}, {"rx_dev": 'x"; system("id'},
@@ -112,9 +141,24 @@ def test_segments_add_up_and_each_says_what_it_measured() -> None:
     seg = q.segments()
     assert list(seg) == list(SEGMENTS)
     assert sum(seg.values()) == 70_000                       # Z - X
-    assert seg == {"poll_wait": 2_000, "poll": 8_000, "stack_wait": 0, "stack_queue": 10_000,
-                   "stack": 10_000, "app_wake": 4_000, "app_recv": 16_000,
+    assert seg == {"wire": 0, "poll_wait": 2_000, "poll": 8_000, "stack_wait": 0,
+                   "stack_queue": 10_000, "stack": 10_000, "app_wake": 4_000, "app_recv": 16_000,
                    "app_reply": 10_000, "reply": 10_000}
+
+
+@pytest.mark.parametrize(("irq", "wire"), [(1_500, 1_500), (-5, 0), (3_000, 0), (None, 0)])
+def test_the_server_ports_interrupt_splits_the_wait_for_the_poll(irq: int | None,
+                                                                 wire: int) -> None:
+    """G's I between X and the poll's start (2 µs after X) cuts poll_wait into the wire's
+    part and the host's; one before X (an earlier packet's) or after the poll began (a
+    busy poller had it already) leaves poll_wait whole; the sum stays Z - X."""
+    x = 1_000_000_000
+    lines = one_request(5, x)
+    if irq is not None:
+        lines = [ln + f" {x + irq}" if ln.startswith("KA G") else ln for ln in lines]
+    seg = anatomy.parse("\n".join(lines))[5].segments()
+    assert (seg["wire"], seg["poll_wait"]) == (wire, 2_000 - wire)
+    assert sum(seg.values()) == 70_000
 
 
 def test_lines_out_of_time_order_and_text_output_parse_alike() -> None:

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,6 +40,18 @@ def _skip_unless_ready() -> None:
         import kbp.backends  # noqa: F401
     except ImportError as e:
         pytest.skip(reason=f"kbpctl backends not available ({e})")
+
+
+def _run_anatomy(cfg: BenchConfig) -> dict[str, Any]:
+    """A bench run with --anatomy, skipped where the kernel trace it needs is missing (a
+    kernel before 6.3, no bpftrace): the run's own refusal says so."""
+    from kbp.bench.context import Aborted
+    try:
+        return Bench(cfg).run()
+    except Aborted as e:
+        if not str(e).startswith("--anatomy:"):
+            raise
+        pytest.skip(reason=f"the kernel trace --anatomy needs is not available here: {e}")
 
 
 def _ours() -> list[str]:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_bench_netns import _ours, _procs, _skip_unless_ready
+from test_bench_netns import _ours, _procs, _run_anatomy, _skip_unless_ready
 
 from kbp.bench import nicpair, report
 from kbp.bench.runner import Aborted, Bench, BenchConfig
@@ -86,6 +86,18 @@ def _state(dev: str) -> dict[str, object]:
                             if x.get("scope") != "link")}
 
 
+def test_receive_irqs_leave_out_only_the_vectors_that_only_transmit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The anatomy's I is the server port's receive interrupt: virtio's -output.N and a
+    driver's separate -tx-N vectors are left out, combined TxRx vectors, receive ones and
+    ones /proc/interrupts does not name are kept."""
+    from kbp import sysinfo
+    names = {25: "virtio0-input.0", 26: "virtio0-output.0", 40: "eth1-TxRx-0",
+             41: "eth1-tx-1", 42: "eth1-rx-2", 43: "mlx5_comp0@pci:0000:3b:00.0"}
+    monkeypatch.setattr(sysinfo, "read_interrupts", lambda *a, **k: names)
+    assert nicpair.receive_irqs([26, 25, 40, 41, 42, 43, 99]) == [25, 40, 42, 43, 99]
+
+
 def test_check_refuses_missing_down_and_default_route_devices() -> None:
     _skip_unless_ready()
     with pytest.raises(nicpair.NicPairError, match="no device kbpnope0"):
@@ -140,6 +152,34 @@ def test_run_over_a_device_pair_puts_them_back(tmp_path: Path) -> None:
         assert not journal.StateDir().process_path(nicpair.OWNER).exists()
     assert _ours() == before_ns
     assert _procs() == before_procs
+
+
+def test_anatomy_over_a_device_pair_reads_each_request_from_the_packets(
+        tmp_path: Path) -> None:
+    """--anatomy with --nic-pair, over a veth pair standing in for the two NIC ports (this
+    host has none to spare; the rig's test has virtio NICs): the probes key as for NICs, on
+    the sequence number in the packet each port received, and nearly every request is
+    traced whole from the tester's xmit to the reply's arrival, its segments adding up to
+    the time traced and that to the tester's round trip; the server port's RT NAPI polled
+    them (no interrupt on veth: the wire segment is 0)."""
+    _skip_unless_ready()
+    with _veth_pair() as (a, b):
+        cfg = BenchConfig(scenario="shared-cpu", modes=["napi"], reps=1, duration=1.0,
+                          warmup=0.2, parts=["rtt"], loads=["off"], out=tmp_path,
+                          command="pytest", nic_pair=[a, b], anatomy=True)
+        res = json.loads(json.dumps(_run_anatomy(cfg)))
+    assert not res.get("restore_problems"), res.get("restore_problems")
+    (r,) = res["runs"]
+    an = r["anatomy"]
+    assert an["samples"] > 200 and an["traced"] >= 0.9 * an["samples"], an["missing_from"]
+    assert an["lost_events"] == 0 and an["tail"]
+    explained = sorted(s["explained"] for s in an["tail"])
+    assert 0.95 <= explained[len(explained) // 2] <= 1.2, explained
+    for s in an["tail"]:
+        seg = s["segments_us"]
+        assert min(seg.values()) >= 0 and seg["wire"] == 0
+        assert sum(seg.values()) == pytest.approx(s["traced_us"], abs=0.01)
+    assert sum(s["poll"]["napi_id"] != 0 for s in an["tail"]) >= 0.9 * len(an["tail"])
 
 
 def test_recover_finishes_a_killed_runs_restore() -> None:

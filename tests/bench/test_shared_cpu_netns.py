@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_bench_netns import _ours, _procs, _settings, _skip_unless_ready
+from test_bench_netns import _ours, _procs, _run_anatomy, _settings, _skip_unless_ready
 
 from kbp.bench import report
 from kbp.bench.runner import Bench, BenchConfig
@@ -285,16 +285,10 @@ def test_anatomy_cuts_every_round_trip_into_its_kernel_events(tmp_path: Path) ->
     second here: its output must not stall it (a pipe nobody read did)."""
     _skip_unless_ready()
     from kbp.bench import anatomy
-    from kbp.bench.context import Aborted
     cfg = BenchConfig(scenario="shared-cpu", modes=["napi", "stock-hybrid"], reps=1,
                       duration=1.5, warmup=0.2, parts=["rtt"], loads=["on"], out=tmp_path,
                       command="pytest", heavy_napi="rt-cpu", anatomy=True)
-    try:
-        res = Bench(cfg).run()
-    except Aborted as e:         # a kernel without the tracepoints (before 6.3), no bpftrace
-        if not str(e).startswith("--anatomy:"):
-            raise
-        pytest.skip(reason=f"the kernel trace --anatomy needs is not available here: {e}")
+    res = _run_anatomy(cfg)
     report.add_summary(res)
     res = json.loads(json.dumps(res))
     assert not res["interrupted"] and "restore_problems" not in res

@@ -20,11 +20,24 @@ kernel events of the same request, all host tracepoints (no kprobes), in order:
        device;
 ``Z``  ``net:netif_rx`` / ``napi_gro_receive_entry`` of the reply's skb on the client side.
 
+Over a veth pair the skb the server polls is the one the client sent, so G, R and Z key on
+skb addresses that X and Y recorded.  Over NIC ports (``--nic-pair``: the operator's own NIC
+as the RT server's port, cabled to a tester port) each side has skbs of its own: G and Z read
+the request's sequence number from the received packet instead (its linear part: a request
+whose UDP payload a driver left in a page fragment is not matched, and counts as missing G),
+on the server port's NAPIs (by NAPI id, or by device name before Linux 6.9) and on the tester
+port; and ``I``, the server port's last hardIRQ (``irq:irq_handler_entry`` of its receive
+vectors) before the poll began, splits the wait for the poll into the wire and NIC's part and
+the host's.
+
 Segments (:data:`SEGMENTS`), which add up to Z - X by construction:
 
 =============== =========================================================================
-``poll_wait``   X -> the context that polled the request began running (0 when it already
-                ran: a busy poller, a softirq already in progress)
+``wire``        X -> I, over NIC ports: the client's driver, the wire, the server NIC's DMA
+                and interrupt (0 over veth, and when no interrupt came between X and the
+                poll's start: a busy poller found the request)
+``poll_wait``   I (or X) -> the context that polled the request began running (0 when it
+                already ran: a busy poller, a softirq already in progress)
 ``poll``        that start (or X) -> G: the poll's work before it reached the request
 ``stack_wait``  G -> the context that took it up the stack began running (RPS: the RT CPU's
                 NET_RX softirq or ksoftirqd after the IPI; 0 in a poller that does both)
@@ -53,9 +66,8 @@ softirq in progress).  The heavy polls' sizes over the whole run are a histogram
 
 What it costs: probes on every packet's ``netif_receive_skb`` and ``napi_gro_receive_entry``
 and on every softirq, switch and NAPI poll; the runs with ``--anatomy`` say so, and their
-round trips are not mixed into a run without it.  Over a veth pair only (the skb the server
-polls is the one the client sent); PREEMPT_RT runs softirqs in threads that can be
-preempted, which this accounting does not follow.
+round trips are not mixed into a run without it.  PREEMPT_RT runs softirqs in threads that
+can be preempted, which this accounting does not follow.
 """
 
 from __future__ import annotations
@@ -74,11 +86,12 @@ from kbp.bench import stats, trace
 EVENTS = ("net/net_dev_start_xmit", "net/napi_gro_receive_entry", "net/netif_rx",
           "net/netif_receive_skb", "sock/sk_data_ready", "sock/sock_recv_length",
           "napi/napi_poll", "sched/sched_switch", "sched/sched_waking",
-          "irq/softirq_entry", "irq/softirq_exit")
-SEGMENTS = ("poll_wait", "poll", "stack_wait", "stack_queue", "stack", "app_wake", "app_recv",
-            "app_reply", "reply")
+          "irq/softirq_entry", "irq/softirq_exit", "irq/irq_handler_entry")
+SEGMENTS = ("wire", "poll_wait", "poll", "stack_wait", "stack_queue", "stack", "app_wake",
+            "app_recv", "app_reply", "reply")
 SEGMENT_WORDS = {
-    "poll_wait": "xmit → polling context runs", "poll": "poll until the request",
+    "wire": "xmit → server NIC's IRQ", "poll_wait": "→ polling context runs",
+    "poll": "poll until the request",
     "stack_wait": "→ stack context runs", "stack_queue": "packets ahead (backlog, GRO)",
     "stack": "IP/UDP → socket", "app_wake": "socket → app runs",
     "app_recv": "app runs → recv returns", "app_reply": "recv → reply xmit",
@@ -143,6 +156,10 @@ class Spec:
     rt_cpu: int
     rt_napi_ids: Sequence[int] = ()   # empty: the RT NAPIs are the ones of rx_dev by name
     roles: Mapping[int, str] = field(default_factory=dict)   # {pid or tid: TASK_ROLES name}
+    # NIC ports, not a veth pair: G and Z read the sequence number from the received packet
+    wire: bool = False
+    rx_irqs: Sequence[int] = ()       # the server port's receive interrupts (wire only)
+    tx_napi_ids: Sequence[int] = ()   # the tester port's NAPIs (wire; empty: by tx_dev's name)
 
     def __post_init__(self) -> None:
         trace._dev(self.tx_dev)
@@ -151,6 +168,11 @@ class Spec:
         for pid, role in self.roles.items():
             if role not in TASK_ROLES or int(pid) <= 0:
                 raise ValueError(f"anatomy role {role!r} of pid {pid}")
+        if not self.wire and (self.rx_irqs or self.tx_napi_ids):
+            raise ValueError("rx_irqs and tx_napi_ids key the NIC ports' probes (wire)")
+        for n in (*self.rx_irqs, *self.tx_napi_ids, *self.rt_napi_ids):
+            if int(n) < 0:
+                raise ValueError(f"anatomy: not an IRQ or NAPI id: {n}")
 
     def pids(self, role: str) -> list[int]:
         return sorted(int(p) for p, r in self.roles.items() if r == role)
@@ -161,17 +183,22 @@ def _pred(var: str, pids: Iterable[int]) -> str:
     return " || ".join(f"{var} == {p}" for p in ps) if ps else "0"
 
 
-def _udp(skb: str, be: int) -> str:
-    """Statements that read an IPv4 UDP skb at xmit: $sport, $dport (as a little-endian
-    load reads them: compare with :func:`port_be`) and $tag (the payload's first 8 bytes,
-    plus one), all 0 for anything else."""
+def _udp(skb: str, received: bool = False) -> str:
+    """Statements that read an IPv4 UDP skb: $sport, $dport (as a little-endian load reads
+    them: compare with :func:`port_be`) and $tag (the payload's first 8 bytes, plus one),
+    all 0 for anything else.  At xmit the IP header is at the network header; on receive,
+    before the stack sets that, at ``data`` (the driver's eth_type_trans() pulled the MAC
+    header), and only the linear part (len - data_len) is read."""
+    where = "$skb->data" if received else "$skb->head + $skb->network_header"
+    room = ("$skb->len - $skb->data_len" if received else "(uint32)0xffffffff")
     return (f"    $skb = (struct sk_buff *){skb}; $tag = (uint64)0;"
             " $sport = (uint16)0; $dport = (uint16)0;\n"
-            "    $p = $skb->head + $skb->network_header;\n"
-            "    if ((*(uint8 *)$p >> 4) == 4 && *(uint8 *)($p + 9) == 17) {\n"
-            "      $u = $p + (*(uint8 *)$p & 15) * 4;\n"
-            "      $sport = *(uint16 *)$u; $dport = *(uint16 *)($u + 2);\n"
-            "      $tag = *(uint64 *)($u + 8) + 1;\n    }\n")
+            f"    $p = {where}; $room = {room};\n"
+            "    if ($room >= 20 && (*(uint8 *)$p >> 4) == 4 && *(uint8 *)($p + 9) == 17) {\n"
+            "      $ihl = (*(uint8 *)$p & 15) * 4; $u = $p + $ihl;\n"
+            "      if ($room >= $ihl + 16) {\n"
+            "        $sport = *(uint16 *)$u; $dport = *(uint16 *)($u + 2);\n"
+            "        $tag = *(uint64 *)($u + 8) + 1;\n      }\n    }\n")
 
 
 def _ctx(pollers: str, indent: str = "  ") -> str:
@@ -217,6 +244,15 @@ def probes(spec: Spec) -> list[str]:
         spec.pids(role))
     fmt, snap = _snapshot()
     sirq_tot = f"@c[{C_NETRX}] + @c[{C_SIRQ_OTHER}]"
+    # X records the request's skb for G (veth: the server polls that skb); over NIC ports
+    # G reads the request from the server's own skb (_received)
+    remember = "" if spec.wire else "      @rq[$a] = $tag; @rs[$tag] = $a;\n"
+    # Y records the reply's skb for Z (veth), and forgets the request's skb: answered, so
+    # it is not a request any more unless a newer request has that address
+    forget = "" if spec.wire else (
+        "      @rp[$a] = $tag;\n"
+        "      $o = @rs[$tag]; if ($o != 0) { if (@rq[$o] == $tag) { delete(@rq[$o]); }"
+        " delete(@rs[$tag]); }\n")
     return [
         # softirqs: in progress per CPU (the context of G and R); time on the RT CPU
         "tracepoint:irq:softirq_entry {\n  $v = args->vec; @sx[cpu] = nsecs;\n"
@@ -251,26 +287,16 @@ def probes(spec: Spec) -> list[str]:
         # tracepoint (each program run costs every packet, the flood's too)
         "tracepoint:net:net_dev_start_xmit {\n  $a = args->skbaddr; $nm = str(args->name);\n"
         f'  if ($nm == "{spec.tx_dev}" || $nm == "{spec.rx_dev}") {{\n'
-        + _udp("$a", be) +
+        + _udp("$a") +
         f'    if ($nm == "{spec.tx_dev}" && $dport == {be}) {{\n'
-        "      @rq[$a] = $tag; @rs[$tag] = $a;\n"
+        + remember +
         f'      printf("{TAG} X %llu %llu %d {fmt}\\n", $tag, nsecs, cpu, {snap});\n    }}\n'
-        f'    if ($nm == "{spec.rx_dev}" && $sport == {be}) {{\n'
-        "      @rp[$a] = $tag;\n"
-        # the request is answered: forget its skb unless a newer request has that address
-        "      $o = @rs[$tag]; if ($o != 0) { if (@rq[$o] == $tag) { delete(@rq[$o]); }"
-        " delete(@rs[$tag]); }\n"
+        f'    if ($nm == "{spec.rx_dev}" && $sport == {be}) {{\n' + forget +
         f'      printf("{TAG} Y %llu %llu %d %d\\n", $tag, nsecs, cpu, tid);\n    }}\n  }}\n}}',
-        # G: a NAPI poll (or the xmit path into a backlog) hands the request up; Z: the
-        # reply reaches the client device
-        "tracepoint:net:napi_gro_receive_entry {\n"
-        "  $a = args->skbaddr; $id = args->napi_id; $t = @rq[$a];\n"
-        "  if ($t != 0) {\n" + _ctx(pollers, "    ") +
-        f'    printf("{TAG} G %llu %llu %d %u %d %llu %llu\\n", $t, nsecs, cpu, $id, $ctx,'
-        " $start, @wk[tid]);\n  }\n" + _reply_arrives("  ") + "}",
-        "tracepoint:net:netif_rx {\n  $a = args->skbaddr; $t = @rq[$a];\n"
-        f'  if ($t != 0) {{ printf("{TAG} G %llu %llu %d 0 {CTX_XMIT} 0 0\\n", $t, nsecs,'
-        " cpu); }\n" + _reply_arrives("  ") + "}",
+        *(_received(spec, pollers) if spec.wire else _forwarded(pollers)),
+        # I: the server port's receive interrupts (none over veth: "0" never matches)
+        f"tracepoint:irq:irq_handler_entry /{_pred('args->irq', spec.rx_irqs)}/"
+        " { @ir[0] = nsecs; }",
         # R: the stack takes it; D: in the socket
         "tracepoint:net:netif_receive_skb /@rq[args->skbaddr]/ {\n"
         "  $a = args->skbaddr; $t = @rq[$a];\n  if ($t != 0) {\n" + _ctx(pollers, "    ") +
@@ -286,9 +312,58 @@ def probes(spec: Spec) -> list[str]:
     ]
 
 
-#: maps the anatomy's END clears (the rest, @hw, is printed for :func:`parse`)
-CLEARED = ("@rq", "@rs", "@rp", "@cur", "@sx", "@se", "@sv", "@on", "@wk", "@in", "@cat", "@sat",
-           "@c")
+def _forwarded(pollers: str) -> list[str]:
+    """G and Z over a veth pair: the skb polled is the one transmitted (X, Y recorded it)."""
+    return [
+        # G: a NAPI poll (or the xmit path into a backlog) hands the request up; Z: the
+        # reply reaches the client device
+        "tracepoint:net:napi_gro_receive_entry {\n"
+        "  $a = args->skbaddr; $id = args->napi_id; $t = @rq[$a];\n"
+        "  if ($t != 0) {\n" + _ctx(pollers, "    ") +
+        f'    printf("{TAG} G %llu %llu %d %u %d %llu %llu %llu\\n", $t, nsecs, cpu, $id,'
+        " $ctx, $start, @wk[tid], @ir[0]);\n  }\n" + _reply_arrives("  ") + "}",
+        "tracepoint:net:netif_rx {\n  $a = args->skbaddr; $t = @rq[$a];\n"
+        f'  if ($t != 0) {{ printf("{TAG} G %llu %llu %d 0 {CTX_XMIT} 0 0 0\\n", $t, nsecs,'
+        " cpu); }\n" + _reply_arrives("  ") + "}"]
+
+
+def _received(spec: Spec, pollers: str) -> list[str]:
+    """G, Z and I over NIC ports: G and Z read the sequence number from the skb the port
+    received (the request on the server port, the reply on the tester port); G carries the
+    server port's last receive interrupt (I)."""
+    be = port_be(spec.port)
+    if spec.rt_napi_ids:
+        server = _pred("$id", spec.rt_napi_ids)
+    else:
+        server = f'str(args->name) == "{spec.rx_dev}"'
+    if spec.tx_napi_ids:
+        tester = _pred("$id", spec.tx_napi_ids)
+    else:
+        tester = f'str(args->name) == "{spec.tx_dev}"'
+
+    def arrival(is_server: str, is_tester: str, napi: str, ctx: str) -> str:
+        return (f"  if ({is_server}) {{\n" + _udp("$a", received=True) +
+                f"    if ($dport == {be} && $tag != 0) {{\n      @rq[$a] = $tag;\n" + ctx +
+                f'      printf("{TAG} G %llu %llu %d %u %d %llu %llu %llu\\n", $tag, nsecs,'
+                f" cpu, {napi}, $ctx, $start, @wk[tid], @ir[0]);\n    }}\n  }}\n"
+                f"  else {{ if ({is_tester}) {{\n" + _udp("$a", received=True) +
+                f"    if ($sport == {be} && $tag != 0) {{"
+                f' printf("{TAG} Z %llu %llu %d\\n", $tag, nsecs, cpu); }}\n  }} }}\n')
+
+    xmit = f"      $ctx = {CTX_XMIT}; $start = (uint64)0;\n"
+    return ["tracepoint:net:napi_gro_receive_entry {\n"
+            "  $a = args->skbaddr; $id = args->napi_id;\n"
+            + arrival(server, tester, "$id", _ctx(pollers, "      ")) + "}",
+            "tracepoint:net:netif_rx {\n  $a = args->skbaddr;\n"
+            + arrival(f'str(args->name) == "{spec.rx_dev}"',
+                      f'str(args->name) == "{spec.tx_dev}"', "0", xmit) + "}"]
+
+
+def cleared(spec: Spec) -> tuple[str, ...]:
+    """The maps the anatomy's END clears (the rest, @hw and @ot, are printed for
+    :func:`parse`); over NIC ports the transmits record no skbs (@rs, @rp)."""
+    return (*(() if spec.wire else ("@rs", "@rp")), "@rq", "@cur", "@sx", "@se", "@sv", "@on",
+            "@wk", "@in", "@cat", "@sat", "@c", "@ir")
 
 
 # -- parsing -------------------------------------------------------------------------------
@@ -329,6 +404,7 @@ class Request:
     g_napi: int = 0
     g_ctx: int = CTX_TASK
     g_start: int = 0
+    g_irq: int = 0          # the server port's last receive interrupt then (NIC ports)
     r: int | None = None
     r_cpu: int = -1
     r_ctx: int = CTX_TASK
@@ -369,9 +445,10 @@ class Request:
         x, g, r, d, v, y, z = (int(t) for t in (self.x, self.g, self.r, self.d, self.v,
                                                   self.y, self.z))   # type: ignore[arg-type]
         ps = min(max(self.g_start, x), g) if self.g_start else x
+        i = self.g_irq if x <= self.g_irq <= ps else x     # I, when it came between
         rs = min(max(self.r_start, g), r) if self.r_start else g
         a = min(max(self.a or d, d), v)
-        return {"poll_wait": ps - x, "poll": g - ps, "stack_wait": rs - g,
+        return {"wire": i - x, "poll_wait": ps - i, "poll": g - ps, "stack_wait": rs - g,
                 "stack_queue": r - rs, "stack": d - r, "app_wake": a - d, "app_recv": v - a,
                 "app_reply": y - v, "reply": z - y}
 
@@ -464,6 +541,7 @@ def parse(output: str) -> dict[int, Request]:
                 if q.g is None or int(f[3]) < q.g:     # the first poll that handed it up
                     q.g, q.g_cpu, q.g_napi = int(f[3]), int(f[4]), int(f[5])
                     q.g_ctx, q.g_start = int(f[6]), int(f[7])
+                    q.g_irq = int(f[9]) if len(f) > 9 else 0
             elif kind == "R":
                 q = req(f[2])
                 if q.r is None or int(f[3]) < q.r:

@@ -209,8 +209,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cut every RT round trip into its kernel events (request xmit, "
                         "poll, stack, socket, app, reply) and say what the RT CPU did "
                         "meanwhile: a table and plot of the slowest round trips per mode. "
-                        "Adds probes on every packet (the run says so); veth pairs only, "
-                        "Linux 6.3+")
+                        "With --nic-pair (your own NIC as the RT server's port) the requests "
+                        "are read from the packets each port received, and the server "
+                        "port's interrupt splits the wire from the wait for the poll. Adds "
+                        "probes on every packet (the run says so); Linux 6.3+")
     p.add_argument("--emulated", action="store_true",
                    help="label results as emulated (VM rig guest); detected under QEMU")
     p.add_argument("--out", type=Path, help="output directory (default out/bench-<time>)")
@@ -281,9 +283,6 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
     if a.anatomy:
         if a.no_trace:
             raise Aborted("--anatomy traces the kernel: it cannot go with --no-trace")
-        if cfg.nic_pair:
-            raise Aborted("--anatomy follows each request's skb from the client to the "
-                          "server device, which only a veth pair keeps: not with --nic-pair")
         cfg.anatomy = True
     if a.wait_quiet is not None:
         cfg.wait_quiet_s = a.wait_quiet

@@ -504,11 +504,16 @@ def napi_knob(napi_id: int, attr: str, netns: str | None) -> Knob:
 
 def rt_napi_ids(t: Target) -> list[int]:
     """The NAPI ids of the target device (napi-get in its namespace)."""
+    return napi_ids(t.dev, t.netns)
+
+
+def napi_ids(dev: str, netns: str | None) -> list[int]:
+    """The NAPI ids of ``dev`` in ``netns`` (napi-get there)."""
     from kbp.netdev import NetdevClient, get_link
-    link = get_link(t.dev, t.netns)
+    link = get_link(dev, netns)
     if link is None:
-        raise RuntimeError(f"{t.dev}: no such device in netns {t.netns}")
-    with NetdevClient(t.netns) as c:
+        raise RuntimeError(f"{dev}: no such device in netns {netns}")
+    with NetdevClient(netns) as c:
         return [n.id for n in c.napis(link.ifindex)]
 
 

@@ -28,8 +28,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -114,6 +115,26 @@ def port_irqs(dev: str) -> list[int]:
                    for a in action.split(", ")):
                 out.add(irq)
     return sorted(out)
+
+
+#: an interrupt action that only transmits: virtio's ``-output.N`` virtqueue, a ``-tx-N``
+#: vector (not ``TxRx``, not ``rx``)
+_TX_ONLY = re.compile(r"output|(?<![a-z])tx(?![a-z])", re.I)
+
+
+def receive_irqs(irqs: Iterable[int]) -> list[int]:
+    """Those of a port's ``irqs`` that can signal a received packet: all but the ones whose
+    every action only transmits (by name, /proc/interrupts)."""
+    names = sysinfo.read_interrupts()
+
+    def tx_only(action: str) -> bool:
+        return bool(_TX_ONLY.search(action)) and not re.search(r"rx|input", action, re.I)
+
+    def receives(irq: int) -> bool:
+        actions = [a.strip() for a in names.get(irq, "").split(", ") if a.strip()]
+        return not actions or not all(tx_only(a) for a in actions)
+
+    return sorted(i for i in irqs if receives(i))
 
 
 @dataclass

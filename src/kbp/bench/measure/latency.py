@@ -14,6 +14,7 @@ from kbp.bench import (
     heavy,
     machine,
     modes,
+    nicpair,
     parts,
     schema,
     steer,
@@ -224,10 +225,33 @@ def anatomy_probes(bench: Bench, devs: dict[str, Any], threads: dict[int, str],
     for role, pids in groups:
         for pid in pids:
             roles.setdefault(int(pid), role)
-    spec = anatomy.Spec(tx_dev=devs["tx_dev"], rx_dev=devs["rx_dev"],
-                        port=workloads.SOCKPERF_PORT, rt_cpu=rt_cpu,
-                        rt_napi_ids=tuple(devs.get("rt_napi_ids") or ()), roles=roles)
-    return {"extra_probes": anatomy.probes(spec), "extra_clears": anatomy.CLEARED}
+    spec = anatomy.Spec(port=workloads.SOCKPERF_PORT, rt_cpu=rt_cpu, roles=roles,
+                        **(veth_devices(devs) if devs else nic_devices(bench)))
+    return {"extra_probes": anatomy.probes(spec), "extra_clears": anatomy.cleared(spec)}
+
+
+def veth_devices(devs: dict[str, Any]) -> dict[str, Any]:
+    """The anatomy's devices over the veth pair: xmit_to_poll's (:func:`xmit_devices`)."""
+    return {"tx_dev": devs["tx_dev"], "rx_dev": devs["rx_dev"],
+            "rt_napi_ids": tuple(devs.get("rt_napi_ids") or ())}
+
+
+def nic_devices(bench: Bench) -> dict[str, Any]:
+    """The anatomy's devices over NIC ports (--nic-pair): the tester's and the server's
+    port, their NAPI ids (napi-get now, with the mode on; none before Linux 6.9: the probes
+    key on the names) and the server port's receive interrupts."""
+    assert bench.tb is not None
+    rt = bench.tb.link("rt")
+    irqs = ((bench.results.get("nic_pair") or {}).get("irqs") or {}).get(rt.dev_b) or ()
+
+    def ids(dev: str, netns: str) -> tuple[int, ...]:
+        try:
+            return tuple(modes.napi_ids(dev, netns))
+        except Exception:            # no netdev family: keyed by the device's name
+            return ()
+    return {"tx_dev": rt.dev_a, "rx_dev": rt.dev_b, "wire": True,
+            "rt_napi_ids": ids(rt.dev_b, rt.ns_b), "tx_napi_ids": ids(rt.dev_a, rt.ns_a),
+            "rx_irqs": tuple(nicpair.receive_irqs(irqs))}
 
 
 def xmit_match(kt: trace.KernelTrace, kd: dict[str, Any], sent: dict[str, Any],

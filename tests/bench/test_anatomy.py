@@ -93,6 +93,7 @@ def test_probes_key_on_the_devices_port_cpu_and_roles() -> None:
     assert full.count("tracepoint:net:net_dev_start_xmit") == 2    # xmit_to_poll's + ours
     assert "clear(@rq);" in full and "clear(@c);" in full and "clear(@hw)" not in full
     assert "clear(@rp);" in full
+    assert "irq_handler_entry" not in full and "@ir" not in full    # veth: no interrupt
 
 
 def test_over_nic_ports_the_received_packets_say_which_request() -> None:
@@ -118,7 +119,8 @@ def test_over_nic_ports_the_received_packets_say_which_request() -> None:
     named = "\n".join(anatomy.probes(anatomy.Spec("eth1", "eth0", 1, 0, wire=True)))
     assert 'if (str(args->name) == "eth0") {' in named
     assert 'if (str(args->name) == "eth1") {' in named
-    assert "irq_handler_entry /0/" in named           # no receive IRQs known: no I
+    # no receive IRQs known: no I, and no probe on every hardIRQ for it
+    assert "irq_handler_entry" not in named and "@ir" not in named
     with pytest.raises(ValueError):
         anatomy.Spec("a", "b", 1, 0, rx_irqs=(3,))     # IRQs key the NIC ports' probes only
 

@@ -177,6 +177,12 @@ class Spec:
     def pids(self, role: str) -> list[int]:
         return sorted(int(p) for p, r in self.roles.items() if r == role)
 
+    def irq_at(self) -> str:
+        """What G prints as I: the server port's last receive interrupt (@ir, kept by a
+        probe on its vectors), or 0 where there is none to probe (veth, or no vector
+        known): no probe on every hardIRQ then."""
+        return "@ir[0]" if self.rx_irqs else "0"
+
 
 def _pred(var: str, pids: Iterable[int]) -> str:
     ps = sorted({int(p) for p in pids})
@@ -294,9 +300,9 @@ def probes(spec: Spec) -> list[str]:
         f'    if ($nm == "{spec.rx_dev}" && $sport == {be}) {{\n' + forget +
         f'      printf("{TAG} Y %llu %llu %d %d\\n", $tag, nsecs, cpu, tid);\n    }}\n  }}\n}}',
         *(_received(spec, pollers) if spec.wire else _forwarded(pollers)),
-        # I: the server port's receive interrupts (none over veth: "0" never matches)
-        f"tracepoint:irq:irq_handler_entry /{_pred('args->irq', spec.rx_irqs)}/"
-        " { @ir[0] = nsecs; }",
+        # I: the server port's receive interrupts
+        *([f"tracepoint:irq:irq_handler_entry /{_pred('args->irq', spec.rx_irqs)}/"
+           " { @ir[0] = nsecs; }"] if spec.rx_irqs else []),
         # R: the stack takes it; D: in the socket
         "tracepoint:net:netif_receive_skb /@rq[args->skbaddr]/ {\n"
         "  $a = args->skbaddr; $t = @rq[$a];\n  if ($t != 0) {\n" + _ctx(pollers, "    ") +
@@ -320,8 +326,8 @@ def _forwarded(pollers: str) -> list[str]:
         "tracepoint:net:napi_gro_receive_entry {\n"
         "  $a = args->skbaddr; $id = args->napi_id; $t = @rq[$a];\n"
         "  if ($t != 0) {\n" + _ctx(pollers, "    ") +
-        f'    printf("{TAG} G %llu %llu %d %u %d %llu %llu %llu\\n", $t, nsecs, cpu, $id,'
-        " $ctx, $start, @wk[tid], @ir[0]);\n  }\n" + _reply_arrives("  ") + "}",
+        f'    printf("{TAG} G %llu %llu %d %u %d %llu %llu 0\\n", $t, nsecs, cpu, $id,'
+        " $ctx, $start, @wk[tid]);\n  }\n" + _reply_arrives("  ") + "}",
         "tracepoint:net:netif_rx {\n  $a = args->skbaddr; $t = @rq[$a];\n"
         f'  if ($t != 0) {{ printf("{TAG} G %llu %llu %d 0 {CTX_XMIT} 0 0 0\\n", $t, nsecs,'
         " cpu); }\n" + _reply_arrives("  ") + "}"]
@@ -345,7 +351,7 @@ def _received(spec: Spec, pollers: str) -> list[str]:
         return (f"  if ({is_server}) {{\n" + _udp("$a", received=True) +
                 f"    if ($dport == {be} && $tag != 0) {{\n      @rq[$a] = $tag;\n" + ctx +
                 f'      printf("{TAG} G %llu %llu %d %u %d %llu %llu %llu\\n", $tag, nsecs,'
-                f" cpu, {napi}, $ctx, $start, @wk[tid], @ir[0]);\n    }}\n  }}\n"
+                f" cpu, {napi}, $ctx, $start, @wk[tid], {spec.irq_at()});\n    }}\n  }}\n"
                 f"  else {{ if ({is_tester}) {{\n" + _udp("$a", received=True) +
                 f"    if ($sport == {be} && $tag != 0) {{"
                 f' printf("{TAG} Z %llu %llu %d\\n", $tag, nsecs, cpu); }}\n  }} }}\n')
@@ -363,7 +369,7 @@ def cleared(spec: Spec) -> tuple[str, ...]:
     """The maps the anatomy's END clears (the rest, @hw and @ot, are printed for
     :func:`parse`); over NIC ports the transmits record no skbs (@rs, @rp)."""
     return (*(() if spec.wire else ("@rs", "@rp")), "@rq", "@cur", "@sx", "@se", "@sv", "@on",
-            "@wk", "@in", "@cat", "@sat", "@c", "@ir")
+            "@wk", "@in", "@cat", "@sat", "@c", *(("@ir",) if spec.rx_irqs else ()))
 
 
 # -- parsing -------------------------------------------------------------------------------

@@ -248,6 +248,15 @@ class RunContext:
                       self.placement.cpu(placement_.RT), self.cfg.rt_prio,
                       periodic=self.periodic_knobs())
 
+    def server_port_irqs(self) -> tuple[int, ...] | None:
+        """The interrupts of the RT server's NIC port as recorded when --nic-pair set it up
+        (``results["nic_pair"]``); None over a veth pair, which has none."""
+        assert self.tb is not None
+        nic = self.results.get("nic_pair")
+        if not nic:
+            return None
+        return tuple(nic["irqs"].get(self.tb.link("rt").dev_b, ()))
+
     def periodic_knobs(self) -> dict[str, Any]:
         """kbpctl's periodic knobs for the periodic modes: a fixed interval
         (--interval-us), else the search's round (--round-ms)."""

@@ -242,7 +242,6 @@ def nic_devices(bench: Bench) -> dict[str, Any]:
     key on the names) and the server port's receive interrupts."""
     assert bench.tb is not None
     rt = bench.tb.link("rt")
-    irqs = ((bench.results.get("nic_pair") or {}).get("irqs") or {}).get(rt.dev_b) or ()
 
     def ids(dev: str, netns: str) -> tuple[int, ...]:
         try:
@@ -251,7 +250,7 @@ def nic_devices(bench: Bench) -> dict[str, Any]:
             return ()
     return {"tx_dev": rt.dev_a, "rx_dev": rt.dev_b, "wire": True,
             "rt_napi_ids": ids(rt.dev_b, rt.ns_b), "tx_napi_ids": ids(rt.dev_a, rt.ns_a),
-            "rx_irqs": tuple(nicpair.receive_irqs(irqs))}
+            "rx_irqs": tuple(nicpair.receive_irqs(bench.server_port_irqs() or ()))}
 
 
 def xmit_match(kt: trace.KernelTrace, kd: dict[str, Any], sent: dict[str, Any],

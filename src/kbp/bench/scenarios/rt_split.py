@@ -226,7 +226,7 @@ class RtSplit(Scenario):
                       "tcp_len": cfg.tcp_len, "shaping": shaping},
             "paper_table3_us": {k: {"method": v[0], "mean": v[1], "p99": v[2], "sd": v[3]}
                                 for k, v in PAPER_TABLE3.items()}}
-        irqs = tuple((bench.results.get("nic_pair") or {}).get("irqs", {}).get(rt.dev_b, ()))
+        irqs = bench.server_port_irqs() or ()
         bench.probes.append(_probe(steering, heavy, irqs))
         patient = pt.Patient(load)
         for rep in range(cfg.reps):

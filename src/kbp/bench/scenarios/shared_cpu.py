@@ -187,7 +187,7 @@ class SharedCpu(Scenario):
                                        {"where": hs.HEAVY_NAPI_SENDER})
         hs.bind_heavy(bench, heavy)
         load = pt.Patient(flood)
-        irqs = tuple((bench.results.get("nic_pair") or {}).get("irqs", {}).get(rt.dev_b, ()))
+        irqs = bench.server_port_irqs() or ()
         bench.probes.append(_probe(steering, rt_cpu, irqs, heavy))
         for rep in range(cfg.reps):
             if pt.RTT in (cfg.parts or []):

@@ -167,7 +167,7 @@ class Stream(Scenario):
             server.stop_server()
             server.start_server()
         bench.rt_link_hooks.append(restart)
-        nic = (bench.results.get("nic_pair") or {}).get("irqs", {}).get(rt.dev_b)
+        nic = bench.server_port_irqs()
         bench.results["stream_setup"] = {
             "receiver": "iperf3 -s on the heavy receiver's CPU",
             "sender": "iperf3 -c on the tester's CPU",

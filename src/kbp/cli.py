@@ -99,6 +99,7 @@ examples:
   kbpctl status --json | jq '.devices[] | {name, backend, mode}'
   kbpctl status --watch --interval 0.5
   kbpctl status --netns blue veth0
+  kbpctl status --trace 5               trace the polling threads for 5 s (root, bpftrace)
 
 Shows the devices with NAPI instances in the netns (default: this one) plus every device
 kbp serves. Column RPS: off, or the CPUs that RPS steers the device's packets to (+RFS:
@@ -106,6 +107,15 @@ also to the receiving sockets' CPUs); "kept" when enabled with --keep-rps. In a 
 with kbp_so (/proc/kbp_so), a section "socket outsourcing" gives its counters and who
 found the completions (JSON "outsource"; null without the module). --json output is stable
 (schema kbpctl-status/1, see docs/kbpctl.md).
+
+Where an rt and a non-rt poller share a CPU, status gives each one's load: the module's
+pollers count their poll sizes and wake-up delays; a stock NAPI thread's are counted
+nowhere, so --trace SECONDS traces them (tracepoints napi:napi_poll, sched_waking and
+sched_switch; tracefs is mounted for the run if it is not): each thread's polls, packets
+per poll, largest poll and full-budget polls; each rt thread's wake-up-to-running waits
+and the tasks it waited behind; and, for every thread, the rt waits that ended when it
+gave its CPU up -- what its polls cost the rt class. Without root or bpftrace status says
+why and shows the rest.
 """
 
 APPLY_EPILOG = """\
@@ -237,6 +247,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     s.add_argument("--interval", type=float, default=1.0, metavar="S",
                    help="refresh interval for --watch (default 1 s)")
     s.add_argument("--netns", metavar="NAME", help="list the devices of this netns")
+    s.add_argument("--trace", type=float, default=0, metavar="SECONDS",
+                   help="trace the polling threads' polls and the waits they cause for "
+                        "SECONDS (root, bpftrace; see below)")
     s.set_defaults(func=cmd_status)
 
     e = sub.add_parser("enable", help="serve devices' NAPIs with kbp",
@@ -465,8 +478,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         raise InvalidInput("--json and --watch do not mix: pick one")
     if args.interval <= 0:
         raise InvalidInput("--interval must be positive")
+    if args.trace and args.watch:
+        raise InvalidInput("--trace and --watch do not mix: --trace SECONDS is one sample")
+    if args.trace and not 0 < args.trace <= 600:
+        raise InvalidInput(f"--trace {args.trace:g}: give SECONDS in (0, 600]")
     if args.json:
-        st = backends.status(args.netns, devs)
+        st = backends.status(args.netns, devs, trace_s=args.trace)
         _out(json.dumps(st.to_json(), indent=2, sort_keys=False))
         return EXIT_OK
     from rich.console import Console
@@ -474,7 +491,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from kbp.render import status_view
     console = Console(width=None if sys.stdout.isatty() else 200)
     if not args.watch:
-        console.print(status_view(backends.status(args.netns, devs)))
+        console.print(status_view(backends.status(args.netns, devs, trace_s=args.trace)))
         return EXIT_OK
     from rich.live import Live
     try:
@@ -528,6 +545,9 @@ def cmd_enable(args: argparse.Namespace) -> int:
         knobs = f", linger {req.linger_us} us" if req.linger_us is not None else ""
         knobs += ", freq_ctl" if req.freq_ctl else ""
         knobs += periodic_text(req.periodic)
+        if be.name == names.BACKEND_STOCK and req.cls == names.CLASS_NON_RT:
+            from kbp.backends.stock import NON_RT_REPOLL_US
+            knobs += f", re-polled every {NON_RT_REPOLL_US} us (IRQ deferral)"
         _out(f"enabled {d.name}{where}: {be.name} backend, {class_text(req)}{req.mode}{knobs}, "
              f"{count} on CPU {format_cpulist(d.cpus)}, {sched_text(req)} "
              f"({d.changes} change{'s' if d.changes != 1 else ''} journaled"

@@ -268,9 +268,24 @@ def load_cell(ld: PollerLoad) -> str:
     """A polling thread's poll sizes and waits, in the counters' words ('' if none known):
     what its class costs the other class on a CPU both share."""
     parts = []
-    if ld.packets_per_poll is not None:
+    traced = f" (traced {ld.traced_s:g} s)" if ld.traced_s else ""
+    if ld.polls is not None and ld.packets_per_poll is not None:
+        parts.append(f"{ld.packets_per_poll:,.1f} packets per poll over {ld.polls:,} polls, "
+                     f"largest {_n(ld.poll_max)}, {_n(ld.full_polls)} took the whole budget "
+                     f"{_n(ld.quota)}{traced}")
+    elif ld.packets_per_poll is not None:
         gave = f", gave way {ld.gave_way:,} times" if ld.gave_way else ""
         parts.append(f"{ld.packets_per_poll:,.1f} packets per poll (quota {_n(ld.quota)}){gave}")
+    if ld.traced_wakeups:
+        behind = ", ".join(f"{b['comm']} ({b['pid']}) {b['waits']:,}x max {_us(b['max_us'])}"
+                           for b in ld.waited_behind or [])
+        parts.append(f"woken {ld.traced_wakeups:,} times: waited {_us(ld.traced_wait_mean_us)} "
+                     f"mean, {_us(ld.traced_wait_max_us)} max{traced}"
+                     + (f", behind {behind}" if behind else ""))
+    if ld.caused:
+        c = ld.caused
+        parts.append(f"rt waits it ended: {c['waits']:,}, {_us(c['mean_us'])} mean, "
+                     f"{_us(c['max_us'])} max{traced}")
     if ld.wake_delay_mean_us is not None:
         parts.append(f"wake-up to running {_us(ld.wake_delay_mean_us)} mean, "
                      f"{_us(ld.wake_delay_max_us)} max over {ld.wakeups:,} wake-ups")
@@ -374,6 +389,9 @@ def status_view(st: Status) -> RenderableType:
                               f"backlog softirq of {rps.where(d.rps.cpus, d.rps.rfs)}",
                               style="bold yellow"))
     parts += cpu_poller_lines(st.polling_cpus)
+    if st.trace and st.trace.get("error"):
+        parts.append(Text(f"! --trace {st.trace['seconds']:g}: not traced: "
+                          f"{st.trace['error']}", style="bold yellow"))
     parts += preempt_lines(st)
     if st.polling_cpus:
         parts.append(cpu_tasks_block(st.polling_cpus))

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -23,11 +24,15 @@ from kbp.backends import (
     CpuPoller,
     DeviceStatus,
     EnableRequest,
+    NapiStatus,
     PollingCpu,
     Status,
+    ThreadStatus,
     changed_settings,
     check_nice_capability,
+    deferred_pids,
     preempt_notes,
+    stock,
     validate_common,
 )
 from kbp.backends.stock import StockBackend
@@ -38,6 +43,9 @@ from kbp.sysinfo import FreqReport, PreemptModel
 from kbp.system.journal import Change, Record
 
 from .conftest import make_host, netns_skip_reason
+
+if TYPE_CHECKING:
+    from .test_integration import Bed
 
 HYBRID_ONLY = ("the non-rt poller is hybrid only: it sleeps when idle and gives way to the "
                "RT poller; use --mode hybrid")
@@ -184,9 +192,28 @@ def test_preempt_note_only_for_stock_rt_and_non_rt_on_one_cpu_without_preemption
     (note,) = preempt_notes(PreemptModel("none", "debugfs"), cpus)
     assert note.kind == PREEMPT
     assert note.text.startswith("CPU 1: preemption model none: the rt NAPI thread t0 "
-                                "(SCHED_FIFO) may wait for a whole 64-packet poll of the "
-                                "non-rt thread t1")
+                                "(SCHED_FIFO) may wait for the non-rt thread t1 as long as "
+                                "its NAPI keeps getting scheduled")
+    assert "IRQ deferral, which --class non-rt sets, is off on it" in note.text
+    # class non-rt's deferral on the non-rt thread's NAPIs (pid 11): one poll is left
+    (note,) = preempt_notes(PreemptModel("none", "debugfs"), cpus, deferred={11})
+    assert note.text.startswith("CPU 1: preemption model none: the rt NAPI thread t0 "
+                                "(SCHED_FIFO) may wait for one poll (up to 64 packets) of "
+                                "the non-rt thread t1: IRQ deferral makes it sleep")
     assert preempt_notes(PreemptModel("full", "debugfs"), cpus) == []
+
+
+def test_deferred_pids_are_the_threads_of_napis_with_both_deferral_settings() -> None:
+    def napi(pid: int, defer: int, gro_ns: int) -> NapiStatus:
+        t = ThreadStatus(pid=pid, comm="", cpus=[1], last_cpu=1, policy=None, priority=None,
+                         counters={})
+        return NapiStatus(id=pid, cpu=1, thread=t, defer_hard_irqs=defer,
+                          gro_flush_timeout_ns=gro_ns)
+    dev = DeviceStatus(name="eth2", netns=None, ifindex=6, kind=None, backend="stock",
+                       napis=[napi(1, 2, 20_000), napi(2, 0, 20_000), napi(3, 2, 0),
+                              NapiStatus(id=4, cpu=1, defer_hard_irqs=2,
+                                         gro_flush_timeout_ns=20_000)])
+    assert deferred_pids([dev]) == {1}
 
 
 def test_status_shows_classes_pollers_per_cpu_and_the_model() -> None:
@@ -307,11 +334,24 @@ def test_stock_non_rt_round_trip_in_place_and_exact_restore() -> None:
 
         t0 = thread()
         os.setpriority(os.PRIO_PROCESS, t0.pid, 3)
+
+        def deferral() -> tuple[int, int]:
+            link = get_link(dev, ns)
+            assert link is not None
+            with NetdevClient(ns) as c:
+                (n,) = c.napis(link.ifindex)
+            return n.defer_hard_irqs, n.gro_flush_timeout
+
+        # what the operator had set: class rt puts it back, disable too
+        access.write(f"/sys/class/net/{dev}/gro_flush_timeout", "5000\n", ns)
+        assert deferral() == (0, 5000)
         before = snapshot(dev, ns)
         bed.echo_server()
         out = bed.kbpctl("enable", dev, "--netns", ns, "--cpus", "0", "--class", "non-rt",
                          "--nice", "7").stdout
-        assert "class non-rt, hybrid, 1 NAPI thread on CPU 0, SCHED_NORMAL nice 7" in out
+        assert "class non-rt, hybrid, re-polled every 20 us (IRQ deferral), 1 NAPI thread " \
+               "on CPU 0, SCHED_NORMAL nice 7" in out
+        assert deferral() == (stock.NON_RT_DEFER, stock.NON_RT_REPOLL_US * 1000)
         s = sysinfo.get_sched(t0.pid)
         assert (s.policy, s.priority, s.nice, s.cpus) == ("SCHED_OTHER", 0, 7, [0])
         (journal,) = bed.journals()
@@ -333,15 +373,20 @@ def test_stock_non_rt_round_trip_in_place_and_exact_restore() -> None:
             assert "class changed in place" in out
             s = sysinfo.get_sched(t0.pid)
             assert (s.policy, s.priority, s.nice, s.cpus) == ("SCHED_FIFO", 50, 3, [0])
+            assert deferral() == (0, 5000)
             bed.kbpctl("enable", dev, "--netns", ns, "--cpus", "0", "--class", "non-rt",
                        "--nice", "7")
+            assert deferral() == (stock.NON_RT_DEFER, stock.NON_RT_REPOLL_US * 1000)
         finally:
             pinger.send_signal(2)
             res, err = pinger.communicate(timeout=30)
         assert thread().pid == t0.pid  # threaded NAPI stayed on: the same thread throughout
         kinds = [json.loads(line).get("kind") for line in journal.read_text().splitlines()]
-        # threaded was on already and stayed on; the class changes are policy changes only
-        assert kinds == [None, "affinity", "sched", "sched", "sched", None]
+        # threaded was on already and stayed on; the class changes are policy and deferral
+        # changes only (the NAPI's defer_hard_irqs and gro_flush_timeout each time)
+        defer = ["napi", "napi"]
+        assert kinds == [None, "affinity", "sched", *defer, "sched", *defer, "sched", *defer,
+                         None]
         ping = json.loads(res)
         assert ping["ok"] > 0 and ping["lost"] == 0, (ping, err)
         assert sysinfo.get_sched(t0.pid).nice == 7
@@ -350,6 +395,7 @@ def test_stock_non_rt_round_trip_in_place_and_exact_restore() -> None:
         assert snapshot(dev, ns) == before
         s = sysinfo.get_sched(t0.pid)
         assert (s.policy, s.nice) == ("SCHED_OTHER", 3)
+        assert deferral() == (0, 5000)
 
 
 @needs_netns
@@ -374,7 +420,56 @@ def test_stock_rt_and_non_rt_on_one_cpu_status() -> None:
             assert notes == []
         else:
             (note,) = notes
-            assert note.startswith("CPU 0: preemption model ") and "64-packet poll" in note
+            assert note.startswith("CPU 0: preemption model ")
+            # class non-rt's IRQ deferral is on: one poll is what is left to wait for
+            assert "may wait for one poll (up to 64 packets) of the non-rt thread" in note
+        (d,) = [x for x in st["devices"] if x["name"] == bed.link.dev_b]
+        assert [(n["defer_hard_irqs"], n["gro_flush_timeout_ns"]) for n in d["napis"]] == [
+            (stock.NON_RT_DEFER, stock.NON_RT_REPOLL_US * 1000)]
         human = bed.kbpctl("status").stdout
         assert "CPU 0 pollers: rt napi/" in human and "preemption model:" in human
+        check_status_trace(bed)
         bed.kbpctl("disable", "--all")
+
+
+def check_status_trace(bed: Bed) -> None:
+    """``status --trace``: with round trips crossing both threads, each thread's traced
+    polls (stock counts none itself), the rt thread's wake-ups and whom it waited behind,
+    consistent with the caused waits of the threads it waited behind; the text says so."""
+    from kbp.bench import trace
+    from kbp.system import access
+
+    from .test_integration import PING_CLIENT, PORT
+    if (why := trace.unavailable()) is not None:
+        bad = bed.kbpctl("status", "--trace", "1").stdout
+        assert f"not traced: {why}" in bad
+        pytest.skip(f"status --trace: {why}")
+    bed.echo_server()
+    pinger = access.popen([sys.executable, "-c", PING_CLIENT, bed.link.ip_b, str(PORT), "0",
+                           "30"], ns=bed.tb.client)
+    try:
+        st = json.loads(bed.kbpctl("status", "--json", "--trace", "2").stdout)
+        human = bed.kbpctl("status", "--trace", "1").stdout
+    finally:
+        pinger.send_signal(2)
+        res, _ = pinger.communicate(timeout=30)
+    assert json.loads(res)["ok"] > 0
+    assert st["trace"] == {"seconds": 2.0, "threads": 2, "error": None}
+    (pc,) = [c for c in st["polling_cpus"] if c["cpu"] == 0]
+    rt, non_rt = pc["pollers"]
+    for p in (rt, non_rt):
+        ld = p["load"]
+        assert ld["traced_s"] == 2.0 and ld["polls"] > 0, p
+        # > 0, not >= 1: the non-rt NAPI's deferral re-polls it empty twice after each burst
+        assert 1 <= ld["poll_max"] <= ld["quota"] and ld["packets_per_poll"] > 0, ld
+        assert 0 <= ld["full_polls"] <= ld["polls"]
+    ld = rt["load"]
+    assert ld["traced_wakeups"] > 0 and ld["traced_wait_max_us"] >= ld["traced_wait_mean_us"]
+    behind = ld["waited_behind"]
+    assert behind and sum(b["waits"] for b in behind) <= ld["traced_wakeups"]
+    assert non_rt["load"]["waited_behind"] is None
+    for b in behind:
+        if b["pid"] == non_rt["pid"]:
+            assert non_rt["load"]["caused"]["waits"] == b["waits"]
+    assert "packets per poll over" in human and "(traced 1 s)" in human
+    assert f"rt {rt['comm']}: " in human and "woken " in human

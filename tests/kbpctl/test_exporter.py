@@ -45,7 +45,8 @@ from kbp.system.journal import Record, StateDir
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 PREEMPT_NOTE = ("CPU 1: preemption model none: the rt NAPI thread napi/a-1 (SCHED_FIFO) may "
-                "wait for a whole 64-packet poll of the non-rt thread napi/b-2")
+                "wait for the non-rt thread napi/b-2 as long as its NAPI keeps getting "
+                "scheduled")
 
 
 def _counters(base: int) -> dict[str, int | None]:

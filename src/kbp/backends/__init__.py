@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -496,6 +496,20 @@ class PollerLoad:
     wake_delay_mean_us: float | None = None  # kmod: wake-up to running, mean
     wake_delay_max_us: float | None = None   # kmod: and the longest
     gave_way: int | None = None         # kmod non-rt: polls after which it gave way
+    # ``kbpctl status --trace SECONDS`` (:mod:`kbp.pollertrace`), over that many seconds:
+    traced_s: float | None = None
+    polls: int | None = None            # NAPI polls in this thread (stock)
+    poll_max: int | None = None         # the most packets one took
+    full_polls: int | None = None       # polls that used their whole budget
+    traced_wakeups: int | None = None   # rt: wake-ups that ended in a switch to it
+    traced_wait_mean_us: float | None = None  # rt: wake-up to running, mean
+    traced_wait_max_us: float | None = None   # rt: and the longest
+    #: rt: the tasks whose CPU it waited for, longest total first ({pid, comm, waits,
+    #: mean_us, max_us}; comm "idle": the wake-up from an idle CPU)
+    waited_behind: list[dict[str, Any]] | None = None
+    #: the rt threads' waits that ended when this thread gave its CPU up ({waits, mean_us,
+    #: max_us}): what its polls cost the rt class
+    caused: dict[str, Any] | None = None
 
 
 def _ratio(num: int | None, den: int | None, scale: float = 1.0) -> float | None:
@@ -573,6 +587,8 @@ class Status:
     #: socket outsourcing, the guest module kbp_so (:func:`outsource_status`): None when
     #: /proc/kbp_so does not exist (JSON null)
     outsource: dict[str, Any] | None = None
+    #: ``--trace``: {"seconds", "threads", "error"} (:func:`trace_loads`); None: not asked
+    trace: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -590,6 +606,7 @@ class Status:
                              for c in self.polling_cpus],
             "rt_class": self.rt_class,
             "outsource": self.outsource,
+            "trace": self.trace,
         }
 
 
@@ -745,12 +762,24 @@ def cpu_pollers(devs: Sequence[DeviceStatus], pollers: Sequence[PollerStatus],
     return out
 
 
-def preempt_notes(model: PreemptModel, cpus: Sequence[PollingCpu]) -> list[Problem]:
+def deferred_pids(devs: Sequence[DeviceStatus]) -> set[int]:
+    """The NAPI threads whose NAPIs are re-polled from their hrtimer (IRQ deferral on:
+    ``defer_hard_irqs`` and ``gro_flush_timeout`` both set), as class non-rt sets them."""
+    return {n.thread.pid for d in devs for n in d.napis
+            if n.thread is not None and n.defer_hard_irqs and n.gro_flush_timeout_ns}
+
+
+def preempt_notes(model: PreemptModel, cpus: Sequence[PollingCpu],
+                  deferred: Collection[int] = ()) -> list[Problem]:
     """Where the preemption model limits an RT poller here: under none/voluntary a stock
-    NAPI thread of class non-rt keeps its CPU for a whole poll loop iteration (up to 64
-    packets with BH off; cond_resched() only after a full-budget poll), so a woken FIFO
-    thread of class rt on that CPU waits for it. The module's non-rt poller gives way after
-    every small poll on every model: no note for it."""
+    NAPI thread of class non-rt keeps its CPU for as long as its NAPI is scheduled again
+    before each poll ends (polls of up to 64 packets with BH off; cond_resched() only after
+    a full-budget poll; napi_thread_wait() skips schedule() when the NAPI is scheduled
+    already), so a woken FIFO thread of class rt on that CPU waits for it: 4.6-56 ms at
+    most traced on this project's host under a UDP flood of ~2-packet polls.  Class
+    non-rt's IRQ deferral (threads in ``deferred``) makes the thread sleep after every
+    poll that does not fill its budget, which leaves one poll to wait for.  The module's
+    non-rt poller gives way after every small poll on every model: no note for it."""
     if model.preempts_kernel:
         return []
     out = []
@@ -758,14 +787,24 @@ def preempt_notes(model: PreemptModel, cpus: Sequence[PollingCpu]) -> list[Probl
         stock = [p for p in c.pollers if p.backend == names.BACKEND_STOCK]
         rt = [p for p in stock if p.cls == names.CLASS_RT]
         non_rt = [p for p in stock if p.cls == names.CLASS_NON_RT]
-        if rt and non_rt:
-            out.append(Problem(
-                PREEMPT,
-                f"CPU {c.cpu}: preemption model {model.model}: the rt NAPI thread "
-                f"{rt[0].comm} (SCHED_FIFO) may wait for a whole 64-packet poll of the non-rt "
-                f"thread {non_rt[0].comm}: a stock NAPI thread neither caps its poll nor "
-                "gives way between polls; the kbp module's non-rt poller does (--backend "
-                "kmod), or boot with preempt=full"))
+        if not (rt and non_rt):
+            continue
+        head = f"CPU {c.cpu}: preemption model {model.model}: the rt NAPI thread " \
+               f"{rt[0].comm} (SCHED_FIFO) may wait for "
+        fix = "the kbp module's non-rt poller gives way after every small poll " \
+              "(--backend kmod), or boot with preempt=full"
+        if all(p.pid in deferred for p in non_rt):
+            out.append(Problem(PREEMPT, head + (
+                f"one poll (up to 64 packets) of the non-rt thread {non_rt[0].comm}: IRQ "
+                "deferral makes it sleep between polls, but a stock NAPI thread does not "
+                f"cap its poll; {fix}")))
+        else:
+            out.append(Problem(PREEMPT, head + (
+                f"the non-rt thread {non_rt[0].comm} as long as its NAPI keeps getting "
+                "scheduled: a stock NAPI thread reaches a preemption point only after a "
+                "full-budget poll or once its NAPI runs dry (IRQ deferral, which --class "
+                "non-rt sets, is off on it; measure it: kbpctl status --trace 5); "
+                f"{fix}")))
     return out
 
 
@@ -784,9 +823,10 @@ def outsource_status(host: Host = HOST) -> dict[str, Any] | None:
 
 
 def status(netns: str | None = None, devices: Sequence[str] | None = None,
-           state: StateDir | None = None, host: Host = HOST) -> Status:
+           state: StateDir | None = None, host: Host = HOST, trace_s: float = 0) -> Status:
     """Everything ``kbpctl status`` shows, for the devices of ``netns`` and every device kbp
-    serves (in any netns)."""
+    serves (in any netns); with ``trace_s``, the polling threads' loads traced for that many
+    seconds too (:func:`trace_loads`)."""
     from kbp import rtclass, sysinfo
     from kbp.backends.kmod import KmodBackend
     from kbp.backends.stock import StockBackend
@@ -823,8 +863,28 @@ def status(netns: str | None = None, devices: Sequence[str] | None = None,
     freq = sysinfo.cpufreq(used or None, host)
     pcpus = polling_cpus(devs, pollers, host)
     model = sysinfo.preempt_model(host)
-    preempt = dict(model.to_json(), notes=preempt_notes(model, pcpus))
+    preempt = dict(model.to_json(), notes=preempt_notes(model, pcpus, deferred_pids(devs)))
     return Status(kernel=sysinfo.kernel_release(), auto=auto, backends=infos, devices=devs,
                   pollers=pollers, cpufreq=freq, polling_cpus=pcpus,
                   rt_class=rule.to_json() if rule else None, preempt=preempt,
-                  outsource=outsource_status(host))
+                  outsource=outsource_status(host),
+                  trace=trace_loads(pcpus, trace_s) if trace_s else None)
+
+
+def trace_loads(cpus: Sequence[PollingCpu], seconds: float) -> dict[str, Any]:
+    """Trace the polling threads on ``cpus`` for ``seconds`` (:mod:`kbp.pollertrace`) and
+    fill their loads in; returns what ran: {"seconds", "threads", "error"} (error: why it
+    could not, status goes on without it)."""
+    from kbp import pollertrace
+    threads = [p for c in cpus for p in c.pollers if p.pid and p.load is not None]
+    out: dict[str, Any] = {"seconds": seconds, "threads": len(threads), "error": None}
+    why = pollertrace.why_not(seconds) or (None if threads else "no polling thread to trace")
+    if why:
+        return dict(out, error=why)
+    rt = [p.pid for p in threads if p.cls == names.CLASS_RT and p.pid]
+    try:
+        res = pollertrace.run([p.pid for p in threads if p.pid], rt, seconds)
+    except (RuntimeError, OSError) as e:
+        return dict(out, error=str(e))
+    pollertrace.apply(res, {p.pid: p.load for p in threads if p.pid and p.load}, rt, seconds)
+    return out

@@ -121,6 +121,16 @@ from kbp.system.settings import sysfs_key, system_effector, task_key
 
 NAME = names.BACKEND_STOCK
 LINGER_INTERVAL_US = 10  # hrtimer re-poll interval while lingering
+#: class non-rt: the heavy NAPI is re-polled by its hrtimer every NON_RT_REPOLL_US with its
+#: IRQ (veth: its xmit notification) deferred, and handed back to it after NON_RT_DEFER
+#: empty polls (:func:`non_rt_defer_values`).  Without it, under PREEMPT_NONE/VOLUNTARY a
+#: stock NAPI thread that finds its NAPI scheduled again after each small poll never calls
+#: schedule(), and the rt thread on its CPU waited up to 4.6-56 ms behind it (this host,
+#: 6.18 PREEMPT_NONE, a UDP flood of ~2-packet polls, 2026-11-30); with it the thread
+#: sleeps after every poll that did not fill its budget: the rt waits behind it were 23-55 us
+#: at most, and the heavy flow received more packets per second, not fewer (docs/kbpctl.md)
+NON_RT_REPOLL_US = 20
+NON_RT_DEFER = 2
 ENV_FEATURES = "KBP_STOCK_FEATURES"
 THREADED_SINCE = (5, 12, 0)
 BUSY_POLL_SINCE = modespec.BUSY.stock.since
@@ -216,7 +226,9 @@ def first_nice(rec: Record, t: TaskStat) -> int:
 def linger_refusal() -> str:
     """Why the stock backend's non-rt class takes no ``--linger-us``."""
     return ("--class non-rt with --linger-us: the stock non-rt NAPI threads do not linger "
-            "(the hrtimer re-polls would add work on the rt device's CPU); drop --linger-us")
+            f"(they are re-polled every {NON_RT_REPOLL_US} us while packets keep coming, so "
+            "the rt thread waits at most one poll; lingering after the last packet would "
+            "only add work on the rt device's CPU); drop --linger-us")
 
 
 def in_place_change(rec: Record, req: EnableRequest) -> bool:
@@ -285,6 +297,13 @@ def linger_values(linger_us: int) -> tuple[int, int]:
         return 0, 0
     interval = min(linger_us, LINGER_INTERVAL_US)
     return math.ceil(linger_us / interval), interval * 1000
+
+
+def non_rt_defer_values() -> tuple[int, int]:
+    """(napi_defer_hard_irqs, gro_flush_timeout in ns) of class non-rt's NAPIs: re-polled
+    from the hrtimer every :data:`NON_RT_REPOLL_US` while packets keep coming, so each poll
+    that does not fill the budget ends in schedule() (a preemption point on every model)."""
+    return NON_RT_DEFER, NON_RT_REPOLL_US * 1000
 
 
 def plan_linger(netns: str | None, dev: str, ifindex: int, napi_ids: Sequence[int] | None,
@@ -563,6 +582,8 @@ class StockBackend:
             lids = [n.id for n in napis] if (napis and ok) else None
             if req.linger_us is not None:
                 run(plan_linger(p.netns, p.dev, p.link.ifindex, lids, req.linger_us))
+            if req.cls == names.CLASS_NON_RT:
+                run(plan_defer(p.netns, p.dev, p.link.ifindex, lids, *non_rt_defer_values()))
             if modespec.periodic(req.mode):
                 assert req.periodic is not None  # resolved
                 per = dataclasses.asdict(req.periodic)
@@ -598,11 +619,32 @@ class StockBackend:
             nices = thread_nices(req, [first_nice(p.record, t) for t in threads])
             changes = sum(ex.apply(s.kind, s.key, s.new) is not None
                           for s in plan_threads(threads, thread_cpus, req.rt_prio, nices))
+            changes += sum(ex.apply(s.kind, s.key, s.new) is not None
+                           for s in self._reclass_defer(p, req, feats))
             journal.done()
         finally:
             journal.close()
         return DeviceResult(p.dev, p.netns, NAME, len(threads), sorted(set(thread_cpus)),
                             changes, note="class changed in place")
+
+    def _reclass_defer(self, p: _Prep, req: EnableRequest,
+                       feats: NetdevFeatures) -> list[Planned]:
+        """The IRQ deferral of a class change in place: class non-rt's values, or, back to
+        rt, each deferral setting as the device's first enable found it (the oldest
+        journaled change of that key; none journaled: nothing to put back)."""
+        assert p.record is not None
+        ok = feats.napi_knob("defer_hard_irqs") and feats.napi_knob("gro_flush_timeout")
+        ids = [n.id for n in (p.napis or [])] if ok else None
+        if req.cls == names.CLASS_NON_RT:
+            return plan_defer(p.netns, p.dev, p.link.ifindex, ids or None,
+                              *non_rt_defer_values())
+        out = []
+        for want in plan_defer(p.netns, p.dev, p.link.ifindex, ids or None, 0, 0):
+            first = next((c for c in p.record.changes
+                          if c.kind == want.kind and c.key == want.key), None)
+            if first is not None:
+                out.append(Planned(want.kind, want.key, first.old))
+        return out
 
     def _wait_threads(self, ctx: _Ctx, p: _Prep, feats: NetdevFeatures,
                       timeout: float = 2.0) -> tuple[list[Napi], list[TaskStat]]:

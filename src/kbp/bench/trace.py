@@ -102,7 +102,7 @@ def _record(kind: int, key: str) -> str:
             f" @sm[{kind}, {key}] = sum($d);")
 
 
-def _pid_pred(field_: str, pids: Sequence[int]) -> str:
+def pid_pred(field_: str, pids: Sequence[int]) -> str:
     return " || ".join(f"{field_} == {int(p)}" for p in pids)
 
 
@@ -153,7 +153,7 @@ def program(poller_pids: Sequence[int] = (), app_pids: Sequence[int] = (), *,
     ]
     if poller_pids:
         parts += [
-            f"tracepoint:sched:sched_waking /{_pid_pred('args->pid', poller_pids)}/"
+            f"tracepoint:sched:sched_waking /{pid_pred('args->pid', poller_pids)}/"
             " { @wp[args->pid] = nsecs; }",
             "tracepoint:sched:sched_switch /@wp[args->next_pid]/ {\n"
             "  $d = nsecs - @wp[args->next_pid]; delete(@wp[args->next_pid]);"
@@ -161,7 +161,7 @@ def program(poller_pids: Sequence[int] = (), app_pids: Sequence[int] = (), *,
         ]
     if app_pids:
         parts += [
-            f"tracepoint:sched:sched_waking /{_pid_pred('args->pid', app_pids)}/"
+            f"tracepoint:sched:sched_waking /{pid_pred('args->pid', app_pids)}/"
             " { @wa[args->pid] = nsecs; }",
             "tracepoint:sched:sched_switch /@wa[args->next_pid]/ {\n"
             "  $d = nsecs - @wa[args->next_pid]; delete(@wa[args->next_pid]);"
@@ -189,7 +189,7 @@ def json_object(line: str) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _entries(output: str) -> list[tuple[str, list[int], int]]:
+def map_entries(output: str) -> list[tuple[str, list[int], int]]:
     """(map name without @, key ints, value) of every map entry bpftrace printed, from its
     JSON lines (``-f json``: {"type": "map", "data": {"@h": {"0,312,2800": 10}}}) or its text
     dump (``@h[0, 312, 2800]: 10``)."""
@@ -232,7 +232,7 @@ def parse(output: str) -> dict[str, Any]:
     mx: dict[tuple[int, int], int] = {}
     sm: dict[tuple[int, int], int] = {}
     xn: dict[tuple[int, int], int] = {}
-    for name, keys, val in _entries(output):
+    for name, keys, val in map_entries(output):
         if name == "h" and len(keys) == 3:
             hist[(keys[0], keys[1])][keys[2]] = val
         elif name == "mx" and len(keys) == 2:

@@ -1,8 +1,9 @@
 """What the host looks like: CPUs, kernel version, kernel threads, IRQs, cpufreq.
 
 Every reader takes a :class:`Host` so unit tests can point it at a fake /proc and /sys.
-Nothing here changes the system except :func:`set_sched`, :func:`set_affinity` and
-:func:`write_irq_affinity`, which the backends call only after journaling the change.
+Nothing here changes the system except :func:`set_sched` and :func:`set_affinity`, which
+only the settings layer's handlers call (kbp.system.settings), after journaling the change;
+IRQ affinities are written there too (``IrqHandler``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kbp.errors import InvalidInput
-from kbp.system import access
 
 POLICY_NAMES = {
     os.SCHED_OTHER: "SCHED_OTHER",
@@ -487,10 +487,6 @@ def read_irq_effective(irq: int, host: Host = HOST) -> str | None:
         return (host.proc / "irq" / str(irq) / "effective_affinity_list").read_text().strip()
     except OSError:
         return None
-
-
-def write_irq_affinity(irq: int, cpulist: str, host: Host = HOST) -> None:
-    access.write(host.proc / "irq" / str(irq) / "smp_affinity_list", cpulist + "\n")
 
 
 # -- cpufreq --------------------------------------------------------------------------

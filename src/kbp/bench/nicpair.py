@@ -26,6 +26,7 @@ SIGKILL leaves the journal, and the next benchmark (:func:`recover`) finishes th
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -40,8 +41,10 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from kbp import netdev, sysinfo
 from kbp.system import access, journal
+from kbp.system.settings import IrqHandler
 
 OWNER = "nicpair"                    # its process journal (kbp.system.journal)
+_IRQ = IrqHandler()                  # the ports' IRQ affinities, read and written
 SYS_NET = Path("/sys/class/net")
 
 
@@ -171,8 +174,9 @@ class NicPort:
 
     def pin_irqs(self, cpu: int) -> None:
         for irq in self.irqs:
-            with contextlib.suppress(OSError):      # a managed IRQ refuses: left as it is
-                sysinfo.write_irq_affinity(irq, str(cpu))
+            # a managed IRQ refuses (OSError), a vanished one is gone: left as it is
+            with contextlib.suppress(OSError, journal.TargetGone):
+                _IRQ.set({"irq": irq}, str(cpu))
 
     def restore(self) -> None:
         """Put the port back as recorded: every step is tried, then
@@ -196,9 +200,13 @@ class NicPort:
                   ["ip", "link", "set", "dev", self.name, "up" if self.up else "down"]]
 
         def affinity(irq: int, aff: str) -> None:
+            key = {"irq": irq}
             try:
-                if sysinfo.read_irq_affinity(irq) != aff:
-                    sysinfo.write_irq_affinity(irq, aff)
+                if _IRQ.get(key) != aff:
+                    _IRQ.set(key, aff)
+            except journal.TargetGone:
+                raise OSError(errno.ENOENT, f"IRQ {irq} affinity {aff}: the IRQ is gone") \
+                    from None
             except OSError as e:
                 raise OSError(e.errno, f"IRQ {irq} affinity {aff}: {e.strerror}") from None
 

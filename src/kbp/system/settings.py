@@ -218,7 +218,8 @@ class IrqHandler:
 
     def set(self, key: Mapping[str, Any], value: Any) -> None:
         try:
-            sysinfo.write_irq_affinity(key["irq"], str(value), self.host)
+            access.write(self.host.proc / "irq" / str(key["irq"]) / "smp_affinity_list",
+                         f"{value}\n")
         except FileNotFoundError as e:
             raise TargetGone(str(e)) from e
 

@@ -73,7 +73,15 @@ poll while the heavy flow keeps the CPU the RT flow does not use (no CPU set asi
 --isolate). kmod: the module's non-rt poller kbpn/<cpu> polls 8 packets per NAPI and gives
 way after every poll. stock: the heavy device's NAPI threads run SCHED_OTHER on that CPU;
 they poll up to 64 packets and do not give way between polls, so on a kernel without full
-preemption the RT thread may wait for one such poll (kbpctl status says so).
+preemption the RT thread may wait for one such poll (kbpctl status says so; kbpctl status
+--trace 5 measures it). Without more, a stock NAPI thread that finds its NAPI scheduled
+again after each small poll never sleeps, and under a flood the RT thread waited for
+milliseconds (up to 56 ms, PREEMPT_NONE); so the stock non-rt class also sets IRQ deferral
+on the heavy NAPIs (defer_hard_irqs 2, gro_flush_timeout --repoll-us, default 20 us,
+journaled and restored): they are re-polled from their timer, their threads sleep after
+every poll, and the wait is one poll. It costs the heavy flow up to N us per packet and,
+under a UDP flood, the RT flow's median a few us (larger polls); --repoll-us 0 leaves the
+device's deferral as it is.
 
 RPS: a device with RPS on (queues/rx-*/rps_cpus non-zero, or RFS: rps_flow_cnt non-zero
 while net.core.rps_sock_flow_entries is) re-queues every packet its poller receives to the
@@ -272,6 +280,12 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     e.add_argument("--nice", type=_int, metavar="N",
                    help=f"--class non-rt: nice {lo}..{hi} of its poller (default 0; below 0 "
                         "needs CAP_SYS_NICE)")
+    e.add_argument("--repoll-us", type=_int, metavar="N",
+                   help="--class non-rt, stock backend: the heavy NAPIs are re-polled from "
+                        "their timer every N us (IRQ deferral), so their threads sleep "
+                        "between polls and the rt thread waits at most one poll (default "
+                        "20; 0: leave the deferral as it is: on PREEMPT_NONE/VOLUNTARY a "
+                        "flood can then hold the CPU for milliseconds; see below)")
     e.add_argument("--linger-us", type=_int, metavar="N",
                    help="hybrid: keep polling N us after the last packet (default: leave "
                         "the device's setting)")
@@ -526,7 +540,7 @@ def cmd_enable(args: argparse.Namespace) -> int:
                         cpus=args.cpus, rt_prio=args.rt_prio, linger_us=args.linger_us,
                         quota=args.quota, freq_ctl=args.freq_ctl, keep_rps=args.keep_rps,
                         periodic=_periodic_args(args), isolate=args.isolate,
-                        cls=args.cls, nice=args.nice)
+                        cls=args.cls, nice=args.nice, repoll_us=args.repoll_us)
     backends.validate_common(req, rt_prio_min=0)   # the backend checks its own minimum
     backends.check_nice_capability(req)
     why = ""
@@ -546,8 +560,10 @@ def cmd_enable(args: argparse.Namespace) -> int:
         knobs += ", freq_ctl" if req.freq_ctl else ""
         knobs += periodic_text(req.periodic)
         if be.name == names.BACKEND_STOCK and req.cls == names.CLASS_NON_RT:
-            from kbp.backends.stock import NON_RT_REPOLL_US
-            knobs += f", re-polled every {NON_RT_REPOLL_US} us (IRQ deferral)"
+            from kbp.backends.stock import repoll_us
+            every = repoll_us(req)
+            knobs += f", re-polled every {every} us (IRQ deferral)" if every else \
+                ", IRQ deferral left as found (--repoll-us 0)"
         _out(f"enabled {d.name}{where}: {be.name} backend, {class_text(req)}{req.mode}{knobs}, "
              f"{count} on CPU {format_cpulist(d.cpus)}, {sched_text(req)} "
              f"({d.changes} change{'s' if d.changes != 1 else ''} journaled"

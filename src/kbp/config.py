@@ -17,6 +17,7 @@ that is no longer listed. Example (also in kbp/data/kbp.toml.example)::
     keep_rps = false            # true: leave RPS on (default: enable turns it off)
     # class = "non-rt"          # rt (default) | non-rt: SCHED_NORMAL poller below the CPU's
     # nice = 5                  # rt poller (hybrid only); nice: its nice (non-rt only)
+    # repoll_us = 20            # stock non-rt: heavy NAPIs re-polled every N us (0: off)
     # mode periodic only (NetAP): interval_us (fixed; omit: searched), round_ms,
     # min_interval_us, max_interval_us, min_change, max_round, objective ("bytes" or
     # "bytes-per-cpu"); see kbpctl enable --help
@@ -53,7 +54,8 @@ from kbp.system.journal import Record
 
 DEFAULT_PATH = Path("/etc/kbp/kbp.toml")
 DEVICE_KEYS = {"name", "netns", "mode", "cpus", "rt_prio", "linger_us", "quota", "freq_ctl",
-               "keep_rps", "isolate", "backend", "class", "nice", *names.PERIODIC_KNOBS}
+               "keep_rps", "isolate", "backend", "class", "nice", "repoll_us",
+               *names.PERIODIC_KNOBS}
 DEFAULT_KEYS = DEVICE_KEYS - {"name", "netns"}
 TOP_KEYS = {"backend", "defaults", "device", "rt_class"}
 RT_CLASS_KEYS = {"rtnet_prio", "netns", "non_rt", "nice"}
@@ -75,6 +77,7 @@ class DeviceConfig:
     periodic: dict[str, Any] = field(default_factory=dict)  # mode periodic: knobs given
     cls: str = names.CLASS_RT  # key "class"
     nice: int | None = None
+    repoll_us: int | None = None  # stock, class non-rt: --repoll-us
 
     def request(self) -> EnableRequest:
         per = None
@@ -87,7 +90,7 @@ class DeviceConfig:
                              cpus=self.cpus, rt_prio=self.rt_prio, linger_us=self.linger_us,
                              quota=self.quota, freq_ctl=self.freq_ctl, keep_rps=self.keep_rps,
                              periodic=per, isolate=self.isolate, cls=self.cls,
-                             nice=self.nice)
+                             nice=self.nice, repoll_us=self.repoll_us)
 
 
 @dataclass
@@ -174,6 +177,8 @@ def _apply_keys(where: str, d: DeviceConfig, raw: Mapping[str, Any]) -> None:
                 raise InvalidInput(f"{w}: unknown class {v!r} ({' or '.join(names.CLASSES)})")
         elif k == "nice":
             d.nice = _int(w, v)
+        elif k == "repoll_us":
+            d.repoll_us = _int(w, v)
         elif k == "objective":
             d.periodic[k] = _str(w, v)
         elif k in names.PERIODIC_KNOBS:

@@ -63,6 +63,12 @@ HYBRID_ONLY = ("the non-rt poller is hybrid only: it sleeps when idle and gives 
     (["--class", "non-rt", "--nice", "20"], "--nice 20 is out of range (-20..19)"),
     (["--class", "non-rt", "--nice", "-21"], "--nice -21 is out of range (-20..19)"),
     (["--class", "non-rt", "--freq-ctl"], "the CPU's frequency belongs to its rt poller"),
+    (["--repoll-us", "20"], "--repoll-us 20 applies to --class non-rt only"),
+    (["--class", "non-rt", "--repoll-us", "1001"],
+     "--repoll-us 1001 is out of range (0..1000; 0 leaves the heavy NAPIs' deferral as it is)"),
+    (["--class", "non-rt", "--repoll-us", "-1"], "--repoll-us -1 is out of range"),
+    (["--class", "non-rt", "--repoll-us", "20", "--backend", "kmod"],
+     "--repoll-us is a knob of the stock backend's non-rt class"),
 ])
 def test_enable_refuses_with_the_reason_and_the_fix(argv: list[str], msg: str,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
@@ -115,6 +121,10 @@ def test_a_class_change_is_a_change_both_ways() -> None:
     assert changed_settings(rt0, non_rt) == ["class", "nice"]
     nice5 = EnableRequest(["eth1"], cls="non-rt", nice=5).resolved("kmod").settings()
     assert changed_settings(non_rt, nice5) == ["nice"]
+    # --repoll-us: journaled only when given, so older journals stay in sync
+    assert "repoll_us" not in non_rt
+    r50 = EnableRequest(["eth1"], cls="non-rt", repoll_us=50).resolved("stock").settings()
+    assert r50["repoll_us"] == 50 and changed_settings(non_rt, r50) == ["repoll_us"]
 
 
 def test_config_class_and_nice() -> None:
@@ -123,6 +133,8 @@ def test_config_class_and_nice() -> None:
     a, b = (d.request() for d in cfg.devices)
     assert (a.cls, a.nice) == ("rt", None)
     assert (b.cls, b.nice, b.cpus) == ("non-rt", 5, [1])
+    cfg = config.parse('[[device]]\nname = "eth2"\nclass = "non-rt"\nrepoll_us = 0\n')
+    assert cfg.devices[0].request().repoll_us == 0
 
 
 # -- CAP_SYS_NICE ---------------------------------------------------------------------
@@ -396,6 +408,44 @@ def test_stock_non_rt_round_trip_in_place_and_exact_restore() -> None:
         s = sysinfo.get_sched(t0.pid)
         assert (s.policy, s.nice) == ("SCHED_OTHER", 3)
         assert deferral() == (0, 5000)
+
+
+@needs_netns
+@pytest.mark.netns
+@pytest.mark.root
+def test_stock_non_rt_repoll_us_zero_then_in_place_and_restore() -> None:
+    """--repoll-us 0 leaves the operator's deferral as it is; --repoll-us 50 changes it in
+    place (the same thread, journaled); disable puts the operator's values back."""
+    from kbp.netdev import NetdevClient, get_link
+    from kbp.system import access
+
+    from .test_integration import new_bed
+
+    with new_bed() as bed:
+        ns, dev = bed.tb.server, bed.link.dev_b
+
+        def deferral() -> tuple[int, int, int]:
+            link = get_link(dev, ns)
+            assert link is not None
+            with NetdevClient(ns) as c:
+                (n,) = c.napis(link.ifindex)
+            return n.defer_hard_irqs, n.gro_flush_timeout, n.pid
+
+        access.write(f"/sys/class/net/{dev}/napi_defer_hard_irqs", "1\n", ns)
+        access.write(f"/sys/class/net/{dev}/gro_flush_timeout", "7000\n", ns)
+        out = bed.kbpctl("enable", dev, "--netns", ns, "--cpus", "0", "--class", "non-rt",
+                         "--repoll-us", "0").stdout
+        assert "IRQ deferral left as found (--repoll-us 0)" in out
+        defer, gro, pid = deferral()
+        assert (defer, gro) == (1, 7000)
+        out = bed.kbpctl("enable", dev, "--netns", ns, "--cpus", "0", "--class", "non-rt",
+                         "--repoll-us", "50").stdout
+        assert "re-polled every 50 us" in out and "--repoll-us changed in place" in out
+        assert deferral() == (stock.NON_RT_DEFER, 50_000, pid)
+        (journal,) = bed.journals()
+        assert json.loads(journal.read_text().splitlines()[0])["request"]["repoll_us"] == 50
+        bed.kbpctl("disable", dev, "--netns", ns)
+        assert deferral()[:2] == (1, 7000)
 
 
 @needs_netns

@@ -47,6 +47,9 @@ from kbp.system.journal import StateDir
 
 DEFAULT_RT_PRIO = 50  # the priority of threaded IRQ handlers; NAPI threads run at it too
 MAX_LINGER_US = _spec.KBP_LINGER_US_MAX  # the module's limit (module/netlink/kbp.yaml)
+#: --repoll-us (stock non-rt): at most 1 ms between the heavy NAPIs' polls, so a ring of a
+#: few hundred packets does not overflow at line rate between them
+MAX_REPOLL_US = 1000
 
 
 def default_rt_prio(backend: str, mode: str) -> int:
@@ -143,6 +146,9 @@ class EnableRequest:
     #: (non-rt: hybrid only, SCHED_NORMAL, gives way to the RT poller between polls)
     cls: str = names.CLASS_RT
     nice: int | None = None  # non-rt only: the poller's (or NAPI threads') nice; None: 0
+    #: stock non-rt only: the heavy NAPIs' hrtimer re-poll interval (IRQ deferral), µs;
+    #: None: the backend's default (stock.NON_RT_REPOLL_US); 0: deferral left as found
+    repoll_us: int | None = None
 
     def resolved(self, backend: str) -> EnableRequest:
         """This request with ``rt_prio`` filled in: when it is None, ``backend``'s default
@@ -168,11 +174,13 @@ class EnableRequest:
                 # classes stay in sync
                 **({"isolate": True} if self.isolate else {}),
                 **({"class": self.cls, "nice": self.nice or 0}
-                   if self.cls != names.CLASS_RT else {})}
+                   if self.cls != names.CLASS_RT else {}),
+                **({"repoll_us": self.repoll_us} if self.repoll_us is not None else {})}
 
 
 #: settings() keys written only when not at their default, and that default
-OPTIONAL_SETTINGS: dict[str, Any] = {"isolate": False, "class": names.CLASS_RT, "nice": None}
+OPTIONAL_SETTINGS: dict[str, Any] = {"isolate": False, "class": names.CLASS_RT, "nice": None,
+                                     "repoll_us": None}
 
 
 def changed_settings(journaled: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
@@ -242,11 +250,18 @@ def validate_class(req: EnableRequest) -> None:
         raise InvalidInput(f"unknown class {req.cls!r}: use --class "
                            f"{' or '.join(names.CLASSES)}")
     lo, hi = names.NICE_RANGE
+    if req.repoll_us is not None and not 0 <= req.repoll_us <= MAX_REPOLL_US:
+        raise InvalidInput(f"--repoll-us {req.repoll_us} is out of range (0..{MAX_REPOLL_US}; "
+                           "0 leaves the heavy NAPIs' deferral as it is)")
     if req.cls != names.CLASS_NON_RT:
         if req.nice is not None:
             raise InvalidInput(f"--nice {req.nice} applies to --class {names.CLASS_NON_RT} "
                                f"only (the {names.CLASS_RT} pollers run SCHED_FIFO at "
                                "--rt-prio): drop --nice or add --class non-rt")
+        if req.repoll_us is not None:
+            raise InvalidInput(f"--repoll-us {req.repoll_us} applies to --class "
+                               f"{names.CLASS_NON_RT} only (the heavy devices' NAPIs): drop "
+                               "--repoll-us or add --class non-rt")
         return
     if not modespec.serves_non_rt(req.mode):
         ok = modespec.modes_text(modespec.non_rt_modes())

@@ -305,6 +305,10 @@ class KmodBackend:
     # -- checks --------------------------------------------------------------------
     def _check_static(self, req: EnableRequest) -> None:
         validate_common(req, rt_prio_min=0)
+        if req.repoll_us is not None:
+            raise InvalidInput("--repoll-us is a knob of the stock backend's non-rt class: "
+                               "the module's non-rt poller caps each poll at --quota and "
+                               "gives way after it; drop --repoll-us (or use --backend stock)")
         why = objective_refusal(req.periodic)
         if why:
             raise Unavailable(why)

@@ -232,14 +232,16 @@ def linger_refusal() -> str:
 
 
 def in_place_change(rec: Record, req: EnableRequest) -> bool:
-    """``req`` differs from the device's complete journal only in its class or nice (and the
-    priority that follows from them), so enable changes the NAPI threads' policy in place:
+    """``req`` differs from the device's complete journal only in its class, nice or
+    ``--repoll-us`` (and the priority that follows from them), so enable changes the NAPI
+    threads' policy and the deferral in place:
     threaded NAPI stays on and no packet goes back to softirq on the way (a restore and
     enable would turn it off and on)."""
     if not rec.complete or rec.backend != NAME:
         return False
     changed = set(changed_settings(rec.request, req.settings()))
-    return bool(changed & {"class", "nice"}) and changed <= {"class", "nice", "rt_prio"}
+    return bool(changed & {"class", "nice", "repoll_us"}) and \
+        changed <= {"class", "nice", "rt_prio", "repoll_us"}
 
 
 def plan_threads(threads: Sequence[TaskStat], cpus: Sequence[int], prio: int,
@@ -299,11 +301,17 @@ def linger_values(linger_us: int) -> tuple[int, int]:
     return math.ceil(linger_us / interval), interval * 1000
 
 
-def non_rt_defer_values() -> tuple[int, int]:
+def repoll_us(req: EnableRequest) -> int:
+    """Class non-rt's re-poll interval: ``--repoll-us`` or :data:`NON_RT_REPOLL_US`
+    (0: the deferral is left as found)."""
+    return NON_RT_REPOLL_US if req.repoll_us is None else req.repoll_us
+
+
+def non_rt_defer_values(interval_us: int = NON_RT_REPOLL_US) -> tuple[int, int]:
     """(napi_defer_hard_irqs, gro_flush_timeout in ns) of class non-rt's NAPIs: re-polled
-    from the hrtimer every :data:`NON_RT_REPOLL_US` while packets keep coming, so each poll
-    that does not fill the budget ends in schedule() (a preemption point on every model)."""
-    return NON_RT_DEFER, NON_RT_REPOLL_US * 1000
+    from the hrtimer every ``interval_us`` while packets keep coming, so each poll that does
+    not fill the budget ends in schedule() (a preemption point on every model)."""
+    return NON_RT_DEFER, interval_us * 1000
 
 
 def plan_linger(netns: str | None, dev: str, ifindex: int, napi_ids: Sequence[int] | None,
@@ -582,8 +590,9 @@ class StockBackend:
             lids = [n.id for n in napis] if (napis and ok) else None
             if req.linger_us is not None:
                 run(plan_linger(p.netns, p.dev, p.link.ifindex, lids, req.linger_us))
-            if req.cls == names.CLASS_NON_RT:
-                run(plan_defer(p.netns, p.dev, p.link.ifindex, lids, *non_rt_defer_values()))
+            if req.cls == names.CLASS_NON_RT and repoll_us(req):
+                run(plan_defer(p.netns, p.dev, p.link.ifindex, lids,
+                               *non_rt_defer_values(repoll_us(req))))
             if modespec.periodic(req.mode):
                 assert req.periodic is not None  # resolved
                 per = dataclasses.asdict(req.periodic)
@@ -609,6 +618,8 @@ class StockBackend:
         replays both, newest first, back to the policy and nice found before the first
         enable."""
         assert p.record is not None and req.rt_prio is not None
+        changed = set(changed_settings(p.record.request, req.settings()))
+        what = "class" if changed & {"class", "nice"} else "--repoll-us"
         feats = self._features(ctx.client(p.netns))
         cpus = req.cpus or sysinfo.online_cpus(self.host)
         journal = self.state.rebegin(p.record, req.settings())
@@ -625,19 +636,20 @@ class StockBackend:
         finally:
             journal.close()
         return DeviceResult(p.dev, p.netns, NAME, len(threads), sorted(set(thread_cpus)),
-                            changes, note="class changed in place")
+                            changes, note=f"{what} changed in place")
 
     def _reclass_defer(self, p: _Prep, req: EnableRequest,
                        feats: NetdevFeatures) -> list[Planned]:
-        """The IRQ deferral of a class change in place: class non-rt's values, or, back to
-        rt, each deferral setting as the device's first enable found it (the oldest
-        journaled change of that key; none journaled: nothing to put back)."""
+        """The IRQ deferral of a class (or ``--repoll-us``) change in place: class non-rt's
+        values, or, back to rt or with ``--repoll-us 0``, each deferral setting as the
+        device's first enable found it (the oldest journaled change of that key; none
+        journaled: nothing to put back)."""
         assert p.record is not None
         ok = feats.napi_knob("defer_hard_irqs") and feats.napi_knob("gro_flush_timeout")
         ids = [n.id for n in (p.napis or [])] if ok else None
-        if req.cls == names.CLASS_NON_RT:
+        if req.cls == names.CLASS_NON_RT and repoll_us(req):
             return plan_defer(p.netns, p.dev, p.link.ifindex, ids or None,
-                              *non_rt_defer_values())
+                              *non_rt_defer_values(repoll_us(req)))
         out = []
         for want in plan_defer(p.netns, p.dev, p.link.ifindex, ids or None, 0, 0):
             first = next((c for c in p.record.changes

@@ -36,6 +36,8 @@ from kbp.bench import trace
 
 #: waited_behind lists at most this many tasks per rt thread
 TOP_BEHIND = 4
+#: the longest --trace
+MAX_SECONDS = 600
 
 
 def program(pollers: Sequence[int], rt: Sequence[int]) -> str:
@@ -141,13 +143,8 @@ def parse(output: str) -> Result:
             waits[(keys[0], keys[1])][name] = val
     for key, v in waits.items():
         res.waits[key] = Wait(v.get("wn", 0), v.get("ws", 0), v.get("wx", 0))
-    for line in output.splitlines():
-        obj = trace.json_object(line)
-        data = (obj.get("data") or {}).get("@bc") if obj and obj.get("type") == "map" else None
-        if isinstance(data, dict):
-            for pid, comm in data.items():
-                if str(pid).strip().isdigit():
-                    res.comms[int(pid)] = str(comm)
+    res.comms = {int(pid): str(comm) for pid, comm in trace.map_data(output, "@bc").items()
+                 if str(pid).strip().isdigit()}
     return res
 
 
@@ -162,11 +159,16 @@ class PollerTrace(trace.KernelTrace):
         return program(self.traced, self.rt)
 
 
+def bad_seconds(seconds: float) -> str | None:
+    """Why ``--trace seconds`` is refused as given (None: it is not)."""
+    if not 0 < seconds <= MAX_SECONDS:
+        return f"--trace {seconds:g}: give SECONDS in (0, {MAX_SECONDS}]"
+    return None
+
+
 def why_not(seconds: float) -> str | None:
     """Why ``--trace seconds`` cannot run here (None: it can)."""
-    if not 0 < seconds <= 600:
-        return f"--trace {seconds:g}: give 0 < SECONDS <= 600"
-    return trace.unavailable()
+    return bad_seconds(seconds) or trace.unavailable()
 
 
 def run(pollers: Sequence[int], rt: Sequence[int], seconds: float) -> Result:
@@ -201,9 +203,10 @@ def apply(res: Result, loads: Mapping[int, Any], rt: Sequence[int], seconds: flo
             ld.quota = ld.quota if ld.quota is not None else (p.budget or None)
         if pid in rt:
             w = res.waited(pid)
+            summary = w.to_json()
             ld.traced_wakeups = w.n
-            ld.traced_wait_mean_us = w.to_json()["mean_us"]
-            ld.traced_wait_max_us = w.to_json()["max_us"] if w.n else None
+            ld.traced_wait_mean_us = summary["mean_us"]
+            ld.traced_wait_max_us = summary["max_us"] if w.n else None
             ld.waited_behind = res.behind(pid)
         c = res.caused(pid)
         if c.n:

@@ -85,5 +85,5 @@ def test_status_trace_refusals(argv: list[str], msg: str,
 
 
 def test_why_not_bounds() -> None:
-    assert pollertrace.why_not(0) == "--trace 0: give 0 < SECONDS <= 600"
+    assert pollertrace.why_not(0) == "--trace 0: give SECONDS in (0, 600]"
     assert pollertrace.why_not(601) is not None

@@ -891,15 +891,15 @@ def trace_loads(cpus: Sequence[PollingCpu], seconds: float) -> dict[str, Any]:
     fill their loads in; returns what ran: {"seconds", "threads", "error"} (error: why it
     could not, status goes on without it)."""
     from kbp import pollertrace
-    threads = [p for c in cpus for p in c.pollers if p.pid and p.load is not None]
-    out: dict[str, Any] = {"seconds": seconds, "threads": len(threads), "error": None}
-    why = pollertrace.why_not(seconds) or (None if threads else "no polling thread to trace")
+    loads = {p.pid: p.load for c in cpus for p in c.pollers if p.pid and p.load is not None}
+    out: dict[str, Any] = {"seconds": seconds, "threads": len(loads), "error": None}
+    why = pollertrace.why_not(seconds) or (None if loads else "no polling thread to trace")
     if why:
         return dict(out, error=why)
-    rt = [p.pid for p in threads if p.cls == names.CLASS_RT and p.pid]
+    rt = [p.pid for c in cpus for p in c.pollers if p.pid in loads and p.cls == names.CLASS_RT]
     try:
-        res = pollertrace.run([p.pid for p in threads if p.pid], rt, seconds)
+        res = pollertrace.run(list(loads), rt, seconds)
     except (RuntimeError, OSError) as e:
         return dict(out, error=str(e))
-    pollertrace.apply(res, {p.pid: p.load for p in threads if p.pid and p.load}, rt, seconds)
+    pollertrace.apply(res, loads, rt, seconds)
     return out

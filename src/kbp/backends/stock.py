@@ -314,6 +314,22 @@ def non_rt_defer_values(interval_us: int = NON_RT_REPOLL_US) -> tuple[int, int]:
     return NON_RT_DEFER, interval_us * 1000
 
 
+def plan_non_rt_defer(netns: str | None, dev: str, ifindex: int,
+                      napi_ids: Sequence[int] | None, req: EnableRequest) -> list[Planned]:
+    """Class non-rt's IRQ deferral at :func:`repoll_us` ([]: another class, or 0)."""
+    every = repoll_us(req)
+    if req.cls != names.CLASS_NON_RT or not every:
+        return []
+    return plan_defer(netns, dev, ifindex, napi_ids, *non_rt_defer_values(every))
+
+
+def defer_napi_ids(napis: Sequence[Napi] | None, feats: NetdevFeatures) -> list[int] | None:
+    """The NAPI ids IRQ deferral is set on (napi-set), or None: per device (sysfs), where
+    napi-get listed none or napi-set lacks the deferral attributes."""
+    ok = feats.napi_knob("defer_hard_irqs") and feats.napi_knob("gro_flush_timeout")
+    return [n.id for n in napis] if (napis and ok) else None
+
+
 def plan_linger(netns: str | None, dev: str, ifindex: int, napi_ids: Sequence[int] | None,
                 linger_us: int) -> list[Planned]:
     defer, gro_ns = linger_values(linger_us)
@@ -586,13 +602,10 @@ class StockBackend:
             if req.isolate:  # the other devices' interrupts off the polling CPUs
                 changes += isolate_others(ex, req, thread_cpus, self.state, self.host)
 
-            ok = feats.napi_knob("defer_hard_irqs") and feats.napi_knob("gro_flush_timeout")
-            lids = [n.id for n in napis] if (napis and ok) else None
+            lids = defer_napi_ids(napis, feats)
             if req.linger_us is not None:
                 run(plan_linger(p.netns, p.dev, p.link.ifindex, lids, req.linger_us))
-            if req.cls == names.CLASS_NON_RT and repoll_us(req):
-                run(plan_defer(p.netns, p.dev, p.link.ifindex, lids,
-                               *non_rt_defer_values(repoll_us(req))))
+            run(plan_non_rt_defer(p.netns, p.dev, p.link.ifindex, lids, req))
             if modespec.periodic(req.mode):
                 assert req.periodic is not None  # resolved
                 per = dataclasses.asdict(req.periodic)
@@ -645,13 +658,12 @@ class StockBackend:
         device's first enable found it (the oldest journaled change of that key; none
         journaled: nothing to put back)."""
         assert p.record is not None
-        ok = feats.napi_knob("defer_hard_irqs") and feats.napi_knob("gro_flush_timeout")
-        ids = [n.id for n in (p.napis or [])] if ok else None
-        if req.cls == names.CLASS_NON_RT and repoll_us(req):
-            return plan_defer(p.netns, p.dev, p.link.ifindex, ids or None,
-                              *non_rt_defer_values(repoll_us(req)))
+        ids = defer_napi_ids(p.napis, feats)
+        planned = plan_non_rt_defer(p.netns, p.dev, p.link.ifindex, ids, req)
+        if planned:
+            return planned
         out = []
-        for want in plan_defer(p.netns, p.dev, p.link.ifindex, ids or None, 0, 0):
+        for want in plan_defer(p.netns, p.dev, p.link.ifindex, ids, 0, 0):
             first = next((c for c in p.record.changes
                           if c.kind == want.kind and c.key == want.key), None)
             if first is not None:

@@ -184,11 +184,6 @@ class Spec:
         return "@ir[0]" if self.rx_irqs else "0"
 
 
-def _pred(var: str, pids: Iterable[int]) -> str:
-    ps = sorted({int(p) for p in pids})
-    return " || ".join(f"{var} == {p}" for p in ps) if ps else "0"
-
-
 def _udp(skb: str, received: bool = False) -> str:
     """Statements that read an IPv4 UDP skb: $sport, $dport (as a little-endian load reads
     them: compare with :func:`port_be`) and $tag (the payload's first 8 bytes, plus one),
@@ -234,18 +229,18 @@ def probes(spec: Spec) -> list[str]:
     bpftrace process serves both), printing ``KA`` lines (:func:`parse`)."""
     rt = int(spec.rt_cpu)
     be = port_be(spec.port)
-    app = _pred("tid", spec.pids("app")) + " || " + _pred("pid", spec.pids("app"))
-    pollers = _pred("tid", spec.pids("poller") + spec.pids("nonrt_poller"))
-    watched = _pred("$np", spec.pids("app") + spec.pids("poller")
+    app = trace.pid_pred("tid", spec.pids("app")) + " || " + trace.pid_pred("pid", spec.pids("app"))
+    pollers = trace.pid_pred("tid", spec.pids("poller") + spec.pids("nonrt_poller"))
+    watched = trace.pid_pred("$np", spec.pids("app") + spec.pids("poller")
                     + spec.pids("nonrt_poller"))
-    woken = _pred("args->pid", spec.pids("app") + spec.pids("poller")
+    woken = trace.pid_pred("args->pid", spec.pids("app") + spec.pids("poller")
                   + spec.pids("nonrt_poller"))
     if spec.rt_napi_ids:
-        rt_napi = _pred("$n->napi_id", spec.rt_napi_ids)
+        rt_napi = trace.pid_pred("$n->napi_id", spec.rt_napi_ids)
     else:
         rt_napi = f'$n->dev->name == "{spec.rx_dev}"'
     role_of = "".join(
-        f"    if ({_pred('$q', spec.pids(role))}) {{ $k = {i}; }}\n"
+        f"    if ({trace.pid_pred('$q', spec.pids(role))}) {{ $k = {i}; }}\n"
         for i, role in enumerate(TASK_ROLES) if role not in ("idle", "other") and
         spec.pids(role))
     fmt, snap = _snapshot()
@@ -301,7 +296,7 @@ def probes(spec: Spec) -> list[str]:
         f'      printf("{TAG} Y %llu %llu %d %d\\n", $tag, nsecs, cpu, tid);\n    }}\n  }}\n}}',
         *(_received(spec, pollers) if spec.wire else _forwarded(pollers)),
         # I: the server port's receive interrupts
-        *([f"tracepoint:irq:irq_handler_entry /{_pred('args->irq', spec.rx_irqs)}/"
+        *([f"tracepoint:irq:irq_handler_entry /{trace.pid_pred('args->irq', spec.rx_irqs)}/"
            " { @ir[0] = nsecs; }"] if spec.rx_irqs else []),
         # R: the stack takes it; D: in the socket
         "tracepoint:net:netif_receive_skb /@rq[args->skbaddr]/ {\n"
@@ -339,11 +334,11 @@ def _received(spec: Spec, pollers: str) -> list[str]:
     server port's last receive interrupt (I)."""
     be = port_be(spec.port)
     if spec.rt_napi_ids:
-        server = _pred("$id", spec.rt_napi_ids)
+        server = trace.pid_pred("$id", spec.rt_napi_ids)
     else:
         server = f'str(args->name) == "{spec.rx_dev}"'
     if spec.tx_napi_ids:
-        tester = _pred("$id", spec.tx_napi_ids)
+        tester = trace.pid_pred("$id", spec.tx_napi_ids)
     else:
         tester = f'str(args->name) == "{spec.tx_dev}"'
 
@@ -473,16 +468,6 @@ def _objects(output: str) -> Iterable[dict[str, Any]]:
             yield obj
 
 
-def _map(output: str, name: str) -> dict[str, Any]:
-    """One map bpftrace printed at exit ({key text: value}; {} when it printed none)."""
-    out: dict[str, Any] = {}
-    for obj in _objects(output):
-        data = (obj.get("data") or {}).get(name) if obj.get("type") == "map" else None
-        if isinstance(data, dict):
-            out.update(data)
-    return out
-
-
 def lines(output: str) -> Iterable[list[str]]:
     """The anatomy's ``KA`` lines of bpftrace's output (JSON or text), split."""
     for raw in output.splitlines():
@@ -503,14 +488,14 @@ def lost_events(output: str) -> int:
 
 def poll_sizes(output: str) -> dict[int, int]:
     """The histogram of the non-RT NAPI polls' work on the RT CPU ({packets: polls})."""
-    return dict(sorted((int(k), int(v)) for k, v in _map(output, "@hw").items()))
+    return dict(sorted((int(k), int(v)) for k, v in trace.map_data(output, "@hw").items()))
 
 
 def other_tasks(output: str, top: int = 5) -> list[dict[str, Any]]:
     """The tasks of no known role that ran longest on the RT CPU over the run (from the
     ``@ot`` map: µs net of softirqs), longest first."""
     got: dict[tuple[int, str], int] = {}
-    for key, v in _map(output, "@ot").items():
+    for key, v in trace.map_data(output, "@ot").items():
         pid, _, comm = str(key).partition(",")
         try:
             got[(int(pid), comm.strip())] = int(v)

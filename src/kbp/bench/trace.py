@@ -64,7 +64,7 @@ import subprocess
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,8 +102,11 @@ def _record(kind: int, key: str) -> str:
             f" @sm[{kind}, {key}] = sum($d);")
 
 
-def pid_pred(field_: str, pids: Sequence[int]) -> str:
-    return " || ".join(f"{field_} == {int(p)}" for p in pids)
+def pid_pred(field_: str, pids: Iterable[int]) -> str:
+    """A bpftrace predicate true when ``field_`` is one of ``pids`` (each once, in order;
+    "0", never true, for none)."""
+    ps = sorted({int(p) for p in pids})
+    return " || ".join(f"{field_} == {p}" for p in ps) if ps else "0"
 
 
 def _dev(name: str) -> str:
@@ -187,6 +190,18 @@ def json_object(line: str) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def map_data(output: str, name: str) -> dict[str, Any]:
+    """One map bpftrace printed at exit with ``-f json`` ({key text: value, as printed};
+    {} when it printed none): for maps whose keys or values are not all integers."""
+    out: dict[str, Any] = {}
+    for line in output.splitlines():
+        obj = json_object(line)
+        data = (obj.get("data") or {}).get(name) if obj and obj.get("type") == "map" else None
+        if isinstance(data, dict):
+            out.update(data)
+    return out
 
 
 def map_entries(output: str) -> list[tuple[str, list[int], int]]:

@@ -47,6 +47,33 @@ def test_offered_wherever_the_exclusive_modes_are(scen: str) -> None:
     assert {"hybrid-part", "busy-part"} <= set(modes.named(lambda i: i.module))
 
 
+@pytest.mark.parametrize("scen", ["rt-split", "shared-cpu"])
+def test_the_repoll0_variant_runs_only_when_named(scen: str) -> None:
+    """stock-hybrid-part-repoll0 (the split without the heavy NAPIs' deferral) is offered for
+    an interleaved comparison with stock-hybrid-part, but never among a scenario's defaults
+    (it would lengthen every default run by a mode)."""
+    s = scenarios.get(scen)
+    v = "stock-hybrid-part-repoll0"
+    info = modes.catalog()[v]
+    assert v in s.own_modes and info.on_request and "--repoll-us 0" in info.summary
+    assert v not in scenarios.default_modes(s)
+    assert not any(modes.catalog()[m].on_request for m in scenarios.default_modes(s))
+    b = _bench([0, 1], scenario=scen, modes=["napi", "stock-hybrid-part", v])
+    b.plan()
+    assert b.cfg.modes == ["napi", "stock-hybrid-part", v]
+    assert s.make_modes()[v].repoll_us == 0 and s.make_modes()["stock-hybrid-part"].repoll_us \
+        is None
+
+
+def test_the_backends_own_checks_judge_the_repoll_variant() -> None:
+    """The real backends' static checks: stock takes --repoll-us 0 in class non-rt; the
+    module's backend refuses the knob with its reason (so a kmod variant would be refused
+    before anything changed)."""
+    assert hs.nonrt_refusal(names.BACKEND_STOCK, 0) is None
+    why = hs.nonrt_refusal(names.BACKEND_KMOD, 0)
+    assert why is not None and "--repoll-us is a knob of the stock backend" in why, why
+
+
 @pytest.mark.parametrize("scen", ["veth-inline", "stream"])
 def test_refused_in_the_scenarios_without_a_heavy_device(scen: str) -> None:
     with pytest.raises(Aborted, match=f"unknown mode 'stock-hybrid-part' for scenario {scen}"):
@@ -142,14 +169,15 @@ def gro(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
 
 
 @pytest.mark.parametrize("layout", [[0, 1], [0, 1, 2, 3], [4, 7]])
-@pytest.mark.parametrize(("mode", "backend", "kbp_mode", "heavy_prio"), [
-    ("hybrid-part", "kmod", "hybrid", None), ("busy-part", "kmod", "busy", None),
-    ("stock-hybrid-part", "stock", "hybrid", None)])
+@pytest.mark.parametrize(("mode", "backend", "kbp_mode", "heavy_prio", "repoll"), [
+    ("hybrid-part", "kmod", "hybrid", None, None), ("busy-part", "kmod", "busy", None, None),
+    ("stock-hybrid-part", "stock", "hybrid", None, None),
+    ("stock-hybrid-part-repoll0", "stock", "hybrid", None, 0)])
 def test_which_device_gets_which_request(enabled_requests: list[Any],
                                          gro: list[tuple[str, Any]],
                                          monkeypatch: pytest.MonkeyPatch, layout: list[int],
                                          mode: str, backend: str, kbp_mode: str,
-                                         heavy_prio: int | None) -> None:
+                                         heavy_prio: int | None, repoll: int | None) -> None:
     place = pl.plan(layout, on_rt=(pl.HEAVY,))
     rt = place.cpu(pl.RT)
     m = _own()[mode]
@@ -167,14 +195,14 @@ def test_which_device_gets_which_request(enabled_requests: list[Any],
         ["rt-s-ab"], "ns-s", kbp_mode, [rt], names.CLASS_RT)
     assert rt_req.rt_prio == (None if mode == "busy-part" and backend == "stock" else 50)
     assert (heavy_req.devices, heavy_req.netns, heavy_req.mode, heavy_req.cpus,
-            heavy_req.cls, heavy_req.rt_prio) == (["heavy-s-ab"], "ns-s", "hybrid", [rt],
-                                                  names.CLASS_NON_RT, heavy_prio)
+            heavy_req.cls, heavy_req.rt_prio, heavy_req.repoll_us) == (
+        ["heavy-s-ab"], "ns-s", "hybrid", [rt], names.CLASS_NON_RT, heavy_prio, repoll)
     # the class's priority is the backend's to fill in: SCHED_NORMAL (0) on both
     assert heavy_req.resolved(backend).rt_prio == 0
     assert gro == [("state", "heavy-s-ab"), ("per_packet", "heavy-s-ab")]
     d = json.loads(json.dumps(m.describe()))
     assert d["part"]["request"] == {"mode": "hybrid", "cls": "non-rt", "cpus": [rt],
-                                    "rt_prio": heavy_prio, "nice": None}
+                                    "rt_prio": heavy_prio, "nice": None, "repoll_us": repoll}
     assert d["part"]["heavy_napi"] == {"gro": True, "gro_max_size": pt.PER_PACKET_GRO_MAX}
     assert m.threads() == {7: "kbp/rt"}      # the RT poller's only
     assert m.nonrt_threads() == {4242: "napi/heavy-s-ab-9"}   # the heavy device's, non-rt

@@ -37,7 +37,8 @@ def test_registered() -> None:
                                           "busy-excl", "stock-hybrid-part", "hybrid-part",
                                           "busy-part")
     assert set(s.make_modes()) == {"exclusive", "stock-hybrid-excl", "hybrid-excl",
-                                   "busy-excl", "stock-hybrid-part", "hybrid-part", "busy-part"}
+                                   "busy-excl", "stock-hybrid-part", "hybrid-part", "busy-part",
+                                   "stock-hybrid-part-repoll0"}
     both = s.make_modes()["stock-hybrid-excl"]
     assert both.inner.name == "stock-hybrid" and both.spins is False
     assert hs.exclusive_like("busy-excl") and not hs.exclusive_like("busy")
@@ -60,7 +61,7 @@ def test_roles_and_the_non_rt_cpu(layout: list[int], cpus: dict[str, int], nonrt
     assert dict(p.cpus) == cpus
     assert hs.nonrt_cpu(p) == nonrt != p.cpu("rt")
     assert b.cfg.parts == ["rtt"]                       # default_parts: no rtt-tcp, no idle
-    assert b.cfg.modes == list(rt_split.SCENARIO.default_modes)
+    assert b.cfg.modes == list(scenarios.default_modes(rt_split.SCENARIO))
     assert b.app_fifo() == 51
 
 

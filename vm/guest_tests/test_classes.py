@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -30,6 +31,8 @@ from test_real_nic import (
     rmmod_hands_back,
     total,
 )
+
+from kbp.pollertrace import TOP_BEHIND
 
 pytestmark = pytest.mark.skipif(not KO.exists(), reason="kbp_test_nic.ko not built "
                                 "(python3 -m vm test builds every vm/testdata module)")
@@ -110,6 +113,46 @@ def test_rt_and_non_rt_pollers_share_a_cpu(kmod, flow: Flow) -> None:
         out = kbpctl("status").stdout
         assert f"non-rt kbpn/{POLL_CPU}:" in out and "packets per poll (quota 8)" in out, out
         assert_in_order(dev)
+
+
+def test_status_trace_on_the_modules_pollers(kmod, flow: Flow) -> None:
+    """kbpctl status --trace on kbp.ko's two pollers of one CPU (kbp/N rt on the NIC, kbpn/N
+    non-rt on the test NIC at 2000 frames/s): the rt poller's wake-ups are traced and each
+    wait is charged to a task; whatever the non-rt poller caused is the rt poller's waits
+    behind it; the poll sizes stay the module's counters (its pollers poll without
+    napi:napi_poll), the non-rt one's within its quota.  Timings are emulated (TCG):
+    nothing about how long a wait took is asserted.  About 40 s (bpftrace's start)."""
+    if shutil.which("bpftrace") is None:
+        pytest.skip("bpftrace is not in this guest image (kbpctl status --trace needs it)")
+    secs = 4
+    with ktn_device(queues=2, cpus=QUEUES_HERE, rate=2000) as dev:
+        kmod.attach(flow.t.nic0, cpu=POLL_CPU, mode="hybrid", rt_prio=50)
+        kmod.attach(dev, cpu=POLL_CPU, mode="hybrid", cls="non-rt")
+        flow.start_sink()
+        flow.start_sender(rate=300)
+        try:
+            st = json.loads(kbpctl("status", "--json", "--trace", str(secs)).stdout)
+        finally:
+            sent = flow.stop_sender()
+        assert sent and sent["sent"] > 0, sent
+        assert st["trace"]["error"] is None and st["trace"]["seconds"] == secs, st["trace"]
+        (pc,) = [c for c in st["polling_cpus"] if c["cpu"] == POLL_CPU]
+        by = {p["class"]: p for p in pc["pollers"]}
+        rt, nrt = by["rt"]["load"], by["non-rt"]["load"]
+        print("trace:", json.dumps({"rt": rt, "non-rt": nrt}))   # what it saw (-s shows it)
+        assert st["trace"]["threads"] >= 2, st["trace"]
+        assert rt["traced_s"] == secs and nrt["traced_s"] == secs
+        assert rt["traced_wakeups"] > 0, rt
+        assert 1 <= nrt["packets_per_poll"] <= 8 and nrt["quota"] == 8, nrt
+        behind = rt["waited_behind"]
+        assert behind and sum(b["waits"] for b in behind) <= rt["traced_wakeups"], rt
+        assert all(b["max_us"] >= 0 and b["comm"] for b in behind), behind
+        kbpn = [b for b in behind if b["pid"] == by["non-rt"]["pid"]]
+        caused = nrt.get("caused") or {"waits": 0}
+        if kbpn:              # the one rt thread here: what kbpn caused is its waits behind it
+            assert caused["waits"] == kbpn[0]["waits"], (caused, behind)
+        else:                 # not among the top entries: none, or the list is full
+            assert caused["waits"] == 0 or len(behind) == TOP_BEHIND, (caused, behind)
 
 
 def test_non_rt_class_refusals(kmod, topo: Topo) -> None:

@@ -283,13 +283,15 @@ class KbpExclusiveMode(_Wrapper):
 
 
 # -- the part modes: RT and non-RT receive work split by class on the RT CPU ---------------
-def nonrt_request(backend: str, dev: str, netns: str | None, cpu: int | None) -> Any:
+def nonrt_request(backend: str, dev: str, netns: str | None, cpu: int | None,
+                  repoll_us: int | None = None) -> Any:
     """The kbpctl EnableRequest for the heavy device in a part mode: class non-rt, mode
     hybrid (that class's only mode), on the RT CPU itself (``cpu``; no placement move).
-    Priority: the class's own (``EnableRequest.resolved``: SCHED_NORMAL at nice 0)."""
+    Priority: the class's own (``EnableRequest.resolved``: SCHED_NORMAL at nice 0);
+    ``repoll_us``: kbpctl's --repoll-us (None: the backend's default)."""
     return _backends().EnableRequest([dev], netns=netns, mode=names.MODE_HYBRID,
                                      cpus=None if cpu is None else [cpu],
-                                     cls=names.CLASS_NON_RT)
+                                     cls=names.CLASS_NON_RT, repoll_us=repoll_us)
 
 
 def _backends() -> Any:
@@ -297,15 +299,15 @@ def _backends() -> Any:
     return get()
 
 
-def nonrt_refusal(backend: str) -> str | None:
-    """Why kbpctl's ``backend`` cannot serve a device in class non-rt here (its static
-    checks on a placeholder device, nothing changed), None when it can."""
+def nonrt_refusal(backend: str, repoll_us: int | None = None) -> str | None:
+    """Why kbpctl's ``backend`` cannot serve a device in class non-rt (with ``repoll_us``)
+    here (its static checks on a placeholder device, nothing changed), None when it can."""
     be = _backends().get(backend)
     check = getattr(be, "_check_static", None)
     if check is None:
         return None
     try:
-        check(nonrt_request(backend, "lo", None, None).resolved(backend))
+        check(nonrt_request(backend, "lo", None, None, repoll_us).resolved(backend))
     except Exception as e:
         return f"kbpctl {backend} backend refuses --class {names.CLASS_NON_RT}: {e}"
     return None
@@ -319,9 +321,10 @@ class PartMode(_Wrapper):
     the RT poller between polls; stock: its NAPI thread SCHED_OTHER there).  Nothing moves:
     the heavy receiver stays on the RT CPU.  Bound to the run's heavy side by the scenario."""
 
-    def __init__(self, name: str, inner: Any) -> None:
+    def __init__(self, name: str, inner: Any, repoll_us: int | None = None) -> None:
         self.inner = inner
         self.name = name
+        self.repoll_us = repoll_us    # kbpctl --repoll-us for the heavy device (None: default)
         self.spins = inner.spins
         self.backend: str = inner.backend
         self.moves_load = False
@@ -340,7 +343,7 @@ class PartMode(_Wrapper):
         if why:
             return why
         try:
-            return nonrt_refusal(self.backend)
+            return nonrt_refusal(self.backend, self.repoll_us)
         except Exception as e:
             return f"{self.backend} backend: {e}"
 
@@ -358,7 +361,7 @@ class PartMode(_Wrapper):
     def heavy_request(self) -> Any:
         """The EnableRequest this mode makes for the heavy device (on the RT CPU)."""
         h = self.require_heavy()
-        return nonrt_request(self.backend, h.dev, h.netns, h.rt_cpu)
+        return nonrt_request(self.backend, h.dev, h.netns, h.rt_cpu, self.repoll_us)
 
     def setup(self, t: Target) -> None:
         h = self.require_heavy()        # refuse before the inner mode changes anything
@@ -447,7 +450,8 @@ class PartMode(_Wrapper):
                          "heavy_dev": h.dev if h else None,
                          "request": None if req is None else {
                              "mode": req.mode, "cls": req.cls, "cpus": req.cpus,
-                             "rt_prio": req.rt_prio, "nice": req.nice},
+                             "rt_prio": req.rt_prio, "nice": req.nice,
+                             "repoll_us": req.repoll_us},
                          "heavy_napi": self._napi,
                          "heavy_receiver_cpus": h.receiver_cpus() if h else None,
                          "nonrt_threads": [thread_placement(p) for p in self._nonrt]}}

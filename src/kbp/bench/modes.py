@@ -101,7 +101,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Final, Protocol
 
@@ -946,6 +946,8 @@ class ModeInfo:
     kthread: bool = False          # it leaves the RT device's NAPI a kthread (threaded NAPI)
     base: str | None = None        # the mode it adds to (the -excl and -part modes; exclusive)
     aliases: tuple[str, ...] = ()  # older names, still read from --modes and results files
+    #: a variant for a comparison: it runs only when named in --modes (never by default)
+    on_request: bool = False
 
     @property
     def heavy(self) -> bool:
@@ -990,8 +992,8 @@ def _make_excl(base: str) -> Mode:
     return _heavy().KbpExclusiveMode(CATALOG[base].make())
 
 
-def _make_part(name: str, base: str) -> Mode:
-    return _heavy().PartMode(name, CATALOG[base].make())
+def _make_part(name: str, base: str, repoll_us: int | None = None) -> Mode:
+    return _heavy().PartMode(name, CATALOG[base].make(), repoll_us)
 
 
 def _variant(base: ModeInfo, category: str, colour: str, summary: str) -> ModeInfo:
@@ -1018,6 +1020,20 @@ def _part(base: ModeInfo, colour: str) -> ModeInfo:
                     "paper's RT/non-RT split by priority; nothing moved)")
 
 
+#: the stock -part variant without the heavy NAPIs' IRQ deferral (kbpctl --repoll-us 0), so
+#: one interleaved run measures what the class's default deferral buys and costs
+REPOLL0_SUFFIX: Final = "-repoll0"
+
+
+def _part_repoll0(part: ModeInfo, colour: str) -> ModeInfo:
+    return replace(part, name=part.name + REPOLL0_SUFFIX, colour=colour, aliases=(),
+                   on_request=True,
+                   summary=f"{part.name} with kbpctl --repoll-us 0: the heavy device's NAPI "
+                           "IRQ deferral left as found (no re-poll timer), to compare with "
+                           f"{part.name}'s default in one run; only when named in --modes",
+                   make=partial(_make_part, part.name + REPOLL0_SUFFIX, part.base or "", 0))
+
+
 def _exclusive() -> ModeInfo:
     return ModeInfo(EXCLUSIVE, EXCL, "the exclusive CPU method (RT device on napi; the heavy "
                     "receiver and its RPS on the non-RT CPU)", "#aaaaaa",
@@ -1037,6 +1053,7 @@ def _table() -> list[ModeInfo]:
                      "kbp.ko poller, hybrid mode (kbp module loaded: the VM rig)")
     busy = _kbpctl(names.BACKEND_KMOD, names.MODE_BUSY, "#d62728",
                    "kbp.ko poller, busy mode (kbp module loaded: the VM rig)")
+    stock_part = _part(stock_hybrid, "#00441b")
     return [
         ModeInfo(NAPI, KERNEL, "stock NAPI in NET_RX softirq (the baseline)", "#444444",
                  NapiMode),
@@ -1067,9 +1084,10 @@ def _table() -> list[ModeInfo]:
         _excl(stock_hybrid, "#98df8a"),
         _excl(hybrid, "#ffbb78"),
         _excl(busy, "#ff9896"),
-        _part(stock_hybrid, "#00441b"),
+        stock_part,
         _part(hybrid, "#b8860b"),
         _part(busy, "#67000d"),
+        _part_repoll0(stock_part, "#74c476"),
     ]
 
 

@@ -162,8 +162,9 @@ class Scenario:
 
 def default_modes(scen: Scenario) -> tuple[str, ...]:
     """The modes a run of ``scen`` compares when none are named: its ``default_modes``,
-    else every mode every scenario offers."""
-    return tuple(scen.modes_by_default())
+    else every mode every scenario offers; never a comparison variant (``on_request``)."""
+    cat = modes.catalog()
+    return tuple(m for m in scen.modes_by_default() if not cat[m].on_request)
 
 
 @cache

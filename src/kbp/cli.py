@@ -80,8 +80,10 @@ milliseconds (up to 56 ms, PREEMPT_NONE); so the stock non-rt class also sets IR
 on the heavy NAPIs (defer_hard_irqs 2, gro_flush_timeout --repoll-us, default 20 us,
 journaled and restored): they are re-polled from their timer, their threads sleep after
 every poll, and the wait is one poll. It costs the heavy flow up to N us per packet and
-the RT flow's median 4-8 us (larger polls; the RT p99.9 fell 25-58 %, docs/results.md);
---repoll-us 0 leaves the device's deferral as it is.
+the RT flow's median 2-8 us (larger polls). Measured (docs/results.md): under a UDP flood
+the RT p99.9 fell 58 %; under a TCP flood, whose NAPI thread sleeps between polls anyway,
+it did not help (two of three runs were worse). --repoll-us 0 leaves the device's
+deferral as it is: compare both on your device (bench mode stock-hybrid-part-repoll0).
 
 RPS: a device with RPS on (queues/rx-*/rps_cpus non-zero, or RFS: rps_flow_cnt non-zero
 while net.core.rps_sock_flow_entries is) re-queues every packet its poller receives to the

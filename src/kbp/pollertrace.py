@@ -46,13 +46,13 @@ def program(pollers: Sequence[int], rt: Sequence[int]) -> str:
     parts = ['BEGIN { printf("READY\\n"); }']
     if pollers:
         parts.append(
-            f"tracepoint:napi:napi_poll /{trace.pid_pred('tid', pollers)}/ {{\n"
+            f"tracepoint:napi:napi_poll /{trace.one_of('tid', pollers)}/ {{\n"
             "  @pn[tid] = count(); @pw[tid] = sum(args->work); @px[tid] = max(args->work);\n"
             "  @pb[tid] = max(args->budget);\n"
             "  if (args->work >= args->budget) { @pf[tid] = count(); }\n}")
     if rt:
         parts += [
-            f"tracepoint:sched:sched_waking /({trace.pid_pred('args->pid', rt)})"
+            f"tracepoint:sched:sched_waking /({trace.one_of('args->pid', rt)})"
             " && @w[args->pid] == 0/ { @w[args->pid] = nsecs; }",
             # current is still prev here: comm is the prev task's.  The pids are read into
             # variables first: bpftrace 0.17 reads args through a modified ctx pointer

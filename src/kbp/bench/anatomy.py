@@ -229,18 +229,17 @@ def probes(spec: Spec) -> list[str]:
     bpftrace process serves both), printing ``KA`` lines (:func:`parse`)."""
     rt = int(spec.rt_cpu)
     be = port_be(spec.port)
-    app = trace.pid_pred("tid", spec.pids("app")) + " || " + trace.pid_pred("pid", spec.pids("app"))
-    pollers = trace.pid_pred("tid", spec.pids("poller") + spec.pids("nonrt_poller"))
-    watched = trace.pid_pred("$np", spec.pids("app") + spec.pids("poller")
-                    + spec.pids("nonrt_poller"))
-    woken = trace.pid_pred("args->pid", spec.pids("app") + spec.pids("poller")
-                  + spec.pids("nonrt_poller"))
+    app = trace.one_of("tid", spec.pids("app")) + " || " + trace.one_of("pid", spec.pids("app"))
+    polling = spec.pids("poller") + spec.pids("nonrt_poller")
+    pollers = trace.one_of("tid", polling)
+    watched = trace.one_of("$np", spec.pids("app") + polling)
+    woken = trace.one_of("args->pid", spec.pids("app") + polling)
     if spec.rt_napi_ids:
-        rt_napi = trace.pid_pred("$n->napi_id", spec.rt_napi_ids)
+        rt_napi = trace.one_of("$n->napi_id", spec.rt_napi_ids)
     else:
         rt_napi = f'$n->dev->name == "{spec.rx_dev}"'
     role_of = "".join(
-        f"    if ({trace.pid_pred('$q', spec.pids(role))}) {{ $k = {i}; }}\n"
+        f"    if ({trace.one_of('$q', spec.pids(role))}) {{ $k = {i}; }}\n"
         for i, role in enumerate(TASK_ROLES) if role not in ("idle", "other") and
         spec.pids(role))
     fmt, snap = _snapshot()
@@ -296,7 +295,7 @@ def probes(spec: Spec) -> list[str]:
         f'      printf("{TAG} Y %llu %llu %d %d\\n", $tag, nsecs, cpu, tid);\n    }}\n  }}\n}}',
         *(_received(spec, pollers) if spec.wire else _forwarded(pollers)),
         # I: the server port's receive interrupts
-        *([f"tracepoint:irq:irq_handler_entry /{trace.pid_pred('args->irq', spec.rx_irqs)}/"
+        *([f"tracepoint:irq:irq_handler_entry /{trace.one_of('args->irq', spec.rx_irqs)}/"
            " { @ir[0] = nsecs; }"] if spec.rx_irqs else []),
         # R: the stack takes it; D: in the socket
         "tracepoint:net:netif_receive_skb /@rq[args->skbaddr]/ {\n"
@@ -334,11 +333,11 @@ def _received(spec: Spec, pollers: str) -> list[str]:
     server port's last receive interrupt (I)."""
     be = port_be(spec.port)
     if spec.rt_napi_ids:
-        server = trace.pid_pred("$id", spec.rt_napi_ids)
+        server = trace.one_of("$id", spec.rt_napi_ids)
     else:
         server = f'str(args->name) == "{spec.rx_dev}"'
     if spec.tx_napi_ids:
-        tester = trace.pid_pred("$id", spec.tx_napi_ids)
+        tester = trace.one_of("$id", spec.tx_napi_ids)
     else:
         tester = f'str(args->name) == "{spec.tx_dev}"'
 

@@ -1026,12 +1026,12 @@ REPOLL0_SUFFIX: Final = "-repoll0"
 
 
 def _part_repoll0(part: ModeInfo, colour: str) -> ModeInfo:
-    return replace(part, name=part.name + REPOLL0_SUFFIX, colour=colour, aliases=(),
-                   on_request=True,
+    name = part.name + REPOLL0_SUFFIX
+    return replace(part, name=name, colour=colour, aliases=(), on_request=True,
                    summary=f"{part.name} with kbpctl --repoll-us 0: the heavy device's NAPI "
                            "IRQ deferral left as found (no re-poll timer), to compare with "
                            f"{part.name}'s default in one run; only when named in --modes",
-                   make=partial(_make_part, part.name + REPOLL0_SUFFIX, part.base or "", 0))
+                   make=partial(_make_part, name, part.base or "", 0))
 
 
 def _exclusive() -> ModeInfo:

@@ -102,11 +102,11 @@ def _record(kind: int, key: str) -> str:
             f" @sm[{kind}, {key}] = sum($d);")
 
 
-def pid_pred(field_: str, pids: Iterable[int]) -> str:
-    """A bpftrace predicate true when ``field_`` is one of ``pids`` (each once, in order;
-    "0", never true, for none)."""
-    ps = sorted({int(p) for p in pids})
-    return " || ".join(f"{field_} == {p}" for p in ps) if ps else "0"
+def one_of(field_: str, values: Iterable[int]) -> str:
+    """A bpftrace predicate true when ``field_`` is one of ``values`` (pids, NAPI ids, IRQ
+    numbers; each once, in order; "0", never true, for none)."""
+    vs = sorted({int(v) for v in values})
+    return " || ".join(f"{field_} == {v}" for v in vs) if vs else "0"
 
 
 def _dev(name: str) -> str:
@@ -156,7 +156,7 @@ def program(poller_pids: Sequence[int] = (), app_pids: Sequence[int] = (), *,
     ]
     if poller_pids:
         parts += [
-            f"tracepoint:sched:sched_waking /{pid_pred('args->pid', poller_pids)}/"
+            f"tracepoint:sched:sched_waking /{one_of('args->pid', poller_pids)}/"
             " { @wp[args->pid] = nsecs; }",
             "tracepoint:sched:sched_switch /@wp[args->next_pid]/ {\n"
             "  $d = nsecs - @wp[args->next_pid]; delete(@wp[args->next_pid]);"
@@ -164,7 +164,7 @@ def program(poller_pids: Sequence[int] = (), app_pids: Sequence[int] = (), *,
         ]
     if app_pids:
         parts += [
-            f"tracepoint:sched:sched_waking /{pid_pred('args->pid', app_pids)}/"
+            f"tracepoint:sched:sched_waking /{one_of('args->pid', app_pids)}/"
             " { @wa[args->pid] = nsecs; }",
             "tracepoint:sched:sched_switch /@wa[args->next_pid]/ {\n"
             "  $d = nsecs - @wa[args->next_pid]; delete(@wa[args->next_pid]);"

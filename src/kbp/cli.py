@@ -691,6 +691,9 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
+    if list(argv[:2]) == ["bench", "vm"]:     # its own parser: options pass through
+        from kbp.bench.cli import run_vm
+        return run_vm(list(argv[2:]))
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:

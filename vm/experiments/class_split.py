@@ -4,7 +4,11 @@ Runs in a guest of the VM rig, as root; prints a table and, last, one JSON line 
 ``CLASS-SPLIT-RESULT``. From the repository root on the host (one flavour at a time, on a
 quiet machine: it is a timing run)::
 
-    python3 -m vm run 7.2-amd64 --build -- .venv/bin/python -m vm.experiments.class_split
+    kbpctl bench vm --flavour 7.2-amd64 --scenario class-split [options below]
+
+(which runs ``python3 -m vm run 7.2-amd64 --build -- .venv/bin/python -m
+vm.experiments.class_split [options]``; ``kbpctl bench vm --scenario class-split -- --help``
+shows the options).
 
 The machine (conftest.build_topology): NIC0 in the init netns, its interrupts on POLL_CPU,
 the RT server there; NIC1 in netns kbppeer, interrupts on the other CPU, the RT client

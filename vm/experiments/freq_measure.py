@@ -1,6 +1,6 @@
 """Measure freq_ctl in the guest: time in each frequency, idle and under bursts (not a test).
 
-    python3 -m vm run 6.12-amd64 --build -- .venv/bin/python -m vm.experiments.freq_measure
+    kbpctl bench vm --flavour 6.12-amd64 --scenario freq
 
 Uses the test cpufreq driver (vm/testdata/kbp_test_cpufreq) and the cpufreq core's own
 statistics (stats/time_in_state, in 10 ms units; stats/total_trans).

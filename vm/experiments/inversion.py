@@ -3,15 +3,16 @@
 Runs in a guest of the VM rig (as root); prints one JSON document on stdout (the last line,
 prefixed ``INVERSION-RESULT ``).  From the repository root on the host:
 
-    mkdir -p /tmp/inv && python3 -m vm run 6.12-rt-amd64 --build --out /tmp/inv \\
-        --env PYTHONPATH=$PWD/src \\
-        --qemu-arg=-netdev --qemu-arg=hubport,id=n2,hubid=0 \\
-        --qemu-arg=-device --qemu-arg=virtio-net-pci,netdev=n2,mac=52:54:00:4b:50:02 \\
-        -- .venv/bin/python -m vm.experiments.inversion run --no-parse --seconds 12 \\
+    kbpctl bench vm --flavour 6.12-rt-amd64 --scenario inversion --out /tmp/inv \\
+        --no-parse --seconds 12 \\
         --configs busy:51:shared,busy:50:shared,hybrid:50:shared,hybrid:51:shared
     .venv/bin/python -m vm.experiments.inversion parse /tmp/inv --table   # on the host
 
-The ``--qemu-arg`` pair adds a third NIC on the rig's hub (MAC :02), which the script puts in
+(``python3 -m vm run 6.12-rt-amd64 --build --out /tmp/inv --env PYTHONPATH=$PWD/src
+--qemu-arg=-netdev --qemu-arg=hubport,id=n2,hubid=0 --qemu-arg=-device
+--qemu-arg=virtio-net-pci,netdev=n2,mac=52:54:00:4b:50:02 -- .venv/bin/python -m
+vm.experiments.inversion run ...`` by hand.)  The ``--qemu-arg`` pair adds a third NIC on
+the rig's hub (MAC :02), which the script puts in
 netns kbpflood to send the flood; without it the flood leaves through NIC0, whose TX
 completions kbp's poller then polls and whose TX queue lock the poller then shares with the
 flood sender.  Without ``--no-parse`` the guest prints the figures itself (slow under TCG).

@@ -29,7 +29,7 @@ say which path does less emulated work, not what a KVM host would see. Counts (i
 softirqs, copies) and host CPU seconds are real. On a KVM host run it unchanged with
 ``--accel kvm``. Usage (repository root, root, a quiet machine: it is a timing run)::
 
-    .venv/bin/python -m vm.experiments.outsource_rtt --flavour 6.12-amd64 --reps 3 \\
+    kbpctl bench vm --scenario outsource-rtt --flavour 6.12-amd64 --reps 3 \\
         --seconds 10 --out out/outsource-rtt
 
 Without the BPF policy (``kbpctl outsource``) the outsourced server cannot be an unmodified

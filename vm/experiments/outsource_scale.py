@@ -44,7 +44,7 @@ paper's RT VMs have one vCPU) the ``kbp`` mode's poller shares the one vCPU with
 server and iperf3 (with 2 it gets CPU 1, the server CPU 0). On a KVM host run it unchanged
 with ``--accel kvm``. Usage (repository root, root, a quiet machine: it is a timing run)::
 
-    .venv/bin/python -m vm.experiments.outsource_scale --flavour 6.12-amd64 \\
+    kbpctl bench vm --scenario outsource-scale --flavour 6.12-amd64 \\
         --guests 1,2,4 --reps 3 --seconds 10 --out out/outsource-scale
     .venv/bin/python -m vm.experiments.outsource_scale render out/outsource-scale/results.json
 

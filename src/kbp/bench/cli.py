@@ -52,7 +52,12 @@ DEV_B (the server's, the one each mode serves) are moved into the benchmark's na
 server port's interrupts affined to the RT CPU and the tester port's to the tester's CPU; the
 flood keeps its veth pair.  Both ports are put back afterwards (name, addresses, MTU, state,
 IRQ affinity), from a journal if the benchmark was killed.  In the VM rig:
-``python -m kbp.bench vm --nic-pair --scenario shared-cpu ...`` uses its two virtio NICs.
+``kbpctl bench vm --nic-pair --scenario shared-cpu ...`` uses its two virtio NICs.
+
+The VM rig (``kbpctl bench vm [--flavour KERNEL] --scenario NAME ...``, from a checkout): a
+scenario above inside a QEMU guest with kbp.ko loaded (the module's modes; timings
+emulated), or one of the rig's experiments by name (class-split, inversion, freq,
+outsource-rtt, outsource-scale); ``kbpctl bench vm --help`` lists them.
 """
 
 from __future__ import annotations
@@ -527,36 +532,12 @@ def run_report(a: argparse.Namespace) -> int:
 
 # -- the VM rig -----------------------------------------------------------------------------
 def run_vm(argv: list[str]) -> int:
-    """Run the benchmark inside the VM rig's guest, with kbp.ko loaded (module modes).
-
-    ``python -m kbp.bench vm [--flavour F] [--out DIR] [bench options]``: boots F under QEMU
-    (TCG), loads kbp.ko and veth, and runs ``python -m kbp.bench --emulated`` there with the
-    other options; results land in DIR on the host.  Timings are emulated: use these runs for
-    what the modes do (counters, CPU time, loss, kernel-side event counts), not for latency."""
-    vp = argparse.ArgumentParser(prog="python -m kbp.bench vm", add_help=True)
-    vp.add_argument("--flavour", default="6.12-amd64")
-    vp.add_argument("--out", type=Path, default=None)
-    vp.add_argument("--timeout", type=int, default=3600)
-    vp.add_argument("--smp", type=int, default=2, metavar="N",
-                    help="the guest's vCPUs (default 2; 4 gives every role its own CPU)")
-    vp.add_argument("--nic-pair", action="store_true",
-                    help="carry the RT flow over the rig's two hub-joined virtio NICs (tester: "
-                         "$KBP_NIC1, server: $KBP_NIC0): real virtio interrupts, so busy and "
-                         "hybrid meet the shared-cpu contention too")
-    a, rest = vp.parse_known_args(argv)
-    out = (a.out or runner.default_out_dir().with_name(
-        runner.default_out_dir().name + "-vm")).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    inner = shlex.join([".venv/bin/python", "-m", "kbp.bench", "--emulated", *rest]) + \
-        ' --out "$KBP_OUT"' + (' --nic-pair "$KBP_NIC1,$KBP_NIC0"' if a.nic_pair else "")
-    # the guest runs the kbp this command runs (a worktree's, not the venv's editable one)
-    src = Path(__file__).resolve().parents[2]
-    cmd = [sys.executable, "-m", "vm", "run", a.flavour, "--build", "--out", str(out),
-           "--timeout", str(a.timeout), "--smp", str(a.smp), "--env", f"PYTHONPATH={src}",
-           "--",
-           "sh", "-c", f'insmod "$KBP_KO" && modprobe veth && {inner}']
-    print(f"running: {shlex.join(cmd)}", file=sys.stderr)
-    return subprocess.run(cmd).returncode
+    """``kbpctl bench vm`` / ``python -m kbp.bench vm``: a bench scenario inside a rig guest
+    with kbp.ko loaded, or one of the rig's experiments by name (kbp.bench.rig)."""
+    from kbp.bench import rig
+    known = {name: scen.title for name, scen in scenarios.all_scenarios().items()}
+    default = runner.default_out_dir()
+    return rig.run(argv, known, default.with_name(default.name + "-vm"))
 
 
 # -- entry points -------------------------------------------------------------------------------

@@ -115,6 +115,11 @@ def test_rt_and_non_rt_pollers_share_a_cpu(kmod, flow: Flow) -> None:
         assert_in_order(dev)
 
 
+# long: bpftrace enables the sched and net tracepoints while both pollers run, which patches
+# kernel text under QEMU TCG's stale-int3 race (vm/README.md, "Oops: int3"): in CI it took
+# the 6.12 suite down in 3 of 5 boots (int3 in __schedule, then in kbp_poll_napi's
+# tracepoint site), twice in a row once; make test-vm-all runs it.
+@pytest.mark.long
 def test_status_trace_on_the_modules_pollers(kmod, flow: Flow) -> None:
     """kbpctl status --trace on kbp.ko's two pollers of one CPU (kbp/N rt on the NIC, kbpn/N
     non-rt on the test NIC at 2000 frames/s): the rt poller's wake-ups are traced and each

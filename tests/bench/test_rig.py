@@ -40,6 +40,7 @@ def test_guest_experiment_runs_its_module_in_one_guest_with_the_options_passed_o
                     "--quotas", "1,8"])
     assert cmd[:5] == [sys.executable, "-m", "vm", "run", "7.2-amd64"]
     assert cmd[cmd.index("--out") + 1] == "/o"
+    assert cmd[cmd.index("--smp") + 1] == "2" and cmd[cmd.index("--timeout") + 1] == "3600"
     assert f"PYTHONPATH={ROOT / 'src'}" in cmd
     tail = cmd[cmd.index("--") + 1:]
     assert tail == [".venv/bin/python", "-m", "vm.experiments.class_split", "--reps", "3",
@@ -92,7 +93,9 @@ def test_bench_scenario_runs_kbp_bench_in_the_guest_with_kbp_ko() -> None:
 
 @pytest.mark.parametrize(("argv", "text"), [
     (["--scenario", "class-split", "--nic-pair"], "--nic-pair is the bench scenarios'"),
-    (["--scenario", "outsource-rtt", "--smp", "4"], "--smp is for one guest"),
+    (["--scenario", "outsource-rtt", "--smp", "4"], "--smp: for one guest"),
+    (["--scenario", "outsource-scale", "--smp", "2", "--timeout", "60"],
+     "--smp and --timeout: for one guest"),
 ])
 def test_refusals_say_why(argv: list[str], text: str) -> None:
     with pytest.raises(rig.RigError, match=text):

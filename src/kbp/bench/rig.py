@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 #: the third NIC on the rig's hub (MAC :02) that the inversion experiment floods from
+#: one guest's vCPUs and timeout (s) unless told otherwise
+GUEST_SMP, GUEST_TIMEOUT = 2, 3600
+
 _FLOOD_NIC = ("-netdev", "hubport,id=n2,hubid=0",
               "-device", "virtio-net-pci,netdev=n2,mac=52:54:00:4b:50:02")
 
@@ -100,9 +103,11 @@ def parser(bench_scenarios: dict[str, str]) -> argparse.ArgumentParser:
                     help="a bench scenario (default: the bench's) or a rig experiment above")
     vp.add_argument("--flavour", default="6.12-amd64", help="the rig kernel (default %(default)s)")
     vp.add_argument("--out", type=Path, default=None, help="where results land on the host")
-    vp.add_argument("--timeout", type=int, default=3600, help="guest timeout, s")
-    vp.add_argument("--smp", type=int, default=2, metavar="N",
-                    help="the guest's vCPUs (default 2; 4 gives every role its own CPU)")
+    vp.add_argument("--timeout", type=int, default=None, metavar="S",
+                    help=f"the guest's timeout (default {GUEST_TIMEOUT} s)")
+    vp.add_argument("--smp", type=int, default=None, metavar="N",
+                    help=f"the guest's vCPUs (default {GUEST_SMP}; 4 gives every role its own "
+                         "CPU)")
     vp.add_argument("--nic-pair", action="store_true",
                     help="bench scenarios: carry the RT flow over the rig's two hub-joined "
                          "virtio NICs (tester: $KBP_NIC1, server: $KBP_NIC0): real virtio "
@@ -112,7 +117,8 @@ def parser(bench_scenarios: dict[str, str]) -> argparse.ArgumentParser:
 
 def _vm_run(a: argparse.Namespace, out: Path, src: Path, qemu: tuple[str, ...]) -> list[str]:
     return [sys.executable, "-m", "vm", "run", a.flavour, "--build", "--out", str(out),
-            "--timeout", str(a.timeout), "--smp", str(a.smp), "--env", f"PYTHONPATH={src}",
+            "--timeout", str(a.timeout or GUEST_TIMEOUT), "--smp", str(a.smp or GUEST_SMP),
+            "--env", f"PYTHONPATH={src}",
             *(f"--qemu-arg={q}" for q in qemu), "--"]
 
 
@@ -132,9 +138,11 @@ def command(a: argparse.Namespace, rest: list[str], out: Path, root: Path) -> li
     mod = ["-m", f"vm.experiments.{exp.module}", *exp.verb]
     if exp.where == "guest":
         return [*_vm_run(a, out, src, exp.qemu), ".venv/bin/python", *mod, *rest]
-    if a.smp != 2:
-        raise RigError(f"--smp is for one guest; {a.scenario} boots its own guests (see its "
-                       "--vcpus)")
+    given = [o for o, v in (("--smp", a.smp), ("--timeout", a.timeout)) if v is not None]
+    if given:
+        raise RigError(f"{' and '.join(given)}: for one guest; {a.scenario} boots its own "
+                       f"guests and sizes them itself: kbpctl bench vm --scenario {a.scenario} "
+                       "-- --help")
     return [sys.executable, *mod, "--flavour", a.flavour, "--out", str(out), *rest]
 
 

@@ -37,8 +37,10 @@ from pyroute2.netlink import (
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.generic import GenericNetlinkSocket
 
-from kbp.errors import InvalidInput, OperationFailed
+from kbp import sysinfo
+from kbp.errors import InvalidInput, KbpctlError, OperationFailed
 from kbp.genlctrl import CTRL_CMD_GETPOLICY, ctrlmsg
+from kbp.sysinfo import HOST, Host
 from kbp.system import access
 
 if TYPE_CHECKING:
@@ -425,6 +427,81 @@ def link_names(netns: str | None = None) -> list[str]:
     check_netns(netns)
     with _iproute(netns) as ipr:
         return [str(m.get_attr("IFLA_IFNAME")) for m in ipr.get_links()]
+
+
+def _ns_id(path: Path) -> tuple[int, int] | None:
+    """The identity (device, inode) of the network namespace a nsfs file names."""
+    try:
+        st = os.stat(path)
+    except OSError:   # gone, or a process whose namespaces we may not see
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _proc_net_dev_names(text: str) -> list[str]:
+    """The device names of a /proc/PID/net/dev (two header lines, then ``NAME: counters``)."""
+    return [line.partition(":")[0].strip() for line in text.splitlines()[2:] if ":" in line]
+
+
+def devices_elsewhere(netns: str | None, host: Host = HOST,
+                      netns_dir: Path = NETNS_DIR) -> dict[str, list[str]]:
+    """The device names of every network namespace other than ``netns`` (None: ours) that
+    this machine shows, by a label: ``netns NAME`` for those ``ip netns`` names, ``the netns
+    of pid N (COMM)`` for the others, found through each process's /proc/PID/ns/net and read
+    from its /proc/PID/net/dev.
+
+    Best effort by nature: a namespace no process holds and ``ip netns`` does not name is
+    invisible, and without root another user's processes' namespaces are too (so is every
+    namespace outside our pid namespace: the node agent runs with hostPID for this)."""
+    own = _ns_id(netns_dir / netns if netns else host.proc / "self/ns/net")
+    seen = {own}
+    out: dict[str, list[str]] = {}
+    try:
+        named = sorted(os.listdir(netns_dir))
+    except OSError:
+        named = []
+    for name in named:
+        nid = _ns_id(netns_dir / name)
+        if nid is None or nid in seen:
+            continue
+        with contextlib.suppress(OSError, NetlinkError, KbpctlError):  # else: by its pids
+            out[f"netns {name}"] = link_names(name)
+            seen.add(nid)
+    for pid in sorted(int(d) for d in os.listdir(host.proc) if d.isdigit()):
+        nid = _ns_id(host.proc / str(pid) / "ns/net")
+        if nid is None or nid in seen:
+            continue
+        seen.add(nid)
+        with contextlib.suppress(OSError):
+            names = _proc_net_dev_names((host.proc / str(pid) / "net/dev").read_text())
+            comm = (host.proc / str(pid) / "comm").read_text().strip()
+            out[f"the netns of pid {pid} ({comm})"] = names
+    return out
+
+
+def same_named_elsewhere(dev: str, netns: str | None, host: Host = HOST,
+                         collide: Callable[[str, str], bool] = sysinfo.napi_names_collide,
+                         netns_dir: Path = NETNS_DIR) -> list[str]:
+    """The other network namespaces (labels of :func:`devices_elsewhere`) holding a device
+    whose NAPI threads' names :func:`kbp.sysinfo.find_napi_threads` would take for ``dev``'s
+    (``collide``: :func:`kbp.sysinfo.irq_names_collide` for queue IRQs' names instead).
+
+    A NAPI thread's name (``napi/<dev>-<id>``) says nothing of its device's namespace, so
+    before Linux 6.9 (no netdev napi-get, which gives each NAPI's thread) the threads of a
+    container's ``eth0`` and the host's ``eth0`` cannot be told apart; nor can the queue IRQs
+    of two same-named devices without MSI IRQs in sysfs. Whoever changes a thread or IRQ
+    found by name asks this first, and refuses when it is not empty."""
+    return [label for label, names in devices_elsewhere(netns, host, netns_dir).items()
+            if any(collide(dev, other) for other in names)]
+
+
+def napi_threads_by_name(dev: str, netns: str | None, host: Host = HOST
+                         ) -> tuple[list[sysinfo.TaskStat], list[str]]:
+    """``dev``'s NAPI threads found by name (kernels without napi-get), and the other
+    namespaces whose same-named devices make the name ambiguous: when there are any, no
+    thread is returned (each may be theirs)."""
+    others = same_named_elsewhere(dev, netns, host)
+    return ([] if others else sysinfo.find_napi_threads(dev, host)), others
 
 
 def list_links(netns: str | None = None) -> list[Link]:

@@ -29,13 +29,14 @@ MISPLACED: Final = "misplaced"                  # a NAPI served on another CPU t
 PERIODIC_SERVICE: Final = "periodic_service"    # the stock search service never ran or died
 RPS_ON: Final = "rps_on"                        # RPS came back on
 PREEMPT: Final = "preempt"                      # the preemption model limits an RT poller
+AMBIGUOUS_NAME: Final = "ambiguous_name"        # NAPI threads by name, another netns's too
 OTHER: Final = "other"                          # none of the above
 
 #: every kind, in the order kbp_problems{kind} lists them
 KINDS: Final = (INTERRUPTED, DEVICE_GONE, NEEDS_ROOT, MODULE_NOT_LOADED, MODULE_SILENT,
                 DETACHED, DEVICE_DOWN, NO_NAPI, NOT_THREADED, NO_THREAD, SCHED_DRIFT,
                 PERIODIC_DRIFT, POLLER_STUCK, MISPLACED, PERIODIC_SERVICE, RPS_ON, PREEMPT,
-                OTHER)
+                AMBIGUOUS_NAME, OTHER)
 
 
 @dataclass(frozen=True)

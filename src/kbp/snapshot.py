@@ -19,7 +19,7 @@ from typing import Any
 
 from kbp import sysinfo
 from kbp.errors import InvalidInput
-from kbp.netdev import NetdevClient, NetFS, clients, get_link
+from kbp.netdev import NetdevClient, NetFS, clients, get_link, napi_threads_by_name
 from kbp.sysinfo import HOST, Host
 from kbp.system import journal
 from kbp.system.journal import MISSING
@@ -40,8 +40,8 @@ def device(dev: str, netns: str | None, client: Callable[[str | None], NetdevCli
     fs = NetFS(netns)
     napis = tuple(client(netns).napis(link.ifindex))
     pids = {n.pid for n in napis if n.pid}
-    if not napis:  # no napi-get: threads by name (may include same-named devices elsewhere)
-        pids |= {t.pid for t in sysinfo.find_napi_threads(dev, host)}
+    if not napis:  # no napi-get: threads by name, none when another netns's could match
+        pids |= {t.pid for t in napi_threads_by_name(dev, netns, host)[0]}
     tasks = tuple(t for p in sorted(pids) if (t := sysinfo.task_id(p, host)) is not None)
     irqs = {n.irq for n in napis if n.irq is not None}
     irqs |= {q.irq for q in sysinfo.device_irqs(dev, fs.msi_irqs(dev) or None, host)}

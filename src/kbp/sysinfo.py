@@ -203,20 +203,34 @@ def napi_thread_name(dev: str, napi_id: int) -> str:
     return f"napi/{dev}-{napi_id}"
 
 
+def napi_comm_matches(comm: str, dev: str) -> bool:
+    """Whether a kthread named ``comm`` may be a NAPI thread of ``dev``: ``napi/<dev>-<id>``,
+    or that name cut to the 15 characters a task name keeps."""
+    prefix = f"napi/{dev}-"
+    full = comm.startswith(prefix) and comm[len(prefix):].isdigit()
+    cut = len(comm) == TASK_COMM_LEN - 1 and prefix.startswith(comm)
+    return full or cut
+
+
+def napi_names_collide(dev: str, other: str) -> bool:
+    """Whether NAPI threads of a device named ``other`` can carry a name that
+    :func:`find_napi_threads` takes for ``dev``'s (the same name, or a name whose threads'
+    names are cut to the same 15 characters, or one like ``<dev>-123`` whose ``-<id>`` tail
+    is cut off). Only the number of digits of a NAPI id matters to the match."""
+    names = (napi_thread_name(other, int("1" * n)) for n in range(1, 11))
+    return any(napi_comm_matches(name, dev) or napi_comm_matches(name[:TASK_COMM_LEN - 1], dev)
+               for name in names)
+
+
 def find_napi_threads(dev: str, host: Host = HOST) -> list[TaskStat]:
     """Threaded-NAPI kthreads whose name says they serve ``dev`` (``napi/<dev>-<id>``).
 
     Names are global, so the same device name in two namespaces is ambiguous; the netdev
-    netlink family's napi-get pid (Linux 6.9+) is exact and preferred over this.
+    netlink family's napi-get pid (Linux 6.9+) is exact and preferred over this, and
+    :func:`kbp.netdev.napi_thread_owners` says when the name is not enough.
     """
-    prefix = f"napi/{dev}-"
-    found = []
-    for st in kthreads(host):
-        full = st.comm.startswith(prefix) and st.comm[len(prefix):].isdigit()
-        cut = len(st.comm) == TASK_COMM_LEN - 1 and prefix.startswith(st.comm)
-        if full or cut:
-            found.append(st)
-    return sorted(found, key=lambda s: s.pid)
+    return sorted((st for st in kthreads(host) if napi_comm_matches(st.comm, dev)),
+                  key=lambda s: s.pid)
 
 
 # -- other tasks on a polling CPU -------------------------------------------------------
@@ -476,6 +490,13 @@ def device_irqs(dev: str, msi: Iterable[int] | None, host: Host = HOST) -> list[
                 found.append((int(m.group(1)), Irq(i, action.strip())))
                 break
     return [q for _, q in sorted(found, key=lambda t: (t[0], t[1].irq))]
+
+
+def irq_names_collide(dev: str, other: str) -> bool:
+    """Whether queue IRQs of a device named ``other`` can carry an action name that
+    :func:`device_irqs` takes for ``dev``'s (``other`` is ``dev``, or ``dev`` and a
+    separator then more: ``eth1-vf0``'s ``eth1-vf0-TxRx-0``)."""
+    return other == dev or re.match(rf"^{re.escape(dev)}[-_:.@]", other) is not None
 
 
 def read_irq_affinity(irq: int, host: Host = HOST) -> str:

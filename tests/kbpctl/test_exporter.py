@@ -34,6 +34,7 @@ from kbp.backends import (
     preempt_notes,
 )
 from kbp.backends import kmod as kmod_backend
+from kbp.backends import stock as stock_backend
 from kbp.backends.kmod import KmodBackend, periodic_drift
 from kbp.backends.stock import StockBackend
 from kbp.errors import EXIT_FAILED, EXIT_USAGE
@@ -248,6 +249,7 @@ def test_problem_kinds_of_the_sentences_status_writes(tmp_path: Path) -> None:
         "periodic_service": periodicd.describe(tmp_path, rec(periodic={"interval_us": None}))[1],
         "rps_on": [rps.drift_problem("x", rps.Rps([rps.RpsQueue("rx-0", "3", 0)], 0))],
         "no_napi": st._problems(rec(), DeviceStatus("x", None, 1, None, "stock")),
+        "ambiguous_name": [stock_backend.ambiguous_threads_problem("x", ["netns blue"])],
     }
     interrupted = rec()
     interrupted.complete = False

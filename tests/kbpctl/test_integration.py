@@ -252,6 +252,86 @@ def test_older_kernel_paths(bed: Bed, features: str) -> None:
     assert bed.snap() == before
 
 
+@contextlib.contextmanager
+def same_named_elsewhere(dev: str, threaded: bool = True) -> Iterator[str]:
+    """Another netns (a container's, say) with a veth named ``dev`` too, GRO on (so it has
+    a NAPI) and, with ``threaded``, its NAPI thread ``napi/<dev>-<id>`` running."""
+    ns = f"kbpdup{os.getpid()}"
+    access.cmd(["ip", "netns", "add", ns])
+    try:
+        access.cmd(["ip", "link", "add", dev, "netns", ns, "type", "veth", "peer", "name",
+                    "kbpdupp0", "netns", ns])
+        for d in (dev, "kbpdupp0"):
+            access.cmd(["ethtool", "-K", d, "gro", "on"], ns=ns)
+            access.cmd(["ip", "link", "set", d, "up"], ns=ns)
+        if threaded:
+            access.write(access.net_path(dev, "threaded"), "1", ns=ns)
+        yield ns
+    finally:
+        access.cmd(["ip", "netns", "del", ns], check=False)
+
+
+def test_threads_by_name_refused_when_another_netns_has_the_name(bed: Bed) -> None:
+    """Without netdev napi-get (before 6.9; forced here with KBP_STOCK_FEATURES=legacy) a
+    NAPI thread is known only by its name, napi/<dev>-<id>, which another netns's device of
+    the same name shares: enable refuses, before changing anything, rather than make that
+    namespace's thread SCHED_FIFO and pin it (it did, when the device was threaded already);
+    status names the ambiguity and lists neither thread; with the other device gone, enable
+    finds its one thread."""
+    s, dev = bed.tb.server, bed.link.dev_b
+    legacy = {"KBP_STOCK_FEATURES": "legacy"}
+    access.write(access.net_path(dev, "threaded"), "1", ns=s)   # its thread exists already
+    (ours,) = sysinfo.find_napi_threads(dev)          # by name: before the other comes
+    with same_named_elsewhere(dev) as other:
+        theirs = [t for t in sysinfo.find_napi_threads(dev) if t.pid != ours.pid]
+        assert len(theirs) == 1, theirs
+        was = sysinfo.get_sched(theirs[0].pid)
+        _refused(bed, ["enable", dev, "--netns", s, "--cpus", "1"], 69,
+                 f"{dev}'s NAPI threads can only be found by name (napi/{dev}-<id>) on this "
+                 f"kernel, which has no netdev napi-get (Linux 6.9), and netns {other} has a "
+                 "device whose threads carry the same names; kbpctl does not change another "
+                 "namespace's threads: use the kbp module (--backend kmod)", env=legacy)
+        assert sysinfo.get_sched(theirs[0].pid) == was
+        assert sysinfo.get_sched(ours.pid).policy == "SCHED_OTHER"
+        st = json.loads(bed.kbpctl("status", "--json", "--netns", s, dev, env=legacy).stdout)
+        d = device_status(st, dev)
+        assert d["napis"] == [] and len(d["problems"]) == 1, d
+        assert f"netns {other} has a device whose threads carry the same names: status " \
+            f"shows none of them, and 'kbpctl enable {dev}' refuses it" in d["problems"][0]
+    bed.kbpctl("enable", dev, "--netns", s, "--cpus", "1", env=legacy)
+    s_ = sysinfo.get_sched(ours.pid)
+    assert (s_.policy, s_.cpus) == ("SCHED_FIFO", [1])
+    d = device_status(json.loads(bed.kbpctl("status", "--json", env=legacy).stdout), dev)
+    assert [n["thread"]["pid"] for n in d["napis"]] == [ours.pid] and d["problems"] == []
+    bed.kbpctl("disable", dev, "--netns", s)
+
+
+def test_threads_by_name_refused_when_the_name_comes_during_enable(bed: Bed) -> None:
+    """The same name arriving in another netns after the first check: enable checks again
+    once the threads are there, refuses and rolls back."""
+    s, dev = bed.tb.server, bed.link.dev_b
+    before = bed.snap()
+    env = {**bed.env, "KBP_STOCK_FEATURES": "legacy", "KBP_TEST_PAUSE_AFTER_STEP": "1"}
+    p = subprocess.Popen([*KBPCTL, "enable", dev, "--netns", s, "--cpus", "1"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_stopped(p.pid)      # threaded NAPI turned on, its thread not looked for yet
+        with same_named_elsewhere(dev) as other:
+            os.kill(p.pid, signal.SIGCONT)
+            _, err = p.communicate(timeout=60)
+            theirs = [t for t in sysinfo.find_napi_threads(dev)
+                      if sysinfo.get_sched(t.pid).policy != "SCHED_OTHER"]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate(timeout=30)
+    assert p.returncode != 0, err
+    assert f"netns {other} has a device whose threads carry the same names" in err, err
+    assert "every change was rolled back" in err, err
+    assert theirs == []
+    assert bed.snap() == before and bed.journals() == []
+
+
 def test_two_queues_round_robin(bed: Bed) -> None:
     """A veth with two RX queues has two NAPIs: --cpus 0-1 puts one thread on each."""
     c, s = bed.tb.client, bed.tb.server

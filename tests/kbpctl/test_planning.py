@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kbp import config, sysinfo
+from kbp import config, netdev, sysinfo
 from kbp.backends import kmod as kmod_backend
 from kbp.backends import stock
 from kbp.errors import InvalidInput, Unavailable
@@ -14,6 +14,94 @@ from kbp.netdev import Link
 from kbp.system.journal import Change, Record
 
 from .conftest import make_host
+
+
+def _net_dev(*names: str) -> str:
+    head = "Inter-|   Receive |  Transmit\n face |bytes    packets|bytes    packets\n"
+    return head + "".join(f"{n:>6}: 0 0 0 0\n" for n in names)
+
+
+def test_same_named_elsewhere_by_each_netns_once(tmp_path: Path) -> None:
+    """The other network namespaces come from every process's /proc/PID/ns/net (one read
+    of /proc/PID/net/dev per namespace) and from ip netns's names; ours is left out, and a
+    namespace is named after the first that shows it."""
+    host = make_host(tmp_path)
+    nsdir = tmp_path / "run-netns"
+    nsdir.mkdir()
+    ours, theirs, third = (tmp_path / f"ns{i}" for i in range(3))
+    for f in (ours, theirs, third):
+        f.write_text("")
+    (host.proc / "self/ns").mkdir(parents=True)
+    (host.proc / "self/ns/net").hardlink_to(ours)
+    procs = {1: (ours, "systemd", ("lo", "eth0")), 40: (theirs, "nginx", ("lo", "eth0")),
+             41: (theirs, "nginx", ("lo", "eth0")), 50: (third, "app", ("lo", "verylongname7")),
+             60: (tmp_path / "gone", "x", ())}
+    for pid, (ns, comm, devs) in procs.items():
+        d = host.proc / str(pid)
+        (d / "ns").mkdir(parents=True)
+        (d / "net").mkdir()
+        if ns.exists():
+            (d / "ns/net").hardlink_to(ns)
+        (d / "net/dev").write_text(_net_dev(*devs))
+        (d / "comm").write_text(comm + "\n")
+    assert netdev.devices_elsewhere(None, host, nsdir) == {
+        "the netns of pid 40 (nginx)": ["lo", "eth0"],
+        "the netns of pid 50 (app)": ["lo", "verylongname7"]}
+    assert netdev.same_named_elsewhere("eth0", None, host, netns_dir=nsdir) == \
+        ["the netns of pid 40 (nginx)"]
+    assert netdev.same_named_elsewhere("verylongname0", None, host, netns_dir=nsdir) == \
+        ["the netns of pid 50 (app)"]                 # napi/verylongna... either way
+    assert netdev.same_named_elsewhere("eth1", None, host, netns_dir=nsdir) == []
+    (nsdir / "blue").hardlink_to(theirs)   # a name ip netns cannot enter: found by its pids
+    assert "the netns of pid 40 (nginx)" in netdev.devices_elsewhere(None, host, nsdir)
+    threads, others = netdev.napi_threads_by_name("eth0", None, host)
+    assert threads == [] and "the netns of pid 40 (nginx)" in others
+
+
+class _NoMsi:
+    def __init__(self, msi: list[int]) -> None:
+        self.msi = msi
+
+    def msi_irqs(self, dev: str) -> list[int]:
+        return self.msi
+
+
+def test_queue_irqs_by_name_refused_when_another_netns_has_the_name(tmp_path: Path) -> None:
+    """A device without MSI IRQs in sysfs has its queue IRQs looked for by name among all of
+    /proc/interrupts: with a device of the same name in another netns, whose IRQs those may
+    be, the stock backend refuses to move them; among the device's own MSI IRQs the name is
+    exact."""
+    host = make_host(tmp_path)
+    (host.proc / "interrupts").write_text(
+        "           CPU0       CPU1\n"
+        " 40:          1          0  PCI-MSIX  1-edge      eth7-rx-0\n"
+        " 41:          1          0  PCI-MSIX  2-edge      eth7-rx-1\n")
+    (host.proc / "self/ns").mkdir(parents=True)
+    (host.proc / "self/ns/net").write_text("")
+    d = host.proc / "70"
+    (d / "ns").mkdir(parents=True)
+    (d / "net").mkdir()
+    (d / "ns/net").write_text("")                     # another namespace
+    (d / "net/dev").write_text(_net_dev("lo", "eth8"))
+    (d / "comm").write_text("app\n")
+    be = stock.StockBackend(host=host)
+    assert be._queue_irqs_by_name(_NoMsi([]), "eth7", None) == [40, 41]
+    (d / "net/dev").write_text(_net_dev("lo", "eth7"))
+    with pytest.raises(Unavailable, match=r"eth7 lists no MSI IRQs in sysfs, so its queue IRQs "
+                       r"can only be found by name in /proc/interrupts \(IRQ 40, 41\), and the "
+                       r"netns of pid 70 \(app\) has a device whose IRQs can carry such names"):
+        be._queue_irqs_by_name(_NoMsi([]), "eth7", None)
+    assert be._queue_irqs_by_name(_NoMsi([41]), "eth7", None) == [41]
+
+
+def test_thread_and_irq_names_that_collide() -> None:
+    collide = sysinfo.napi_names_collide
+    assert collide("eth0", "eth0") and not collide("eth0", "eth1")
+    assert not collide("eth1", "eth10") and not collide("eth0", "eth0-1")
+    assert collide("eth0", "eth0-123456")      # napi/eth0-123456-7 cut: napi/eth0-12345
+    assert collide("verylongname0", "verylongname1") and not collide("verylongname0", "verylongnb")
+    irqs = sysinfo.irq_names_collide
+    assert irqs("eth1", "eth1") and irqs("eth1", "eth1-vf0") and not irqs("eth1", "eth10")
 
 
 def test_plan_threaded_per_napi_and_sysfs() -> None:

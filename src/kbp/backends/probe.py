@@ -8,7 +8,8 @@ after each run).  These two calls read just that::
     c0 = poller_counters("stock", threads, cpus=[1])             # names.POLLER_COUNTERS
 
 * ``stock``: the device's threaded-NAPI kthreads (netdev napi-get's pid where the kernel
-  reports it, else by name ``napi/<dev>-<id>``); counters from the scheduler: ``poll_ns``
+  reports it, else by name ``napi/<dev>-<id>``, none when another netns has a same-named
+  device); counters from the scheduler: ``poll_ns``
   (run time) and ``sleeps`` (voluntary context switches), as ``kbpctl status`` shows them.
 * ``kmod``: the module's pollers ``kbp/<cpu>`` (``kbpn/<cpu>`` in class non-rt) on the CPUs
   that poll the device (or ``cpu``); counters as the module reports them.
@@ -76,7 +77,7 @@ def _kmod_threads(dev: str, netns: str | None, cpu: int | None) -> dict[int, str
 
 
 def _stock_threads(dev: str, netns: str | None) -> dict[int, str]:
-    from kbp.netdev import NetdevClient, get_link
+    from kbp.netdev import NetdevClient, get_link, napi_threads_by_name
     pids: set[int] = set()
     with contextlib.suppress(Exception):       # napi-get is 6.9+; fall back to names
         link = get_link(dev, netns)
@@ -88,6 +89,6 @@ def _stock_threads(dev: str, netns: str | None) -> dict[int, str]:
         st = sysinfo.read_stat(pid)
         if st is not None:
             out[pid] = st.comm
-    if not out:
-        out = {t.pid: t.comm for t in sysinfo.find_napi_threads(dev)}
+    if not out:  # by name, none when another netns's same-named device could match
+        out = {t.pid: t.comm for t in napi_threads_by_name(dev, netns)[0]}
     return out

@@ -89,9 +89,12 @@ from kbp.netdev import (
     check_netns,
     get_link,
     list_links,
+    napi_threads_by_name,
     probe_napi_sysfs,
+    same_named_elsewhere,
 )
 from kbp.problems import (
+    AMBIGUOUS_NAME,
     DEVICE_GONE,
     INTERRUPTED,
     NEEDS_ROOT,
@@ -377,6 +380,38 @@ def no_napi_message(dev: str, link: Link, netns: str | None) -> str:
     return f"{dev} has no NAPI instance ({what} not use NAPI): kbp serves NAPI devices only"
 
 
+def _where(others: Sequence[str]) -> str:
+    return ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+
+
+def ambiguous_threads_message(dev: str, others: Sequence[str], status: bool = False) -> str:
+    """Why a device's NAPI threads cannot be found on a kernel without napi-get (``status``:
+    as ``kbpctl status`` says it; else as ``enable`` refuses)."""
+    fact = (f"{dev}'s NAPI threads can only be found by name (napi/{dev}-<id>) on this "
+            f"kernel, which has no netdev napi-get (Linux 6.9), and {_where(others)} "
+            f"{'has' if len(others) == 1 else 'have'} a device whose threads carry the same "
+            "names")
+    if status:
+        return f"{fact}: status shows none of them, and 'kbpctl enable {dev}' refuses it"
+    return (f"{fact}; kbpctl does not change another namespace's threads: use the kbp module "
+            "(--backend kmod), or give the devices names of their own (a NAPI thread keeps "
+            "the name its device had when the thread started)")
+
+
+def ambiguous_threads_problem(dev: str, others: Sequence[str]) -> Problem:
+    """What ``kbpctl status`` says of a device whose NAPI threads' name is ambiguous."""
+    return Problem(AMBIGUOUS_NAME, ambiguous_threads_message(dev, others, status=True))
+
+
+def ambiguous_irqs_message(dev: str, irqs: Sequence[int], others: Sequence[str]) -> str:
+    """Why a device's queue IRQs found by name are not moved."""
+    return (f"{dev} lists no MSI IRQs in sysfs, so its queue IRQs can only be found by name in "
+            f"/proc/interrupts (IRQ {', '.join(map(str, irqs))}), and {_where(others)} "
+            f"{'has' if len(others) == 1 else 'have'} a device whose IRQs can carry such "
+            "names; kbpctl does not move another namespace's IRQs: give the devices names "
+            "of their own")
+
+
 # -- the backend ----------------------------------------------------------------------
 @dataclass
 class _Prep:
@@ -510,6 +545,8 @@ class StockBackend:
             has = probe
         if not has:
             raise InvalidInput(no_napi_message(dev, link, netns))
+        if not feats.napi_get:  # threads by name: only when the name is ours alone
+            self._check_named_threads(dev, netns)
         before = {t.pid for t in sysinfo.find_napi_threads(dev, self.host)}
         return _Prep(dev, netns, link, napis, rec, before)
 
@@ -596,8 +633,7 @@ class StockBackend:
             napi_irqs = [n.irq for n in napis] if napis else []
             name_irqs: list[int] = []
             if not napi_irqs or any(i is None for i in napi_irqs):
-                msi = ctx.fs(p.netns).msi_irqs(p.dev)
-                name_irqs = [q.irq for q in sysinfo.device_irqs(p.dev, msi or None, self.host)]
+                name_irqs = self._queue_irqs_by_name(ctx.fs(p.netns), p.dev, p.netns)
             run(plan_irqs(irq_targets(napi_irqs, name_irqs, thread_cpus)))
             if req.isolate:  # the other devices' interrupts off the polling CPUs
                 changes += isolate_others(ex, req, thread_cpus, self.state, self.host)
@@ -682,6 +718,8 @@ class StockBackend:
                     return napis, [s for s in stats if s is not None]
             else:
                 found = sysinfo.find_napi_threads(p.dev, self.host)
+                if found:  # again: a same-named device may have come meanwhile
+                    self._check_named_threads(p.dev, p.netns)
                 new = [t for t in found if t.pid not in p.threads_before]
                 threads = new if new else found
                 if threads:
@@ -690,6 +728,25 @@ class StockBackend:
                 raise OperationFailed(f"no NAPI thread of {p.dev} appeared after turning "
                                       "threaded NAPI on")
             time.sleep(0.05)
+
+    def _queue_irqs_by_name(self, fs: NetFS, dev: str, netns: str | None) -> list[int]:
+        """``dev``'s queue IRQs by their names (among its MSI IRQs, or else among all);
+        Unavailable when they were looked for among all and another namespace has a device
+        whose IRQs can carry such names."""
+        msi = fs.msi_irqs(dev)
+        irqs = [q.irq for q in sysinfo.device_irqs(dev, msi or None, self.host)]
+        others = same_named_elsewhere(dev, netns, self.host, sysinfo.irq_names_collide) \
+            if irqs and not msi else []
+        if others:  # any IRQ's name: each may be the other device's
+            raise Unavailable(ambiguous_irqs_message(dev, irqs, others))
+        return irqs
+
+    def _check_named_threads(self, dev: str, netns: str | None) -> None:
+        """Refuse (Unavailable) when another namespace has a device whose NAPI threads'
+        names are taken for ``dev``'s."""
+        others = same_named_elsewhere(dev, netns, self.host)
+        if others:
+            raise Unavailable(ambiguous_threads_message(dev, others))
 
     def _rollback(self, preps: list[_Prep], eff: Any) -> list[str]:
         notes = []
@@ -797,7 +854,9 @@ class StockBackend:
                     ns_.thread = thread_status(n.pid, self.host)
                 ds.napis.append(ns_)
         else:
-            for t in sorted(sysinfo.find_napi_threads(dev, self.host), key=_thread_order):
+            threads, said = self._threads_by_name(dev, ns, rec)
+            ds.problems += said
+            for t in sorted(threads, key=_thread_order):
                 ds.napis.append(NapiStatus(id=_thread_napi_id(t), thread=thread_status(
                     t.pid, self.host), counters={"packets": None, "polls": None}))
             with contextlib.suppress(KbpctlError, OSError):
@@ -817,6 +876,21 @@ class StockBackend:
             self._describe_periodic(ds, rec)
         show_rps(ds, r, rec.request if rec else None, rec.complete if rec else True)
         return ds
+
+    def _threads_by_name(self, dev: str, ns: str | None, rec: Record | None
+                         ) -> tuple[list[TaskStat], list[Problem]]:
+        """The NAPI threads of ``dev`` on a kernel without napi-get: those whose scheduling
+        ``enable`` journaled for a device kbp serves; else those found by name, none when
+        another namespace's same-named device makes the name ambiguous (a problem says so)."""
+        mine = {(c.key.get("pid"), c.key.get("starttime")) for c in rec.changes
+                if c.kind in (KIND_SCHED, KIND_AFFINITY)} if rec is not None else set()
+        if mine:  # (enable changed nothing of a thread already as asked: by name, then)
+            return [t for t in sysinfo.find_napi_threads(dev, self.host)
+                    if (t.pid, t.starttime) in mine], []
+        threads, others = napi_threads_by_name(dev, ns, self.host)
+        if not others:
+            return threads, []
+        return [], [ambiguous_threads_problem(dev, others)]
 
     def _describe_unprivileged(self, dev: str, ns: str | None, rec: Record | None
                                ) -> DeviceStatus:

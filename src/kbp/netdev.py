@@ -438,9 +438,15 @@ def _ns_id(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _proc_net_dev_names(text: str) -> list[str]:
-    """The device names of a /proc/PID/net/dev (two header lines, then ``NAME: counters``)."""
-    return [line.partition(":")[0].strip() for line in text.splitlines()[2:] if ":" in line]
+def proc_net_dev_rows(text: str) -> dict[str, list[str]]:
+    """A /proc/PID/net/dev (or /proc/net/dev) by device: its counters' fields, in the file's
+    order (two header lines, then ``NAME: counters``)."""
+    rows = {}
+    for line in text.splitlines()[2:]:
+        name, sep, rest = line.partition(":")
+        if sep:
+            rows[name.strip()] = rest.split()
+    return rows
 
 
 def devices_elsewhere(netns: str | None, host: Host = HOST,
@@ -473,7 +479,7 @@ def devices_elsewhere(netns: str | None, host: Host = HOST,
             continue
         seen.add(nid)
         with contextlib.suppress(OSError):
-            names = _proc_net_dev_names((host.proc / str(pid) / "net/dev").read_text())
+            names = list(proc_net_dev_rows((host.proc / str(pid) / "net/dev").read_text()))
             comm = (host.proc / str(pid) / "comm").read_text().strip()
             out[f"the netns of pid {pid} ({comm})"] = names
     return out

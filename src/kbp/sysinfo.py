@@ -470,6 +470,10 @@ def read_interrupts(host: Host = HOST) -> dict[int, str]:
     return out
 
 
+#: what follows the device's name in a queue IRQ's action name
+_IRQ_NAME_SEP = "[-_:.@]"
+
+
 def device_irqs(dev: str, msi: Iterable[int] | None, host: Host = HOST) -> list[Irq]:
     """The queue IRQs of ``dev``, sorted by queue number.
 
@@ -481,7 +485,7 @@ def device_irqs(dev: str, msi: Iterable[int] | None, host: Host = HOST) -> list[
     """
     names = read_interrupts(host)
     candidates: Iterable[int] = names.keys() if msi is None else msi
-    pat = re.compile(rf"^{re.escape(dev)}[-_:.@]\S*?(\d+)$")
+    pat = re.compile(rf"^{re.escape(dev)}{_IRQ_NAME_SEP}\S*?(\d+)$")
     found: list[tuple[int, Irq]] = []
     for i in candidates:
         for action in names.get(i, "").split(", "):
@@ -496,7 +500,7 @@ def irq_names_collide(dev: str, other: str) -> bool:
     """Whether queue IRQs of a device named ``other`` can carry an action name that
     :func:`device_irqs` takes for ``dev``'s (``other`` is ``dev``, or ``dev`` and a
     separator then more: ``eth1-vf0``'s ``eth1-vf0-TxRx-0``)."""
-    return other == dev or re.match(rf"^{re.escape(dev)}[-_:.@]", other) is not None
+    return other == dev or re.match(rf"^{re.escape(dev)}{_IRQ_NAME_SEP}", other) is not None
 
 
 def read_irq_affinity(irq: int, host: Host = HOST) -> str:

@@ -380,17 +380,18 @@ def no_napi_message(dev: str, link: Link, netns: str | None) -> str:
     return f"{dev} has no NAPI instance ({what} not use NAPI): kbp serves NAPI devices only"
 
 
-def _where(others: Sequence[str]) -> str:
-    return ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+def _where_has(others: Sequence[str]) -> str:
+    """``netns blue has`` / ``netns blue, netns red have`` (three named at most)."""
+    where = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+    return f"{where} {'has' if len(others) == 1 else 'have'}"
 
 
 def ambiguous_threads_message(dev: str, others: Sequence[str], status: bool = False) -> str:
     """Why a device's NAPI threads cannot be found on a kernel without napi-get (``status``:
     as ``kbpctl status`` says it; else as ``enable`` refuses)."""
     fact = (f"{dev}'s NAPI threads can only be found by name (napi/{dev}-<id>) on this "
-            f"kernel, which has no netdev napi-get (Linux 6.9), and {_where(others)} "
-            f"{'has' if len(others) == 1 else 'have'} a device whose threads carry the same "
-            "names")
+            f"kernel, which has no netdev napi-get (Linux 6.9), and {_where_has(others)} a "
+            "device whose threads carry the same names")
     if status:
         return f"{fact}: status shows none of them, and 'kbpctl enable {dev}' refuses it"
     return (f"{fact}; kbpctl does not change another namespace's threads: use the kbp module "
@@ -406,10 +407,9 @@ def ambiguous_threads_problem(dev: str, others: Sequence[str]) -> Problem:
 def ambiguous_irqs_message(dev: str, irqs: Sequence[int], others: Sequence[str]) -> str:
     """Why a device's queue IRQs found by name are not moved."""
     return (f"{dev} lists no MSI IRQs in sysfs, so its queue IRQs can only be found by name in "
-            f"/proc/interrupts (IRQ {', '.join(map(str, irqs))}), and {_where(others)} "
-            f"{'has' if len(others) == 1 else 'have'} a device whose IRQs can carry such "
-            "names; kbpctl does not move another namespace's IRQs: give the devices names "
-            "of their own")
+            f"/proc/interrupts (IRQ {', '.join(map(str, irqs))}), and {_where_has(others)} a "
+            "device whose IRQs can carry such names; kbpctl does not move another namespace's "
+            "IRQs: give the devices names of their own")
 
 
 # -- the backend ----------------------------------------------------------------------

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kbp.netdev import proc_net_dev_rows
 from kbp.system import access
 
 
@@ -44,12 +45,7 @@ def proc_net_dev(pid: int, dev: str, proc: Path = Path("/proc")) -> dict[str, in
 
 
 def parse_proc_net_dev(text: str, dev: str) -> dict[str, int] | None:
-    for line in text.splitlines()[2:]:
-        name, sep, rest = line.partition(":")
-        if not sep or name.strip() != dev:
-            continue
-        f = rest.split()
-        if len(f) < 4:
-            return None
-        return {"bytes": int(f[0]), "packets": int(f[1]), "dropped": int(f[3])}
-    return None
+    f = proc_net_dev_rows(text).get(dev)
+    if f is None or len(f) < 4:
+        return None
+    return {"bytes": int(f[0]), "packets": int(f[1]), "dropped": int(f[3])}

@@ -23,10 +23,10 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-#: the third NIC on the rig's hub (MAC :02) that the inversion experiment floods from
 #: one guest's vCPUs and timeout (s) unless told otherwise
 GUEST_SMP, GUEST_TIMEOUT = 2, 3600
 
+#: the third NIC on the rig's hub (MAC :02) that the inversion experiment floods from
 _FLOOD_NIC = ("-netdev", "hubport,id=n2,hubid=0",
               "-device", "virtio-net-pci,netdev=n2,mac=52:54:00:4b:50:02")
 

@@ -132,22 +132,38 @@ def test_hist_summary_empty() -> None:
     assert s["n"] == 0 and s["p99"] is None
 
 
-def test_mode_medians_pair_each_run_with_the_baselines_run_of_the_same_repetition() -> None:
-    """The rig's experiments' summary: per mode the median of each metric, and the median
-    of per-pair ratios to napi (a run without napi's partner gives no ratio; a missing
-    value is left out, not counted as 0)."""
+def test_mode_summaries_pair_each_run_with_the_baselines_run_of_the_same_repetition() -> None:
+    """The summary of the benchmark and the rig's experiments: per mode each metric's median
+    and spread, and the median of per-pair ratios to napi (never the ratio of the medians; a
+    run without napi's partner gives no ratio; a missing value is left out, not counted as
+    0)."""
     runs = [{"mode": "napi", "rep": 0, "guest": 1, "v": 10.0, "w": None},
             {"mode": "kbp", "rep": 0, "guest": 1, "v": 5.0, "w": 2.0},
             {"mode": "napi", "rep": 1, "guest": 1, "v": 20.0, "w": 1.0},
             {"mode": "kbp", "rep": 1, "guest": 1, "v": 30.0, "w": None},
             {"mode": "kbp", "rep": 2, "guest": 1, "v": 7.0, "w": 4.0},
             {"mode": "kbp", "rep": 0, "guest": 2, "v": 1.0, "w": 1.0}]   # napi of guest 2: none
-    got = stats.mode_medians(runs, lambda r: {"v": r["v"], "w": r["w"]}, base="napi",
-                             pair=("rep", "guest"), ratio_keys=("v",))
+    got = stats.mode_summaries(runs, lambda r: {"v": r["v"], "w": r["w"]}, base="napi",
+                               pair=("rep", "guest"))
     assert list(got) == ["napi", "kbp"]
-    assert got["napi"] == {"v": 15.0, "w": 1.0, "v_x": None}
-    assert got["kbp"] == {"v": 6.0, "w": 2.0, "v_x": 1.0}    # ratios 0.5 and 1.5 only
-    assert stats.median_or_none([None, float("nan")]) is None
+    assert got["napi"]["v"] == {"n": 2, "median": 15.0, "min": 10.0, "max": 20.0,
+                                "q1": 10.0, "q3": 20.0}
+    assert "ratio_to_napi" not in got["napi"]["v"] and got["napi"]["w"]["median"] == 1.0
+    kbp = got["kbp"]
+    assert (kbp["v"]["n"], kbp["v"]["median"], kbp["v"]["min"], kbp["v"]["max"]) == (
+        4, 6.0, 1.0, 30.0)
+    ratio = kbp["v"]["ratio_to_napi"]          # 5/10 and 30/20 only: the median of 0.5, 1.5
+    assert (ratio["n"], ratio["median"]) == (2, 1.0)
+    assert kbp["w"]["median"] == 2.0 and kbp["w"]["ratio_to_napi"]["n"] == 0
+    # a metric napi's runs do not have gets no ratio; without napi, no mode has one
+    got = stats.mode_summaries([{"mode": "kbp", "rep": 0, "v": 1.0}], lambda r: {"v": r["v"]},
+                               base="napi")
+    assert "ratio_to_napi" not in got["kbp"]["v"]
+    # a value that is not there (None, NaN) is left out, not counted
+    got = stats.mode_summaries([{"mode": "kbp", "rep": 0, "v": float("nan")},
+                                {"mode": "kbp", "rep": 1, "v": None}],
+                               lambda r: {"v": r["v"]}, base="napi")
+    assert got["kbp"]["v"]["n"] == 0 and got["kbp"]["v"]["median"] is None
 
 
 def test_seeded_order_is_a_permutation_fixed_by_seed_and_repetition() -> None:

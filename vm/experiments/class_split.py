@@ -52,10 +52,12 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kbp import kmod, sysinfo
-from kbp.bench import stats
+from kbp.bench import report, stats
+from kbp.bench.report import Column
+from kbp.bench.schema import ModeSummary
 from vm.guest_tests.conftest import (
     NS,
     POLL_CPU,
@@ -114,12 +116,17 @@ def task_ticks(pid: int) -> int:
     return int(w[11]) + int(w[12])
 
 
-def roles(server_pid: int) -> dict[str, list[int]]:
-    """The tasks whose CPU time the run accounts, by role: the pollers, the NAPI threads of
-    the test NIC, POLL_CPU's ksoftirqd and ktimers (PREEMPT_RT), the RT server (sockperf
-    under chrt and taskset, which exec in place: its pid is the server's)."""
+def roles(server_pid: int, pollers: list[kmod.Poller]) -> dict[str, list[int]]:
+    """The tasks whose CPU time the run accounts, by role: POLL_CPU's pollers of each class
+    (by the module's word, ``pollers``: their threads are per device, ``kbp/<cpu>:<dev>``,
+    so no fixed name finds them), the NAPI threads of the test NIC, POLL_CPU's ksoftirqd and
+    ktimers (PREEMPT_RT), the RT server (sockperf under chrt and taskset, which exec in
+    place: its pid is the server's)."""
     out: dict[str, list[int]] = {"rt_poller": [], "nrt_poller": [], "napi_threads": [],
                                  "ksoftirqd": [], "ktimers": [], "server": [server_pid]}
+    for p in pollers:
+        if p.cpu == POLL_CPU and p.pid:
+            out["nrt_poller" if p.cls == "non-rt" else "rt_poller"].append(p.pid)
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -127,8 +134,7 @@ def roles(server_pid: int) -> dict[str, list[int]]:
             c = (d / "comm").read_text().strip()
         except OSError:
             continue
-        role = {f"kbp/{POLL_CPU}": "rt_poller", f"kbpn/{POLL_CPU}": "nrt_poller",
-                f"ksoftirqd/{POLL_CPU}": "ksoftirqd", f"ktimers/{POLL_CPU}": "ktimers"}.get(c)
+        role = {f"ksoftirqd/{POLL_CPU}": "ksoftirqd", f"ktimers/{POLL_CPU}": "ktimers"}.get(c)
         if role is None and c.startswith(f"napi/{DEV}"):
             role = "napi_threads"
         if role:
@@ -219,7 +225,7 @@ def one_run(mode: str, nic0: str, args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(args.settle)
         k0 = ktn_totals() if mode != "napi-idle" else {}
         p0, n0, rx0 = rt_poller(), nrt_poller(), net_rx_softirqs()
-        who = roles(server.pid)
+        who = roles(server.pid, kmod.pollers())
         c0, w0 = cpu_stat(POLL_CPU), role_ticks(who)
         t0 = time.monotonic()
         client = ("ping-pong" if args.client == "pp" else
@@ -267,30 +273,30 @@ def one_run(mode: str, nic0: str, args: argparse.Namespace) -> dict[str, Any]:
     return r
 
 
-#: the columns given with their ratio to napi's (of the medians)
-RATIO_COLS = ("mean", "sd", "p99", "p99.9", "max", "heavy_fps")
+#: the table's columns (a run's keys): sockperf's latency (RTT/2), the heavy rate, the RT
+#: poller's wake-ups, what the non-rt poller gave away, POLL_CPU's NET_RX softirqs and the
+#: shares of its time (cpu_*)
+COLUMNS: tuple[Column, ...] = (
+    ("mean", "mean", "us"), ("sd", "sd", "us"), ("p99", "p99", "us"),
+    ("p99.9", "p99.9", "us"), ("max", "max", "us"), ("heavy_fps", "heavy_fps", "frames/s"),
+    ("rt_wake_delay_mean_us", "rt_wake_delay_mean", "us"),
+    ("rt_wake_delay_max_us", "rt_wake_delay_max", "us"), ("gave_way", "gave_way", ""),
+    ("net_rx_poll_cpu", "net_rx_poll_cpu", ""), ("rt_rps", "rt_rps", "/s"),
+    *((c, c, "share") for c in ("cpu_busy", "cpu_heavy_cost", "cpu_softirq", "cpu_rt_poller",
+                                "cpu_nrt_poller", "cpu_napi_threads", "cpu_server",
+                                "cpu_ksoftirqd", "cpu_ktimers")))
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    cols = ["mean", "sd", "p99", "p99.9", "max", "heavy_fps", "rt_wake_delay_mean_us",
-            "rt_wake_delay_max_us", "gave_way", "net_rx_poll_cpu", "rt_rps", "cpu_busy",
-            "cpu_heavy_cost", "cpu_softirq", "cpu_rt_poller", "cpu_nrt_poller",
-            "cpu_napi_threads", "cpu_server", "cpu_ksoftirqd", "cpu_ktimers"]
+    """Per mode (MODES' order): each column's median over the repetitions, its spread and
+    the median of its ratios to napi's run of the same repetition (the bench's summary and
+    table, kbp.bench.stats.mode_summaries and kbp.bench.report.summary_table)."""
     rank = {m: i for i, m in enumerate(MODES)}
-    by = stats.mode_medians(sorted(results, key=lambda r: rank.get(r["mode"], len(MODES))),
-                            lambda r: {c: r.get(c) for c in cols}, base="napi")
-    base = by.get("napi", {})
-    lines = ["mode              " + " ".join(f"{c:>22}" for c in cols)]
-    for m, row in by.items():
-        cells = []
-        for c in cols:
-            v, x = row.get(c), stats.ratio(row.get(c), base.get(c))
-            ratio = f" x{x:.2f}" if x is not None and c in RATIO_COLS else ""
-            fmt = f"{v:.3f}" if v is not None and c.startswith("cpu_") else (
-                "-" if v is None else f"{v:.1f}")
-            cells.append(f"{fmt}{ratio:>7}".rjust(22))
-        lines.append(f"{m:<17} " + " ".join(cells))
-    return "\n".join(lines)
+    runs = sorted(results, key=lambda r: rank.get(r["mode"].partition(":q")[0], len(MODES)))
+    summ = stats.mode_summaries(runs, lambda r: {c: r.get(c) for c, _, _ in COLUMNS},
+                                base="napi")
+    return report.summary_table((([m], cast(ModeSummary, s)) for m, s in summ.items()),
+                                COLUMNS)
 
 
 def main() -> int:
@@ -334,8 +340,9 @@ def main() -> int:
             results.append(r)
             print(json.dumps(r), flush=True)
     print(f"kernel {os.uname().release} ({os.uname().version}); timings emulated (TCG); "
-          f"sockperf latency = RTT/2 in us; medians of {args.reps} repetitions; "
-          f"orders {orders}")
+          f"sockperf latency = RTT/2 in us; per cell the median of {args.reps} "
+          f"repetitions [min-max] and xR, the median of the ratios to napi's run of the same "
+          f"repetition; orders {orders}")
     print(table(results))
     print("CLASS-SPLIT-RESULT " + json.dumps({"args": vars(args), "orders": orders,
                                               "kernel": os.uname().release,

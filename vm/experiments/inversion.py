@@ -400,15 +400,15 @@ def tw_ok(name: str, value: str) -> bool:
         return False
 
 
-def comm_pid(comm: str) -> int:
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if (d / "comm").read_text().strip() == comm:
-                    return int(d.name)
-            except OSError:
-                continue
-    raise AssertionError(f"no task {comm}")
+def poller_pid(pollers: list[Any], cpu: int, dev: str) -> int:
+    """The pid of the rt poller serving ``dev`` on ``cpu``, by the module's word
+    (``kbp.kmod.pollers()``): the threads are per device, ``kbp/<cpu>:<dev>``."""
+    for p in pollers:
+        if p.cpu == cpu and p.ifname == dev and p.cls in (None, "rt") and p.pid:
+            return int(p.pid)
+    have = ", ".join(f"{p.ifname} on CPU {p.cpu} ({p.cls}, pid {p.pid})" for p in pollers)
+    raise AssertionError(f"no kbp poller of {dev} on CPU {cpu}; the module has: "
+                         f"{have or 'none'}")
 
 
 def sum_exec_ns(pid: int) -> int:
@@ -536,7 +536,7 @@ class Driver:
         c, t, a = self.c, self.topo, self.args
         from kbp import kmod
         kmod.poller_set(self.cpu, mode=cfg.mode, rt_prio=cfg.prio)
-        poller = comm_pid(f"kbp/{self.cpu}")
+        poller = poller_pid(kmod.pollers(), self.cpu, self.topo.nic0)
         assert poller == self.poller, "the poller thread changed: the trace filters are stale"
         policy = (os.sched_getscheduler(poller), os.sched_getparam(poller).sched_priority)
         c.pin_irqs(t.nic1, self.cpu if cfg.place == "shared" else self.other)
@@ -641,7 +641,8 @@ def run(args: argparse.Namespace) -> int:
     d.kbpctl("disable", "--all", check=False)
     d.kbpctl("enable", d.topo.nic0, "--backend", "kmod", "--mode", first.mode,
              "--cpus", str(d.cpu), "--rt-prio", str(first.prio))
-    d.poller = comm_pid(f"kbp/{d.cpu}")
+    from kbp import kmod
+    d.poller = poller_pid(kmod.pollers(), d.cpu, d.topo.nic0)
     d.trace_setup(d.poller)
     results = []
     try:

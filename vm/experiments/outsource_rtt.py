@@ -49,8 +49,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
-from kbp.bench import stats
+from kbp.bench import report, stats
+from kbp.bench.report import Column
+from kbp.bench.schema import ModeSummary
 
 REPO = Path(__file__).resolve().parents[2]
 TAP = "kbpsotap0"
@@ -331,31 +334,30 @@ def _metrics(r: dict) -> dict[str, float | None]:
             **r["host_cpu_us_per_message"], "msgs": r["messages"]}
 
 
+#: the table's columns: the RT round trip (µs), the guest's interrupts and NET_RX softirqs
+#: per RT message, the host's CPU per RT message (QEMU's, kbp-sod's) and the messages
+RTT_COLUMNS: tuple[Column, ...] = (
+    ("mean", "RTT mean", "µs"), ("p50", "p50", "µs"), ("p99", "p99", "µs"),
+    ("p99.9", "p99.9", "µs"), ("sd", "SD", "µs"))
+IRQ_COLUMNS: tuple[Column, ...] = (
+    ("irq_kbp_so", "kbp_so irq/msg", ""), ("irq_nic", "NIC irq/msg", ""),
+    ("irq_devices", "device irq/msg", ""), ("net_rx", "NET_RX/msg", ""))
+COLUMNS: tuple[Column, ...] = (
+    *RTT_COLUMNS, *IRQ_COLUMNS, ("qemu", "host CPU/msg: QEMU", "µs"),
+    ("kbp_sod", "kbp-sod", "µs"), ("msgs", "msgs", ""))
+
+
 def render(doc: dict) -> str:
-    """Medians over the repetitions, per mode, and the ratio (of those medians) to napi."""
-    rows = stats.mode_medians(doc["runs"], _metrics, base="napi")
-    base = rows.get("napi")
+    """Per mode: each column's median over the repetitions [min-max] and xR, the median of
+    its ratios to napi's run of the same repetition (the bench's summary and table)."""
+    summ = stats.mode_summaries(doc["runs"], _metrics, base="napi")
     emulated = ": guest times emulated" if doc["accel"] == "tcg" else ""
     head = (f"{doc['flavour']} ({doc['accel'].upper()}{emulated}),"
             f" {doc['mps']} req/s of {doc['size']} B, {doc['seconds']} s, medians of "
-            f"{len(doc['plan']) // max(len(rows), 1)}\n")
-    lines = [head, "| mode | RTT mean µs | p50 | p99 | p99.9 | SD | NIC irq/msg | kbp_so "
-             "irq/msg | device irq/msg | NET_RX/msg | host CPU µs/msg: QEMU | kbp-sod | msgs |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for mode, r in rows.items():
-        def cell(k: str, r: dict = r) -> str:
-            v = r[k]
-            if v is None:
-                return "-"
-            txt = f"{v:.2f}" if k.startswith(("irq", "net")) else f"{v:.0f}"
-            x = stats.ratio(v, base[k]) if base else None
-            if x is not None and k in ("mean", "p50", "p99", "p99.9", "sd"):
-                txt += f" (x{x:.2f})"
-            return txt
-        lines.append(f"| {mode} | " + " | ".join(cell(k) for k in (
-            "mean", "p50", "p99", "p99.9", "sd", "irq_nic", "irq_kbp_so", "irq_devices", "net_rx",
-            "qemu", "kbp_sod", "msgs")) + " |")
-    return "\n".join(lines)
+            f"{len(doc['plan']) // max(len(summ), 1)} [min-max]; xR: ratio to napi's run of "
+            "the same repetition (median)\n")
+    return head + "\n" + report.summary_table(
+        (([m], cast(ModeSummary, s)) for m, s in summ.items()), COLUMNS)
 
 
 def main(argv: list[str] | None = None) -> int:

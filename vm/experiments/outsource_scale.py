@@ -74,15 +74,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbp.bench import stats
+from kbp.bench import report, stats
+from kbp.bench.report import Column
 from vm.experiments import outsource_rtt as rtt  # the single-guest bench: helpers
 
 REPO = Path(__file__).resolve().parents[2]
 MODES = ("napi", "kbp", "outsource", "outsource-idle")
 IPERF_PORT = 5201
 SERVER_CPU = "0"
-#: the metrics of a summary row whose ratio to napi is reported
-RATIO_KEYS = ("mean", "p50", "p99", "sd", "mbps", "cpu")
 EMULATED = "guest times EMULATED; interrupt/softirq counts and host CPU seconds real"
 
 
@@ -381,7 +380,7 @@ def run_round(args: argparse.Namespace, out: Path, n_guests: int, plan: list[str
             runs += recs
             print(f"N={n_guests} rep {n // per_rep} {mode}: " + ", ".join(
                 f"g{r['guest']} " + (f"FAILED ({r['error']})" if r["error"] else
-                                     f"{r['messages']} msgs mean {_fmt(r['rtt_us']['mean'])}")
+                                     f"{r['messages']} msgs mean {report.fmt(r['rtt_us']['mean'])}")
                 for r in recs), flush=True)
         rcs = [b.vm.wait() for b in booted]
     finally:
@@ -433,21 +432,23 @@ def _metrics(r: dict) -> dict[str, float | None]:
             "msgs": float(r["messages"]) if not r.get("error") else None}
 
 
+def _so_header(r: dict) -> dict[str, float | None]:
+    """The run's /proc/kbp_so header counters (their change over the run)."""
+    return {k: v for k, v in (r.get("so_header") or {}).items() if isinstance(v, int)}
+
+
 def _rows(guest: int | str, runs: list[dict]) -> list[dict]:
-    """One row per mode: medians over its runs, and per metric of RATIO_KEYS the median of
-    the ratios to napi's run of the same guest and repetition."""
-    meds = stats.mode_medians(runs, _metrics, base="napi", pair=("guest", "rep"),
-                              ratio_keys=RATIO_KEYS)
+    """One row per mode: the summary of its runs (kbp.bench.stats.mode_summaries: medians,
+    spread, ratios to napi's run of the same guest and repetition), its failures, and the
+    summary of the kbp_so header counters."""
+    summ = stats.mode_summaries(runs, _metrics, base="napi", pair=("guest", "rep"))
+    so = stats.mode_summaries(runs, _so_header, base="")        # counts: no ratios
     rows = []
-    for mode, med in meds.items():
+    for mode, s in summ.items():
         rs = [r for r in runs if r["mode"] == mode]
-        keys = dict.fromkeys(k for r in rs for k, v in r.get("so_header", {}).items()
-                             if isinstance(v, int))
-        rows.append({"guest": guest, "mode": mode, "runs": len(rs),
-                     "errors": sorted({r["error"] for r in rs if r.get("error")}), **med,
-                     "so_header": {k: stats.median_or_none(
-                         r["so_header"][k] for r in rs
-                         if isinstance(r.get("so_header", {}).get(k), int)) for k in keys}})
+        errors = [r["error"] for r in rs if r.get("error")]
+        rows.append({"guest": guest, "mode": mode, "runs": len(rs), "failed": len(errors),
+                     "errors": sorted(set(errors)), "summary": s, "so_header": so[mode]})
     return rows
 
 
@@ -465,64 +466,49 @@ def summarize_round(rnd: dict) -> list[dict]:
     return rows
 
 
-def _fmt(v: float | None, digits: int = 0) -> str:
-    return "-" if v is None else f"{v:.{digits}f}"
+#: the table's columns: the RT round trip, the iperf3 flow, the guest's interrupts and
+#: NET_RX per RT message, the host's CPU per RT message (QEMU + kbp-sod, each) and messages
+COLUMNS: tuple[Column, ...] = (
+    *(c for c in rtt.RTT_COLUMNS if c[0] != "p99.9"), ("mbps", "non-RT", "Mbit/s"),
+    *rtt.IRQ_COLUMNS,
+    ("cpu", "host CPU/msg (QEMU+sod)", "µs"), ("cpu_qemu", "QEMU", "µs"),
+    ("cpu_sod", "kbp-sod", "µs"), ("msgs", "msgs", ""))
+LABELS = ("guest", "mode")
 
 
-def _count(v: float | None) -> str:
-    """A median of counts: whole, or with its .5."""
-    return "-" if v is None else f"{v:g}"
-
-
-def _cell(row: dict, key: str, digits: int = 0) -> str:
-    txt = _fmt(row[key], digits)
-    ratio = row.get(f"{key}_x")
-    return txt + (f" (x{ratio:.2f})" if ratio is not None and row[key] is not None else "")
-
-
-HEAD = ("| guest | mode | RTT mean µs | p50 | p99 | SD | non-RT Mbit/s | kbp_so irq/msg | "
-        "NIC irq/msg | device irq/msg | NET_RX/msg | host CPU µs/msg (QEMU+sod) | QEMU | "
-        "kbp-sod | msgs |")
-
-
-def _line(row: dict) -> str:
-    if row["errors"] and row["msgs"] is None:
-        return f"| {row['guest']} | {row['mode']} | failed: {'; '.join(row['errors'])} |"
-    cells = [_cell(row, "mean"), _cell(row, "p50"), _cell(row, "p99"), _cell(row, "sd"),
-             _cell(row, "mbps", 1), _fmt(row["irq_kbp_so"], 2), _fmt(row["irq_nic"], 2),
-             _fmt(row["irq_devices"], 2), _fmt(row["net_rx"], 2), _cell(row, "cpu"),
-             _fmt(row["cpu_qemu"]), _fmt(row["cpu_sod"]), _fmt(row["msgs"])]
-    return f"| {row['guest']} | {row['mode']} | " + " | ".join(cells) + " |"
+def _label(row: dict) -> list[str]:
+    """The row's guest and mode, and its failures: "outsource-idle (1 of 1 failed: ...)"."""
+    failed = (f" ({row['failed']} of {row['runs']} failed: {'; '.join(row['errors'])})"
+              if row["failed"] else "")
+    return [str(row["guest"]), row["mode"] + failed]
 
 
 def _so_table(rows: list[dict]) -> list[str]:
-    keys = list(dict.fromkeys(k for r in rows for k, v in r["so_header"].items()
-                              if v))
+    keys = list(dict.fromkeys(k for r in rows for k, a in r["so_header"].items()
+                              if a.get("median")))
     if not keys:
         return []
-    lines = ["", "/proc/kbp_so header, change over the run (medians):", "",
-             "| guest | mode | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
-    for r in rows:
-        lines.append(f"| {r['guest']} | {r['mode']} | "
-                     + " | ".join(_count(r["so_header"].get(k)) for k in keys) + " |")
-    return lines
+    return ["", "/proc/kbp_so header, change over the run (medians [min-max]):", "",
+            report.summary_table(((_label(r), r["so_header"]) for r in rows),
+                                 [(k, k, "") for k in keys], LABELS)]
 
 
 def render(doc: dict) -> str:
-    """One table per N: medians over the repetitions, (xR) = ratio to napi, same N and guest."""
+    """One table per N: per cell the median over the repetitions [min-max] and xR, the
+    median of the ratios to napi's run of the same N, guest and repetition."""
     head = (f"{doc['flavour']} ({doc['accel'].upper()}"
             f"{': ' + EMULATED if doc['accel'] == 'tcg' else ''}), {doc['vcpus']} vCPU per "
             f"guest, RT {doc['mps']} req/s of {doc['size']} B, non-RT load {doc['load']}"
             f"{' ' + doc['load_bitrate'] if doc.get('load_bitrate') else ''}, "
-            f"{doc['seconds']} s per run, medians of {doc['reps']} rep(s); (xR): ratio to "
-            "napi of the same N and guest")
+            f"{doc['seconds']} s per run, medians of {doc['reps']} rep(s) [min-max]; xR: "
+            "ratio to napi of the same N, guest and repetition (median)")
     lines = [head]
     for rnd in doc["rounds"]:
         rows = summarize_round(rnd)
         rcs = ", ".join(str(rc) for rc in rnd["vm_rc"])
-        lines += ["", f"### N = {rnd['guests']} guest(s) (VM exit status {rcs})", "", HEAD,
-                  "|---" * 15 + "|"]
-        lines += [_line(r) for r in rows]
+        lines += ["", f"### N = {rnd['guests']} guest(s) (VM exit status {rcs})", "",
+                  report.summary_table(((_label(r), r["summary"]) for r in rows), COLUMNS,
+                                       LABELS)]
         lines += _so_table(rows)
     return "\n".join(lines)
 

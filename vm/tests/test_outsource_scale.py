@@ -85,18 +85,29 @@ def _round() -> dict:
 
 def test_summary_medians_and_ratios_per_guest_and_rep(scale: ModuleType) -> None:
     rows = {(r["guest"], r["mode"]): r for r in scale.summarize_round(_round())}
+
+    def med(row: dict, key: str) -> float | None:
+        return row["summary"][key]["median"]
+
+    def ratio(row: dict, key: str) -> float | None:
+        return row["summary"][key].get("ratio_to_napi", {}).get("median")
+
     napi, so = rows[0, "napi"], rows[0, "outsource"]
-    assert napi["mean"] == 150.0 and napi["mean_x"] is None
+    assert med(napi, "mean") == 150.0 and ratio(napi, "mean") is None
+    assert (napi["summary"]["mean"]["min"], napi["summary"]["mean"]["max"]) == (100.0, 200.0)
     # per repetition 50/100 and 50/200, then the median (not 50/150)
-    assert so["mean_x"] == pytest.approx((0.5 + 0.25) / 2)
-    assert so["mbps"] == 75.0 and so["mbps_x"] == pytest.approx(1.5)
-    assert so["irq_kbp_so"] == 2.0 and so["irq_nic"] == 3.0 and so["cpu"] == 40.0
-    assert so["so_header"] == {"completions_irq": 1.5}
-    assert rows[1, "outsource"]["mean_x"] == 0.25
+    assert ratio(so, "mean") == pytest.approx((0.5 + 0.25) / 2)
+    assert med(so, "mbps") == 75.0 and ratio(so, "mbps") == pytest.approx(1.5)
+    assert med(so, "irq_kbp_so") == 2.0 and med(so, "irq_nic") == 3.0
+    assert med(so, "cpu") == 40.0
+    assert so["so_header"]["completions_irq"]["median"] == 1.5
+    assert "state" not in so["so_header"]
+    assert ratio(rows[1, "outsource"], "mean") == 0.25
     every = rows["all", "outsource"]
-    assert every["mean"] == 50.0 and every["mean_x"] == pytest.approx(0.25)
+    assert med(every, "mean") == 50.0 and ratio(every, "mean") == pytest.approx(0.25)
     idle = rows[0, "outsource-idle"]
-    assert idle["errors"] == ["no idle_poll_us"] and idle["msgs"] is None
+    assert idle["errors"] == ["no idle_poll_us"] and (idle["failed"], idle["runs"]) == (1, 1)
+    assert med(idle, "msgs") is None and rows[0, "outsource"]["failed"] == 0
 
 
 def test_render_shows_ratios_failures_and_the_emulation_note(scale: ModuleType) -> None:
@@ -105,11 +116,11 @@ def test_render_shows_ratios_failures_and_the_emulation_note(scale: ModuleType) 
            "rounds": [_round()]}
     text = scale.render(doc)
     assert "EMULATED" in text and "### N = 2 guest(s)" in text
-    assert "| 0 | outsource | 50 (x0.38) |" in text
-    assert "| 1 | outsource-idle | failed: no idle_poll_us |" in text
-    assert "| all | napi | 200 |" in text
+    assert "| 0 | outsource | 50 x0.38 |" in text
+    assert "| 1 | outsource-idle (1 of 1 failed: no idle_poll_us) | - |" in text
+    assert "| all | napi | 200 [100-400] |" in text
     assert "| guest | mode | completions_irq |" in text
-    head_cols = scale.HEAD.count("|")
-    assert all(line.count("|") == head_cols for line in text.splitlines()
-               if line.startswith(("| 0 |", "| 1 |", "| all |")) and "failed" not in line
-               and line.count("|") > 6)
+    head = next(line for line in text.splitlines() if line.startswith("| guest | mode | RTT"))
+    assert head.count("|") == len(scale.COLUMNS) + 3
+    assert all(line.count("|") == head.count("|") for line in text.splitlines()
+               if line.startswith(("| 0 |", "| 1 |", "| all |")) and line.count("|") > 6)

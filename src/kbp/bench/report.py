@@ -15,8 +15,8 @@ the RT latency under the TCP heavy sender (``load-tcp``) and the idle cost per m
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
 
 from kbp import names
 from kbp.bench import anatomy, modes, schema, steer
@@ -41,6 +41,7 @@ from kbp.bench.stats import (
     FEW_EPISODES,
     aggregate,
     kth_largest,
+    mode_summaries,
     pct_key,
     ratios_to_baseline,
 )
@@ -151,22 +152,16 @@ def run_metrics(rec: LatencyRun, pl: Placement) -> dict[str, float | None]:
 
 def summarize_runs(runs: Iterable[LatencyRun], pl: Placement,
                    ) -> dict[str, dict[str, dict[str, ModeSummary]]]:
-    """{part: {condition: {mode: {metric: aggregate + ratio_to_napi}}}}."""
-    per: dict[tuple[str, str, str], dict[str, dict[int, float | None]]] = defaultdict(
-        lambda: defaultdict(dict))
+    """{part: {condition: {mode: {metric: aggregate + ratio_to_napi}}}}: per part and
+    condition, :func:`kbp.bench.stats.mode_summaries` of the runs (ratios to napi's run of
+    the same repetition)."""
+    groups: dict[tuple[str, str], list[LatencyRun]] = defaultdict(list)
     for rec in runs:
-        key = (rec["part"], rec["condition"], rec["mode"])
-        for metric, v in run_metrics(rec, pl).items():
-            per[key][metric][rec["rep"]] = v
+        groups[rec["part"], rec["condition"]].append(rec)
     out: dict[str, dict[str, dict[str, ModeSummary]]] = {}
-    for (scen, cond, mode), metrics in per.items():
-        base = per.get((scen, cond, BASELINE), {})
-        dst = out.setdefault(scen, {}).setdefault(cond, {}).setdefault(mode, {})
-        for metric, by_rep in metrics.items():
-            agg = aggregate(by_rep.values())
-            if mode != BASELINE and metric in base:
-                agg["ratio_to_napi"] = aggregate(ratios_to_baseline(by_rep, base[metric]))
-            dst[metric] = agg
+    for (scen, cond), recs in groups.items():
+        out.setdefault(scen, {})[cond] = cast(dict[str, ModeSummary], mode_summaries(
+            recs, lambda rec: run_metrics(cast(LatencyRun, rec), pl), base=BASELINE))
     return out
 
 
@@ -318,18 +313,26 @@ def tail_note(n: float | None, p: float) -> str:
     return f" (k={k} of n={int(n):,}){FEW_MARK if k - 1 < FEW_ABOVE else ''}"
 
 
-def latency_table(cond: dict[str, ModeSummary], columns: Iterable[Column]) -> str:
+def summary_table(rows: Iterable[tuple[Sequence[str], ModeSummary]],
+                  columns: Iterable[Column], labels: Sequence[str] = ("mode",)) -> str:
+    """A markdown table of summaries (:func:`kbp.bench.stats.mode_summaries`): one row per
+    (label cells, summary), each cell the median, its spread over the repetitions and its
+    ratio to napi (:func:`cell`); a tail column says which sample of a run it is.  The
+    benchmark's tables and the rig's experiments' tables are all this one."""
     cols = list(columns)
-    head = "| mode | " + " | ".join(_heading(c) for c in cols) + " |"
-    sep = "|---|" + "---|" * len(cols)
-    rows = [head, sep]
-    for mode in _modes_in(cond):
-        n = (cond[mode].get("rtt_n") or {}).get("median")
-        rows.append(f"| {mode} | " + " | ".join(
-            cell(cond[mode].get(k)) + (tail_note(n, TAIL_COLUMNS[k]) if k in TAIL_COLUMNS
-                                       and cond[mode].get(k) else "")
-            for k, _, _ in cols) + " |")
-    return "\n".join(rows)
+    out = ["| " + " | ".join([*labels, *(_heading(c) for c in cols)]) + " |",
+           "|---" * (len(labels) + len(cols)) + "|"]
+    for label, summ in rows:
+        n = (summ.get("rtt_n") or {}).get("median")
+        out.append("| " + " | ".join([*label, *(
+            cell(summ.get(k)) + (tail_note(n, TAIL_COLUMNS[k]) if k in TAIL_COLUMNS
+                                 and summ.get(k) else "")
+            for k, _, _ in cols)]) + " |")
+    return "\n".join(out)
+
+
+def latency_table(cond: dict[str, ModeSummary], columns: Iterable[Column]) -> str:
+    return summary_table((([mode], cond[mode]) for mode in _modes_in(cond)), columns)
 
 
 def rfc_table(rfc: dict[str, Any], pl: Placement) -> str:
@@ -723,4 +726,4 @@ def add_summary(results: Results | dict[str, Any]) -> Results:
 
 
 __all__ = ["add_summary", "latency_table", "markdown", "pct_key", "run_metrics", "summarize",
-           "summarize_rfc", "summarize_runs"]
+           "summarize_rfc", "summarize_runs", "summary_table"]

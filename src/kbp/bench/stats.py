@@ -289,31 +289,33 @@ def seeded_order(xs: Sequence[str], seed: int, rep: int) -> list[str]:
     return out
 
 
-def median_or_none(values: Iterable[float | None]) -> float | None:
-    """The median of the values that are there (None when none is)."""
-    xs = [v for v in values if v is not None and not math.isnan(v)]
-    return median(xs) if xs else None
-
-
-def mode_medians(runs: Sequence[Mapping[str, Any]],
-                 metrics: Callable[[Mapping[str, Any]], Mapping[str, float | None]], *,
-                 base: str, pair: Sequence[str] = ("rep",),
-                 ratio_keys: Iterable[str] = ()) -> dict[str, dict[str, float | None]]:
-    """Per mode (in the order the runs first name them): each metric's median over the mode's
-    runs, and for each of ``ratio_keys`` ``<key>_x``, the median of the ratios of a run's
-    value to the ``base`` mode's run (napi, in every experiment so far) with the same
-    ``pair`` fields (the same repetition, and guest), None for the base itself.
-    ``metrics(run)`` gives a run's values."""
+def mode_summaries(runs: Iterable[Mapping[str, Any]],
+                   metrics: Callable[[Mapping[str, Any]], Mapping[str, float | None]], *,
+                   base: str, pair: Sequence[str] = ("rep",),
+                   ) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per mode (in the order the runs first name them), per metric: its :func:`aggregate`
+    over the mode's runs (median, spread) and, for every mode but ``base``,
+    ``ratio_to_napi``: the aggregate of the ratios of each run's value to the value of the
+    ``base`` mode's run with the same ``pair`` fields (the same repetition; in the rig's
+    multi-guest runs the same guest too) -- per pair, then the median, never a ratio of
+    medians.  A run without its partner, or a value that is missing, gives no ratio (not 0);
+    a metric the base mode's runs do not have gets none.  ``metrics(run)`` gives a run's
+    values.  The benchmark's summary (:func:`kbp.bench.report.summarize_runs`) and the rig's
+    experiments both summarise through this one function (the key is named after napi, the
+    baseline of every comparison kbp makes)."""
     vals = [(r["mode"], tuple(r.get(f) for f in pair), metrics(r)) for r in runs]
     base_of = {key: m for mode, key, m in vals if mode == base}
-    out: dict[str, dict[str, float | None]] = {}
+    base_has = {k for mode, _, m in vals if mode == base for k in m}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
     for mode in dict.fromkeys(mode for mode, _, _ in vals):
         mine = [(key, m) for md, key, m in vals if md == mode]
-        row = {k: median_or_none(m.get(k) for _, m in mine)
-               for k in dict.fromkeys(k for _, m in mine for k in m)}
-        for k in ratio_keys:
-            row[f"{k}_x"] = None if mode == base else median_or_none(
-                ratio(m.get(k), base_of.get(key, {}).get(k)) for key, m in mine)
+        row: dict[str, dict[str, Any]] = {}
+        for k in dict.fromkeys(k for _, m in mine for k in m):
+            agg: dict[str, Any] = aggregate(m.get(k) for _, m in mine)
+            if mode != base and k in base_has:
+                agg["ratio_to_napi"] = aggregate(
+                    ratio(m.get(k), base_of.get(key, {}).get(k)) for key, m in mine)
+            row[k] = agg
         out[mode] = row
     return out
 

@@ -81,15 +81,21 @@ def test_median_and_aggregate() -> None:
 def test_ratios_are_per_repetition_then_median() -> None:
     mode = {0: 10.0, 1: 40.0, 2: 9.0}
     base = {0: 20.0, 1: 20.0, 2: 3.0}
-    rs = stats.ratios_to_baseline(mode, base)
-    assert rs == [0.5, 2.0, 3.0]
-    assert stats.aggregate(rs)["median"] == 2.0
+    runs = [{"mode": m, "rep": rep, "v": v} for m, vals in (("napi", base), ("kbp", mode))
+            for rep, v in vals.items()]
+    rs = stats.mode_summaries(runs, lambda r: {"v": r["v"]}, base="napi")["kbp"]["v"]
+    r = rs["ratio_to_napi"]                 # per repetition 0.5, 2.0, 3.0
+    assert (r["n"], r["min"], r["median"], r["max"]) == (3, 0.5, 2.0, 3.0)
     # ratio of medians would be 10/20 = 0.5: not what we report
     assert stats.ratio(stats.median(list(mode.values())), stats.median(list(base.values()))) \
         == 0.5
     assert stats.ratio(1.0, 0.0) is None
     assert stats.ratio(None, 1.0) is None
-    assert stats.ratios_to_baseline({0: 1.0, 1: 2.0}, {1: 4.0}) == [0.5]
+    # a repetition without napi's run gives no ratio
+    runs = [{"mode": "kbp", "rep": 0, "v": 1.0}, {"mode": "kbp", "rep": 1, "v": 2.0},
+            {"mode": "napi", "rep": 1, "v": 4.0}]
+    r = stats.mode_summaries(runs, lambda r: {"v": r["v"]}, base="napi")["kbp"]["v"]
+    assert (r["ratio_to_napi"]["n"], r["ratio_to_napi"]["median"]) == (1, 0.5)
 
 
 def test_buckets_mirror_the_bpf_code() -> None:

@@ -116,17 +116,16 @@ def task_ticks(pid: int) -> int:
     return int(w[11]) + int(w[12])
 
 
-def roles(server_pid: int, pollers: list[kmod.Poller]) -> dict[str, list[int]]:
+def roles(server_pid: int, pollers: dict[str, list[kmod.Poller]]) -> dict[str, list[int]]:
     """The tasks whose CPU time the run accounts, by role: POLL_CPU's pollers of each class
-    (by the module's word, ``pollers``: their threads are per device, ``kbp/<cpu>:<dev>``,
-    so no fixed name finds them), the NAPI threads of the test NIC, POLL_CPU's ksoftirqd and
-    ktimers (PREEMPT_RT), the RT server (sockperf under chrt and taskset, which exec in
-    place: its pid is the server's)."""
+    (``poll_cpu_pollers``, by the module's word: their threads are per device,
+    ``kbp/<cpu>:<dev>``, so no fixed name finds them), the NAPI threads of the test NIC,
+    POLL_CPU's ksoftirqd and ktimers (PREEMPT_RT), the RT server (sockperf under chrt and
+    taskset, which exec in place: its pid is the server's)."""
     out: dict[str, list[int]] = {"rt_poller": [], "nrt_poller": [], "napi_threads": [],
                                  "ksoftirqd": [], "ktimers": [], "server": [server_pid]}
-    for p in pollers:
-        if p.cpu == POLL_CPU and p.pid:
-            out["nrt_poller" if p.cls == "non-rt" else "rt_poller"].append(p.pid)
+    for role, ps in pollers.items():
+        out[role] += [p.pid for p in ps if p.pid]
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -203,18 +202,18 @@ def parse_sockperf(out: str) -> dict[str, float]:
     return r
 
 
-def rt_poller() -> Any:
-    for p in kmod.pollers():
-        if p.cpu == POLL_CPU and p.cls in (None, "rt"):
-            return p
-    return None
+def poll_cpu_pollers(pollers: list[kmod.Poller]) -> dict[str, list[kmod.Poller]]:
+    """POLL_CPU's pollers (of the module's ``pollers``, read once) by role: rt_poller (class
+    rt, or a module without classes), nrt_poller (class non-rt)."""
+    out: dict[str, list[kmod.Poller]] = {"rt_poller": [], "nrt_poller": []}
+    for p in pollers:
+        if p.cpu == POLL_CPU:
+            out["nrt_poller" if p.cls == "non-rt" else "rt_poller"].append(p)
+    return out
 
 
-def nrt_poller() -> Any:
-    for p in kmod.pollers():
-        if p.cpu == POLL_CPU and p.cls == "non-rt":
-            return p
-    return None
+def first(pollers: list[kmod.Poller]) -> kmod.Poller | None:
+    return pollers[0] if pollers else None
 
 
 def one_run(mode: str, nic0: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -224,8 +223,8 @@ def one_run(mode: str, nic0: str, args: argparse.Namespace) -> dict[str, Any]:
     try:
         time.sleep(args.settle)
         k0 = ktn_totals() if mode != "napi-idle" else {}
-        p0, n0, rx0 = rt_poller(), nrt_poller(), net_rx_softirqs()
-        who = roles(server.pid, kmod.pollers())
+        ps, rx0 = poll_cpu_pollers(kmod.pollers()), net_rx_softirqs()
+        p0, n0, who = first(ps["rt_poller"]), first(ps["nrt_poller"]), roles(server.pid, ps)
         c0, w0 = cpu_stat(POLL_CPU), role_ticks(who)
         t0 = time.monotonic()
         client = ("ping-pong" if args.client == "pp" else
@@ -236,7 +235,8 @@ def one_run(mode: str, nic0: str, args: argparse.Namespace) -> dict[str, Any]:
         dt = time.monotonic() - t0
         c1, w1 = cpu_stat(POLL_CPU), role_ticks(who)
         k1 = ktn_totals() if mode != "napi-idle" else {}
-        p1, n1, rx1 = rt_poller(), nrt_poller(), net_rx_softirqs()
+        ps, rx1 = poll_cpu_pollers(kmod.pollers()), net_rx_softirqs()
+        p1, n1 = first(ps["rt_poller"]), first(ps["nrt_poller"])
     finally:
         stop(server)
         teardown(nic0)

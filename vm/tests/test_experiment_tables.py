@@ -73,7 +73,7 @@ def test_class_split_finds_the_pollers_by_the_modules_word_not_by_name() -> None
                kmod.Poller(cpu=cpu, cls="non-rt", pid=12, ifname="ktn0"),
                kmod.Poller(cpu=other, cls="rt", pid=13, ifname="eth1"),
                kmod.Poller(cpu=cpu, cls="rt", pid=0, ifname="eth2")]    # pid unknown
-    who = class_split.roles(123, pollers)
+    who = class_split.roles(123, class_split.poll_cpu_pollers(pollers))
     assert (who["rt_poller"], who["nrt_poller"], who["server"]) == ([11], [12], [123])
 
 

@@ -40,10 +40,9 @@ from kbp.bench.stats import (
     FEW_ABOVE,
     FEW_EPISODES,
     aggregate,
+    group_summaries,
     kth_largest,
-    mode_summaries,
     pct_key,
-    ratios_to_baseline,
 )
 
 Column = tuple[str, str, str]      # (metric key, heading, unit)
@@ -155,37 +154,28 @@ def summarize_runs(runs: Iterable[LatencyRun], pl: Placement,
     """{part: {condition: {mode: {metric: aggregate + ratio_to_napi}}}}: per part and
     condition, :func:`kbp.bench.stats.mode_summaries` of the runs (ratios to napi's run of
     the same repetition)."""
-    groups: dict[tuple[str, str], list[LatencyRun]] = defaultdict(list)
-    for rec in runs:
-        groups[rec["part"], rec["condition"]].append(rec)
     out: dict[str, dict[str, dict[str, ModeSummary]]] = {}
-    for (scen, cond), recs in groups.items():
-        out.setdefault(scen, {})[cond] = cast(dict[str, ModeSummary], mode_summaries(
-            recs, lambda rec: run_metrics(cast(LatencyRun, rec), pl), base=BASELINE))
+    for (scen, cond), summ in group_summaries(
+            runs, lambda rec: (rec["part"], rec["condition"]),
+            lambda rec: run_metrics(cast(LatencyRun, rec), pl), base=BASELINE).items():
+        out.setdefault(scen, {})[cond] = cast(dict[str, ModeSummary], summ)
     return out
 
 
 def summarize_rfc(searches: Iterable[ThroughputRun], pl: Placement) -> dict[str, Any]:
     """{frame: {mode: {throughput_pps, throughput_mbps: aggregate + ratio, bounds}}}."""
-    per: dict[tuple[int, str], dict[int, ThroughputRun]] = defaultdict(dict)
-    for s in searches:
-        per[(s["frame"], s["mode"])][s["rep"]] = s
-    out: dict[str, Any] = {}
-    for (frame, mode), by_rep in per.items():
-        base = per.get((frame, BASELINE), {})
-        dst = out.setdefault(str(frame), {}).setdefault(mode, {})
-        for metric in ("throughput_pps", "throughput_mbps"):
-            vals = {r: s[metric] for r, s in by_rep.items()}
-            agg = aggregate(vals.values())
-            if mode != BASELINE and base:
-                agg["ratio_to_napi"] = aggregate(ratios_to_baseline(
-                    vals, {r: s[metric] for r, s in base.items()}))
-            dst[metric] = agg
-        dst["bounds"] = sorted({s["bound"] for s in by_rep.values()})
-        cpu = [s["sys"]["cpu"] for s in by_rep.values() if s.get("sys")]
-        for role, c in pl.role_cpus().items():
-            dst[f"cpu_{role}_busy_pct"] = aggregate(x[str(c)]["busy_pct"] for x in cpu
-                                                    if str(c) in x)
+    searches = list(searches)
+    out: dict[str, Any] = group_summaries(
+        searches, lambda s: str(s["frame"]),
+        lambda s: {m: s[m] for m in ("throughput_pps", "throughput_mbps")}, base=BASELINE)
+    for frame, by_mode in out.items():
+        for mode, dst in by_mode.items():
+            mine = [s for s in searches if str(s["frame"]) == frame and s["mode"] == mode]
+            dst["bounds"] = sorted({s["bound"] for s in mine})
+            cpu = [s["sys"]["cpu"] for s in mine if s.get("sys")]
+            for role, c in pl.role_cpus().items():
+                dst[f"cpu_{role}_busy_pct"] = aggregate(x[str(c)]["busy_pct"] for x in cpu
+                                                        if str(c) in x)
     return out
 
 

@@ -10,8 +10,9 @@
 * **Median** of repetitions (``aggregate``): the middle value, or the mean of the two middle
   values for an even count (the usual median, not nearest rank).  Spread: minimum--maximum and
   the nearest-rank quartiles (q1, q3).
-* **Ratio to napi** (``ratios_to_baseline``): computed *per repetition* (mode value / napi
-  value of the same repetition and condition), then aggregated like any other metric.
+* **Ratio to napi** (``mode_summaries``): computed *per repetition* (mode value / napi
+  value of the same repetition and condition; in the rig's multi-guest runs, of the same
+  guest too), then aggregated like any other metric -- never a ratio of medians.
 * **Tails** (``tail_summary``): each tail statistic (p99, p99.9, max) says which sample it
   is -- the k-th largest of n (k = n - rank + 1; max is k = 1) -- and is flagged ``few``
   when fewer than ``FEW_ABOVE`` (10) samples lie above it.  Tail samples cluster in time (a
@@ -48,7 +49,7 @@ import heapq
 import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
 TAILS: tuple[float, ...] = (99.0, 99.9, 100.0)     # 100: the maximum
@@ -58,6 +59,8 @@ CI_LEVEL = 0.95
 BLOCK_MIN = 10              # samples per bootstrap block, at least
 EPISODE_GAP = 10            # samples: tail samples closer than this are one episode
 FEW_EPISODES = 5            # a tail made of fewer separate bursts is flagged
+
+K = TypeVar("K")
 
 
 def pct_key(p: float) -> str:
@@ -320,6 +323,18 @@ def mode_summaries(runs: Iterable[Mapping[str, Any]],
     return out
 
 
+def group_summaries(runs: Iterable[Mapping[str, Any]], group: Callable[[Mapping[str, Any]], K],
+                    metrics: Callable[[Mapping[str, Any]], Mapping[str, float | None]], *,
+                    base: str, pair: Sequence[str] = ("rep",),
+                    ) -> dict[K, dict[str, dict[str, dict[str, Any]]]]:
+    """:func:`mode_summaries` of each group of runs (``group(run)``: a part, a condition),
+    the groups in the order the runs first name them: {group: {mode: {metric: ...}}}."""
+    groups: dict[K, list[Mapping[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault(group(r), []).append(r)
+    return {g: mode_summaries(rs, metrics, base=base, pair=pair) for g, rs in groups.items()}
+
+
 def median(values: Sequence[float]) -> float:
     xs = sorted(values)
     n = len(xs)
@@ -343,17 +358,6 @@ def ratio(value: float | None, base: float | None) -> float | None:
     if value is None or base is None or base == 0:
         return None
     return value / base
-
-
-def ratios_to_baseline(per_rep: Mapping[int, float | None],
-                       base_per_rep: Mapping[int, float | None]) -> list[float]:
-    """Per-repetition ratios of a metric to the baseline's value in the same repetition."""
-    out = []
-    for rep, v in sorted(per_rep.items()):
-        r = ratio(v, base_per_rep.get(rep))
-        if r is not None:
-            out.append(r)
-    return out
 
 
 # -- bucketed (kernel-side) samples ---------------------------------------------------------

@@ -88,7 +88,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from kbp import rps
 from kbp.bench import heavy as hs
@@ -97,7 +97,7 @@ from kbp.bench import parts as pt
 from kbp.bench import placement as pl
 from kbp.bench.scenarios import Scenario
 from kbp.bench.schema import Results, Samples, Summary, config_of, summary_of
-from kbp.bench.stats import aggregate, ratios_to_baseline
+from kbp.bench.stats import group_summaries
 
 if TYPE_CHECKING:
     from kbp.bench.runner import Bench, BenchConfig
@@ -336,29 +336,22 @@ def split_metrics(rec: dict[str, Any], place: pl.Placement) -> dict[str, float |
 
 def split_summary(runs: list[dict[str, Any]], place: pl.Placement) -> dict[str, Any]:
     """{condition: {mode: {metric: aggregate + ratio_to_napi}, "rps": [...],
-    "heavy_cpus": [...]}} over the rtt runs (ratios per repetition against napi's)."""
-    per: dict[tuple[str, str], dict[str, dict[int, float | None]]] = defaultdict(
-        lambda: defaultdict(dict))
+    "heavy_cpus": [...]}} over the rtt runs (ratios per repetition against napi's:
+    :func:`kbp.bench.stats.group_summaries`)."""
+    out: dict[str, Any] = group_summaries(runs, lambda r: r["condition"],
+                                          lambda r: split_metrics(cast(dict[str, Any], r), place),
+                                          base=report.BASELINE)
     rps: dict[tuple[str, str], set[str]] = defaultdict(set)
     where: dict[tuple[str, str], set[int]] = defaultdict(set)
     for r in runs:
         key = (r["condition"], r["mode"])
-        for k, v in split_metrics(r, place).items():
-            per[key][k][r["rep"]] = v
         for dev, cpus in (r.get("steering") or {}).items():
             rps[key].add(f"{dev.split('-')[0]}:{','.join(map(str, cpus)) or 'off'}")
         where[key].update((r.get("heavy") or {}).get("receiver_cpus") or [])
-    out: dict[str, Any] = {}
-    for (cond, mode), metrics in per.items():
-        base = per.get((cond, report.BASELINE), {})
-        d = out.setdefault(cond, {}).setdefault(mode, {})
-        for k, by_rep in metrics.items():
-            agg = aggregate(by_rep.values())
-            if mode != report.BASELINE and k in base:
-                agg["ratio_to_napi"] = aggregate(ratios_to_baseline(by_rep, base[k]))
-            d[k] = agg
-        d["rps"] = sorted(rps[(cond, mode)])
-        d["heavy_cpus"] = sorted(where[(cond, mode)])
+    for cond, by_mode in out.items():
+        for mode, d in by_mode.items():
+            d["rps"] = sorted(rps[(cond, mode)])
+            d["heavy_cpus"] = sorted(where[(cond, mode)])
     return out
 
 

@@ -45,9 +45,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from kbp.bench import machine, modes, netstats, report, steer, sysstat, workloads
 from kbp.bench import parts as pt
@@ -55,7 +54,7 @@ from kbp.bench import placement as pl
 from kbp.bench.modes import search_state
 from kbp.bench.scenarios import Scenario
 from kbp.bench.schema import Results, Samples, Summary, config_of, summary_of
-from kbp.bench.stats import aggregate, ratios_to_baseline
+from kbp.bench.stats import group_summaries
 
 if TYPE_CHECKING:
     from kbp.bench.runner import Bench, BenchConfig
@@ -375,23 +374,17 @@ def udp_loss_pct(ip: dict[str, Any]) -> float | None:
 
 
 def summarize_streams(recs: list[dict[str, Any]], place: pl.Placement) -> dict[str, Any]:
-    """{part: {mode: {metric: aggregate (+ ratio_to_napi)}}}; ratios per repetition."""
-    per: dict[tuple[str, str], dict[str, dict[int, float | None]]] = defaultdict(
-        lambda: defaultdict(dict))
-    for rec in recs:
-        for k, v in stream_metrics(rec, place).items():
-            per[(rec["part"], rec["mode"])][k][rec["rep"]] = v
-    out: dict[str, Any] = {}
-    for (part, mode), metrics in per.items():
-        base = per.get((part, report.BASELINE), {})
-        dst = out.setdefault(part, {}).setdefault(mode, {})
-        for k, by_rep in metrics.items():
-            agg = aggregate(by_rep.values())
-            if mode != report.BASELINE and k in base:
-                r = aggregate(ratios_to_baseline(by_rep, base[k]))
-                if r.get("n"):
-                    agg["ratio_to_napi"] = r
-            dst[k] = agg
+    """{part: {mode: {metric: aggregate (+ ratio_to_napi)}}}; ratios per repetition
+    (:func:`kbp.bench.stats.group_summaries`), left out where no repetition gave one."""
+    out: dict[str, Any] = group_summaries(recs, lambda r: r["part"],
+                                          lambda r: stream_metrics(cast(dict[str, Any], r), place),
+                                          base=report.BASELINE)
+    for by_mode in out.values():
+        for summ in by_mode.values():
+            for agg in summ.values():
+                ratio = agg.get("ratio_to_napi")
+                if ratio is not None and not ratio["n"]:
+                    del agg["ratio_to_napi"]
     return out
 
 

@@ -413,10 +413,12 @@ def _out(text: str) -> None:
     sys.stdout.flush()
 
 
-def busy_notice(backend: str, cpus: Iterable[int], rt_prio: int) -> str:
-    """What a busy poller does to its CPU, in one short paragraph (for stderr); ``rt_prio``
-    resolved (0: SCHED_NORMAL)."""
-    cpu_list = sorted(set(cpus))
+def busy_notice(backend: str, pollers: Iterable[tuple[int, str]], rt_prio: int) -> str:
+    """What a busy poller does to its CPU, in one short paragraph (for stderr): ``pollers``
+    the (CPU, device) pairs enabled busy (the module runs a poller per CPU and device, named
+    by kbp.names.poller_name), ``rt_prio`` resolved (0: SCHED_NORMAL)."""
+    pairs = set(pollers)
+    cpu_list = sorted({c for c, _ in pairs})
     many = len(cpu_list) != 1
     where = f"CPU{'s' if many else ''} {format_cpulist(cpu_list)}"
     tail = "Place applications on other CPUs, or use --mode hybrid, which sleeps when idle."
@@ -433,7 +435,12 @@ def busy_notice(backend: str, cpus: Iterable[int], rt_prio: int) -> str:
         when = (f"at SCHED_FIFO {rt_prio} that means lower-priority tasks wait for the "
                 "kernel's RT throttling")
     else:
-        who = f"busy poller{'s' if many else ''} " + ", ".join(f"kbp/{c}" for c in cpu_list)
+        # one name per device, the CPU as <cpu> when there are several: kbp/<cpu>:eth1
+        devs = sorted({d for _, d in pairs})
+        many = len(pairs) != 1
+        cpu: int | str = cpu_list[0] if len(cpu_list) == 1 else "<cpu>"
+        who = f"busy poller{'s' if many else ''} " + ", ".join(
+            names.poller_name(cpu, names.CLASS_RT, d) for d in devs)
         when = ("for ~50 us when it finds no work, or after holding the CPU a millisecond while "
                 "others wait: counter 'yields'")
     owns = f"own {where}: each spins" if many else f"owns {where}: it spins"
@@ -575,7 +582,8 @@ def cmd_enable(args: argparse.Namespace) -> int:
         rps_notice(d, req.keep_rps)
     if modespec.spins(req.mode) and res.devices:
         assert req.rt_prio is not None
-        _warn(busy_notice(be.name, (c for d in res.devices for c in d.cpus), req.rt_prio))
+        _warn(busy_notice(be.name, ((c, d.name) for d in res.devices for c in d.cpus),
+                          req.rt_prio))
     for n in res.notes:  # other receive work on the polling CPUs (kbp.contention)
         _warn(f"{PROG}: {n}")  # one line each: scripts grep them
     return EXIT_OK
@@ -666,10 +674,10 @@ def _apply_once(cfg: Any, dry_run: bool, quiet: bool) -> None:
     if busy and not dry_run:
         for bname in sorted({a.backend for a in busy}):
             reqs = [a.request for a in busy if a.backend == bname and a.request is not None]
-            cpus = {c for r in reqs for c in (r.cpus or online_cpus())}
+            pollers = {(c, d) for r in reqs for d in r.devices for c in (r.cpus or online_cpus())}
             prio = reqs[0].resolved(bname).rt_prio
             assert prio is not None
-            _warn(busy_notice(bname, cpus, prio))
+            _warn(busy_notice(bname, pollers, prio))
     for a in actions:
         for n in a.result.notes if a.result is not None else []:
             _warn(f"{PROG}: {n}")

@@ -280,6 +280,11 @@ class Poller:
     if TYPE_CHECKING:
         def __getattr__(self, name: str) -> int | None: ...  # a counter (_with_counters)
 
+    @property
+    def name(self) -> str:
+        """Its thread's name (:func:`kbp.names.poller_name`)."""
+        return names.poller_name(self.cpu, self.cls, self.ifname)
+
     def counters(self) -> dict[str, int | None]:
         return {c: getattr(self, c) for c in names.POLLER_COUNTERS}
 

@@ -63,6 +63,21 @@ CLASSES: Final = tuple(CLASS_IDS)
 CLASS_NAMES: Final = {v: k for k, v in CLASS_IDS.items()}
 NONRT_DEFAULT_QUOTA: Final = _spec.KBP_NONRT_QUOTA_DEF  # packets per NAPI per poll, non-rt
 NICE_RANGE: Final = _spec.RANGES["nice"]  # non-rt: the poller's nice (< 0 needs CAP_SYS_NICE)
+# The module's poller threads: one per CPU and device, named <prefix>/<cpu>:<device> with the
+# prefix of its class (module/kbp_poller.c, kbp_classes[].prefix and the thread's name);
+# poller_name builds it, and every message of kbpctl and the bench names a poller so.
+POLLER_THREAD_PREFIX: Final[dict[str, str]] = {CLASS_RT: "kbp", CLASS_NON_RT: "kbpn"}
+
+
+def poller_name(cpu: int | str, cls: str | None = None, device: str | None = None) -> str:
+    """The module's name of its poller thread on ``cpu`` of class ``cls`` (None: rt, as a
+    module without classes reports) serving ``device``: ``kbp/1:eth0``, ``kbpn/1:eth2``
+    (module/kbp_poller.c names each thread so; ``ps`` shows its first 15 characters).
+    Without ``device`` (a poller not yet attached, or a module before per-device pollers)
+    ``kbp/1``."""
+    head = f"{POLLER_THREAD_PREFIX.get(cls or CLASS_RT, cls or '')}/{cpu}"
+    return f"{head}:{device}" if device else head
+
 
 # Per-poller counters (read-only), with what each counts (docs, the exporter's HELP text):
 # the attributes of the module's poller-get reply that the spec marks as counters, in the

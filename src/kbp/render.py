@@ -135,8 +135,7 @@ def pollers_table(st: Status) -> Table:
 def periodic_line(p: PollerStatus) -> str:
     """One line per periodic poller: its interval, and the interval search when it runs."""
     per = p.periodic or {}
-    head = (f"kbp/{p.cpu}" + (f":{p.device}" if p.device else "")
-            + f" periodic: {_n(per.get('handbacks'))} hand-backs to interrupts, ")
+    head = f"{p.name} periodic: {_n(per.get('handbacks'))} hand-backs to interrupts, "
     s = per.get("search")
     if not isinstance(s, dict):
         return head + f"fixed interval {_n(per.get('interval_us'))} us"
@@ -244,15 +243,17 @@ def freq_block(st: Status) -> RenderableType:
 
 
 def cpu_poller_lines(cpus: list[PollingCpu]) -> list[Text]:
-    """One line per polling CPU: its pollers with their class, rt first
-    ("CPU 1: rt kbp/1 FIFO/50; non-rt kbpn/1 OTHER/0 nice 5 (eth2)")."""
+    """One line per polling CPU: its pollers with their class, rt first, and the devices
+    their names do not say ("CPU 1 pollers: rt kbp/1:eth0 FIFO/50; non-rt napi/eth2-9 OTHER/0
+    nice 5 (eth2)")."""
     out = []
     for c in cpus:
         if not c.pollers:
             continue
         parts = []
         for p in c.pollers:
-            devs = f" ({', '.join(p.devices)})" if p.devices else ""
+            unsaid = [d for d in p.devices if not p.comm.endswith(f":{d}")]
+            devs = f" ({', '.join(unsaid)})" if unsaid else ""
             parts.append(f"{p.cls} {p.comm} {sched_cell(p.policy, p.priority, p.nice)}{devs}")
         out.append(Text(f"CPU {c.cpu} pollers: {'; '.join(parts)}"))
         out += [Text(f"  {p.cls} {p.comm}: {cell}") for p in c.pollers

@@ -133,7 +133,7 @@ def test_enable_with_the_bench_knobs(enabled_requests: list[Any]) -> None:
 def test_kmod_search_state(monkeypatch: pytest.MonkeyPatch) -> None:
     from kbp import kmod
     poller = kmod.Poller(cpu=1, pid=10, mode="periodic", netap=True, interval_us=None,
-                         handbacks=2, round_ms=200,
+                         handbacks=2, round_ms=200, ifname=T.dev,
                          search=kmod.NetapState(round=11, rounds=14, interval_us=523,
                                                 low_us=523, high_us=554, converged=True,
                                                 restarts=0, last_objective=9000))
@@ -159,7 +159,8 @@ def test_kmod_search_state(monkeypatch: pytest.MonkeyPatch) -> None:
     assert st["interval_us"] == 523 and st["converged"] is True and st["searching"]
     assert st["rounds"] == 14 and st["restarts"] == 0 and st["handbacks"] == 2
     assert st["last_objective"] == 9000
-    assert st["search"]["low_us"] == 523 and st["source"] == "kbp.ko poller kbp/1"
+    assert st["search"]["low_us"] == 523
+    assert st["source"] == "kbp.ko poller kbp/1:rt-s-test"      # its thread's name
     poller.search = None
     poller.netap, poller.interval_us = False, 300
     st = search_state(m)

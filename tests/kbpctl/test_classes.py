@@ -231,7 +231,7 @@ def test_deferred_pids_are_the_threads_of_napis_with_both_deferral_settings() ->
 def test_status_shows_classes_pollers_per_cpu_and_the_model() -> None:
     d = DeviceStatus("eth2", None, 3, None, "stock", cls="non-rt", nice=5)
     cpu = PollingCpu(1, False, [], [
-        CpuPoller("rt", "kmod", 100, "kbp/1", "SCHED_FIFO", 50, 0),
+        CpuPoller("rt", "kmod", 100, "kbp/1:eth0", "SCHED_FIFO", 50, 0, ["eth0"]),
         CpuPoller("non-rt", "stock", 101, "napi/eth2-9", "SCHED_OTHER", 0, 5, ["eth2"])])
     st = Status("6.18", "stock", {}, [d], [], FreqReport(False, [], ""), [cpu],
                 preempt={"model": "none", "source": "debugfs", "preempts_kernel": False,
@@ -243,7 +243,7 @@ def test_status_shows_classes_pollers_per_cpu_and_the_model() -> None:
     assert [p["class"] for p in js["polling_cpus"][0]["pollers"]] == ["rt", "non-rt"]
     assert js["preempt"]["model"] == "none"
     assert [t.plain for t in cpu_poller_lines([cpu])] == [
-        "CPU 1 pollers: rt kbp/1 FIFO/50; non-rt napi/eth2-9 OTHER/0 nice 5 (eth2)"]
+        "CPU 1 pollers: rt kbp/1:eth0 FIFO/50; non-rt napi/eth2-9 OTHER/0 nice 5 (eth2)"]
     lines = [t.plain for t in preempt_lines(st)]
     assert lines[0].startswith("preemption model: none (from debugfs)")
     assert lines[1] == "! CPU 1: ..."

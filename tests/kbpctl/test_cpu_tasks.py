@@ -248,25 +248,27 @@ def test_polling_cpus_say_each_classes_poll_sizes_and_waits(host: Host) -> None:
                          mode="hybrid", cls="non-rt", napis=[NapiStatus(id=7, cpu=3,
                                                                         thread=thread)])
     (pc,) = backends.polling_cpus([rt_dev, nrt_dev, stock], [rt, nrt], host)
+    # each module poller by its thread's name: per CPU, class and device (kbp_poller.c)
     loads = {p.comm: p.load for p in pc.pollers}
-    assert loads["kbp/3"].packets_per_poll == 1.0 and loads["kbp/3"].quota == 64
-    assert loads["kbp/3"].wake_delay_mean_us == 12.0
-    assert loads["kbp/3"].wake_delay_max_us == 1436.0
-    assert loads["kbp/3"].wait_mean_us == 2.0 and loads["kbp/3"].runs == 1500
-    assert loads["kbpn/3"].packets_per_poll == 7.899 and loads["kbpn/3"].gave_way == 3858
-    assert loads["kbpn/3"].wake_delay_mean_us is None       # never woken: no mean
+    rt_load, nrt_load = loads["kbp/3:eth1"], loads["kbpn/3:eth2"]
+    assert rt_load.packets_per_poll == 1.0 and rt_load.quota == 64
+    assert rt_load.wake_delay_mean_us == 12.0 and rt_load.wake_delay_max_us == 1436.0
+    assert rt_load.wait_mean_us == 2.0 and rt_load.runs == 1500
+    assert nrt_load.packets_per_poll == 7.899 and nrt_load.gave_way == 3858
+    assert nrt_load.wake_delay_mean_us is None       # never woken: no mean
     assert loads["napi/eth3-7"].packets_per_poll is None    # the kernel does not count it
     assert loads["napi/eth3-7"].wait_mean_us == 5.0
     js = json.loads(json.dumps(a_status([pc]).to_json()))
     got = {p["comm"]: p["load"] for p in js["polling_cpus"][0]["pollers"]}
-    assert got["kbpn/3"]["packets_per_poll"] == 7.899 and got["kbp/3"]["quota"] == 64
+    assert got["kbpn/3:eth2"]["packets_per_poll"] == 7.899
+    assert got["kbp/3:eth1"]["quota"] == 64
     assert [p["devices"] for p in js["polling_cpus"][0]["pollers"]] == [
         ["eth1"], ["eth3"], ["eth2"]]                     # rt first, then by pid
     lines = [t.plain for t in cpu_poller_lines([pc])]
-    assert lines[1] == ("  rt kbp/3: 1.0 packets per poll (quota 64); wake-up to running "
+    assert lines[1] == ("  rt kbp/3:eth1: 1.0 packets per poll (quota 64); wake-up to running "
                         "12.0 us mean, 1,436.0 us max over 1,901 wake-ups; runnable but "
                         "waiting 2.0 us per run (schedstat, 1,500 runs)")
-    assert lines[3] == ("  non-rt kbpn/3: 7.9 packets per poll (quota 8), gave way 3,858 "
+    assert lines[3] == ("  non-rt kbpn/3:eth2: 7.9 packets per poll (quota 8), gave way 3,858 "
                         "times; runnable but waiting 45.0 us per run (schedstat, 1,000 runs)")
     assert lines[2] == ("  non-rt napi/eth3-7: runnable but waiting 5.0 us per run "
                         "(schedstat, 400 runs)")

@@ -707,7 +707,9 @@ def test_enable_busy_says_the_poller_owns_its_cpu(backend: str, capsys: pytest.C
     flat = " ".join(err.split())
     if backend == "kmod":  # FIFO 50: the module's poller yields
         assert "own CPUs 2-3" in flat and "~100%" in flat and "only when it yields" in flat
-        assert "kbp/2, kbp/3" in flat and out.count("SCHED_FIFO 50") == 2
+        # a poller per CPU and device, by its thread's name (kbp.names.poller_name)
+        assert "busy pollers kbp/<cpu>:eth1, kbp/<cpu>:eth2 own" in flat
+        assert out.count("SCHED_FIFO 50") == 2
     else:  # stock busy runs SCHED_NORMAL (upstream threaded busy polling does not yield)
         assert "busy NAPI threads on CPUs 2-3 never sleep" in flat and "~100%" in flat
         assert "SCHED_NORMAL" in flat and "fairly" in flat and "kbp/2" not in flat
@@ -720,8 +722,11 @@ def test_enable_busy_says_the_poller_owns_its_cpu(backend: str, capsys: pytest.C
 
 def test_busy_notice_names_one_cpu() -> None:
     from kbp.cli import busy_notice
-    flat = " ".join(busy_notice("kmod", [3, 3], 50).split())
-    assert flat.startswith("kbpctl: note: the busy poller kbp/3 owns CPU 3: it spins")
+    flat = " ".join(busy_notice("kmod", [(3, "eth1"), (3, "eth1")], 50).split())
+    assert flat.startswith("kbpctl: note: the busy poller kbp/3:eth1 owns CPU 3: it spins")
+    flat = " ".join(busy_notice("kmod", [(3, "eth1"), (3, "eth2")], 50).split())
+    assert flat.startswith("kbpctl: note: the busy pollers kbp/3:eth1, kbp/3:eth2 own CPU 3: "
+                           "each spins")
 
 
 def test_apply_of_a_busy_device_says_it_too(capsys: pytest.CaptureFixture[str],
@@ -736,7 +741,7 @@ def test_apply_of_a_busy_device_says_it_too(capsys: pytest.CaptureFixture[str],
     monkeypatch.setattr(config, "converge", lambda cfg, dry_run=False: acts)
     assert cli.main(["apply"]) == 0
     err = " ".join(capsys.readouterr().err.split())
-    assert "the busy poller kbp/1 owns CPU 1" in err and "kbp/2" not in err
+    assert "the busy poller kbp/1:eth1 owns CPU 1" in err and "kbp/2" not in err
     assert cli.main(["apply", "--dry-run"]) == 0
     assert capsys.readouterr().err == ""
 

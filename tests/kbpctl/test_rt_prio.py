@@ -152,7 +152,7 @@ def test_enable_resolves_the_default_and_says_it(
 
 
 def test_busy_notice_of_stock_busy_at_sched_normal() -> None:
-    flat = " ".join(cli.busy_notice(STOCK, [2, 3], 0).split())
+    flat = " ".join(cli.busy_notice(STOCK, [(2, "eth1"), (3, "eth1")], 0).split())
     assert "busy NAPI threads on CPUs 2-3 never sleep" in flat
     assert "They run SCHED_NORMAL" in flat and "share the CPU with it fairly" in flat
     assert "only when it yields" not in flat and "--mode hybrid" in flat

@@ -71,8 +71,8 @@ def test_rt_and_non_rt_pollers_share_a_cpu(kmod, flow: Flow) -> None:
         rt, nrt = ps["rt"], ps["non-rt"]
         assert (nrt.mode, nrt.quota, nrt.rt_prio, nrt.nice) == ("hybrid", 8, 0, 5), nrt
         assert (rt.quota, rt.rt_prio) == (64, 50), rt
-        assert comm(rt.pid) == f"kbp/{POLL_CPU}:{flow.t.nic0}"
-        assert comm(nrt.pid) == f"kbpn/{POLL_CPU}:{dev}"
+        assert comm(rt.pid) == f"kbp/{POLL_CPU}:{flow.t.nic0}" == rt.name
+        assert comm(nrt.pid) == f"kbpn/{POLL_CPU}:{dev}" == nrt.name   # kbpctl's name for it
         assert os.sched_getscheduler(nrt.pid) == os.SCHED_OTHER
         assert os.getpriority(os.PRIO_PROCESS, nrt.pid) == 5
         assert os.sched_getscheduler(rt.pid) == os.SCHED_FIFO

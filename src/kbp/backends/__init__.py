@@ -493,6 +493,11 @@ class PollerStatus:
     #: active, stopping, stuck (kmod.Poller.state; None: a module that does not say)
     state: str | None = None
 
+    @property
+    def name(self) -> str:
+        """Its thread's name, the module's (kbp.names.poller_name: kbp/1:eth0)."""
+        return names.poller_name(self.cpu, self.cls, self.device)
+
 
 @dataclass
 class PollerLoad:
@@ -744,11 +749,6 @@ def polling_cpus(devs: Sequence[DeviceStatus], pollers: Sequence[PollerStatus],
             for c, t in tasks.items()]
 
 
-def poller_comm(cpu: int, cls: str | None) -> str:
-    """The module's name for its poller thread of class ``cls`` on ``cpu``."""
-    return f"kbpn/{cpu}" if cls == names.CLASS_NON_RT else f"kbp/{cpu}"
-
-
 def cpu_pollers(devs: Sequence[DeviceStatus], pollers: Sequence[PollerStatus],
                 host: Host = HOST) -> dict[int, list[CpuPoller]]:
     """CPU -> its polling threads with their class and load: the module's pollers (a module
@@ -759,7 +759,7 @@ def cpu_pollers(devs: Sequence[DeviceStatus], pollers: Sequence[PollerStatus],
     for p in pollers:
         cls = p.cls or names.CLASS_RT
         out.setdefault(p.cpu, []).append(CpuPoller(
-            cls, names.BACKEND_KMOD, p.pid, poller_comm(p.cpu, cls), p.policy, p.priority,
+            cls, names.BACKEND_KMOD, p.pid, p.name, p.policy, p.priority,
             p.nice, [p.device] if p.device else [], poller_load(p.pid, p, kmod_napis, host)))
     for d in devs:
         if d.backend != names.BACKEND_STOCK:

@@ -596,7 +596,7 @@ def stuck_pollers(ds: DeviceStatus, pollers: Sequence[PollerStatus]) -> list[Pro
     """A problem for each poller of ``ds`` the module reports stuck: it did not give a
     NAPI back in time, because a task of higher priority hogs its CPU; until it runs again
     it takes no new NAPI, and its device's NAPIs wait."""
-    return [Problem(POLLER_STUCK, f"poller kbp/{p.cpu}:{p.device} is stuck: it did not give a "
+    return [Problem(POLLER_STUCK, f"poller {p.name} is stuck: it did not give a "
                     f"NAPI back in time (a task of higher priority hogs CPU {p.cpu}); find it "
                     "with 'kbpctl status' (tasks on polling CPUs) or 'top -H' and move or stop "
                     "it")
@@ -635,8 +635,7 @@ def periodic_drift(ds: DeviceStatus, pollers: Sequence[PollerStatus]) -> list[Pr
         diff = [f"{k} {have.get(k)} (enabled with {v})" for k, v in want.items()
                 if have.get(k) != v]
         if diff:
-            who = f"kbp/{p.cpu}" + (f":{p.device}" if p.device else "")
-            out.append(Problem(PERIODIC_DRIFT, f"poller {who} runs {', '.join(diff)}: "
+            out.append(Problem(PERIODIC_DRIFT, f"poller {p.name} runs {', '.join(diff)}: "
                                "'kbpctl apply' or enable again"))
     return out
 

@@ -61,7 +61,6 @@ def poller_counters(backend: str, threads: Mapping[int, str], cpus: Sequence[int
 
 def _kmod_threads(dev: str, netns: str | None, cpu: int | None) -> dict[int, str]:
     from kbp import kmod
-    from kbp.backends import poller_comm  # kbp/<cpu>; kbpn/<cpu> for class non-rt
     with kmod.Client() as c:
         d = c.device(dev, netns)
         cpus = {n.cpu for n in (d.napis if d else []) if n.cpu is not None}
@@ -72,8 +71,7 @@ def _kmod_threads(dev: str, netns: str | None, cpu: int | None) -> dict[int, str
         # the device's own pollers: the module runs one per CPU and device
         ours = [p for p in c.pollers() if p.cpu in cpus and p.pid and
                 (p.ifindex is None or d is None or p.ifindex == d.ifindex)]
-        return {p.pid: poller_comm(p.cpu, p.cls) + (f":{p.ifname}" if p.ifname else "")
-                for p in ours}
+        return {p.pid: p.name for p in ours}
 
 
 def _stock_threads(dev: str, netns: str | None) -> dict[int, str]:

@@ -816,10 +816,11 @@ def kmod_search_state(t: Target) -> dict[str, Any]:
     with kmod.Client() as c:
         ps = [p for p in c.pollers() if p.cpu == t.cpu]
     if not ps:
-        return {"source": f"kbp.ko poller kbp/{t.cpu}", "error": "no poller on the RT CPU"}
+        return {"source": f"kbp.ko poller {names.poller_name(t.cpu, None, t.dev)}",
+                "error": "no poller on the RT CPU"}
     # the RT device's own (the module runs a poller per CPU and device)
     p = next((q for q in ps if q.ifname == t.dev), ps[0])
-    out: dict[str, Any] = {"source": f"kbp.ko poller kbp/{p.cpu}", "mode": p.mode,
+    out: dict[str, Any] = {"source": f"kbp.ko poller {p.name}", "mode": p.mode,
                            "netap": p.netap, "interval_us": p.interval_us,
                            "handbacks": p.handbacks, "round_ms": p.round_ms}
     if p.search is not None:

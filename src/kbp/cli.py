@@ -420,6 +420,7 @@ def busy_notice(backend: str, pollers: Iterable[tuple[int, str]], rt_prio: int) 
     pairs = set(pollers)
     cpu_list = sorted({c for c, _ in pairs})
     many = len(cpu_list) != 1
+    plural = many       # the stock backend's threads, said per CPU
     where = f"CPU{'s' if many else ''} {format_cpulist(cpu_list)}"
     tail = "Place applications on other CPUs, or use --mode hybrid, which sleeps when idle."
     if backend == names.BACKEND_STOCK and not rt_prio:
@@ -435,15 +436,16 @@ def busy_notice(backend: str, pollers: Iterable[tuple[int, str]], rt_prio: int) 
         when = (f"at SCHED_FIFO {rt_prio} that means lower-priority tasks wait for the "
                 "kernel's RT throttling")
     else:
-        # one name per device, the CPU as <cpu> when there are several: kbp/<cpu>:eth1
+        # a poller per CPU and device: one name per device, the CPU as <cpu> when there are
+        # several (kbp/<cpu>:eth1), and the verb plural when the pollers are
         devs = sorted({d for _, d in pairs})
-        many = len(pairs) != 1
+        plural = len(pairs) != 1
         cpu: int | str = cpu_list[0] if len(cpu_list) == 1 else "<cpu>"
-        who = f"busy poller{'s' if many else ''} " + ", ".join(
+        who = f"busy poller{'s' if plural else ''} " + ", ".join(
             names.poller_name(cpu, names.CLASS_RT, d) for d in devs)
         when = ("for ~50 us when it finds no work, or after holding the CPU a millisecond while "
                 "others wait: counter 'yields'")
-    owns = f"own {where}: each spins" if many else f"owns {where}: it spins"
+    owns = f"own {where}: each spins" if plural else f"owns {where}: it spins"
     text = (f"{PROG}: note: the {who} {owns} at ~100% of its CPU, and other tasks pinned "
             f"there get the CPU only when it yields ({when}). {tail}")
     return textwrap.fill(text, width=100)
@@ -674,7 +676,7 @@ def _apply_once(cfg: Any, dry_run: bool, quiet: bool) -> None:
     if busy and not dry_run:
         for bname in sorted({a.backend for a in busy}):
             reqs = [a.request for a in busy if a.backend == bname and a.request is not None]
-            pollers = {(c, d) for r in reqs for d in r.devices for c in (r.cpus or online_cpus())}
+            pollers = {(c, d) for r in reqs for c in (r.cpus or online_cpus()) for d in r.devices}
             prio = reqs[0].resolved(bname).rt_prio
             assert prio is not None
             _warn(busy_notice(bname, pollers, prio))

@@ -168,9 +168,12 @@ def summarize_rfc(searches: Iterable[ThroughputRun], pl: Placement) -> dict[str,
     out: dict[str, Any] = group_summaries(
         searches, lambda s: str(s["frame"]),
         lambda s: {m: s[m] for m in ("throughput_pps", "throughput_mbps")}, base=BASELINE)
+    per: dict[tuple[str, str], list[ThroughputRun]] = defaultdict(list)
+    for s in searches:
+        per[(str(s["frame"]), s["mode"])].append(s)
     for frame, by_mode in out.items():
         for mode, dst in by_mode.items():
-            mine = [s for s in searches if str(s["frame"]) == frame and s["mode"] == mode]
+            mine = per[(frame, mode)]
             dst["bounds"] = sorted({s["bound"] for s in mine})
             cpu = [s["sys"]["cpu"] for s in mine if s.get("sys")]
             for role, c in pl.role_cpus().items():

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from kbp import modespec, names
-from kbp.errors import EXIT_OK, EXIT_USAGE, InvalidInput, KbpctlError
+from kbp.errors import EXIT_OK, EXIT_USAGE, InvalidInput, KbpctlError, OperationFailed
 from kbp.sysinfo import format_cpulist, online_cpus, parse_cpulist
 
 if TYPE_CHECKING:
@@ -100,7 +100,9 @@ examples:
   kbpctl disable --all
 
 Restores every setting kbpctl changed to the value it had before, from the journal under
-/run/kbp -- also after an interrupted enable.
+/run/kbp -- also after an interrupted enable.  --all also puts back what a killed
+`kbpctl bench` left set (global sysctls such as net.core.busy_read, NIC ports it had
+moved), from that benchmark's journal; the next benchmark would do it otherwise.
 """
 
 STATUS_EPILOG = """\
@@ -600,17 +602,27 @@ def cmd_disable(args: argparse.Namespace) -> int:
         raise InvalidInput("name the devices to disable, or give --all")
     from kbp import backends
     res = backends.disable(None if args.all else list(args.devices), args.netns)
+    put_back: list[str] = []
+    failed: list[str] = []
     if args.all:  # kbp is off: status no longer classifies by apply's [rt_class] rule
         from kbp import rtclass
+        from kbp.bench import knobs, nicpair
         from kbp.system.journal import StateDir
         rtclass.save_rule(StateDir().root, None)
+        # and what a killed `kbpctl bench` left set: global sysctls, NIC ports
+        put_back, failed = knobs.recover()
+        put_back += nicpair.recover()
     for n in res.notes:
         _out(n)
     for d in res.devices:
         where = f" in netns {d.netns}" if d.netns else ""
         _out(f"disabled {d.name}{where} ({d.backend}): {d.changes} journaled change"
              f"{'s' if d.changes != 1 else ''} undone")
-    if args.all and not res.devices:
+    for line in put_back:
+        _out(line)
+    if failed:
+        raise OperationFailed("; ".join(failed))
+    if args.all and not res.devices and not put_back:
         _out("nothing is enabled")
     return EXIT_OK
 

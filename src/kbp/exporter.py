@@ -88,7 +88,7 @@ def _num(v: object) -> float | None:
 
 
 def _poller_labels(p: PollerStatus) -> list[str]:
-    return [str(p.cpu), _s(p.mode), p.cls or names.CLASS_RT, names.BACKEND_KMOD,
+    return [str(p.cpu), _s(p.mode), p.cls, names.BACKEND_KMOD,
             _s(p.device)]
 
 

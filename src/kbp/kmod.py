@@ -144,11 +144,11 @@ def mode_id(mode: str | int) -> int:
             from None
 
 
-def class_name(cls_id: int | None) -> str | None:
-    """KBP_A_CLASS's name (names.CLASSES); None when the module did not say (before classes:
-    every poller was rt)."""
+def class_name(cls_id: int | None) -> str:
+    """KBP_A_CLASS's name (names.CLASSES).  A module that does not say has no classes: every
+    poller and device of it is rt, and this is the one place that rule is spelled."""
     if cls_id is None:
-        return None
+        return names.CLASS_RT
     return names.CLASS_NAMES.get(cls_id, str(cls_id))
 
 
@@ -251,7 +251,7 @@ class Poller:
     names.MODULE_POLLER_COUNTER_HELP)."""
 
     cpu: int
-    cls: str | None = None  # names.CLASS_RT or names.CLASS_NON_RT
+    cls: str = names.CLASS_RT  # or names.CLASS_NON_RT (class_name)
     nice: int | None = None  # non-rt: the thread's nice
     pid: int | None = None  # 0: the caller is outside the initial pid namespace (unknown)
     mode: str | None = None
@@ -309,7 +309,7 @@ class Device:
     ifname: str | None = None
     netns_inum: int | None = None
     state: str | None = None  # active | standby (device down: stock NAPI until it is up)
-    cls: str | None = None  # names.CLASS_RT or names.CLASS_NON_RT: which poller class serves it
+    cls: str = names.CLASS_RT  # or names.CLASS_NON_RT: which poller class serves it
     cpu: int | None = None
     mode: str | None = None
     linger_us: int | None = None

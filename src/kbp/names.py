@@ -69,13 +69,13 @@ NICE_RANGE: Final = _spec.RANGES["nice"]  # non-rt: the poller's nice (< 0 needs
 POLLER_THREAD_PREFIX: Final[dict[str, str]] = {CLASS_RT: "kbp", CLASS_NON_RT: "kbpn"}
 
 
-def poller_name(cpu: int | str, cls: str | None = None, device: str | None = None) -> str:
-    """The module's name of its poller thread on ``cpu`` of class ``cls`` (None: rt, as a
-    module without classes reports) serving ``device``: ``kbp/1:eth0``, ``kbpn/1:eth2``
+def poller_name(cpu: int | str, cls: str = CLASS_RT, device: str | None = None) -> str:
+    """The module's name of its poller thread on ``cpu`` of class ``cls`` serving
+    ``device``: ``kbp/1:eth0``, ``kbpn/1:eth2``
     (module/kbp_poller.c names each thread so; ``ps`` shows its first 15 characters).
     Without ``device`` (a poller not yet attached, or a module before per-device pollers)
     ``kbp/1``."""
-    head = f"{POLLER_THREAD_PREFIX.get(cls or CLASS_RT, cls or '')}/{cpu}"
+    head = f"{POLLER_THREAD_PREFIX.get(cls, cls)}/{cpu}"
     return f"{head}:{device}" if device else head
 
 

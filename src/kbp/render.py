@@ -120,7 +120,7 @@ def pollers_table(st: Status) -> Table:
         t.add_column(c, no_wrap=True)
     for p in st.pollers:
         c = p.counters
-        t.add_row(str(p.cpu), p.cls or names.CLASS_RT, p.device or "-", p.state or "-",
+        t.add_row(str(p.cpu), p.cls, p.device or "-", p.state or "-",
                   _n(p.pid), _n(p.mode),
                   _n(p.linger_us), _n(p.quota), sched_cell(p.policy, p.priority, p.nice),
                   f"on, {_n(c.get('freq_changes'))} changes" if p.freq_ctl else "off",

@@ -217,13 +217,13 @@ def test_napi_knobs_go_through_netdev(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(netdev, "NetdevClient", _Client)
     m = _mode()
-    m.effector = knobs.kernel_effector(m._clients)
+    m.effector = knobs.kernel_effector()
     ist = napi_knob(5, "irq-suspend-timeout", NS)
-    assert knobs.read(m.kernel, ist) == "7"
-    ch = knobs.Changes(m.kernel, state=None)
+    assert knobs.read(m.effector, ist) == "7"
+    ch = knobs.Changes(m.effector, state=None)
     ch.apply([(ist, "20000000")])
     with pytest.raises(KnobError, match="napi-get does not report gro_flush_timeout"):
-        knobs.read(m.kernel, napi_knob(5, "gro-flush-timeout", NS))
+        knobs.read(m.effector, napi_knob(5, "gro-flush-timeout", NS))
     ch.restore()
     m.teardown()
     assert calls == [("open", NS), ("set", 5, {"irq_suspend_timeout": 20000000}),

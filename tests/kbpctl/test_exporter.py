@@ -64,7 +64,7 @@ def make_status() -> Status:
                          cls=names.CLASS_NON_RT, nice=5)
     per = PollerStatus(cpu=2, pid=503, mode="periodic", linger_us=None, quota=64, napis=1,
                        policy="SCHED_FIFO", priority=50,
-                       counters=dict.fromkeys(names.POLLER_COUNTERS), cls=None,
+                       counters=dict.fromkeys(names.POLLER_COUNTERS),
                        periodic={"interval_us": 500, "netap": True, "handbacks": 7,
                                  "search": {"interval_us": 250, "converged": True,
                                             "restarts": 3, "objective": "bytes-per-cpu",

@@ -199,6 +199,20 @@ def decode(raw: bytes) -> Any:
     return m
 
 
+def test_no_class_attribute_is_rt_at_the_decoder() -> None:
+    """A reply without KBP_A_CLASS (a module without classes) is class rt at the decoder,
+    so no reader spells the rule again: the poller, its status row and its device."""
+    raw = genl(kmod.KBP_CMD_POLLER_GET, u32(kmod.KBP_A_CPU, 3) + u32(kmod.KBP_A_MODE, 1)
+               + nla(kmod.KBP_A_IFNAME, b"eth1\0"))
+    p = kmod._poller_from(decode(raw))
+    assert (p.cls, p.name) == (names.CLASS_RT, "kbp/3:eth1")
+    assert kmod._device_from(decode(dev_reply())).cls == names.CLASS_RT
+    from kbp.backends import PollerStatus
+    ps = PollerStatus(cpu=3, pid=None, mode="hybrid", linger_us=0, quota=64, napis=1,
+                      policy=None, priority=None, counters={}, device="eth1")
+    assert (ps.cls, ps.name) == (names.CLASS_RT, "kbp/3:eth1")
+
+
 def test_decode_poller() -> None:
     p = kmod._poller_from(decode(poller_reply()))
     assert (p.cpu, p.pid, p.mode, p.linger_us, p.quota, p.rt_prio, p.freq_ctl, p.napis) == \

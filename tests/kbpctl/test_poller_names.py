@@ -26,7 +26,8 @@ def test_the_rule_is_the_modules() -> None:
                      r'cpu,\s*kd->dev->name\)', src), "the module names its threads otherwise"
     assert names.poller_name(1, "rt", "eth0") == "kbp/1:eth0"
     assert names.poller_name(1, "non-rt", "eth2") == "kbpn/1:eth2"
-    assert names.poller_name(3, None, "eth0") == "kbp/3:eth0"   # a module without classes
+    # the default class is rt (a module without classes: test_kmod's decoder test)
+    assert names.poller_name(3, device="eth0") == "kbp/3:eth0"
     assert names.poller_name(3) == "kbp/3"                       # not (yet) serving a device
 
 

@@ -52,12 +52,12 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from kbp import kmod, sysinfo
+from kbp import kmod, names, sysinfo
 from kbp.bench import report, stats
 from kbp.bench.report import Column
-from kbp.bench.schema import ModeSummary
+from kbp.system import access
 from vm.guest_tests.conftest import (
     NS,
     POLL_CPU,
@@ -163,13 +163,13 @@ def setup(mode: str, nic0: str, args: argparse.Namespace) -> None:
     if mode == "hybrid-part":
         kmod.attach(DEV, cpu=POLL_CPU, mode="hybrid", cls="non-rt", quota=quota)
     if mode == "threaded-part":
-        Path(f"/sys/class/net/{DEV}/threaded").write_text("1")
+        access.write(access.net_path(DEV, "threaded"), 1)
         pids = [t.pid for t in sysinfo.find_napi_threads(DEV)]
         assert pids, "no napi/ktn0-* threads"
         for pid in pids:
             os.sched_setaffinity(pid, {POLL_CPU})
     if mode != "napi-idle":   # the hrtimers pick the rate up within a second (--settle)
-        Path("/sys/module/kbp_test_nic/parameters/rate").write_text(str(args.rate))
+        access.write("/sys/module/kbp_test_nic/parameters/rate", args.rate)
 
 
 def teardown(nic0: str) -> None:
@@ -208,7 +208,7 @@ def poll_cpu_pollers(pollers: list[kmod.Poller]) -> dict[str, list[kmod.Poller]]
     out: dict[str, list[kmod.Poller]] = {"rt_poller": [], "nrt_poller": []}
     for p in pollers:
         if p.cpu == POLL_CPU:
-            out["nrt_poller" if p.cls == "non-rt" else "rt_poller"].append(p)
+            out["nrt_poller" if p.cls == names.CLASS_NON_RT else "rt_poller"].append(p)
     return out
 
 
@@ -295,7 +295,7 @@ def table(results: list[dict[str, Any]]) -> str:
     runs = sorted(results, key=lambda r: rank.get(r["mode"].partition(":q")[0], len(MODES)))
     summ = stats.mode_summaries(runs, lambda r: {c: r.get(c) for c, _, _ in COLUMNS},
                                 base="napi")
-    return report.summary_table((([m], cast(ModeSummary, s)) for m, s in summ.items()),
+    return report.summary_table((([m], s) for m, s in summ.items()),
                                 COLUMNS)
 
 

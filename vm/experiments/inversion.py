@@ -403,8 +403,9 @@ def tw_ok(name: str, value: str) -> bool:
 def poller_pid(pollers: list[Any], cpu: int, dev: str) -> int:
     """The pid of the rt poller serving ``dev`` on ``cpu``, by the module's word
     (``kbp.kmod.pollers()``): the threads are per device, ``kbp/<cpu>:<dev>``."""
+    from kbp import names  # here: the -S helpers import no kbp (as stats above)
     for p in pollers:
-        if p.cpu == cpu and p.ifname == dev and p.cls in (None, "rt") and p.pid:
+        if p.cpu == cpu and p.ifname == dev and p.cls == names.CLASS_RT and p.pid:
             return int(p.pid)
     have = ", ".join(f"{p.ifname} on CPU {p.cpu} ({p.cls}, pid {p.pid})" for p in pollers)
     raise AssertionError(f"no kbp poller of {dev} on CPU {cpu}; the module has: "

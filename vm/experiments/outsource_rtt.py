@@ -49,11 +49,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import cast
 
 from kbp.bench import report, stats
 from kbp.bench.report import Column
-from kbp.bench.schema import ModeSummary
+from kbp.outsource import idle
+from kbp.system import access
 
 REPO = Path(__file__).resolve().parents[2]
 TAP = "kbpsotap0"
@@ -170,10 +170,8 @@ def guest(args: argparse.Namespace) -> int:
         sh(*kbpctl, "outsource", "set", "--cgroup", CGROUP)
     for n, mode in enumerate(plan):
         so = mode.startswith("outsource")
-        with open("/sys/module/kbp_so/parameters/poll_us", "w") as f:
-            f.write(str(args.poll_us if mode == "outsource-poll" else 0))
-        with open("/sys/module/kbp_so/parameters/idle_poll_us", "w") as f:
-            f.write(str(args.idle_poll_us if mode == "outsource-idle" else 0))
+        access.write(idle.PARAMS / "poll_us", args.poll_us if mode == "outsource-poll" else 0)
+        idle.set_idle(args.idle_poll_us if mode == "outsource-idle" else 0)
         if mode == "kbp":
             sh(*kbpctl, "enable", nic, "--mode", "hybrid", "--cpus", POLL_CPU)
         ip, port = ("0.0.0.0", PORT_SO) if so else (GUEST_IP, PORT_STACK)
@@ -357,7 +355,7 @@ def render(doc: dict) -> str:
             f"{len(doc['plan']) // max(len(summ), 1)} [min-max]; xR: ratio to napi's run of "
             "the same repetition (median)\n")
     return head + "\n" + report.summary_table(
-        (([m], cast(ModeSummary, s)) for m, s in summ.items()), COLUMNS)
+        (([m], s) for m, s in summ.items()), COLUMNS)
 
 
 def main(argv: list[str] | None = None) -> int:

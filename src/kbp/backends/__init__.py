@@ -483,9 +483,8 @@ class PollerStatus:
     freq_ctl: bool | None = None
     #: mode periodic: its interval, hand-backs and (netap on) the search's state
     periodic: dict[str, object] | None = None
-    #: names.CLASS_RT or names.CLASS_NON_RT (kmod.Poller.cls; None from a module without
-    #: classes, which has rt pollers only; JSON "class")
-    cls: str | None = None
+    #: names.CLASS_RT or names.CLASS_NON_RT (kmod.Poller.cls; JSON "class")
+    cls: str = names.CLASS_RT
     nice: int | None = None  # class non-rt: the poller's nice
     #: the device it serves (the module runs a poller per CPU, class and device); None
     #: once the device is detached and the poller is stopping
@@ -751,15 +750,13 @@ def polling_cpus(devs: Sequence[DeviceStatus], pollers: Sequence[PollerStatus],
 
 def cpu_pollers(devs: Sequence[DeviceStatus], pollers: Sequence[PollerStatus],
                 host: Host = HOST) -> dict[int, list[CpuPoller]]:
-    """CPU -> its polling threads with their class and load: the module's pollers (a module
-    without classes reports none: rt) and the stock backend's NAPI threads (the class their
-    device was enabled with), rt first."""
+    """CPU -> its polling threads with their class and load: the module's pollers and the
+    stock backend's NAPI threads (the class their device was enabled with), rt first."""
     out: dict[int, list[CpuPoller]] = {}
     kmod_napis = [n for d in devs if d.backend == names.BACKEND_KMOD for n in d.napis]
     for p in pollers:
-        cls = p.cls or names.CLASS_RT
         out.setdefault(p.cpu, []).append(CpuPoller(
-            cls, names.BACKEND_KMOD, p.pid, p.name, p.policy, p.priority,
+            p.cls, names.BACKEND_KMOD, p.pid, p.name, p.policy, p.priority,
             p.nice, [p.device] if p.device else [], poller_load(p.pid, p, kmod_napis, host)))
     for d in devs:
         if d.backend != names.BACKEND_STOCK:

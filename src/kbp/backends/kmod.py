@@ -40,7 +40,7 @@ from kbp.backends import (
     show_rps,
     validate_common,
 )
-from kbp.backends.stock import _safe, thread_status
+from kbp.backends.stock import thread_status
 from kbp.errors import InvalidInput, KbpctlError, OperationFailed, Unavailable
 from kbp.netdev import NETNS_DIR, NetdevClient, NetFS, check_netns, link_names, named_netns
 from kbp.problems import (
@@ -70,7 +70,7 @@ from kbp.system.journal import (
     remove_record,
     restore,
 )
-from kbp.system.settings import IrqHandler, SysfsHandler, sysfs_key
+from kbp.system.settings import IrqHandler, SysfsHandler, netns_gone, sysfs_key
 
 NAME = names.BACKEND_KMOD
 ClientFactory = Callable[[], Any]
@@ -385,7 +385,7 @@ class KmodBackend:
         """Attachments through ``client`` (None: the module is gone), and sysfs (RPS)."""
         fs = functools.cache(NetFS)       # one sysfs view per netns
         return {KIND_KMOD_ATTACH: AttachHandler(client) if client is not None else _Gone(),
-                KIND_SYSFS: SysfsHandler(_safe(fs)), KIND_IRQ: IrqHandler(self.host)}
+                KIND_SYSFS: SysfsHandler(netns_gone(fs)), KIND_IRQ: IrqHandler(self.host)}
 
     def _enable_one(self, client: Any, eff: Mapping[str, Any], hook: Callable[[str], None],
                     req: EnableRequest, dev: str, link: Any) -> DeviceResult:
@@ -537,7 +537,7 @@ class KmodBackend:
                     s = sysinfo.get_sched(p.pid)
                     pol, prio = s.policy, s.priority
             # pid 0: the module does not show pids outside the initial pid namespace
-            out.append(PollerStatus(cpu=p.cpu, cls=p.cls or names.CLASS_RT,
+            out.append(PollerStatus(cpu=p.cpu, cls=p.cls,
                                     device=p.ifname, state=p.state,
                                     nice=p.nice, pid=p.pid or None, mode=p.mode,
                                     linger_us=p.linger_us,

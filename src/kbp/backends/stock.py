@@ -120,7 +120,7 @@ from kbp.system.journal import (
     remove_record,
     restore,
 )
-from kbp.system.settings import sysfs_key, system_effector, task_key
+from kbp.system.settings import netns_gone, sysfs_key, system_effector, task_key
 
 NAME = names.BACKEND_STOCK
 LINGER_INTERVAL_US = 10  # hrtimer re-poll interval while lingering
@@ -770,7 +770,7 @@ class StockBackend:
             recs = [r for r in self.state.records() if r.backend == NAME]
             if devices is not None:
                 recs = [r for r in recs if r.dev in devices and r.netns == netns]
-            eff = self._effector(_safe(ctx.client), _safe(ctx.fs))
+            eff = self._effector(netns_gone(ctx.client), netns_gone(ctx.fs))
             errors = []
             for rec in recs:
                 try:
@@ -798,7 +798,7 @@ class StockBackend:
                 wanted[(r.dev, r.netns)] = r
         out = []
         with _context() as ctx:
-            client = _safe(ctx.client)
+            client = netns_gone(ctx.client)
             if devices is not None:
                 for d in devices:
                     wanted.setdefault((d, netns), None)
@@ -975,14 +975,3 @@ def thread_status(pid: int, host: Host = HOST) -> ThreadStatus | None:
     return ThreadStatus(pid=pid, comm=st.comm, cpus=s.cpus, last_cpu=st.last_cpu,
                         policy=s.policy, priority=s.priority, counters=counters, nice=s.nice)
 
-
-def _safe(factory: Callable[[str | None], Any]) -> Callable[[str | None], Any]:
-    """A per-netns factory that reports a deleted netns as a missing target."""
-    from kbp.system.journal import TargetGone
-
-    def get(netns: str | None) -> Any:
-        try:
-            return factory(netns)
-        except InvalidInput as e:
-            raise TargetGone(str(e)) from e
-    return get

@@ -82,6 +82,40 @@ def kernel_effector(clients: NetdevClients | None = None) -> Effector:
             KIND_NAPI: settings.NapiHandler(clients or NetdevClients())}
 
 
+def close(effector: Effector) -> None:
+    """Closes what an effector's handlers hold open (napi-set's netlink sockets)."""
+    for h in effector.values():
+        if isinstance(h, settings.NapiHandler):
+            h.close()
+
+
+def recover(state: journal.StateDir | None = None) -> tuple[list[str], list[str]]:
+    """Put back the global knobs that benchmarks killed while they held them had found
+    (their process journals), under kbp's lock: what the next benchmark does before it
+    starts, for ``kbpctl disable --all``.  Returns (one line per knob put back, one per
+    journal that could not all be: it is kept for the next try).  Without such a journal
+    it changes nothing, not even the lock's file."""
+    st = state or journal.StateDir()
+    if not st.orphans(OWNER):
+        return [], []
+    eff = kernel_effector()
+    done: list[str] = []
+    failed: list[str] = []
+    try:
+        with st.lock():
+            for rec, err in st.replay_orphans(OWNER, eff):
+                if err is not None:
+                    failed.append(f"a killed benchmark's settings ({rec.path}) could not all "
+                                  f"be put back: {err} (journal kept)")
+                    continue
+                done += [f"put back {journal.describe(c.kind, c.key)} = {c.old} (a killed "
+                         f"benchmark, pid {rec.path.stem.rpartition('-')[2]}, had set "
+                         f"{c.new})" for c in rec.changes]
+    finally:
+        close(eff)
+    return done, failed
+
+
 def read(effector: Effector, k: Knob) -> str | None:
     """A knob's value as text, None when it is not there (KnobError when unreadable)."""
     try:

@@ -108,7 +108,6 @@ from typing import Any, Final, Protocol
 from kbp import modespec, names, sysinfo
 from kbp.bench import knobs, steer
 from kbp.bench.knobs import Changes, Knob, KnobError, net_core_sysctl
-from kbp.netdev import NetdevClients
 from kbp.system import access, journal
 
 VM_HINT = "runs in the VM rig: python -m kbp.bench vm --smoke"
@@ -364,19 +363,10 @@ class KnobMode(_Defaults):
     name: str = ""
     target: Target | None = None
     spins: bool = False
-    effector: journal.Effector | None = None    # None: the kernel's (kbpctl's handlers)
+    #: how it reads and sets its knobs: the kernel's (kbpctl's handlers), a test's fake
+    effector: journal.Effector = field(default_factory=knobs.kernel_effector)
     changes: Changes | None = None
     _set: dict[str, str] = field(default_factory=dict)
-    _clients: NetdevClients = field(default_factory=NetdevClients)
-
-    def __post_init__(self) -> None:
-        if self.effector is None:
-            self.effector = knobs.kernel_effector(self._clients)
-
-    @property
-    def kernel(self) -> journal.Effector:
-        assert self.effector is not None
-        return self.effector
 
     def wanted(self, t: Target) -> list[tuple[Knob, str]]:
         raise NotImplementedError
@@ -386,7 +376,7 @@ class KnobMode(_Defaults):
 
     def setup(self, t: Target) -> None:
         self.target = t
-        self.changes = Changes(self.kernel)
+        self.changes = Changes(self.effector)
         want = self.wanted(t)
         self._set = {str(k): v for k, v in want}
         self.changes.apply(want)
@@ -397,7 +387,7 @@ class KnobMode(_Defaults):
             if ch is not None:
                 ch.restore()        # KnobError names what could not be put back
         finally:
-            self._clients.close()
+            knobs.close(self.effector)
 
     def threads(self) -> dict[int, str]:
         return {}
@@ -425,13 +415,13 @@ class BusyPollMode(KnobMode):
     name: str = BUSYPOLL
 
     def unavailable(self) -> str | None:
-        k = net_core_sysctl("busy_read", None, self.kernel)
-        if knobs.read(self.kernel, k) is None:
+        k = net_core_sysctl("busy_read", None, self.effector)
+        if knobs.read(self.effector, k) is None:
             return "this kernel has no net.core.busy_read (built without CONFIG_NET_RX_BUSY_POLL)"
         return None
 
     def wanted(self, t: Target) -> list[tuple[Knob, str]]:
-        return [*rps_off(t, self.kernel), *((net_core_sysctl(n, t.netns, self.kernel),
+        return [*rps_off(t, self.effector), *((net_core_sysctl(n, t.netns, self.effector),
                                              BUSY_POLL_US) for n in ("busy_read", "busy_poll"))]
 
     def how(self) -> str:
@@ -629,7 +619,7 @@ class IrqSuspendMode(KnobMode):
         if not ids:
             raise RuntimeError(f"{t.dev}: napi-get lists no NAPI instance (GRO off on "
                                "veth?): IRQ suspension has nothing to act on")
-        want = rps_off(t, self.kernel, queues=self.find_rx_queues(t))
+        want = rps_off(t, self.effector, queues=self.find_rx_queues(t))
         for nid in ids:
             want += [(napi_knob(nid, "defer-hard-irqs", t.netns), IRQ_SUSPEND_DEFER_HARD_IRQS),
                      (napi_knob(nid, "gro-flush-timeout", t.netns),
@@ -816,7 +806,7 @@ def kmod_search_state(t: Target) -> dict[str, Any]:
     with kmod.Client() as c:
         ps = [p for p in c.pollers() if p.cpu == t.cpu]
     if not ps:
-        return {"source": f"kbp.ko poller {names.poller_name(t.cpu, None, t.dev)}",
+        return {"source": f"kbp.ko poller {names.poller_name(t.cpu, device=t.dev)}",
                 "error": "no poller on the RT CPU"}
     # the RT device's own (the module runs a poller per CPU and device)
     p = next((q for q in ps if q.ifname == t.dev), ps[0])

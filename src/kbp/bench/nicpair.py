@@ -308,8 +308,11 @@ def wait_reachable(client_ns: str, server_ip: str, timeout: float = 15.0) -> Non
 def recover(state: journal.StateDir | None = None) -> list[str]:
     """Finish the restore a killed benchmark left in its journal (under kbp's lock): the
     ports it names, back out of a namespace still holding them, renamed, readdressed,
-    re-affined.  Returns what was recovered (one line per port)."""
+    re-affined.  Returns what was recovered (one line per port).  Without such a journal
+    it changes nothing, not even the lock's file."""
     st = state or journal.StateDir()
+    if not st.orphans(OWNER, own=True):
+        return []
     done: list[str] = []
     h = PortHandler()
     with st.lock():

@@ -158,7 +158,7 @@ def summarize_runs(runs: Iterable[LatencyRun], pl: Placement,
     for (scen, cond), summ in group_summaries(
             runs, lambda rec: (rec["part"], rec["condition"]),
             lambda rec: run_metrics(cast(LatencyRun, rec), pl), base=BASELINE).items():
-        out.setdefault(scen, {})[cond] = cast(dict[str, ModeSummary], summ)
+        out.setdefault(scen, {})[cond] = summ
     return out
 
 

@@ -51,6 +51,8 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from kbp.bench.schema import Aggregate, ModeSummary
+
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
 TAILS: tuple[float, ...] = (99.0, 99.9, 100.0)     # 100: the maximum
 FEW_ABOVE = 10              # a tail statistic with fewer samples above it is flagged
@@ -295,29 +297,32 @@ def seeded_order(xs: Sequence[str], seed: int, rep: int) -> list[str]:
 def mode_summaries(runs: Iterable[Mapping[str, Any]],
                    metrics: Callable[[Mapping[str, Any]], Mapping[str, float | None]], *,
                    base: str, pair: Sequence[str] = ("rep",),
-                   ) -> dict[str, dict[str, dict[str, Any]]]:
+                   ) -> dict[str, ModeSummary]:
     """Per mode (in the order the runs first name them), per metric: its :func:`aggregate`
     over the mode's runs (median, spread) and, for every mode but ``base``,
     ``ratio_to_napi``: the aggregate of the ratios of each run's value to the value of the
     ``base`` mode's run with the same ``pair`` fields (the same repetition; in the rig's
     multi-guest runs the same guest too) -- per pair, then the median, never a ratio of
     medians.  A run without its partner, or a value that is missing, gives no ratio (not 0);
-    a metric the base mode's runs do not have gets none.  ``metrics(run)`` gives a run's
+    a metric with no ratio in any pair (the base mode's runs do not have it, none of its
+    values pairs) has no ``ratio_to_napi``.  ``metrics(run)`` gives a run's
     values.  The benchmark's summary (:func:`kbp.bench.report.summarize_runs`) and the rig's
     experiments both summarise through this one function (the key is named after napi, the
     baseline of every comparison kbp makes)."""
     vals = [(r["mode"], tuple(r.get(f) for f in pair), metrics(r)) for r in runs]
     base_of = {key: m for mode, key, m in vals if mode == base}
     base_has = {k for mode, _, m in vals if mode == base for k in m}
-    out: dict[str, dict[str, dict[str, Any]]] = {}
+    out: dict[str, ModeSummary] = {}
     for mode in dict.fromkeys(mode for mode, _, _ in vals):
         mine = [(key, m) for md, key, m in vals if md == mode]
-        row: dict[str, dict[str, Any]] = {}
+        row: ModeSummary = {}
         for k in dict.fromkeys(k for _, m in mine for k in m):
-            agg: dict[str, Any] = aggregate(m.get(k) for _, m in mine)
+            agg = aggregate(m.get(k) for _, m in mine)
             if mode != base and k in base_has:
-                agg["ratio_to_napi"] = aggregate(
+                to_base = aggregate(
                     ratio(m.get(k), base_of.get(key, {}).get(k)) for key, m in mine)
+                if to_base["n"]:
+                    agg["ratio_to_napi"] = to_base
             row[k] = agg
         out[mode] = row
     return out
@@ -326,7 +331,7 @@ def mode_summaries(runs: Iterable[Mapping[str, Any]],
 def group_summaries(runs: Iterable[Mapping[str, Any]], group: Callable[[Mapping[str, Any]], K],
                     metrics: Callable[[Mapping[str, Any]], Mapping[str, float | None]], *,
                     base: str, pair: Sequence[str] = ("rep",),
-                    ) -> dict[K, dict[str, dict[str, dict[str, Any]]]]:
+                    ) -> dict[K, dict[str, ModeSummary]]:
     """:func:`mode_summaries` of each group of runs (``group(run)``: a part, a condition),
     the groups in the order the runs first name them: {group: {mode: {metric: ...}}}."""
     groups: dict[K, list[Mapping[str, Any]]] = {}
@@ -344,7 +349,7 @@ def median(values: Sequence[float]) -> float:
     return xs[mid] if n % 2 else (xs[mid - 1] + xs[mid]) / 2.0
 
 
-def aggregate(values: Iterable[float | None]) -> dict[str, float | int | None]:
+def aggregate(values: Iterable[float | None]) -> Aggregate:
     """Median and spread of one metric over repetitions (None values are left out)."""
     xs = sorted(v for v in values if v is not None and not math.isnan(v))
     if not xs:

@@ -521,7 +521,8 @@ class KernelTrace:
         _out, err = access.stop(self.proc, signal.SIGKILL, timeout=2)
         self.proc = None
         buf = self._take_output()
-        raise RuntimeError(f"bpftrace did not start: {(buf + err).strip()[-600:]}")
+        raise RuntimeError(f"bpftrace did not start in {timeout:g} s: "
+                           f"{(buf + err).strip()[-600:]}")
 
     def _take_output(self) -> str:
         """What bpftrace wrote to its output file, which is then removed."""

@@ -98,6 +98,13 @@ class NapiHandler:
         return [{"netns": d.netns, "ifindex": d.ifindex, "napi_id": n.id, "knob": k}
                 for n in d.napis for k in NAPI_KNOBS if getattr(n, k) is not None]
 
+    def close(self) -> None:
+        """Closes the netlink sockets ``client`` keeps open, if it keeps any (NetdevClients
+        does); the next get or set opens them again."""
+        close = getattr(self.client, "close", None)
+        if callable(close):
+            close()
+
     def set(self, key: Mapping[str, Any], value: Any) -> None:
         try:
             self.client(key.get("netns")).napi_set(key["napi_id"], **{key["knob"]: int(value)})
@@ -267,6 +274,18 @@ class FileHandler:
 def sysfs_key(netns: str | None, dev: str, ifindex: int | None, attr: str) -> dict[str, Any]:
     """The key of ``/sys/class/net/DEV/ATTR`` (ATTR may be ``queues/rx-N/rps_cpus``)."""
     return {"netns": netns, "dev": dev, "ifindex": ifindex, "attr": attr}
+
+
+def netns_gone(factory: Callable[[str | None], Any]) -> Callable[[str | None], Any]:
+    """``factory`` (a NetdevClient or NetFS per netns) that reports a netns deleted since
+    the change (InvalidInput: unknown netns) as its target gone, so undo notes it and goes
+    on (:class:`kbp.system.journal.TargetGone`)."""
+    def get(netns: str | None) -> Any:
+        try:
+            return factory(netns)
+        except InvalidInput as e:
+            raise TargetGone(str(e)) from e
+    return get
 
 
 def net_effector(fs: Callable[[str | None], NetFS] = NetFS) -> dict[str, Kind]:

@@ -436,15 +436,15 @@ def equal_work(runs: list[dict[str, Any]], rt_cpu: int | None,
     for mode, by_rep in per.items():
         ratios = [v["us_per_heavy_packet"] / base[k]["us_per_heavy_packet"]
                   for k, v in by_rep.items() if base.get(k, {}).get("us_per_heavy_packet")]
-        r = aggregate(ratios)
-        med = r.get("median")
+        to_napi = aggregate(ratios)
+        med = to_napi.get("median")
         d: dict[str, Any] = {f: aggregate(v[f] for v in by_rep.values()) for f in EW_FIELDS}
         for f in ("rt_cpu_busy_pct", "sender_cpu_busy_pct"):
             d[f] = aggregate(v[f] for v in by_rep.values() if f in v)
         bounds = sorted({bound_by(v.get("rt_cpu_busy_pct"), v.get("sender_cpu_busy_pct"),
                                   hs.exclusive_like(mode))
                          for v in by_rep.values()})
-        out[mode] = {**d, "ratio_to_napi": r, "bound_by": bounds,
+        out[mode] = {**d, "ratio_to_napi": to_napi, "bound_by": bounds,
                      "equal": None if med is None else abs(med - 1.0) <= EQUAL_WORK_TOLERANCE}
     return out
 

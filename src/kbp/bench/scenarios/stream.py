@@ -375,17 +375,10 @@ def udp_loss_pct(ip: dict[str, Any]) -> float | None:
 
 def summarize_streams(recs: list[dict[str, Any]], place: pl.Placement) -> dict[str, Any]:
     """{part: {mode: {metric: aggregate (+ ratio_to_napi)}}}; ratios per repetition
-    (:func:`kbp.bench.stats.group_summaries`), left out where no repetition gave one."""
-    out: dict[str, Any] = group_summaries(recs, lambda r: r["part"],
-                                          lambda r: stream_metrics(cast(dict[str, Any], r), place),
-                                          base=report.BASELINE)
-    for by_mode in out.values():
-        for summ in by_mode.values():
-            for agg in summ.values():
-                ratio = agg.get("ratio_to_napi")
-                if ratio is not None and not ratio["n"]:
-                    del agg["ratio_to_napi"]
-    return out
+    (:func:`kbp.bench.stats.group_summaries`: none where no repetition gave one)."""
+    return group_summaries(recs, lambda r: r["part"],
+                           lambda r: stream_metrics(cast(dict[str, Any], r), place),
+                           base=report.BASELINE)
 
 
 # -- markdown -------------------------------------------------------------------------------

@@ -319,7 +319,11 @@ def test_anatomy_cuts_every_round_trip_into_its_kernel_events(tmp_path: Path) ->
             assert polled_by_poller, (r["mode"], a["tail"][:3])
         else:
             assert via_rps and not polled_by_poller, (r["mode"], a["tail"][:3])
-        assert sum(s["meanwhile"]["heavy_napi"] for s in a["tail"]) > 0, r["mode"]
+        # (the message carries what the tail saw meanwhile: one CI run of 2026-12-01 found
+        # no heavy NAPI thread time in napi's tail, and said nothing more; reruns passed)
+        assert sum(s["meanwhile"]["heavy_napi"] for s in a["tail"]) > 0, (
+            r["mode"], [(s["traced_us"], s["segments_us"], s["meanwhile"])
+                        for s in a["tail"][:4]])
         assert a["poll_sizes"] and max(int(k) for k in a["poll_sizes"]) <= 64
     summ = res["summary"]["anatomy"]["flood"]
     assert set(summ) == {"napi", "stock-hybrid"}

@@ -311,14 +311,13 @@ def mode_summaries(runs: Iterable[Mapping[str, Any]],
     baseline of every comparison kbp makes)."""
     vals = [(r["mode"], tuple(r.get(f) for f in pair), metrics(r)) for r in runs]
     base_of = {key: m for mode, key, m in vals if mode == base}
-    base_has = {k for mode, _, m in vals if mode == base for k in m}
     out: dict[str, ModeSummary] = {}
     for mode in dict.fromkeys(mode for mode, _, _ in vals):
         mine = [(key, m) for md, key, m in vals if md == mode]
         row: ModeSummary = {}
         for k in dict.fromkeys(k for _, m in mine for k in m):
             agg = aggregate(m.get(k) for _, m in mine)
-            if mode != base and k in base_has:
+            if mode != base:       # a metric the base's runs lack pairs nowhere: n 0
                 to_base = aggregate(
                     ratio(m.get(k), base_of.get(key, {}).get(k)) for key, m in mine)
                 if to_base["n"]:

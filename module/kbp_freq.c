@@ -25,10 +25,19 @@
  * changes of the CPU's frequency and guards @saved and @low; the poller
  * threads take it in process context with nothing else held and bh enabled:
  * cpufreq may sleep (policy->rwsem, the userspace governor's mutex, the
- * driver's transition).  On the wake and sleep paths it and the rwsem are
- * only tried: a sysfs reader of the policy must not stall the data path; a
- * failed raise is retried on the next pass, a failed lowering is skipped.
- * The restore when the CPU's last poller goes blocks (the reaper, under
+ * driver's transition).  On the wake path (each pass) it and the rwsem are
+ * only tried: a sysfs reader of the policy must not stall a poller that has
+ * packets to poll, and a failed raise is retried on the next pass.  On the
+ * sleep path both are waited for: the thread has nothing to poll, and a
+ * lowering skipped there (a reader of scaling_cur_freq holding the rwsem,
+ * as a monitoring agent does) would leave the idle CPU at its raised
+ * frequency until the next wake-up, which on an idle link may never come;
+ * the same wait finishes a put-back that a pass could not (freq_ctl turned
+ * off).  A packet that arrives meanwhile waits for that reader's show() and
+ * the change itself, as it already waited for the change.  A change of
+ * freq_ctl while every poller of the CPU sleeps is made at once by the
+ * request (kbp_freq_set_ctl(), under rtnl and kbp_lock), waiting likewise.
+ * The restore when the CPU's last poller goes blocks too (the reaper, under
  * kbp_lock), so the operator's frequency always comes back.  No reference
  * to the policy is held between calls (a held policy would block the cpufreq
  * driver's unregistration).  Validation (kbp_freq_check) runs under rtnl and
@@ -199,12 +208,49 @@ void kbp_freq_exit(void)
 }
 
 /*
- * freq_ctl of @cpu's rt pollers (kbp_lock held).  The pollers act on it at
- * their next pass (kbp_poller_apply() wakes them).
+ * No poller thread of @cpu awake (or @p, the last, going to sleep): lower
+ * the CPU (freq_ctl on) or put back the frequency kbp found (off), waiting
+ * for the locks.  Process context, nothing held but maybe kbp_lock.
+ */
+static void kbp_freq_settle(struct kbp_poller *p, int cpu,
+			    struct kbp_cpufreq *c)
+{
+	mutex_lock(&c->lock);
+	if (!c->ctl)
+		kbp_freq_put_back(p, cpu, c, true);
+	else if (!c->low && !atomic_read(&c->awake) &&
+		 kbp_freq_set(p, cpu, c, KBP_FREQ_MIN, true))
+		WRITE_ONCE(c->low, true);
+	mutex_unlock(&c->lock);
+}
+
+/* Nothing to change: lowered under freq_ctl, or nothing saved without. */
+static bool kbp_freq_settled(struct kbp_cpufreq *c)
+{
+	return READ_ONCE(c->ctl) ? READ_ONCE(c->low) : !READ_ONCE(c->saved);
+}
+
+/*
+ * freq_ctl of @cpu's rt pollers (kbp_lock held).  An awake poller thread
+ * acts on it when it goes to sleep; with all of them asleep, this does it
+ * now.  Waking them for it instead lost the change whenever a woken thread
+ * ran its pass before the write (the thread is on another CPU) or was
+ * already past its look at @ctl: it then slept on the old setting, the CPU
+ * left at its maximum under freq_ctl, or at its minimum with freq_ctl off.
+ * The write, then the look at @awake, against kbp_freq_sleep()'s decrement,
+ * then its look at @ctl: at least one of the two sees the other.
  */
 void kbp_freq_set_ctl(int cpu, bool on)
 {
-	WRITE_ONCE(kbp_cpufreq[cpu].ctl, on);
+	struct kbp_cpufreq *c = &kbp_cpufreq[cpu];
+
+	lockdep_assert_held(&kbp_lock);
+	if (READ_ONCE(c->ctl) == on)
+		return;
+	WRITE_ONCE(c->ctl, on);
+	smp_mb();	/* pairs with kbp_freq_sleep()'s atomic_dec_return() */
+	if (!atomic_read(&c->awake) && !kbp_freq_settled(c))
+		kbp_freq_settle(NULL, cpu, c);
 }
 
 void kbp_freq_poller_add(int cpu)
@@ -237,10 +283,12 @@ void kbp_freq_thread_start(struct kbp_poller *p, struct kbp_freq *f)
 }
 
 /*
- * About to sleep (Algorithm 1 line 13): the last awake poller thread of a
- * CPU with freq_ctl lowers its frequency.  A thread waking meanwhile either
- * counts as awake before we look (and we do not lower), or finds @low set
- * at its next pass and raises it again (kbp_freq_pass()).
+ * About to sleep (Algorithm 1 line 13), in process context with nothing
+ * held: the last awake poller thread of a CPU with freq_ctl lowers its
+ * frequency, waiting for the locks (see the top); with freq_ctl off it puts
+ * back the frequency kbp found if a pass could not.  A thread waking
+ * meanwhile either counts as awake before we look (and we do not lower), or
+ * finds @low set at its next pass and raises it again (kbp_freq_pass()).
  */
 void kbp_freq_sleep(struct kbp_poller *p, struct kbp_freq *f)
 {
@@ -249,14 +297,13 @@ void kbp_freq_sleep(struct kbp_poller *p, struct kbp_freq *f)
 	if (f->asleep)
 		return;
 	f->asleep = true;
-	/* a full barrier: pairs with kbp_freq_pass()'s */
-	if (atomic_dec_return(&c->awake) > 0 || !READ_ONCE(c->ctl) ||
-	    READ_ONCE(c->low) || !mutex_trylock(&c->lock))
-		return;
-	if (c->ctl && !c->low && !atomic_read(&c->awake) &&
-	    kbp_freq_set(p, p->cpu, c, KBP_FREQ_MIN, false))
-		WRITE_ONCE(c->low, true);
-	mutex_unlock(&c->lock);
+	/*
+	 * a full barrier: pairs with kbp_freq_pass()'s, and with
+	 * kbp_freq_set_ctl()'s smp_mb() before it looks at @awake
+	 */
+	if (atomic_dec_return(&c->awake) > 0 || kbp_freq_settled(c))
+		return;		/* the common case */
+	kbp_freq_settle(p, p->cpu, c);
 }
 
 /*

@@ -11,12 +11,25 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import POLL_CPU, Flow, Topo, detach_all, dmesg_lines, sh, task_state, wait_for
+from conftest import (
+    NS,
+    POLL_CPU,
+    SERVER_IP,
+    Flow,
+    Topo,
+    detach_all,
+    dmesg_lines,
+    sh,
+    task_state,
+    wait_for,
+)
 from test_bad_input import refused
 from test_kbpctl_kmod import kbpctl
 
@@ -63,6 +76,50 @@ def cpufreq(kmod) -> Iterator[None]:
         kmod.poller_set(POLL_CPU, freq_ctl=False)   # CPU knobs outlive pollers: reset it
         sh("rmmod kbp_test_cpufreq")
         assert not CPUFREQ.exists()
+
+
+def any_burst_left_the_cpu_high(kmod, per_burst: int, bursts: int = 12) -> list[str]:
+    """Bursts of ``per_burst`` datagrams to NIC0 while the other CPU reads cpuinfo_cur_freq
+    in a loop, the driver's ->get() taking 300 us (get_delay_us) with the policy's rwsem
+    held, and the poller lingering 3 ms after each burst (so that its sleep comes at a
+    random point of the reader's cycle); after each burst, once the poller sleeps: the
+    frequency it left, if not MIN."""
+    delay = Path("/sys/module/kbp_test_cpufreq/parameters/get_delay_us")
+    linger = kmod.poller(POLL_CPU).linger_us
+    kmod.poller_set(POLL_CPU, linger_us=3000)
+    delay.write_text("300\n")
+    reader = subprocess.Popen(
+        ["taskset", "-c", str(1 - POLL_CPU), sys.executable, "-c",
+         f"import os\nfd = os.open('{CPUFREQ}/cpuinfo_cur_freq', os.O_RDONLY)\n"
+         "while True:\n    os.pread(fd, 32, 0)\n"])
+    sender = subprocess.Popen(
+        ["ip", "netns", "exec", NS, "taskset", "-c", str(1 - POLL_CPU), sys.executable, "-c",
+         "import socket, sys\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+         "for line in sys.stdin:\n"
+         f"    for _ in range({per_burst}):\n"
+         f"        s.sendto(b'x', ('{SERVER_IP}', 9))\n"
+         "    print('sent', flush=True)\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert sender.stdin is not None and sender.stdout is not None
+    high = []
+    try:
+        for i in range(bursts):
+            woke = kmod.poller(POLL_CPU).wakeups
+            sender.stdin.write("go\n")
+            sender.stdin.flush()
+            assert sender.stdout.readline() == "sent\n"
+            wait_for(lambda w=woke: (p := kmod.poller(POLL_CPU)).wakeups > w
+                     and task_state(p.pid) == "S", 5,
+                     what=f"burst {i} to wake the poller and the poller to sleep again")
+            if (khz := int(rd("scaling_cur_freq"))) != MIN:
+                high.append(f"burst {i}: {khz} kHz while asleep")
+    finally:
+        for proc in (sender, reader):
+            proc.kill()
+            proc.wait()
+        delay.write_text("0\n")
+        kmod.poller_set(POLL_CPU, linger_us=linger)
+    return high
 
 
 def test_freq_ctl_refused_without_cpufreq(kmod, topo: Topo, no_cpufreq: None) -> None:
@@ -117,6 +174,12 @@ def test_freq_ctl_lowers_while_asleep_raises_on_wake_restores(kmod, flow: Flow,
     assert transitions() - t0 == b.freq_changes, (transitions() - t0, b.freq_changes)
     table = rd("stats/trans_table")
     assert str(MAX) in table and str(MIN) in table
+
+    # a reader of the policy's sysfs holds its rwsem over and over (a monitoring agent at its
+    # worst): every sleep still lowers the CPU. A lowering that only tried the lock was
+    # skipped whenever the reader held it, leaving the idle CPU at its maximum
+    high = any_burst_left_the_cpu_high(kmod, per_burst)
+    assert not high, f"lowerings skipped: {high}"
 
     # turning freq_ctl off gives the CPU its frequency back, the poller keeps serving
     kmod.poller_set(POLL_CPU, freq_ctl=False)

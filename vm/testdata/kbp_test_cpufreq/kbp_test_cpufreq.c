@@ -22,11 +22,17 @@
  *   shared_policy=1  one policy shared by all possible CPUs (policy->cpus =
  *                    cpu_possible_mask), as on hardware where the CPUs share
  *                    a clock; default 0: one policy per CPU.
+ *   get_delay_us=N   ->get() busy-waits N us (0-1000, default 0; writable at
+ *                    run time), as drivers that read the frequency from the
+ *                    CPU through an IPI do: a reader of cpuinfo_cur_freq then
+ *                    holds the policy's rwsem for that long, which is what
+ *                    the freq_ctl tests race kbp's poller against.
  */
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
 #include <linux/cpufreq.h>
 #include <linux/cpumask.h>
+#include <linux/delay.h>
 #include <linux/limits.h>
 #include <linux/module.h>
 #include <linux/moduleparam.h>
@@ -37,6 +43,11 @@ static bool shared_policy;
 module_param(shared_policy, bool, 0444);
 MODULE_PARM_DESC(shared_policy,
 		 "one policy for all possible CPUs instead of one per CPU");
+
+static unsigned int get_delay_us;
+module_param(get_delay_us, uint, 0644);
+MODULE_PARM_DESC(get_delay_us,
+		 "busy-wait in ->get(), in us (0-1000): a slow reader of the policy");
 
 static struct cpufreq_frequency_table kbp_test_freqs[] = {
 	{ .frequency = 800000 },
@@ -74,6 +85,7 @@ static int kbp_test_target_index(struct cpufreq_policy *policy,
 
 static unsigned int kbp_test_get(unsigned int cpu)
 {
+	udelay(min(READ_ONCE(get_delay_us), 1000U));
 	return READ_ONCE(per_cpu(kbp_test_cur, cpu));
 }
 

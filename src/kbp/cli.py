@@ -610,8 +610,10 @@ def cmd_disable(args: argparse.Namespace) -> int:
         from kbp.system.journal import StateDir
         rtclass.save_rule(StateDir().root, None)
         # and what a killed `kbpctl bench` left set: global sysctls, NIC ports
-        put_back, failed = knobs.recover()
-        put_back += nicpair.recover()
+        for recover in (knobs.recover, nicpair.recover):
+            done, kept = recover()
+            put_back += done
+            failed += kept
     for n in res.notes:
         _out(n)
     for d in res.devices:

@@ -147,7 +147,7 @@ def test_a_dead_benchmarks_journal_that_cannot_be_replayed_stops_the_next_one() 
     dead.close()
     b = Changes(k.effector)
     with pytest.raises(KnobError, match=r"killed benchmark's settings .*bench-knobs-\d+"
-                                        r"\.jsonl.* could not be put back.*restoring /g to "
+                                        r"\.jsonl.* could not all be put back.*restoring /g to "
                                         r"'0': .*Permission denied"):
         b.apply([(Knob("/g"), "1")])
     assert k.files[(None, "/g")] == "50" and len(_journals()) == 1

@@ -197,7 +197,8 @@ def test_recover_finishes_a_killed_runs_restore() -> None:
             pair.tester.move(ns, "198.18.250.1", 24)
             pair.server.move(ns, "198.18.250.2", 24)
             assert not Path(f"/sys/class/net/{a}").exists()       # really moved away
-            done = nicpair.recover()
+            done, kept = nicpair.recover()
+            assert kept == []
             assert any(a in line for line in done) and any(b in line for line in done), done
             assert {a: _state(a), b: _state(b)} == was
             assert not path.exists()

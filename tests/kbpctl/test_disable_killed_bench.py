@@ -8,6 +8,7 @@ runs it, with the test's journal directory."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kbp.bench import knobs
+from kbp.bench import knobs, nicpair
 from kbp.system import journal
 
 KBPCTL = [sys.executable, "-m", "kbp.cli"]
@@ -77,3 +78,42 @@ def test_a_knob_that_cannot_be_put_back_fails_and_keeps_the_journal(run_dir: Pat
     assert r.returncode != 0
     assert f"a killed benchmark's settings ({j}) could not all be put back" in r.stderr
     assert "journal kept" in r.stderr and j.exists()
+
+
+def test_nic_ports_that_cannot_be_put_back_fail_and_keep_the_journal(run_dir: Path) -> None:
+    """A killed benchmark's NIC pair journal naming a port that is nowhere (no such ifindex,
+    its namespace gone): disable --all fails naming the journal, which stays for the next
+    try.  Before, the failure was printed among the ports put back and the exit was 0."""
+    f = journal.StateDir().begin_process(nicpair.OWNER, _dead_pid())
+    f.change(nicpair.KIND, {"name": "kbpgone0", "ifindex": 2_000_000_000,
+                            "netns": "kbp-test-gone"},
+             {"up": True, "mtu": 1500, "addrs": [], "irqs": {}}, "moved")
+    f.close()
+    r = _disable_all()
+    assert r.returncode != 0, r
+    assert f"a killed benchmark's NIC ports ({f.path}) could not all be put back" in r.stderr
+    assert "kbpgone0 (ifindex 2000000000) is not back in this namespace" in r.stderr
+    assert "journal kept" in r.stderr and f.path.exists()
+
+
+def test_status_shows_a_killed_benchmarks_journal_until_it_is_put_back(
+        run_dir: Path, tmp_path: Path) -> None:
+    knob = tmp_path / "busy_read"
+    knob.write_text("50\n")
+    pid = _dead_pid()
+    j = _bench_journal(pid, knob, "0", "50")
+    live = _bench_journal(os.getpid(), tmp_path / "busy_poll", "0", "50")   # this test: alive
+
+    def status(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*KBPCTL, "status", *extra], capture_output=True, text=True,
+                              timeout=120, stdin=subprocess.DEVNULL)
+
+    st = json.loads(status("--json").stdout)
+    assert st["orphans"] == [{"owner": knobs.OWNER, "pid": pid, "path": str(j),
+                              "changes": 1}], st["orphans"]
+    text = " ".join(status().stdout.split())
+    assert (f"! a killed {knobs.OWNER} process (pid {pid}) left 1 change set ({j}): "
+            "kbpctl disable --all puts them back") in text, text
+    assert _disable_all().returncode == 0
+    assert json.loads(status("--json").stdout)["orphans"] == []
+    assert live.exists()

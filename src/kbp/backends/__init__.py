@@ -43,7 +43,7 @@ from kbp.sysinfo import (
     has_capability,
     read_schedstat,
 )
-from kbp.system.journal import StateDir
+from kbp.system.journal import Record, StateDir
 
 DEFAULT_RT_PRIO = 50  # the priority of threaded IRQ handlers; NAPI threads run at it too
 MAX_LINGER_US = _spec.KBP_LINGER_US_MAX  # the module's limit (module/netlink/kbp.yaml)
@@ -591,6 +591,21 @@ class BackendInfo:
 
 
 @dataclass
+class OrphanJournal:
+    """A process journal whose process is gone: what it changed is still set."""
+
+    owner: str  # who wrote it: "bench-knobs" (global sysctls), "nicpair" (NIC ports)
+    pid: int
+    path: str
+    changes: int
+
+    @classmethod
+    def of(cls, rec: Record) -> OrphanJournal:
+        owner, _, pid = rec.path.stem.rpartition("-")
+        return cls(owner, int(pid), str(rec.path), rec.steps)
+
+
+@dataclass
 class Status:
     kernel: str
     auto: str  # what --backend auto picks now
@@ -608,6 +623,9 @@ class Status:
     outsource: dict[str, Any] | None = None
     #: ``--trace``: {"seconds", "threads", "error"} (:func:`trace_loads`); None: not asked
     trace: dict[str, Any] | None = None
+    #: journals of killed processes that changed the machine for their lifetime (a
+    #: benchmark's global sysctls, its NIC ports): what ``disable --all`` puts back
+    orphans: list[OrphanJournal] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -626,6 +644,7 @@ class Status:
             "rt_class": self.rt_class,
             "outsource": self.outsource,
             "trace": self.trace,
+            "orphans": [asdict(o) for o in self.orphans],
         }
 
 
@@ -880,7 +899,8 @@ def status(netns: str | None = None, devices: Sequence[str] | None = None,
                   pollers=pollers, cpufreq=freq, polling_cpus=pcpus,
                   rt_class=rule.to_json() if rule else None, preempt=preempt,
                   outsource=outsource_status(host),
-                  trace=trace_loads(pcpus, trace_s) if trace_s else None)
+                  trace=trace_loads(pcpus, trace_s) if trace_s else None,
+                  orphans=[OrphanJournal.of(r) for r in st.orphans(None)])
 
 
 def trace_loads(cpus: Sequence[PollingCpu], seconds: float) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from kbp.system.journal import KIND_FILE, KIND_NAPI, MISSING, Effector, TargetGo
 
 SYSCTL_NET_CORE = "/proc/sys/net/core"
 OWNER = "bench-knobs"                  # the benchmark's process journals of global knobs
+KILLED = "a killed benchmark's settings"  # what an orphan of OWNER holds, in failure lines
 
 
 class KnobError(RuntimeError):
@@ -99,21 +100,14 @@ def recover(state: journal.StateDir | None = None) -> tuple[list[str], list[str]
     if not st.orphans(OWNER):
         return [], []
     eff = kernel_effector()
-    done: list[str] = []
-    failed: list[str] = []
     try:
         with st.lock():
-            for rec, err in st.replay_orphans(OWNER, eff):
-                if err is not None:
-                    failed.append(f"a killed benchmark's settings ({rec.path}) could not all "
-                                  f"be put back: {err} (journal kept)")
-                    continue
-                done += [f"put back {journal.describe(c.kind, c.key)} = {c.old} (a killed "
-                         f"benchmark, pid {rec.path.stem.rpartition('-')[2]}, had set "
-                         f"{c.new})" for c in rec.changes]
+            recs, failed = st.replay_orphans(OWNER, eff, KILLED)
     finally:
         close(eff)
-    return done, failed
+    return [f"put back {journal.describe(c.kind, c.key)} = {c.old} (a killed benchmark, pid "
+            f"{rec.path.stem.rpartition('-')[2]}, had set {c.new})"
+            for rec in recs for c in rec.changes], failed
 
 
 def read(effector: Effector, k: Knob) -> str | None:
@@ -159,11 +153,11 @@ class Changes:
             return
         self._locked = contextlib.ExitStack()
         self._locked.enter_context(self.state.lock())
-        for rec, err in self.state.replay_orphans(OWNER, self.effector):
-            if err is not None:
-                raise KnobError(f"a killed benchmark's settings ({rec.path}) could not be "
-                                f"put back: {err}") from err
-            self.recovered |= {str(c.key.get("path")): str(c.old) for c in rec.changes}
+        recs, failed = self.state.replay_orphans(OWNER, self.effector, KILLED)
+        if failed:
+            raise KnobError("; ".join(failed))
+        self.recovered |= {str(c.key.get("path")): str(c.old) for rec in recs
+                           for c in rec.changes}
         # write ahead from here on: the value found, before each change
         self.ex.journal = self.state.begin_process(OWNER)
 

@@ -233,9 +233,6 @@ class PortHandler:
     put back, and every step of :meth:`NicPort.restore` is idempotent (a port that never
     left is only readdressed and re-affined as it was)."""
 
-    def __init__(self) -> None:
-        self.done: list[str] = []
-
     def get(self, key: Mapping[str, Any]) -> Any:
         return None
 
@@ -245,7 +242,6 @@ class PortHandler:
                        irqs={int(i): str(a) for i, a in value["irqs"].items()},
                        netns=str(key["netns"]), moved=True)
         port.restore()
-        self.done.append(f"NIC port {port.name} restored")
 
 
 @dataclass
@@ -305,20 +301,17 @@ def wait_reachable(client_ns: str, server_ip: str, timeout: float = 15.0) -> Non
                        "link up?")
 
 
-def recover(state: journal.StateDir | None = None) -> list[str]:
+def recover(state: journal.StateDir | None = None) -> tuple[list[str], list[str]]:
     """Finish the restore a killed benchmark left in its journal (under kbp's lock): the
     ports it names, back out of a namespace still holding them, renamed, readdressed,
-    re-affined.  Returns what was recovered (one line per port).  Without such a journal
-    it changes nothing, not even the lock's file."""
+    re-affined.  Returns (one line per port put back, one per journal that could not all
+    be: it is kept for the next try).  Without such a journal it changes nothing, not even
+    the lock's file."""
     st = state or journal.StateDir()
     if not st.orphans(OWNER, own=True):
-        return []
-    done: list[str] = []
-    h = PortHandler()
+        return [], []
     with st.lock():
-        for rec, err in st.replay_orphans(OWNER, {KIND: h}, own=True):
-            if err is not None:
-                done.append(f"NIC ports of {rec.path.name}: {err} (journal kept)")
-            done += [f"{line} from {rec.path.name}" for line in h.done]
-            h.done.clear()
-    return done
+        recs, failed = st.replay_orphans(OWNER, {KIND: PortHandler()},
+                                         "a killed benchmark's NIC ports", own=True)
+    return [f"NIC port {c.key['name']} restored from {rec.path.name}"
+            for rec in recs for c in rec.changes], failed

@@ -465,9 +465,12 @@ class Bench(RunContext):
                 if why:
                     raise Aborted(f"--anatomy: {why}")
             os.sched_setaffinity(0, {pl.cpu(placement_.HARNESS)})
-            for line in nicpair.recover():
+            recovered, kept = nicpair.recover()
+            for line in recovered:
                 self.note(line)
                 self.results.setdefault("recovered", []).append(line)
+            if kept:            # its ports may still be away: fix them, then run again
+                raise Aborted("; ".join(kept))
             self.tb = tb = stack.enter_context(open_testbed(self.links(), self._builders()))
             self._start(tb)
             if parts.IDLE in (cfg.parts or []):

@@ -176,11 +176,11 @@ class StateDir:
                            {"backend": owner, "dev": "", "netns": None, "ifindex": None,
                             "request": {"pid": pid}})
 
-    def orphans(self, owner: str, *, own: bool = False) -> list[Record]:
-        """The process journals of ``owner`` whose process is gone (``own``: this process's
-        too), oldest pid first; unreadable ones are left alone."""
+    def orphans(self, owner: str | None, *, own: bool = False) -> list[Record]:
+        """The process journals of ``owner`` (None: of every owner) whose process is gone
+        (``own``: this process's too), oldest pid first; unreadable ones are left alone."""
         out: list[Record] = []
-        for p in sorted((self.root / "process").glob(f"{owner}-*.jsonl")):
+        for p in sorted((self.root / "process").glob(f"{owner or '*'}-*.jsonl")):
             try:
                 pid = int(p.stem.rpartition("-")[2])
                 if pid == os.getpid() and not own:
@@ -194,19 +194,24 @@ class StateDir:
                 out.append(rec)
         return out
 
-    def replay_orphans(self, owner: str, effector: Effector, *, own: bool = False,
-                       ) -> Iterator[tuple[Record, access.RestoreError | None]]:
+    def replay_orphans(self, owner: str, effector: Effector, what: str, *,
+                       own: bool = False) -> tuple[list[Record], list[str]]:
         """Replay each of :meth:`orphans` with :func:`restore`, oldest first: one put back
-        is removed, one that could not be is kept for the next process.  Yields each record
-        with its failure (None: replayed).  Call it holding :meth:`lock`."""
+        is removed, one that could not all be is kept for the next try.  Returns the records
+        put back and one line per journal kept (``what`` names what its process had set:
+        "a killed benchmark's settings").  Call it holding :meth:`lock`."""
+        done: list[Record] = []
+        kept: list[str] = []
         for rec in self.orphans(owner, own=own):
             try:
                 restore(rec, effector)
             except access.RestoreError as e:
-                yield rec, e
+                kept.append(f"{what} ({rec.path}) could not all be put back: {e} "
+                            f"(journal kept)")
                 continue
             remove_record(rec.path)
-            yield rec, None
+            done.append(rec)
+        return done, kept
 
     def records(self) -> list[Record]:
         paths: list[Path] = []

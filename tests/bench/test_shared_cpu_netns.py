@@ -23,6 +23,9 @@ from kbp.bench.runner import Bench, BenchConfig
 
 pytestmark = [pytest.mark.netns, pytest.mark.root]
 
+# a round trip this long is the host stalling (the VM descheduled), not the flood's polls
+HOST_STALL_US = 10_000
+
 
 def _iperf() -> list[str]:
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
@@ -293,6 +296,7 @@ def test_anatomy_cuts_every_round_trip_into_its_kernel_events(tmp_path: Path) ->
     res = json.loads(json.dumps(res))
     assert not res["interrupted"] and "restore_problems" not in res
     rt = res["placement"]["cpus"]["rt"]
+    stalled: list[str] = []
     for r in res["runs"]:
         a = r["anatomy"]
         assert a["samples"] > 1000 and a["traced"] >= 0.9 * a["samples"], (r["mode"], a)
@@ -319,14 +323,23 @@ def test_anatomy_cuts_every_round_trip_into_its_kernel_events(tmp_path: Path) ->
             assert polled_by_poller, (r["mode"], a["tail"][:3])
         else:
             assert via_rps and not polled_by_poller, (r["mode"], a["tail"][:3])
-        # (the message carries what the tail saw meanwhile: one CI run of 2026-12-01 found
-        # no heavy NAPI thread time in napi's tail, and said nothing more; reruns passed)
-        assert sum(s["meanwhile"]["heavy_napi"] for s in a["tail"]) > 0, (
-            r["mode"], [(s["traced_us"], s["segments_us"], s["meanwhile"])
-                        for s in a["tail"][:4]])
+        # the heavy NAPI thread's time is seen in the tail: in its round trips that are not
+        # a stall of the host (tens of ms, against polls of <= 64 packets of ~1-3 us each);
+        # a tail that is all one stall (two runs of 2026-12-01 on a loaded machine: 46 ms
+        # round trips, nothing of the flood running meanwhile) cannot show it
+        ordinary = [s for s in a["tail"] if s["traced_us"] < HOST_STALL_US]
+        if not ordinary:
+            stalled.append(f"{r['mode']} (longest {a['tail'][0]['traced_us']:.0f} us)")
+        else:
+            assert sum(s["meanwhile"]["heavy_napi"] for s in ordinary) > 0, (
+                r["mode"], [(s["traced_us"], s["segments_us"], s["meanwhile"])
+                            for s in ordinary[:4]])
         assert a["poll_sizes"] and max(int(k) for k in a["poll_sizes"]) <= 64
     summ = res["summary"]["anatomy"]["flood"]
     assert set(summ) == {"napi", "stock-hybrid"}
     md = report.markdown(res)
     assert "**Tail anatomy**" in md and "| napi |" in md
     assert anatomy.plot(res["summary"]["anatomy"], tmp_path, "t") is not None
+    if stalled:
+        pytest.skip(reason="the heavy NAPI's time in the tail not checked: every tail sample "
+                    f"was a host stall of >= {HOST_STALL_US} us in {', '.join(stalled)}")

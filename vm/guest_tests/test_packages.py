@@ -159,9 +159,11 @@ def served_by_kmod(nic: str) -> bool:
     return kmod.device(nic) is not None
 
 
+@pytest.mark.long
 def test_packages_serve_refuse_and_purge_cleanly(topo: Topo) -> None:
-    """`make test`'s part (~100 s under TCG): everything but DKMS's compile. kbp.ko is the
-    rig's build of the same source, loaded by hand, as an operator's `modprobe kbp` would."""
+    """Everything but DKMS's compile (~100-115 s under TCG; `make test-vm-all`: make test's
+    budget, vm/README.md). kbp.ko is the rig's build of the same source, loaded by hand, as
+    an operator's `modprobe kbp` would."""
     story(topo, dkms_build=False)
 
 

@@ -9,8 +9,8 @@
 #   make test-vm     the in-guest suite under QEMU: whole on Debian 12's 6.12 (slub_debug)
 #                    but the tests marked long; smoke on 6.1 and 7.2-rt; the PREEMPT_RT
 #                    hazards (marker rt) on 6.12-rt; socket outsourcing's guest test on
-#                    6.12, 6.1, 7.2-rt and (its sockets and faults) 6.12-rt; a -Werror
-#                    build of kbp.ko and kbp_so.ko for 7.2 and Debian 13's 6.12 and 6.12-rt
+#                    6.12, 6.1 and (its sockets and faults) 6.12-rt; a -Werror
+#                    build of kbp.ko and kbp_so.ko for 7.2 and Debian 13's 6.12
 #                    (why: vm/README.md, "Which flavours run what")
 #   make test-vm-all the whole in-guest suite on every flavour, and socket outsourcing's
 #                    guest test on 7.2-rt too (before a release; ~2.5 h)
@@ -48,7 +48,7 @@ STRESS_FLAVOURS ?= 6.12-amd64 6.1-amd64 6.12-rt-amd64 7.2-amd64 7.2-rt-amd64
 VM_TIMEOUT ?= 2700
 SMOKE_FLAVOURS ?= 6.1-amd64 7.2-rt-amd64
 RT_ONLY_FLAVOURS ?= 6.12-rt-amd64
-BUILD_FLAVOURS ?= 7.2-amd64 deb13-6.12-amd64 deb13-6.12-rt-amd64
+BUILD_FLAVOURS ?= 7.2-amd64 deb13-6.12-amd64
 # Socket outsourcing's guest test (tests/outsource/test_guest_vm.py): one boot per flavour
 # with kbp-sod on the host: the policy (kbpctl outsource), an unmodified sockperf server
 # served through kbp_so by it, every socket operation and fault, the daemon killed last

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import NS, POLL_CPU, SERVER_IP, Topo, pin_irqs, spawn
 
 from kbp.bench import anatomy, modes, nicpair, trace
@@ -54,6 +55,7 @@ print(got)
 """
 
 
+@pytest.mark.long     # make test's budget: the host runs the NIC-keyed probes over a veth pair
 def test_nic_keyed_probes_trace_each_request_and_the_server_ports_interrupt(
         topo: Topo, tmp_path: Path) -> None:
     irqs = pin_irqs(topo.nic0, POLL_CPU)          # the server port's interrupts: the RT CPU

@@ -47,7 +47,6 @@ def assert_back_on_stock_napi(kmod, flow: Flow) -> None:
     assert sum(rx1) - sum(rx0) >= 50, "NET_RX does not carry the NIC's packets"
 
 
-@pytest.mark.smoke
 @pytest.mark.usefixtures("roomy_sink")
 def test_kbpctl_periodic_fixed_interval(kmod, flow: Flow) -> None:
     nic, n = flow.t.nic0, 4000

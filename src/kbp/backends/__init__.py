@@ -601,8 +601,8 @@ class OrphanJournal:
 
     @classmethod
     def of(cls, rec: Record) -> OrphanJournal:
-        owner, _, pid = rec.path.stem.rpartition("-")
-        return cls(owner, int(pid), str(rec.path), rec.steps)
+        owner, pid = StateDir.process_of(rec.path)
+        return cls(owner, pid, str(rec.path), rec.steps)
 
 
 @dataclass

@@ -106,7 +106,7 @@ def recover(state: journal.StateDir | None = None) -> tuple[list[str], list[str]
     finally:
         close(eff)
     return [f"put back {journal.describe(c.kind, c.key)} = {c.old} (a killed benchmark, pid "
-            f"{rec.path.stem.rpartition('-')[2]}, had set {c.new})"
+            f"{st.process_of(rec.path)[1]}, had set {c.new})"
             for rec in recs for c in rec.changes], failed
 
 

@@ -162,6 +162,12 @@ class StateDir:
             os.close(fd)
 
     # -- journals of one process's own changes (a benchmark's) ----------------------------
+    @staticmethod
+    def process_of(path: Path) -> tuple[str, int]:
+        """The owner and pid a process journal's name carries (:meth:`process_path`)."""
+        owner, _, pid = path.stem.rpartition("-")
+        return owner, int(pid)
+
     def process_path(self, owner: str, pid: int | None = None) -> Path:
         if not re.fullmatch(r"[a-z][a-z0-9-]*", owner):
             raise ValueError(f"bad journal owner {owner!r}")
@@ -182,7 +188,7 @@ class StateDir:
         out: list[Record] = []
         for p in sorted((self.root / "process").glob(f"{owner or '*'}-*.jsonl")):
             try:
-                pid = int(p.stem.rpartition("-")[2])
+                _, pid = self.process_of(p)
                 if pid == os.getpid() and not own:
                     continue
                 if pid != os.getpid() and access.pid_alive(pid):

@@ -371,6 +371,13 @@ def problem_metrics(st: Status) -> Iterator[Metric]:
     note: problems.Problem
     for note in (st.preempt or {}).get("notes") or []:
         counts[note.kind] += 1
+    killed = GaugeMetricFamily(f"{PREFIX}_killed_process_changes", "changes a killed "
+                               "process left set (owner bench-knobs: a benchmark's global "
+                               "sysctls; nicpair: its NIC ports), from its journal; 'kbpctl "
+                               "disable --all' puts them back", labels=["owner", "pid"])
+    for o in st.orphans:
+        counts[o.problem.kind] += 1
+        killed.add_metric([o.owner, str(o.pid)], o.changes)
     fam = GaugeMetricFamily(f"{PREFIX}_problems", "problems kbpctl status reports now, by "
                             "kind (docs/kbpctl.md, Monitoring); 'kbpctl status' says what to "
                             "do about each", labels=["kind"])
@@ -378,6 +385,7 @@ def problem_metrics(st: Status) -> Iterator[Metric]:
         fam.add_metric([k], n)
     yield fam
     yield per_dev
+    yield killed
 
 
 Section = Callable[[Status], Iterable[Metric]]

@@ -30,13 +30,14 @@ PERIODIC_SERVICE: Final = "periodic_service"    # the stock search service never
 RPS_ON: Final = "rps_on"                        # RPS came back on
 PREEMPT: Final = "preempt"                      # the preemption model limits an RT poller
 AMBIGUOUS_NAME: Final = "ambiguous_name"        # NAPI threads by name, another netns's too
+KILLED_PROCESS: Final = "killed_process"        # a killed process's changes are still set
 OTHER: Final = "other"                          # none of the above
 
 #: every kind, in the order kbp_problems{kind} lists them
 KINDS: Final = (INTERRUPTED, DEVICE_GONE, NEEDS_ROOT, MODULE_NOT_LOADED, MODULE_SILENT,
                 DETACHED, DEVICE_DOWN, NO_NAPI, NOT_THREADED, NO_THREAD, SCHED_DRIFT,
                 PERIODIC_DRIFT, POLLER_STUCK, MISPLACED, PERIODIC_SERVICE, RPS_ON, PREEMPT,
-                AMBIGUOUS_NAME, OTHER)
+                AMBIGUOUS_NAME, KILLED_PROCESS, OTHER)
 
 
 @dataclass(frozen=True)

@@ -393,9 +393,7 @@ def status_view(st: Status) -> RenderableType:
     if st.trace and st.trace.get("error"):
         parts.append(Text(f"! --trace {st.trace['seconds']:g}: not traced: "
                           f"{st.trace['error']}", style="bold yellow"))
-    parts += [Text(f"! a killed {o.owner} process (pid {o.pid}) left {o.changes} change"
-                   f"{'s' if o.changes != 1 else ''} set ({o.path}): kbpctl disable --all "
-                   f"puts them back", style="bold yellow") for o in st.orphans]
+    parts += [Text(f"! {o.problem}", style="bold yellow") for o in st.orphans]
     parts += preempt_lines(st)
     if st.polling_cpus:
         parts.append(cpu_tasks_block(st.polling_cpus))

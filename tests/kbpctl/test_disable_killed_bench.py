@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kbp.bench import knobs, nicpair
 from kbp.system import journal
@@ -96,7 +97,7 @@ def test_nic_ports_that_cannot_be_put_back_fail_and_keep_the_journal(run_dir: Pa
     assert "journal kept" in r.stderr and f.path.exists()
 
 
-def test_status_shows_a_killed_benchmarks_journal_until_it_is_put_back(
+def test_status_and_exporter_show_a_killed_benchmarks_journal_until_it_is_put_back(
         run_dir: Path, tmp_path: Path) -> None:
     knob = tmp_path / "busy_read"
     knob.write_text("50\n")
@@ -114,6 +115,23 @@ def test_status_shows_a_killed_benchmarks_journal_until_it_is_put_back(
     text = " ".join(status().stdout.split())
     assert (f"! a killed {knobs.OWNER} process (pid {pid}) left 1 change set ({j}): "
             "kbpctl disable --all puts them back") in text, text
+    assert _scrape(tmp_path) == ({"killed_process": 1.0}, {(knobs.OWNER, str(pid)): 1.0})
     assert _disable_all().returncode == 0
     assert json.loads(status("--json").stdout)["orphans"] == []
+    assert _scrape(tmp_path) == ({}, {})
     assert live.exists()
+
+
+def _scrape(tmp_path: Path) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
+    """What ``kbpctl exporter --once`` says of killed processes: kbp_problems' non-zero
+    kinds, kbp_killed_process_changes by (owner, pid)."""
+    out = tmp_path / "textfile"
+    out.mkdir(exist_ok=True)
+    r = subprocess.run([*KBPCTL, "exporter", "--once", "--textfile", str(out)],
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    fams = {f.name: f for f in text_string_to_metric_families((out / "kbp.prom").read_text())}
+    kinds = {s.labels["kind"]: s.value for s in fams["kbp_problems"].samples if s.value}
+    changes = {(s.labels["owner"], s.labels["pid"]): s.value
+               for s in fams["kbp_killed_process_changes"].samples}
+    return kinds, changes

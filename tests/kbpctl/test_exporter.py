@@ -27,6 +27,7 @@ from kbp.backends import (
     CpuPoller,
     DeviceStatus,
     NapiStatus,
+    OrphanJournal,
     PollerStatus,
     PollingCpu,
     Status,
@@ -105,7 +106,9 @@ def make_status() -> Status:
                   devices=[eth0, eth1, veth0, gone], pollers=[busy, nonrt, per],
                   cpufreq=FreqReport(False),
                   preempt={"model": "none", "source": "uname -v", "preempts_kernel": False,
-                           "notes": [Problem(problems.PREEMPT, PREEMPT_NOTE)]})
+                           "notes": [Problem(problems.PREEMPT, PREEMPT_NOTE)]},
+                  orphans=[OrphanJournal("bench-knobs", 4242, "/run/kbp/bench-knobs-4242.jsonl",
+                                         3)])
 
 
 def scrape(collector: KbpCollector) -> dict[str, Sample | object]:
@@ -218,7 +221,9 @@ def test_up_module_kernel_problems_and_errors(fams: dict[str, object]) -> None:
     probs = {s.labels["kind"]: s.value for s in samples(fams, "kbp_problems")}
     assert set(probs) == set(exporter.PROBLEM_KIND_NAMES)   # every kind, zeros included
     assert {k: v for k, v in probs.items() if v} == {"rps_on": 1, "device_gone": 1,
-                                                      "interrupted": 1, "preempt": 1}
+                                                      "interrupted": 1, "preempt": 1,
+                                                      "killed_process": 1}
+    assert value(fams, "kbp_killed_process_changes", owner="bench-knobs", pid="4242") == 3
     assert value(fams, "kbp_device_problems", device="veth9") == 2
     assert value(fams, "kbp_device_problems", device="eth1") == 0
     assert not [s for s in samples(fams, "kbp_device_problems") if s.labels["device"] == "eth0"]
@@ -284,6 +289,8 @@ def test_problem_kinds_of_the_sentences_status_writes(tmp_path: Path) -> None:
         CpuPoller("rt", "stock", 1, "napi/a-1", "SCHED_FIFO", 50, None),
         CpuPoller("non-rt", "stock", 2, "napi/b-2", "SCHED_OTHER", 0, 0)])]
     said["preempt"] = preempt_notes(PreemptModel("none", "uname -v"), cpus)
+    said["killed_process"] = [OrphanJournal("nicpair", 7, "/run/kbp/nicpair-7.jsonl",
+                                            2).problem]
     for kind, found in said.items():
         assert found, kind
         assert {p.kind for p in found} == {kind}, found
@@ -341,7 +348,7 @@ def test_a_reworded_problem_keeps_its_kind() -> None:
     assert {k: v for k, v in probs.items() if v} == {
         problems.MISPLACED: 1, problems.POLLER_STUCK: 1, problems.RPS_ON: 2,
         problems.NEEDS_ROOT: 1, problems.DEVICE_GONE: 1, problems.INTERRUPTED: 1,
-        problems.PREEMPT: 1}
+        problems.PREEMPT: 1, problems.KILLED_PROCESS: 1}
     assert probs[problems.OTHER] == 0
     assert value(fams, "kbp_device_problems", device="eth1") == 4
     js = json.loads(json.dumps(st.to_json()))

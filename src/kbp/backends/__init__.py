@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from kbp import _spec, modespec, names
 from kbp.errors import InvalidInput, KbpctlError, NotRoot, OperationFailed
 from kbp.netdev import get_link
-from kbp.problems import PREEMPT, Problem, texts
+from kbp.problems import KILLED_PROCESS, PREEMPT, Problem, texts
 from kbp.rps import Rps, RpsStatus
 from kbp.sysinfo import (
     CAP_SYS_NICE,
@@ -603,6 +603,14 @@ class OrphanJournal:
     def of(cls, rec: Record) -> OrphanJournal:
         owner, pid = StateDir.process_of(rec.path)
         return cls(owner, pid, str(rec.path), rec.steps)
+
+    @property
+    def problem(self) -> Problem:
+        """What status says of it (kind killed_process, counted in kbp_problems)."""
+        return Problem(KILLED_PROCESS,
+                       f"a killed {self.owner} process (pid {self.pid}) left {self.changes} "
+                       f"change{'s' if self.changes != 1 else ''} set ({self.path}): kbpctl "
+                       "disable --all puts them back")
 
 
 @dataclass

@@ -246,8 +246,12 @@ enum kbp_napi_attr {
 	KBP_NAPI_A_ID,		/* u32, napi_id (0 when the kernel gave none) */
 	KBP_NAPI_A_CPU,		/* u32 */
 	KBP_NAPI_A_PID,		/* u32, pid of the poller serving it */
-	KBP_NAPI_A_PACKETS,	/* u64 */
-	KBP_NAPI_A_POLLS,	/* u64 */
+	KBP_NAPI_A_PACKETS,	/* u64, counter: the device's packets
+				 * (KBP_A_PACKETS), this NAPI's share
+				 */
+	KBP_NAPI_A_POLLS,	/* u64, counter: the device's polls
+				 * (KBP_A_POLLS), this NAPI's share
+				 */
 	__KBP_NAPI_A_MAX,
 };
 

@@ -291,8 +291,10 @@ ATTRIBUTE_SETS: Final[dict[str, tuple[Attr, ...]]] = {
         Attr(3, "id", "KBP_NAPI_A_ID", "u32", doc="napi_id (0 when the kernel gave none)"),
         Attr(4, "cpu", "KBP_NAPI_A_CPU", "u32"),
         Attr(5, "pid", "KBP_NAPI_A_PID", "u32", doc="pid of the poller serving it"),
-        Attr(6, "packets", "KBP_NAPI_A_PACKETS", "u64"),
-        Attr(7, "polls", "KBP_NAPI_A_POLLS", "u64"),
+        Attr(6, "packets", "KBP_NAPI_A_PACKETS", "u64",
+             doc="counter: the device's packets (KBP_A_PACKETS), this NAPI's share"),
+        Attr(7, "polls", "KBP_NAPI_A_POLLS", "u64",
+             doc="counter: the device's polls (KBP_A_POLLS), this NAPI's share"),
     ),
     "netap-state": (
         Attr(0, "unspec", "KBP_NETAP_A_UNSPEC", "unused"),

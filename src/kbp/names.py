@@ -116,11 +116,15 @@ POLLER_COUNTERS: Final[tuple[str, ...]] = tuple(POLLER_COUNTER_HELP)
 POLLER_MAXIMA: Final[tuple[str, ...]] = tuple(
     c for c, h in POLLER_COUNTER_HELP.items() if h.startswith("maximum: "))
 
-# Per-device and per-NAPI counters (read-only).
+# Per-device and per-NAPI counters (read-only): the counters of the module's dev-get reply
+# (each of its NAPI records has them too), with the spec's help text. The stock backend has
+# no counter of its own: it reports the kernel's statistic that STOCK_DEVICE_COUNTERS names
+# for a counter, and none for the others.
+STOCK_DEVICE_COUNTERS: Final[dict[str, str]] = {"packets": "the device's rx_packets"}
 DEVICE_COUNTER_HELP: Final[dict[str, str]] = {
-    "packets": "packets received (kmod: polled by the module; stock: the device's rx_packets)",
-    "polls": "NAPI polls made by the module's pollers (kmod only)",
-}
+    a: h + (f" (kmod; stock: {STOCK_DEVICE_COUNTERS[a]})" if a in STOCK_DEVICE_COUNTERS
+            else " (kmod only)")
+    for a in _spec.REPLIES["dev-get"] if (h := counter_help(_KBP_DOCS[a])) is not None}
 DEVICE_COUNTERS: Final[tuple[str, ...]] = tuple(DEVICE_COUNTER_HELP)
 
 # Backends of kbpctl.

@@ -313,6 +313,27 @@ def test_poller_counters_and_their_help_are_the_specs(raw: dict[str, Any]) -> No
     assert names.POLLER_MAXIMA == ("wake_delay_max_ns",)    # the spec's "counter, maximum:"
 
 
+def test_device_counters_and_their_help_are_the_specs(raw: dict[str, Any]) -> None:
+    """The device and NAPI counters (kbpctl status, kbp_device_* and kbp_napi_*) are the
+    u64 counters of dev-get's reply, each also in the spec's NAPI record, with the spec's
+    doc as help and what the stock backend reads instead, if anything."""
+    attrs = {a["name"]: a for a in raw["attribute-sets"][0]["attributes"]}
+    napi = {a["name"]: a for s in raw["attribute-sets"] if s["name"] == "napi"
+            for a in s["attributes"]}
+    reply = next(op for op in raw["operations"]["list"]
+                 if op["name"] == "dev-get")["do"]["reply"]["attributes"]
+    counters = [a for a in reply if attrs[a].get("doc", "").startswith("counter")]
+    assert counters == [a for a in reply if attrs[a]["type"] == "u64"]
+    assert tuple(counters) == names.DEVICE_COUNTERS == ("packets", "polls")
+    for c in counters:
+        assert napi[c]["type"] == "u64" and napi[c]["doc"].startswith("counter"), c
+        help_ = names.DEVICE_COUNTER_HELP[c]
+        assert help_.startswith(attrs[c]["doc"].removeprefix("counter: ")), (c, help_)
+    assert names.DEVICE_COUNTER_HELP["packets"].endswith("(kmod; stock: the device's "
+                                                         "rx_packets)")
+    assert names.DEVICE_COUNTER_HELP["polls"] == "NAPI polls (kmod only)"
+
+
 def test_poller_counters_are_the_old_ones() -> None:
     """The exporter's metric names and order, and kbpctl status's counters, unchanged."""
     assert names.POLLER_COUNTERS == (

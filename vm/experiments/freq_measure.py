@@ -14,7 +14,15 @@ import time
 from pathlib import Path
 
 from kbp import kmod
-from vm.guest_tests.conftest import POLL_CPU, Flow, build_topology, load_module, sh
+from kbp.system import journal, settings
+from vm.guest_tests.conftest import (
+    POLL_CPU,
+    Flow,
+    Topo,
+    build_topology,
+    load_module,
+    sh,
+)
 
 CF = Path(f"/sys/devices/system/cpu/cpu{POLL_CPU}/cpufreq")
 
@@ -39,8 +47,20 @@ def main() -> None:
     load_module()
     sh(f"insmod {os.environ['KBP_TEST_MODULES']}/kbp_test_cpufreq.ko")
     sh("modprobe cpufreq_userspace")
-    (CF / "scaling_governor").write_text("userspace\n")
-    (CF / "scaling_setspeed").write_text("1600000\n")
+    # the governor and speed through the settings layer, put back at the end (the
+    # governor's old value first read, so its undo runs last: setspeed only takes a value
+    # under userspace)
+    ex = journal.Executor(None, {journal.KIND_FILE: settings.FileHandler()})
+    try:
+        ex.apply(journal.KIND_FILE, {"path": str(CF / "scaling_governor")}, "userspace")
+        ex.apply(journal.KIND_FILE, {"path": str(CF / "scaling_setspeed")}, "1600000")
+        measure(t)
+    finally:
+        for note in ex.restore():
+            print(f"not put back: {note}")
+
+
+def measure(t: Topo) -> None:
     for fc in (False, True):
         kmod.attach(t.nic0, cpu=POLL_CPU, mode="hybrid", freq_ctl=fc)
         time.sleep(1)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from kbp import _spec
 from kbp.bench import cli, modes, report, scenarios, workloads
 from kbp.bench.placement import Placement
 from kbp.bench.runner import Aborted, Bench, BenchConfig
@@ -94,9 +95,15 @@ def test_cli_defaults_presets_and_knobs() -> None:
     b = Bench(cfg, cpus_available=lambda: [0, 1])
     b.plan()
     assert cfg.modes == DEFAULT_MODES
+    # the full run searches as kbpctl does: the module's default round, a warm-up that holds
+    # the search's 11 rounds; a latency scenario keeps the bench's 200 ms
+    assert (cfg.periodic_round_ms, cfg.stream_warmup) == (1000, 12.0)
+    assert st.FULL_ROUND_MS == _spec.KBP_ROUND_MS_DEF       # kbpctl's, the module's default
+    assert _cfg(["--scenario", "stream", "--round-ms", "300"]).periodic_round_ms == 300
+    assert _cfg(["--scenario", "shared-cpu"]).periodic_round_ms == 200
     cfg = _cfg(["--scenario", "stream", "--smoke"])
     assert cfg.modes == ["napi", "stock-hybrid"] and cfg.parts == ["stream-tcp", "stream-udp"]
-    assert (cfg.duration, cfg.stream_warmup) == (1.0, 1.0)
+    assert (cfg.duration, cfg.stream_warmup, cfg.periodic_round_ms) == (1.0, 1.0, 200)
     Bench(cfg, cpus_available=lambda: [0, 1]).plan()
     cfg = _cfg(["--scenario", "stream", "--demo"])
     assert cfg.scenario == "stream" and cfg.parts == ["stream-tcp", "stream-udp"]

@@ -33,12 +33,13 @@ demo       the scenario's default modes (unrunnable ones are reported as skipped
 smoke      {smoke}, 1 repetition of 1 s runs, coarse RFC 2544: a functional check
 =========  =====================================================================================
 
-A scenario may say what a preset means for it (stream: --smoke = both streams, 1 s warm-up,
-1 s runs; --demo = 3 s warm-up, 4 s runs).
+A scenario may say what a preset means for it (stream: the full run searches in kbpctl's
+1000 ms rounds with a 12 s warm-up; --smoke = both streams, 1 s warm-up, 1 s runs; --demo =
+3 s warm-up, 4 s runs).
 
 Periodic modes ({periodic}; NetAP): ``--round-ms`` is the interval search's
-round (default 200 ms here, so its 11 rounds converge inside the stream scenario's 3 s
-warm-up; kbpctl's default is the paper's 1000 ms: use it with ``--stream-warmup 12``),
+round (default 200 ms here, so its 11 rounds converge inside a 3 s warm-up; the stream
+scenario's full run uses kbpctl's default, the paper's 1000 ms),
 ``--interval-us`` fixes the interval instead (no search).
 
 CPUs by role (``--cpus ROLE=CPU,...``; roles tester, rt, flood, heavy, app, harness): on 4 or
@@ -149,11 +150,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="deprecated: the old name of --parts")
     p.add_argument("--loads", type=_csv, help="competing load for rtt: off,on")
     p.add_argument("--round-ms", type=int, dest="periodic_round_ms",
-                   help="periodic modes: the interval search's round in ms (default 200)")
+                   help="periodic modes: the interval search's round in ms (default 200; "
+                        "stream's full run: 1000, kbpctl's)")
     p.add_argument("--interval-us", type=int, dest="periodic_interval_us",
                    help="periodic modes: a fixed polling interval in µs (default: searched)")
     p.add_argument("--stream-warmup", type=float,
-                   help="stream: seconds each stream runs before it is measured (default 3)")
+                   help="stream: seconds each stream runs before it is measured (default 3; "
+                        "full run: 12, the search's 11 rounds of 1000 ms)")
     p.add_argument("--udp-len", type=int,
                    help="stream: UDP payload bytes of the UDP stream (default 1472)")
     p.add_argument("--duration", type=float, help="seconds per RT latency run")

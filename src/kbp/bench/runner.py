@@ -140,8 +140,9 @@ class BenchConfig:
     stream_warmup: float = 3.0
     udp_len: int = 1472              # a 1500-byte IP packet
     # the periodic modes (periodic, stock-periodic): the interval search's round (the bench's
-    # default, 200 ms, lets its 11 rounds converge inside the stream warm-up; kbpctl's own
-    # default is the paper's 1000 ms), or a fixed interval (None: searched)
+    # default, 200 ms, lets its 11 rounds converge inside a 3 s warm-up; kbpctl's own
+    # default is the paper's 1000 ms, which the stream scenario's full run uses), or a fixed
+    # interval (None: searched)
     periodic_round_ms: int = 200
     periodic_interval_us: int | None = None
     # idle cost: seconds each mode stays on with no traffic

@@ -24,7 +24,7 @@ def _indexed(fmt: str, cls: str) -> tuple[tuple[str, str], ...]:
     return tuple((fmt.format(i), cls) for i in range(_MAX_INDEX))
 
 
-class _ctrlmsg(_nl.ctrlmsg):  # type: ignore[misc,name-defined]
+class _ctrlmsg(_nl.ctrlmsg):
     """Debian 12's ``ctrlmsg`` plus the policy attributes (ids 8..10)."""
 
     __slots__ = ()
@@ -37,13 +37,13 @@ class _ctrlmsg(_nl.ctrlmsg):  # type: ignore[misc,name-defined]
                ("CTRL_ATTR_OP_POLICY", "command_nest"),
                ("CTRL_ATTR_OP", "uint32"))
 
-    class policy_nest(_nl.nla):  # type: ignore[misc,name-defined]
+    class policy_nest(_nl.nla):
         __slots__ = ()
 
-        class attribute_nest(_nl.nla):  # type: ignore[misc,name-defined]
+        class attribute_nest(_nl.nla):
             __slots__ = ()
 
-            class nl_policy_type_attr(_nl.nla):  # type: ignore[misc,name-defined]
+            class nl_policy_type_attr(_nl.nla):
                 __slots__ = ()
                 nla_map = (
                     ("NL_POLICY_TYPE_ATTR_UNSPEC", "none"),
@@ -65,10 +65,10 @@ class _ctrlmsg(_nl.ctrlmsg):  # type: ignore[misc,name-defined]
 
         nla_map = _indexed("POLICY({})", "attribute_nest")
 
-    class command_nest(_nl.nla):  # type: ignore[misc,name-defined]
+    class command_nest(_nl.nla):
         __slots__ = ()
 
-        class command_nest_attrs(_nl.nla):  # type: ignore[misc,name-defined]
+        class command_nest_attrs(_nl.nla):
             __slots__ = ()
             nla_map = (
                 ("CTRL_ATTR_POLICY_UNSPEC", "none"),

@@ -8,7 +8,7 @@ the generated :mod:`kbp._spec`).
 """
 
 import re
-from typing import Final
+from typing import Final, TypedDict
 
 from kbp import _spec
 
@@ -43,7 +43,20 @@ OBJECTIVE_BYTES: Final = "bytes"
 OBJECTIVE_BYTES_PER_CPU: Final = "bytes-per-cpu"
 OBJECTIVE_IDS: Final[dict[str, int]] = dict(_spec.ENUMS["objective"])  # enum kbp_objective
 OBJECTIVES: Final = tuple(OBJECTIVE_IDS)
-PERIODIC_DEFAULTS: Final[dict[str, int | str]] = {
+
+
+class PeriodicDefaults(TypedDict):
+    """The knobs' defaults (:data:`PERIODIC_DEFAULTS`): numbers, ``objective`` a name."""
+
+    round_ms: int
+    min_interval_us: int
+    max_interval_us: int
+    min_change: int
+    max_round: int
+    objective: str
+
+
+PERIODIC_DEFAULTS: Final[PeriodicDefaults] = {
     "round_ms": _spec.KBP_ROUND_MS_DEF,
     "min_interval_us": _spec.KBP_NETAP_MIN_INTERVAL_US,    # MinInterval
     "max_interval_us": _spec.KBP_NETAP_MAX_INTERVAL_US,    # MaxInterval

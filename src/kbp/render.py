@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -10,7 +11,14 @@ from rich.table import Table
 from rich.text import Text
 
 from kbp import names, rps
-from kbp.backends import DeviceStatus, PollerLoad, PollerStatus, PollingCpu, Status
+from kbp.backends import (
+    DeviceStatus,
+    NapiStatus,
+    PollerLoad,
+    PollerStatus,
+    PollingCpu,
+    Status,
+)
 from kbp.sysinfo import CpuTask, format_cpulist
 
 
@@ -87,7 +95,7 @@ def devices_table(st: Status) -> Table:
         t.add_column(col, no_wrap=True)
     for d in st.devices:
         first = True
-        rows = d.napis or [None]
+        rows: Sequence[NapiStatus | None] = d.napis or [None]
         for n in rows:
             dev_cells = [d.name, d.netns or "-", _backend_cell(d), class_cell(d),
                          rps_cell(d)] if first else ["", "", "", "", ""]
@@ -116,8 +124,8 @@ def pollers_table(st: Status) -> Table:
             "passes",
             "empty", "packets", "wakeups", "sleeps", "slept", "yields", "polled", "respawns",
             "repairs")
-    for c in cols:
-        t.add_column(c, no_wrap=True)
+    for col in cols:
+        t.add_column(col, no_wrap=True)
     for p in st.pollers:
         c = p.counters
         t.add_row(str(p.cpu), p.cls, p.device or "-", p.state or "-",
@@ -170,7 +178,8 @@ def device_periodic_line(d: DeviceStatus) -> str:
     if not isinstance(s, dict):
         return head + run
     state = "converged" if s.get("converged") else f"distance {_n(s.get('distance_us'))} us"
-    last = svc.get("last") if isinstance(svc.get("last"), dict) else {}
+    got = svc.get("last")
+    last = got if isinstance(got, dict) else {}
     return (head + f"{run}, {_n(svc.get('rounds'))} rounds ({_n(svc.get('idle_rounds'))} "
             f"idle); search round {_n(s.get('round'))} ({_n(s.get('restarts'))} restarts, "
             f"last by {_n(s.get('started_by'))}): interval {_n(per.get('interval_us'))} us, "

@@ -267,3 +267,18 @@ def test_every_key_the_bench_uses_is_in_the_types() -> None:
     used = _record_keys(BENCH / "report.py", ("LatencyRun", "IdleRun"))
     for name, keys in used.items():
         assert {"sys", "poller"} <= keys <= set(getattr(schema, name).__annotations__)
+
+
+def test_a_streams_keys_are_in_its_type() -> None:
+    """The keys the stream scenario puts in its records (quiet, iperf, sys, search, ...)
+    are StreamRun's."""
+    keys = _record_keys(BENCH / "scenarios" / "stream.py", ("StreamRun",))["StreamRun"]
+    assert {"mode", "sys", "iperf", "took_s"} <= keys <= set(schema.StreamRun.__annotations__)
+
+
+def test_every_summary_key_is_in_the_type() -> None:
+    """A scenario's summary holds Summary's keys only (shared-cpu's ``equal_work`` too)."""
+    for src in (V1, OLD):
+        doc = report.add_summary(json.loads((src / "results.json").read_text()))
+        assert "rtt" in doc["summary"], src.name
+        assert set(doc["summary"]) <= set(schema.Summary.__annotations__), src.name

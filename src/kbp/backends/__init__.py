@@ -482,7 +482,7 @@ class PollerStatus:
     counters: dict[str, int | None]
     freq_ctl: bool | None = None
     #: mode periodic: its interval, hand-backs and (netap on) the search's state
-    periodic: dict[str, object] | None = None
+    periodic: dict[str, Any] | None = None
     #: names.CLASS_RT or names.CLASS_NON_RT (kmod.Poller.cls; JSON "class")
     cls: str = names.CLASS_RT
     nice: int | None = None  # class non-rt: the poller's nice

@@ -69,9 +69,8 @@ def _kmod_threads(dev: str, netns: str | None, cpu: int | None) -> dict[int, str
         if cpu is not None:
             cpus.add(cpu)
         # the device's own pollers: the module runs one per CPU and device
-        ours = [p for p in c.pollers() if p.cpu in cpus and p.pid and
-                (p.ifindex is None or d is None or p.ifindex == d.ifindex)]
-        return {p.pid: p.name for p in ours}
+        return {p.pid: p.name for p in c.pollers() if p.cpu in cpus and p.pid and
+                (p.ifindex is None or d is None or p.ifindex == d.ifindex)}
 
 
 def _stock_threads(dev: str, netns: str | None) -> dict[int, str]:

@@ -861,15 +861,15 @@ class StockBackend:
                     t.pid, self.host), counters={"packets": None, "polls": None}))
             with contextlib.suppress(KbpctlError, OSError):
                 thr = ctx.fs(ns).read(dev, "threaded")
-                for n in ds.napis:
-                    n.threaded = int(thr) if thr is not None else None
-        for i, n in enumerate(ds.napis):
-            n.index = i
-            if n.thread and len(n.thread.cpus) == 1:
-                n.cpu = n.thread.cpus[0]
-            if n.irq is not None:
+                for st in ds.napis:
+                    st.threaded = int(thr) if thr is not None else None
+        for i, st in enumerate(ds.napis):
+            st.index = i
+            if st.thread and len(st.thread.cpus) == 1:
+                st.cpu = st.thread.cpus[0]
+            if st.irq is not None:
                 with contextlib.suppress(OSError):
-                    n.irq_affinity = sysinfo.read_irq_affinity(n.irq, self.host)
+                    st.irq_affinity = sysinfo.read_irq_affinity(st.irq, self.host)
         if rec:
             ds.cpus = sorted({n.cpu for n in ds.napis if n.cpu is not None}) or ds.cpus
             ds.problems += self._problems(rec, ds)

@@ -78,7 +78,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kbp.bench import stats, trace
 
@@ -442,8 +442,9 @@ class Request:
     def segments(self) -> dict[str, float]:
         """The segments (ns; :data:`SEGMENTS`), which add up to Z - X."""
         assert self.complete()
-        x, g, r, d, v, y, z = (int(t) for t in (self.x, self.g, self.r, self.d, self.v,
-                                                  self.y, self.z))   # type: ignore[arg-type]
+        # complete(): none of them is None
+        x, g, r, d, v, y, z = (int(cast(int, t)) for t in (self.x, self.g, self.r, self.d,
+                                                            self.v, self.y, self.z))
         ps = min(max(self.g_start, x), g) if self.g_start else x
         i = self.g_irq if x <= self.g_irq <= ps else x     # I, when it came between
         rs = min(max(self.r_start, g), r) if self.r_start else g
@@ -745,7 +746,7 @@ def _median_of(xs: Sequence[Any]) -> float | None:
     return vals[len(vals) // 2] if vals else None
 
 
-def summarize(runs: Iterable[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+def summarize(runs: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     """{condition: {mode: :func:`pooled`}} of the RT latency runs that carry an anatomy."""
     by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in runs:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pyroute2.netlink.exceptions import NetlinkError
 
@@ -26,7 +26,7 @@ from kbp.bench import modes as modes_
 from kbp.bench import placement as placement_
 from kbp.bench.modes import AppEnv, AppPlace, KnobError, Mode, Target
 from kbp.bench.placement import Placement
-from kbp.bench.schema import Results, Samples
+from kbp.bench.schema import LatencyRun, Results, Samples
 from kbp.bench.testbed import Testbed, VethLink
 from kbp.system import access
 
@@ -103,7 +103,12 @@ class Aborted(Exception):
     pass
 
 
-RunProbe = Callable[[], Callable[[dict[str, Any]], None]]
+RunProbe = Callable[[], Callable[[LatencyRun], None]]
+
+
+def _no_results() -> Results:
+    """The document before the run's head (Bench.head, with its schema) replaces it."""
+    return cast(Results, {})
 
 
 @dataclass
@@ -115,7 +120,7 @@ class RunContext:
 
     cfg: BenchConfig
     progress: Progress | None = None
-    results: Results = field(default_factory=Results)   # kbp.bench.schema's document
+    results: Results = field(default_factory=_no_results)   # kbp.bench.schema's document
     samples: Samples = field(default_factory=dict)
     modes: dict[str, Mode] = field(default_factory=dict)
     binary: Path | None = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -524,7 +525,7 @@ def napi_on_rt_cpu(bench: Bench, heavy: HeavySide) -> dict[str, Any]:
 
 def app_words(results: Results) -> str:
     """The RT app's scheduling class in a run, in words (its report's first line)."""
-    p = results.get("placement") or {}
+    p: Mapping[str, Any] = results.get("placement") or {}
     fifo = p.get("app_fifo")
     pol = f"SCHED_FIFO {fifo}" if fifo else "default policy (SCHED_OTHER)"
     return f"{pol} (--app-policy {p.get('app_policy', '?')})"

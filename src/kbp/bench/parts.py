@@ -22,12 +22,12 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from kbp.bench import placement as pl
 from kbp.bench import rfc2544 as rfc
 from kbp.bench import workloads
-from kbp.bench.schema import Results
+from kbp.bench.schema import LatencyRun, Results
 from kbp.bench.testbed import set_gro
 from kbp.system import access
 
@@ -35,8 +35,12 @@ if TYPE_CHECKING:
     from kbp.bench.runner import Bench, BenchConfig
     from kbp.bench.testbed import VethLink
 
-RTT, TABLE2, RFC2544 = "rtt", "table2", "rfc2544"
-IDLE, RTT_TCP = "idle", "rtt-tcp"
+# the parts (Final: mypy reads rtt, table2, ... as the keys of kbp.bench.schema.Summary)
+RTT: Final = "rtt"
+TABLE2: Final = "table2"
+RFC2544: Final = "rfc2544"
+IDLE: Final = "idle"
+RTT_TCP: Final = "rtt-tcp"
 COMMON: tuple[str, ...] = (IDLE, RTT_TCP)     # the runner's, in every scenario
 TCP_LINK = "tcp"                             # the veth pair rtt-tcp adds to the testbed
 TCP_CONDITION = "load-tcp"
@@ -241,12 +245,12 @@ class Patient:
 
 
 def latency_block(bench: Bench, rep: int, condition: str, load: Load | None = None,
-                  load_name: str = "load") -> list[dict[str, Any]]:
+                  load_name: str = "load") -> list[LatencyRun]:
     """One RT latency run per mode under ``condition``; ``load`` (if any) runs throughout and
     what it reports is kept in every run's ``flood_block``."""
     cfg = bench.cfg
     stats: dict[str, Any] = {}
-    block: list[dict[str, Any]] = []
+    block: list[LatencyRun] = []
     if load is not None:
         bench.note(f"rep {rep + 1}: starting the {load_name}")
         load.start()

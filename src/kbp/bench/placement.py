@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from kbp import sysinfo
+from kbp.bench.schema import PlacementDoc
 from kbp.errors import KbpctlError
 
 TESTER, RT, FLOOD, HEAVY, APP, HARNESS = "tester", "rt", "flood", "heavy", "app", "harness"
@@ -150,7 +151,7 @@ class Placement:
         by_role = ", ".join(f"{LABELS[r]} {self.cpus[r]}" for r in ALL_ROLES if r in self.cpus)
         return f"CPUs by role: {by_role}" + (f". {self.note}" if self.note else "")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PlacementDoc:
         return {"cpus": dict(self.cpus), "available": list(self.available),
                 "pinned": list(self.pinned), "note": self.note,
                 "by_cpu": {str(c): self.roles_on(c) for c in sorted(set(self.cpus.values()))},

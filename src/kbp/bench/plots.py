@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -186,7 +187,8 @@ def kernel_delay_bars(summary: Summary, out: Path, title: str) -> Path | None:
 def standard(results: Results, samples: Samples, out: Path,
              titles: dict[str, str]) -> list[Path]:
     """The plots of a scenario with the rtt part (conditions ``titles``) and RFC 2544."""
-    scen = (results.get("scenario") or {}).get("name")
+    doc: Mapping[str, Any] = results.get("scenario") or {}
+    scen = doc.get("name")
     title = f"kbp bench {scen} · {results.get('testbed')} · {results.get('started')}"
     summ = summary_of(results)
     made = [latency_cdf(samples, out, title, "rtt", titles),

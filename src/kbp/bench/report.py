@@ -15,7 +15,7 @@ the RT latency under the TCP heavy sender (``load-tcp``) and the idle cost per m
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from kbp import names
@@ -114,9 +114,9 @@ def run_metrics(rec: LatencyRun, pl: Placement) -> dict[str, float | None]:
     for p in ("p50", "p99", "max"):
         m[f"user_rtt_{p}_us"] = _us(user.get(p))
     sent = (rec.get("tester") or {}).get("sent") or 0
-    m["lost"] = float(rec.get("lost", 0))
-    m["lost_pct"] = 100.0 * m["lost"] / sent if sent else None
-    kd = rec.get("kernel_delay") or {}
+    lost = m["lost"] = float(rec.get("lost", 0))
+    m["lost_pct"] = 100.0 * lost / sent if sent else None
+    kd: Mapping[str, Any] = rec.get("kernel_delay") or {}
     for kname in ("xmit_to_poll", "poller_wake_to_run", "app_wake_to_run"):
         s = kd.get(kname) or {}
         for p in ("p50", "p99", "p99.9", "max"):
@@ -175,7 +175,7 @@ def summarize_rfc(searches: Iterable[ThroughputRun], pl: Placement) -> dict[str,
         for mode, dst in by_mode.items():
             mine = per[(frame, mode)]
             dst["bounds"] = sorted({s["bound"] for s in mine})
-            cpu = [s["sys"]["cpu"] for s in mine if s.get("sys")]
+            cpu = [sysd["cpu"] for s in mine if (sysd := s.get("sys"))]
             for role, c in pl.role_cpus().items():
                 dst[f"cpu_{role}_busy_pct"] = aggregate(x[str(c)]["busy_pct"] for x in cpu
                                                         if str(c) in x)
@@ -263,7 +263,8 @@ def fmt(v: float | None) -> str:
     return f"{v:.2f}"
 
 
-def cell(agg: Aggregate | None, spread: bool = True) -> str:
+def cell(agg: Mapping[str, Any] | None, spread: bool = True) -> str:
+    """An aggregate (:class:`Aggregate`'s keys) as a table cell: median [min-max] xratio."""
     if not agg or agg.get("median") is None:
         return "-"
     s = fmt(agg["median"])
@@ -370,7 +371,8 @@ def per_mode(summary: schema.Summary, tails: dict[str, TailSummary], cond: str,
     napi), the repetitions, the median n, the p99.9 of the samples pooled over repetitions
     with its bootstrap CI (``tails``: results["tails"]), and with ``idle`` the p99.9 in
     that condition.  ``summary``: :func:`summarize`'s.  {} when ``cond`` did not run."""
-    rtt: dict[str, dict[str, ModeSummary]] = summary.get(part) or {}
+    # part: a latency part (rtt, table2): its key of the summary holds this shape
+    rtt = cast(dict[str, dict[str, ModeSummary]], summary.get(part) or {})
     got = rtt.get(cond) or {}
     out: dict[str, Any] = {}
     for mode in _modes_in(got):
@@ -482,7 +484,8 @@ def rfc_section(results: Results) -> list[str]:
 # -- the whole report ---------------------------------------------------------------------
 def scenario_of(results: Results) -> Any:
     from kbp.bench import scenarios
-    name = (results.get("scenario") or {}).get("name") or scenarios.DEFAULT
+    scen: Mapping[str, Any] = results.get("scenario") or {}
+    name = scen.get("name") or scenarios.DEFAULT
     return scenarios.get(name)
 
 
@@ -493,7 +496,7 @@ def markdown(results: Results | dict[str, Any]) -> str:
     cfg = config_of(results)
     reps = cfg.get("reps")
     pl = placement_of(results)
-    scen = results.get("scenario") or {}
+    scen: Mapping[str, Any] = results.get("scenario") or {}
     scenario = scenario_of(results)
     what = scenario.measures
     out = [f"Scenario `{scen.get('name')}`: {scen.get('title', '')}.", "",
@@ -533,7 +536,7 @@ def method_sections(results: Results) -> list[str]:
 FEW_EPISODES_MARK = "‡"
 
 
-def _episodes_note(d: dict[str, Any]) -> str:
+def _episodes_note(d: Mapping[str, Any]) -> str:
     """", 3 bursts: 1+0+6" -- how many separate bursts make the tail and how its samples
     split over the repetitions (results before the block bootstrap have neither)."""
     if d.get("episodes") is None:
@@ -553,7 +556,7 @@ def _ci_words(rows: Iterable[dict[str, Any]]) -> str:
     return f"seeded bootstrap CI; {FEW_MARK}: fewer than {FEW_ABOVE} samples above it)"
 
 
-def _tail_cell(d: dict[str, Any] | None) -> str:
+def _tail_cell(d: Mapping[str, Any] | None) -> str:
     if not d:
         return "-"
     lo, hi = d.get("ci95") or (None, None)
@@ -562,7 +565,7 @@ def _tail_cell(d: dict[str, Any] | None) -> str:
             f"(k={d['k']} of n={d['n']:,}{_episodes_note(d)}){mark}")
 
 
-def _lost_cell(d: dict[str, Any] | None) -> str:
+def _lost_cell(d: Mapping[str, Any] | None) -> str:
     w = (d or {}).get("with_lost")
     if not w:
         return "-"
@@ -615,9 +618,16 @@ def lateness_section(results: Results) -> list[str]:
            "time the arrival schedule intended; median of repetitions): a tester delayed on "
            "its CPU sends late, and that delay is not in the round trip", ""]
     for cond, d in conds.items():
-        bare = {m: {k: {x: y for x, y in (v or {}).items() if x != "ratio_to_napi"}
-                    for k, v in ms.items()} for m, ms in d.items()}   # the tester's, no ratio
+        bare: dict[str, ModeSummary] = {m: {k: _without_ratio(v) for k, v in ms.items()}
+                                        for m, ms in d.items()}   # the tester's, no ratio
         out += [f"Condition `{cond}`:", "", latency_table(bare, LATENESS_COLUMNS), ""]
+    return out
+
+
+def _without_ratio(agg: Aggregate | None) -> Aggregate:
+    """A copy of ``agg`` without its ratio to napi ({} for None)."""
+    out = agg.copy() if agg else Aggregate()
+    out.pop("ratio_to_napi", None)
     return out
 
 
@@ -689,7 +699,8 @@ def order_section(results: Results) -> list[str]:
 def summarize(results: Results) -> schema.Summary:
     """The summary every part shares: latency runs by part, RFC 2544 searches."""
     pl = placement_of(results)
-    summ: schema.Summary = summarize_runs(results.get("runs") or [], pl)
+    # by the runs' parts, rtt and table2: Summary's keys of that shape
+    summ = cast(schema.Summary, summarize_runs(results.get("runs") or [], pl))
     if results.get("rfc2544"):
         summ["rfc2544"] = summarize_rfc(results["rfc2544"], pl)
     anat = anatomy.summarize(results.get("runs") or [])

@@ -170,7 +170,7 @@ class LatencyRun(TypedDict, total=False):
     mode_setup: dict[str, Any]
     app: str
     app_cpu: int | None
-    app_fifo: bool | None
+    app_fifo: int | None               # the app's SCHED_FIFO priority (0: default policy)
     search: dict[str, Any]             # the periodic modes' interval search
     tester: dict[str, Any]             # kbp-rtt's counts: sent, received, lost, ...
     rtt_ns: Stats                      # kernel-stamped round trips
@@ -253,11 +253,19 @@ class StreamRun(TypedDict, total=False):
     duration: float
     warmup: float
     length: int
+    quiet: dict[str, Any]
+    mode_setup: dict[str, Any]
     poller_threads: dict[str, str]
     receiver_threads: list[str]
-    dev: dict[str, int]
+    iperf: dict[str, Any]              # what iperf3 reported (kbp.bench.workloads.Stream)
+    sys: SysDelta
+    dev: dict[str, int]                # the RT device's packets, bytes, dropped
+    dev_source: str                    # where they were read (/proc/PID/net/dev, ip)
     irqs: int | None
     poller: dict[str, float]
+    search: dict[str, Any]             # the periodic modes' interval search
+    search_samples: list[dict[str, Any]]   # and its state read while the stream ran
+    took_s: float
 
 
 class ModeStatus(TypedDict, total=False):
@@ -341,7 +349,7 @@ class PlacementDoc(TypedDict, total=False):
     by_cpu: dict[str, list[str]]       # CPU: its roles
     columns: dict[str, PlacementColumn]
     app_policy: str
-    app_fifo: bool
+    app_fifo: int                      # the app's SCHED_FIFO priority (0: default policy)
     runs: dict[str, str]               # role: what runs there
 
 
@@ -356,6 +364,7 @@ class Summary(TypedDict, total=False):
     idle: dict[str, ModeSummary]
     stream: dict[str, dict[str, ModeSummary]]
     per_mode: dict[str, Any]
+    equal_work: dict[str, Any]
     split: dict[str, Any]
     steering_check: dict[str, Any]
     rt_cpu_rx: dict[str, Any]

@@ -49,9 +49,9 @@ import heapq
 import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from kbp.bench.schema import Aggregate, ModeSummary
+from kbp.bench.schema import Aggregate, ModeSummary, Stats, TailSummary
 
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
 TAILS: tuple[float, ...] = (99.0, 99.9, 100.0)     # 100: the maximum
@@ -98,21 +98,22 @@ def sd(values: Sequence[float]) -> float:
 
 
 def summarize(values: Iterable[float], percentiles: Sequence[float] = PERCENTILES,
-              ) -> dict[str, float | int | None]:
+              ) -> Stats:
     """n, mean, sd, min, the percentiles and max of samples (all None when there are none)."""
     xs = sorted(values)
     out: dict[str, float | int | None] = {"n": len(xs)}
+    # Stats' keys (other ``percentiles`` than the default add theirs, pct_key's)
     if not xs:
         out.update({"mean": None, "sd": None, "min": None, "max": None})
         out.update({pct_key(p): None for p in percentiles})
-        return out
+        return cast(Stats, out)
     out["mean"] = mean(xs)
     out["sd"] = sd(xs)
     out["min"] = xs[0]
     for p in percentiles:
         out[pct_key(p)] = percentile(xs, p)
     out["max"] = xs[-1]
-    return out
+    return cast(Stats, out)
 
 
 def tail_key(p: float) -> str:
@@ -245,7 +246,7 @@ def tail_episodes(reps: Sequence[Sequence[float]], threshold: float,
 
 def tail_summary(values: Iterable[float], lost: int = 0, seed: int = 1,
                  tails: Sequence[float] = TAILS, resamples: int = BOOT_RESAMPLES,
-                 sizes: Sequence[int] | None = None) -> dict[str, Any]:
+                 sizes: Sequence[int] | None = None) -> TailSummary:
     """n, lost, and per tail statistic (``p99``, ``p99.9``, ``max``): its value, which
     k-th largest of n it is, how many samples lie above it, ``few`` (< FEW_ABOVE above),
     a seeded moving-block bootstrap 95 % CI, where its tail comes from
@@ -282,7 +283,8 @@ def tail_summary(values: Iterable[float], lost: int = 0, seed: int = 1,
         d["with_lost"] = {"value": xs[rl - 1] if rl <= n else "inf", "k": nl - rl + 1,
                           "n": nl, "few": nl - rl < FEW_ABOVE}
         out[key] = d
-    return out
+    # TailSummary's keys (other ``tails`` than the default add theirs, tail_key's)
+    return cast(TailSummary, out)
 
 
 def seeded_order(xs: Sequence[str], seed: int, rep: int) -> list[str]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kbp.bench.schema import SysDelta, ThreadTime
 from kbp.sysinfo import read_schedstat
 
 PROC = Path("/proc")
@@ -128,7 +129,7 @@ def _rapl_range(zone: str) -> int | None:
 
 
 def delta(a: Snapshot, b: Snapshot, thread_names: dict[int, str] | None = None,
-          thread_roles: dict[int, str] | None = None) -> dict[str, Any]:
+          thread_roles: dict[int, str] | None = None) -> SysDelta:
     """What happened between two snapshots, per CPU.  With ``thread_roles`` ({pid: ROLE_*})
     each thread carries its ``role`` and ``threads_cpu_pct`` sums their ``cpu_pct`` by role
     (every role given, 0.0 when its threads ran none or were gone)."""
@@ -153,7 +154,7 @@ def delta(a: Snapshot, b: Snapshot, thread_names: dict[int, str] | None = None,
     ncpu = len(next(iter(irqs.values()), []))
     irq_total = [sum(v[i] for v in irqs.values()) for i in range(ncpu)]
     irq_named = {k: v for k, v in irqs.items() if any(v)}
-    threads = {}
+    threads: dict[str, ThreadTime] = {}
     for pid, s0 in a.threads.items():
         s1 = b.threads.get(pid)
         if s0 is None or s1 is None:
@@ -178,9 +179,9 @@ def delta(a: Snapshot, b: Snapshot, thread_names: dict[int, str] | None = None,
             energy[k] = {"joules": d_uj / 1e6, "watts": d_uj / 1e6 / wall}
     else:
         energy = {"meter": NO_POWER_METER}
-    out = {"wall_s": wall, "cpu": cpu, "hardirqs_total": irq_total, "hardirqs": irq_named,
-           "softirqs": sirqs, "net_rx": sirqs.get("NET_RX", []), "threads": threads,
-           "energy": energy}
+    out: SysDelta = {"wall_s": wall, "cpu": cpu, "hardirqs_total": irq_total,
+                     "hardirqs": irq_named, "softirqs": sirqs,
+                     "net_rx": sirqs.get("NET_RX", []), "threads": threads, "energy": energy}
     if thread_roles:
         by_role = dict.fromkeys(sorted(set(thread_roles.values())), 0.0)
         for t in threads.values():

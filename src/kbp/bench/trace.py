@@ -259,7 +259,8 @@ def parse(output: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for (kind, key), buckets in sorted(hist.items()):
         name = KIND_NAMES.get(kind, f"kind{kind}")
-        s = hist_summary(buckets, exact_max=mx.get((kind, key)), total_ns=sm.get((kind, key)))
+        s: dict[str, Any] = hist_summary(buckets, exact_max=mx.get((kind, key)),
+                                         total_ns=sm.get((kind, key)))
         s["buckets"] = {str(k): v for k, v in sorted(buckets.items())}
         out.setdefault(name, {})[str(key)] = s
     if xn:

@@ -440,9 +440,10 @@ def _install(cg: Cgroup, families: tuple[int, ...], btf_id: int, prog_fd: int, f
         previous = read_params() if writable else None
         if writable and previous is None:
             raise OSError(errno.ENOENT, "kbp_so was unloaded meanwhile", str(PARAMS))
-        for name in POLICY_PARAMS if previous is not None else ():
-            write_param(name, values[name])
-            undo.defer(write_param, name, norm_param(name, previous[name]))
+        if previous is not None:
+            for name in POLICY_PARAMS:
+                write_param(name, values[name])
+                undo.defer(write_param, name, norm_param(name, previous[name]))
         mounted = False
         if not _is_bpffs(BPFFS):
             bpfsys.mount_bpffs(BPFFS)

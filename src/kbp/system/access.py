@@ -233,9 +233,9 @@ def run_all(steps: Iterable[Callable[[], object]]) -> None:
             step()
         except BaseException as e:          # Ctrl-C in one step: the others still run
             errors.append(e)
-    for e in errors:
-        if not isinstance(e, Exception):
-            raise e                         # KeyboardInterrupt, SystemExit: as they came
+    for err in errors:
+        if not isinstance(err, Exception):
+            raise err                       # KeyboardInterrupt, SystemExit: as they came
     if errors:
         raise RestoreError(errors) from errors[0]
 

@@ -46,7 +46,7 @@ def idle_run(bench: Bench, mode_name: str) -> IdleRun:
     rec["app_threads"] = [str(p) for p in app]
     rec["sys"] = sysstat.delta(s0, s1, {**threads, **nonrt, **dict.fromkeys(app, rec["app"])},
                                sysstat.thread_roles(threads, nonrt, app))
-    rec["poller"] = {k: (c1[k] - (c0.get(k) or 0)) for k in c1 if c1[k] is not None}
+    rec["poller"] = {k: v - (c0.get(k) or 0) for k, v in c1.items() if v is not None}
     bench.results["idle"].append(rec)
     bench.advance(parts.idle_seconds(cfg), desc)
     return rec

@@ -6,7 +6,7 @@ lateness; samples pooled per part|condition|mode in ``bench.samples``."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kbp.bench import (
     anatomy,
@@ -25,7 +25,7 @@ from kbp.bench import (
 )
 from kbp.bench import placement as placement_
 from kbp.bench.modes import search_state
-from kbp.bench.schema import LatencyRun
+from kbp.bench.schema import KernelDelay, LatencyRun
 from kbp.bench.stats import summarize, tail_summary
 from kbp.bench.testbed import Testbed
 
@@ -154,16 +154,18 @@ def _attempt(bench: Bench, mode_name: str, rep: int, *, part: str, condition: st
             int(tsum.get("sent") or 0) + int(tsum.get("warmup_sent") or 0),
             heavy_moved=heavy.exclusive_like(mode_name))
     rec["sys"] = sysstat.delta(s0, s1, names_, roles)
-    rec["poller"] = {k: (c1[k] - (c0.get(k) or 0)) for k in c1 if c1[k] is not None}
+    rec["poller"] = {k: v - (c0.get(k) or 0) for k, v in c1.items() if v is not None}
     if kt is not None:
         xs, match = xmit_match(kt, kd, res.summary)
-        rec["kernel_delay"] = {
+        # the delays are bpftrace histograms' summaries (kbp.bench.stats.hist_summary):
+        # Stats' keys, xmit_to_poll's with its buckets too
+        rec["kernel_delay"] = cast(KernelDelay, {
             "xmit_to_poll": xs, "xmit_to_poll_match": match,
             "netrx_raise_to_entry": {k: trace.without_buckets(v) for k, v in
                                      (kd.get("netrx_raise_to_entry") or {}).items()},
             "poller_wake_to_run": trace.merged(kd, "poller_wake_to_run"),
             "app_wake_to_run": trace.merged(kd, "app_wake_to_run"),
-        }
+        })
         if cfg.anatomy:
             rec["anatomy"] = anatomy.run_record(kt.output, res.kernel_by_seq,
                                                 pl.cpu(placement_.RT))

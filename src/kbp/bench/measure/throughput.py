@@ -21,6 +21,7 @@ def search(bench: Bench, mode_name: str, rep: int, frame: int) -> ThroughputRun:
     """One RFC 2544 zero-loss search of ``mode_name``: the record, also in results."""
     cfg = bench.cfg
     assert bench.tb is not None and bench.binary is not None and bench.placement is not None
+    binary = bench.binary
     mode = bench.modes[mode_name]
     tester_cpu = bench.placement.cpu(placement_.TESTER)
     size = rfc2544.udp_payload(frame)
@@ -36,7 +37,7 @@ def search(bench: Bench, mode_name: str, rep: int, frame: int) -> ThroughputRun:
         d0 = _drops(bench.tb)
         t0 = time.monotonic()
         try:
-            r = tester.run_rate(bench.binary, bench.tb.client if bench.tb else None, ip,
+            r = tester.run_rate(binary, bench.tb.client if bench.tb else None, ip,
                                 port=workloads.SOCKPERF_PORT, size=size, rate=rate,
                                 duration=cfg.rfc_trial, cpu=tester_cpu, fifo=cfg.tester_prio)
         except tester.TesterTimeout as e:

@@ -87,6 +87,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
@@ -96,7 +97,7 @@ from kbp.bench import modes, plots, report, steer, workloads
 from kbp.bench import parts as pt
 from kbp.bench import placement as pl
 from kbp.bench.scenarios import Scenario
-from kbp.bench.schema import Results, Samples, Summary, config_of, summary_of
+from kbp.bench.schema import LatencyRun, Results, Samples, Summary, config_of, summary_of
 from kbp.bench.stats import group_summaries
 
 if TYPE_CHECKING:
@@ -286,7 +287,7 @@ def _probe(steering: steer.Steering, heavy: hs.HeavySide, irqs: tuple[int, ...] 
         rx.start()
         rx2.start()
 
-        def end(rec: dict[str, Any]) -> None:
+        def end(rec: LatencyRun) -> None:
             rec["rt_cpu_rx"] = rx.stop()
             rec["nonrt_cpu_rx"] = rx2.stop()
             c1, t1 = hs.heavy_counters(heavy), time.monotonic()
@@ -334,7 +335,7 @@ def split_metrics(rec: dict[str, Any], place: pl.Placement) -> dict[str, float |
     return m
 
 
-def split_summary(runs: list[dict[str, Any]], place: pl.Placement) -> dict[str, Any]:
+def split_summary(runs: Sequence[Mapping[str, Any]], place: pl.Placement) -> dict[str, Any]:
     """{condition: {mode: {metric: aggregate + ratio_to_napi}, "rps": [...],
     "heavy_cpus": [...]}} over the rtt runs (ratios per repetition against napi's:
     :func:`kbp.bench.stats.group_summaries`)."""
@@ -355,7 +356,7 @@ def split_summary(runs: list[dict[str, Any]], place: pl.Placement) -> dict[str, 
     return out
 
 
-def steering_check(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def steering_check(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Per mode, over the runs with the heavy sender: in how many the heavy flow's packets
     went up the stack where the mode puts them (>= STEER_SHARE of the heavy device's packets
     processed there: the RT CPU, the non-RT CPU in exclusive)."""

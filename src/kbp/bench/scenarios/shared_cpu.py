@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -58,7 +58,7 @@ from kbp.bench import modes, plots, report, schema, steer
 from kbp.bench import parts as pt
 from kbp.bench import placement as pl
 from kbp.bench.scenarios import Scenario
-from kbp.bench.schema import Results, Samples, Summary, summary_of
+from kbp.bench.schema import LatencyRun, Results, Samples, Summary, ThroughputRun, summary_of
 from kbp.bench.stats import aggregate
 
 if TYPE_CHECKING:
@@ -283,7 +283,7 @@ def _probe(steering: steer.Steering, cpu: int, irqs: tuple[int, ...] = (),
         rx.start()
         masks = steering.now()
 
-        def end(rec: dict[str, Any]) -> None:
+        def end(rec: LatencyRun) -> None:
             rec["rt_cpu_rx"] = rx.stop()
             rec["steering"] = masks
             c1 = hs.heavy_counters(heavy) if heavy is not None else None
@@ -320,7 +320,7 @@ def _napi_cpu(r0: dict[int, int], r1: dict[int, int], wall: float, cpu: int,
 def _rfc_under_flood(bench: Bench, rep: int, flood: pt.Patient) -> None:
     bench.note(f"rep {rep + 1}: starting the heavy receiver's flood (RFC 2544)")
     flood.start()
-    done: list[dict[str, Any]] = []
+    done: list[ThroughputRun] = []
     try:
         for frame in bench.cfg.rfc_frames:
             for m in bench.order(rep):
@@ -333,7 +333,7 @@ def _rfc_under_flood(bench: Bench, rep: int, flood: pt.Patient) -> None:
 
 
 # -- summaries ------------------------------------------------------------------------------
-def rx_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def rx_summary(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """{condition: {mode: {field: aggregate}}} of the runs' rt_cpu_rx, plus the poller's
     CPU share (poll_ns) and the RT device's RPS during the runs."""
     per: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -372,7 +372,7 @@ BOUND_PCT = 95.0                # a CPU this busy over a run bounds the heavy fl
 EW_FIELDS = ("us_per_heavy_packet", "softirq_us", "task_us", "pollers_us")
 
 
-def _ew_rep(r: dict[str, Any], rt_cpu: int, flood_cpu: int | None) -> dict[str, float] | None:
+def _ew_rep(r: Mapping[str, Any], rt_cpu: int, flood_cpu: int | None) -> dict[str, float] | None:
     """One flood run's equal-work numbers, None without CPU times or heavy packets."""
     sys_ = r.get("sys") or {}
     cpus = sys_.get("cpu") or {}
@@ -413,7 +413,7 @@ def bound_by(rt_busy: float | None, sender_busy: float | None,
             (False, False): "neither"}[(rt, snd)]
 
 
-def equal_work(runs: list[dict[str, Any]], rt_cpu: int | None,
+def equal_work(runs: Sequence[Mapping[str, Any]], rt_cpu: int | None,
                flood_cpu: int | None = None) -> dict[str, Any]:
     """Per mode under the flood: the RT CPU's busy time per heavy-device packet (µs; all of
     the CPU's non-idle time over the run, over the heavy device's received packets), split
@@ -482,7 +482,7 @@ def equal_work_section(ew: dict[str, Any]) -> list[str]:
     return [*rows, ""]
 
 
-def flood_vs_idle(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def flood_vs_idle(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Per mode: p99.9 and max under the flood over idle, per repetition (then median)."""
     by: dict[tuple[str, str], dict[int, dict[str, Any]]] = defaultdict(dict)
     for r in runs:
@@ -494,10 +494,10 @@ def flood_vs_idle(runs: list[dict[str, Any]]) -> dict[str, Any]:
         for p in ("p99.9", "max"):
             pairs = [(idle[k].get(p), flood[k].get(p)) for k in idle if k in flood]
             d[f"{p}_ratio"] = aggregate(f / i for i, f in pairs if i and f is not None)
-            d[f"idle_{p}_us"] = aggregate(v.get(p) / 1000 for v in idle.values()
-                                          if v.get(p) is not None)
-            d[f"flood_{p}_us"] = aggregate(v.get(p) / 1000 for v in flood.values()
-                                           if v.get(p) is not None)
+            d[f"idle_{p}_us"] = aggregate(x / 1000 for v in idle.values()
+                                          if (x := v.get(p)) is not None)
+            d[f"flood_{p}_us"] = aggregate(x / 1000 for v in flood.values()
+                                           if (x := v.get(p)) is not None)
         for c, vs in (("idle", idle), ("flood", flood)):
             d[f"{c}_n"] = aggregate(v.get("n") for v in vs.values())
         out[mode] = d
@@ -520,8 +520,8 @@ def acceptance(fvi: dict[str, Any], tails: dict[str, Any] | None = None) -> dict
             idle["ci95"]) and idle["value"]:
         (ilo, ihi), (flo, fhi) = idle["ci95"], flood["ci95"]
         lo, hi = flo / ihi, fhi / ilo
-        verdict = ("PASS" if lo >= ACCEPT_FACTOR else "FAIL" if hi < ACCEPT_FACTOR
-                   else "INCONCLUSIVE")
+        verdict: str | None = ("PASS" if lo >= ACCEPT_FACTOR else "FAIL" if hi < ACCEPT_FACTOR
+                               else "INCONCLUSIVE")
         return {"check": f"napi {ACCEPT_STAT} flood / idle >= {ACCEPT_FACTOR:g} (pooled over "
                          "the repetitions; the ratio's interval from the two 95 % CIs)",
                 "statistic": ACCEPT_STAT, "required": ACCEPT_FACTOR,

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
@@ -59,7 +60,7 @@ from kbp.bench import parts as pt
 from kbp.bench import placement as pl
 from kbp.bench.modes import search_state
 from kbp.bench.scenarios import Scenario
-from kbp.bench.schema import Results, Samples, Summary, config_of, summary_of
+from kbp.bench.schema import Results, Samples, StreamRun, Summary, config_of, summary_of
 from kbp.bench.stats import group_summaries
 
 if TYPE_CHECKING:
@@ -250,17 +251,17 @@ def sample_search(mode: Any, seconds: float) -> list[dict[str, Any]]:
 
 def stream_run(bench: Bench, mode_name: str, rep: int, part: str,
                stream: workloads.Stream, server: workloads.Stream,
-               irqs: tuple[int, ...] = ()) -> dict[str, Any]:
+               irqs: tuple[int, ...] = ()) -> StreamRun:
     """One stream of ``part`` with ``mode_name`` on: the record, also in results["stream"]."""
     cfg, tb, place = bench.cfg, bench.tb, bench.placement
     assert tb is not None and place is not None
     rt = tb.link("rt")
     desc = f"rep {rep + 1}/{cfg.reps} · {part} · {mode_name}"
     bench.note(desc)
-    rec: dict[str, Any] = {"rep": rep, "mode": mode_name, "part": part,
-                           "proto": PROTO[part], "duration": cfg.duration,
-                           "warmup": cfg.stream_warmup,
-                           "length": stream.length, "quiet": machine.quiet_report()}
+    rec: StreamRun = {"rep": rep, "mode": mode_name, "part": part,
+                      "proto": PROTO[part], "duration": cfg.duration,
+                      "warmup": cfg.stream_warmup,
+                      "length": stream.length, "quiet": machine.quiet_report()}
     t_start = time.monotonic()
     seconds, omit = iperf_times(cfg)
     with bench.mode_on(mode_name) as mode:
@@ -288,7 +289,7 @@ def stream_run(bench: Bench, mode_name: str, rep: int, part: str,
     rec["dev"] = {k: d1.get(k, 0) - d0.get(k, 0) for k in ("packets", "bytes", "dropped")}
     rec["dev_source"] = dev.source
     rec["irqs"] = i1 - i0 if irqs else None
-    rec["poller"] = {k: (c1[k] - (c0.get(k) or 0)) for k in c1 if c1[k] is not None}
+    rec["poller"] = {k: v - (c0.get(k) or 0) for k, v in c1.items() if v is not None}
     if state is not None:
         rec["search"] = state
         rec["search_samples"] = samples
@@ -341,10 +342,10 @@ def stream_metrics(rec: dict[str, Any], place: pl.Placement) -> dict[str, float 
     m["retransmits"] = ip.get("retransmits") if rec.get("proto") == "tcp" else None
     softirq = [((per_cpu.get(str(c)) or {}).get("seconds") or {}).get("softirq") for c in cpus]
     busy = [(per_cpu.get(str(c)) or {}).get("busy_pct") for c in cpus]
-    m["poller_cpu_pct"] = sum(pollers) if pollers else 0.0
-    m["softirq_cpu_pct"] = 100.0 * sum(x or 0.0 for x in softirq) / wall if wall else None
-    m["polling_cpu_pct"] = None if m["softirq_cpu_pct"] is None else \
-        m["poller_cpu_pct"] + m["softirq_cpu_pct"]
+    poller_pct = m["poller_cpu_pct"] = sum(pollers) if pollers else 0.0
+    softirq_pct = m["softirq_cpu_pct"] = \
+        100.0 * sum(x or 0.0 for x in softirq) / wall if wall else None
+    m["polling_cpu_pct"] = None if softirq_pct is None else poller_pct + softirq_pct
     m["busy_cpu_pct"] = sum(b or 0.0 for b in busy)
     m["receiver_cpu_pct"] = sum(recv) if recv else None
     for role, c in place.role_cpus().items():
@@ -386,7 +387,8 @@ def udp_loss_pct(ip: dict[str, Any]) -> float | None:
     return max(0.0, 100.0 * (1.0 - got / sent))
 
 
-def summarize_streams(recs: list[dict[str, Any]], place: pl.Placement) -> dict[str, Any]:
+def summarize_streams(recs: Sequence[Mapping[str, Any]], place: pl.Placement,
+                      ) -> dict[str, Any]:
     """{part: {mode: {metric: aggregate (+ ratio_to_napi)}}}; ratios per repetition
     (:func:`kbp.bench.stats.group_summaries`: none where no repetition gave one)."""
     return group_summaries(recs, lambda r: r["part"],

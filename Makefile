@@ -3,7 +3,8 @@
 #   make test    every test: lint, host tests (real kernel, netns), VM suite on 5 kernels
 # and their parts:
 #   make setup       install packages, .venv, checkpatch (scripts/setup.sh)
-#   make lint        ruff, the files generated from module/netlink/kbp.yaml up to date
+#   make lint        ruff, mypy (src/kbp: pyproject.toml's [tool.mypy]), the files generated
+#                    from module/netlink/kbp.yaml up to date
 #                    (tools/kbp_spec.py check, tools/kbp_so_spec.py check), checkpatch --strict
 #   make test-host   pytest on this machine's kernel (unit + netns integration)
 #   make test-vm     the in-guest suite under QEMU: whole on Debian 12's 6.12 (slub_debug)
@@ -81,6 +82,7 @@ setup:
 
 lint: setup
 	$(PY) -m ruff check src tests vm tools
+	$(PY) -m mypy
 	$(PY) tools/kbp_spec.py check
 	$(PY) tools/kbp_so_spec.py check
 	$(MAKE) -C module checkpatch KSRC=$(CURDIR)/.cache/checkpatch

@@ -109,7 +109,7 @@ if [ ! -x .venv/bin/python ]; then
 	echo "setup: creating .venv"
 	"$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c "import kbp, pyroute2, rich, matplotlib, pytest, ruff, yaml, \
+if ! .venv/bin/python -c "import kbp, pyroute2, rich, matplotlib, pytest, ruff, mypy, yaml, \
 		jsonschema, kubernetes_validate, promql_parser" 2>/dev/null \
    || [ pyproject.toml -nt .venv/.kbp-installed ]; then
 	echo "setup: installing kbp into .venv"

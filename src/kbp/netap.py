@@ -235,3 +235,15 @@ class Search:
                 "perf_high": self.perf_high, "best_bytes": self.best_bytes,
                 "prev_bytes": self.prev_bytes, "selected": self.selected,
                 "converged": self.converged, "started_by": self.started_by}
+
+
+def rounds_to_converge(p: Params) -> int:
+    """The rounds a fresh search over ``p``'s range takes to converge: its golden-section
+    steps, until the distance falls below MinDistance. The steps depend on the range alone,
+    not on the values measured (ValueError if it did not converge within ``p.max_round``)."""
+    s = Search(p)
+    for rounds in range(1, p.max_round + 1):
+        s.round_end(0)
+        if s.converged:
+            return rounds
+    raise ValueError(f"no convergence within max_round {p.max_round}: {s.state()}")

@@ -307,3 +307,17 @@ def test_port_restarts_at_max_round_and_not_on_noise() -> None:
             starts.append((i, s.started_by))
     assert starts and all(why == netap.START_MAX_ROUND for _, why in starts), starts
     assert [i for i, _ in starts] == [39 * k for k in range(1, len(starts) + 1)]
+
+
+def test_rounds_to_converge_is_the_searchs_for_any_objective() -> None:
+    """What the bench's stream warm-up is sized by: the rounds every curve above took, and a
+    flat objective's too; a narrower range takes fewer."""
+    n = netap.rounds_to_converge(Params())
+    assert n == 11
+    for shape, peak in _curve_cases():
+        s, f, rounds = Search(Params()), curve(shape, peak), 0
+        while not s.converged:
+            s.round_end(f(s.interval_us))
+            rounds += 1
+        assert rounds == n, (shape, peak)
+    assert netap.rounds_to_converge(Params(min_interval_us=100, max_interval_us=400)) < n

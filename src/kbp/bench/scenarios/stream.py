@@ -54,7 +54,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from kbp import _spec
+from kbp import _spec, netap
 from kbp.bench import machine, modes, netstats, report, steer, sysstat, workloads
 from kbp.bench import parts as pt
 from kbp.bench import placement as pl
@@ -71,9 +71,9 @@ PROTO = {TCP: "tcp", UDP: "udp"}
 TITLES = {TCP: "bulk TCP stream (iperf3) over the RT device",
           UDP: "bulk UDP stream (iperf3 -u -b 0) over the RT device"}
 RUN_OVERHEAD_S = 2.5       # mode on/off, iperf3 start and its final report
-#: the interval search's rounds to converge over the bench's range (its golden-section steps),
-#: which a stream's warm-up must hold
-SEARCH_ROUNDS = 11
+#: the interval search's rounds to converge over the default range (its golden-section
+#: steps: 11), which a stream's warm-up must hold
+SEARCH_ROUNDS = netap.rounds_to_converge(netap.Params())
 #: a full run's search round: kbpctl's default (the module's KBP_ROUND_MS_DEF, the paper's)
 FULL_ROUND_MS = _spec.KBP_ROUND_MS_DEF
 SEARCH_SAMPLE_S = 2.0      # the periodic modes' search state, read this often while measured

@@ -510,3 +510,11 @@ def test_a_napi_knob_of_the_initial_namespace_is_recovered_as_a_napi_knob() -> N
     assert b.recovered == {nk.path: "0"}
     assert k.files[(None, nk.path)] == "0"
     b.restore()
+
+
+def test_counters_moved_over_a_run() -> None:
+    """A run's poller record: each counter's movement; one the first read lacked counts from
+    0, one the second read lacks (None) is left out."""
+    assert modes.counters_moved({"packets": 10, "polls": None, "gone": 4},
+                                {"packets": 25, "polls": 7, "gone": None}) == \
+        {"packets": 15, "polls": 7}

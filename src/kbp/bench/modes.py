@@ -212,6 +212,13 @@ class Mode(Protocol):
 
 
 # -- helpers ---------------------------------------------------------------------------------
+def counters_moved(before: dict[str, int | None], after: dict[str, int | None],
+                   ) -> dict[str, float]:
+    """How far each poller counter moved between two :meth:`Mode.counters` reads (a counter
+    the second read has; one the first lacked counts from 0)."""
+    return {k: v - (before.get(k) or 0) for k, v in after.items() if v is not None}
+
+
 #: the sysfs attribute that threads a device's NAPIs (/sys/class/net/DEV/threaded)
 SYSFS_THREADED: Final = "threaded"
 

@@ -46,7 +46,7 @@ def idle_run(bench: Bench, mode_name: str) -> IdleRun:
     rec["app_threads"] = [str(p) for p in app]
     rec["sys"] = sysstat.delta(s0, s1, {**threads, **nonrt, **dict.fromkeys(app, rec["app"])},
                                sysstat.thread_roles(threads, nonrt, app))
-    rec["poller"] = {k: v - (c0.get(k) or 0) for k, v in c1.items() if v is not None}
+    rec["poller"] = modes.counters_moved(c0, c1)
     bench.results["idle"].append(rec)
     bench.advance(parts.idle_seconds(cfg), desc)
     return rec

@@ -154,7 +154,7 @@ def _attempt(bench: Bench, mode_name: str, rep: int, *, part: str, condition: st
             int(tsum.get("sent") or 0) + int(tsum.get("warmup_sent") or 0),
             heavy_moved=heavy.exclusive_like(mode_name))
     rec["sys"] = sysstat.delta(s0, s1, names_, roles)
-    rec["poller"] = {k: v - (c0.get(k) or 0) for k, v in c1.items() if v is not None}
+    rec["poller"] = modes.counters_moved(c0, c1)
     if kt is not None:
         xs, match = xmit_match(kt, kd, res.summary)
         # the delays are bpftrace histograms' summaries (kbp.bench.stats.hist_summary):

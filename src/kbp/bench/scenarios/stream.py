@@ -289,7 +289,7 @@ def stream_run(bench: Bench, mode_name: str, rep: int, part: str,
     rec["dev"] = {k: d1.get(k, 0) - d0.get(k, 0) for k in ("packets", "bytes", "dropped")}
     rec["dev_source"] = dev.source
     rec["irqs"] = i1 - i0 if irqs else None
-    rec["poller"] = {k: v - (c0.get(k) or 0) for k, v in c1.items() if v is not None}
+    rec["poller"] = modes.counters_moved(c0, c1)
     if state is not None:
         rec["search"] = state
         rec["search_samples"] = samples
